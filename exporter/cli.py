@@ -1,0 +1,54 @@
+"""The `rlhf-exporter` command: one subcommand per module in `exporter.commands`."""
+from __future__ import annotations
+
+import argparse
+import sys
+import pkgutil
+from importlib import import_module
+
+from . import __version__
+
+from . import commands
+
+
+def _command_modules():
+    """Every module in exporter/commands/: `register(subparsers)` adds a subparser whose
+    defaults set `func`; `ORDER` places it in --help."""
+    modules = [import_module(f"{commands.__name__}.{info.name}")
+               for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")]
+    return sorted(modules, key=lambda m: (getattr(m, "ORDER", 50), m.__name__))
+
+DESCRIPTION = """\
+Where the throughput of verl RLHF jobs goes, as Prometheus metrics.
+
+Every verl step is a chain of waiting windows: rollout (gen), reward, logprob
+(old_log_prob, ref), update (update_actor), sync (update_weights), checkpoint, and other
+(driver work and untimed data movement). The verdict of a step is the window the loop waited
+on longest; the reason is the evidence that says where to look next.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlhf-exporter", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _command_modules():
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `diagnose ... | head`
+        sys.stderr.close()
+        return 0

@@ -1,0 +1,97 @@
+"""§4 of the decision table: is a slower step a workload shift or a regression?
+
+The baseline is the job's own recent past: per-field medians over the last N usable steps
+of the same run. A fresh `Baseline` belongs to each run.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
+from typing import Mapping
+
+from .thresholds import GROUPS, Thresholds
+from .windows import Windows
+
+NONE, WORKLOAD_SHIFT, REGRESSION = "none", "workload_shift", "regression"
+CHANGES = (NONE, WORKLOAD_SHIFT, REGRESSION)
+COST_GROUPS = tuple(g for g in GROUPS if g != "checkpoint")
+"""Groups that have a per-token cost; also the tie order for `regressed`."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One step, as the baseline sees it."""
+
+    busy_seconds: float  # S' = S - save_checkpoint
+    tokens_per_second: float  # K / S'
+    costs: Mapping[str, float]  # group -> seconds per token
+
+
+@dataclass(frozen=True)
+class Change:
+    change: str
+    regressed: str | None
+    point: Point | None  # this step, when it had K and S' > 0
+    baseline: Point | None  # the medians it was compared with, when there were enough steps
+
+
+def point_of(windows: Windows, tokens: float | None) -> Point | None:
+    """The step as a baseline point, or None when it has no K or no positive S'."""
+    if tokens is None:
+        return None
+    busy = windows.step_seconds - windows.counted.get("save_checkpoint", 0.0)
+    if busy <= 0:
+        return None
+    costs = {g: windows.group_seconds[g] / tokens for g in COST_GROUPS}
+    return Point(busy, tokens / busy, costs)
+
+
+class Baseline:
+    """The last `th.baseline_steps` usable points of one run."""
+
+    def __init__(self, th: Thresholds):
+        self._th = th
+        self._points: deque[Point] = deque(maxlen=th.baseline_steps)
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def medians(self) -> Point | None:
+        if len(self._points) < self._th.min_baseline_steps:
+            return None
+        pts = self._points
+        return Point(
+            median(p.busy_seconds for p in pts),
+            median(p.tokens_per_second for p in pts),
+            {g: median(p.costs[g] for p in pts) for g in COST_GROUPS},
+        )
+
+    def judge(self, windows: Windows, tokens: float | None) -> Change:
+        """Compare the step with the baseline, then add it to the baseline."""
+        point = point_of(windows, tokens)
+        if point is None:
+            return Change(NONE, None, None, None)
+        base = self.medians()
+        self._points.append(point)
+        if base is None:
+            return Change(NONE, None, point, None)
+        return Change(*_compare(point, base, windows, tokens, self._th), point, base)
+
+
+def _compare(p: Point, base: Point, w: Windows, tokens: float, th: Thresholds):
+    if (
+        p.busy_seconds < th.step_time_ratio * base.busy_seconds
+        and p.tokens_per_second > th.throughput_ratio * base.tokens_per_second
+    ):
+        return NONE, None
+    significant = th.significant_share * p.busy_seconds
+    if all(
+        p.costs[g] <= th.cost_ratio * base.costs[g] and base.costs[g] > 0
+        for g in COST_GROUPS
+        if w.group_seconds[g] >= significant
+    ):
+        return WORKLOAD_SHIFT, None
+    added = {g: (p.costs[g] - base.costs[g]) * tokens for g in COST_GROUPS}
+    regressed = max(COST_GROUPS, key=lambda g: added[g])  # max() keeps the first of ties
+    return REGRESSION, regressed

@@ -1,0 +1,154 @@
+"""From verl records to diagnosed steps: merging records by step, runs, and the baseline.
+
+Two ways to walk a job, one set of rules:
+- `BatchDiagnoser` (offline `diagnose`) merges a step's records completely, then classifies;
+- `StreamDiagnoser` (the sidecar) classifies when the record holding `timing_s/step`
+  arrives, with what the step has so far. verl writes a step's timers in that record, so
+  both agree on every verl mode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, NamedTuple
+
+from .change import Baseline, Change
+from .thresholds import Thresholds
+from .values import positive
+from .verdict import UNKNOWN, Verdict, decide
+from .windows import Windows, split, timers
+
+STEP_KEY = "timing_s/step"
+TOKENS_KEY = "perf/total_num_tokens"
+
+
+class Record(NamedTuple):
+    """One line of verl's file logger: `{"step": int, "data": {...}}`."""
+
+    step: int
+    data: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class StepDiagnosis:
+    """Everything the decision table says about one step."""
+
+    run: int
+    step: int
+    verdict: str
+    reason: str | None
+    windows: Windows
+    change: Change
+    evidence: Mapping[str, float | None]
+    tokens: float | None  # K
+    timers: Mapping[str, float]  # every usable timer of the step, counted or not
+
+    @property
+    def shares(self) -> Mapping[str, float]:
+        return self.windows.shares
+
+    def to_json(self, digits: int = 4) -> dict[str, Any]:
+        """The contract's `diagnose --format jsonl` object (plus `run`)."""
+        return {
+            "step": self.step,
+            "run": self.run,
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "shares": {g: round(s, digits) for g, s in self.windows.shares.items()},
+            "change": self.change.change,
+            "regressed": self.change.regressed,
+        }
+
+
+def classify(run: int, step: int, data: Mapping[str, Any], baseline: Baseline,
+             th: Thresholds) -> StepDiagnosis | None:
+    """Diagnose one step from its (merged) data, or None when it has no usable S."""
+    step_seconds = positive(data.get(STEP_KEY))
+    if step_seconds is None:
+        return None
+    all_timers = timers(data)
+    windows = split(step_seconds, all_timers, th)
+    verdict: Verdict = decide(windows, data, th)
+    tokens = positive(data.get(TOKENS_KEY))
+    change = baseline.judge(windows, tokens)
+    return StepDiagnosis(run, step, verdict.verdict, verdict.reason, windows, change,
+                         verdict.evidence, tokens, all_timers)
+
+
+class _Walker:
+    """Shared bookkeeping: the current run, its baseline, and the current step's data."""
+
+    def __init__(self, th: Thresholds):
+        self.th = th
+        self.run = -1
+        self.step: int | None = None
+        self.data: dict[str, Any] = {}
+        self.baseline = Baseline(th)
+
+    def _advance(self, record: Record) -> str:
+        """Place `record`; say whether it opened a new run, a new step, or continued one."""
+        if self.step is None or record.step < self.step:
+            self.run += 1
+            self.baseline = Baseline(self.th)
+            kind = "run"
+        elif record.step > self.step:
+            kind = "step"
+        else:
+            self.data.update(record.data)
+            return "same"
+        self.step = record.step
+        self.data = dict(record.data)
+        return kind
+
+
+class BatchDiagnoser(_Walker):
+    """Feed records in file order; get each step's diagnosis once the step is complete."""
+
+    def feed(self, record: Record) -> StepDiagnosis | None:
+        run, step, data, baseline = self.run, self.step, self.data, self.baseline
+        if self._advance(record) == "same" or step is None:
+            return None
+        return classify(run, step, data, baseline, self.th)
+
+    def close(self) -> StepDiagnosis | None:
+        """The last step, once the input has ended."""
+        if self.step is None:
+            return None
+        step, self.step = self.step, None
+        return classify(self.run, step, self.data, self.baseline, self.th)
+
+    def diagnose(self, records: Iterable[Record]) -> Iterable[StepDiagnosis]:
+        for record in records:
+            result = self.feed(record)
+            if result is not None:
+                yield result
+        result = self.close()
+        if result is not None:
+            yield result
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """What one record did to a job, for the sidecar."""
+
+    record: Record
+    new_run: bool  # the record opened a new run (restart / resume)
+    new_step: bool  # the record opened a new step (counted in rlhf_steps_total)
+    diagnosis: StepDiagnosis | None  # the step was classified by this record
+
+
+class StreamDiagnoser(_Walker):
+    """Feed records as they arrive; a step is classified by the record holding its S."""
+
+    def __init__(self, th: Thresholds):
+        super().__init__(th)
+        self._classified = False
+
+    def feed(self, record: Record) -> StreamEvent:
+        kind = self._advance(record)
+        if kind != "same":
+            self._classified = False
+        diagnosis = None
+        if not self._classified and STEP_KEY in record.data:
+            diagnosis = classify(self.run, record.step, self.data, self.baseline, self.th)
+            self._classified = diagnosis is not None
+        return StreamEvent(record, kind == "run", kind != "same", diagnosis)

@@ -1,0 +1,46 @@
+"""Reading numbers out of a verl record's flat `data` dict, the way the decision table says.
+
+A value is usable when it is a finite, non-negative int or float (not a bool). Everything
+else (`null`, booleans, lists, strings, NaN/Inf, negatives) is *missing*, returned as None.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+TIMER_PREFIX = "timing_s/"
+AGENT_LOOP = "agent_loop/"
+
+
+def num(value: Any) -> float | None:
+    """The usable number in `value`, or None when the decision table calls it missing."""
+    if type(value) is int:  # fast path; excludes bool, whose type is bool
+        return float(value) if value >= 0 else None
+    if type(value) is float:
+        return value if value >= 0.0 and math.isfinite(value) else None
+    return None
+
+
+def positive(value: Any) -> float | None:
+    """Like num(), but 0 is missing too (S and K in the decision table)."""
+    x = num(value)
+    return x if x is not None and x > 0 else None
+
+
+def agent_loop(data: Mapping[str, Any], name: str) -> float | None:
+    """`agent_loop/<name>`, which verl logs under a `timing_s/` prefix.
+
+    Both spellings are accepted; the prefixed key wins when both are present.
+    """
+    key = TIMER_PREFIX + AGENT_LOOP + name
+    if key in data:
+        return num(data[key])
+    return num(data.get(AGENT_LOOP + name))
+
+
+def first_present(data: Mapping[str, Any], *keys: str) -> float | None:
+    """The value of the first of `keys` present in `data` (e.g. a renamed metric)."""
+    for key in keys:
+        if key in data:
+            return num(data[key])
+    return None

@@ -1,0 +1,190 @@
+"""Every `serve` setting, declared once: flag, YAML key, environment variable, default, help.
+
+Precedence, lowest first: built-in default < `--config FILE` (YAML) < `RLHF_EXPORTER_*`
+environment variables < command-line flags. The flag `--ray-address` is the YAML key
+`ray_address` and the variable `RLHF_EXPORTER_RAY_ADDRESS`.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from .config import ConfigError, read_yaml
+
+DEFAULT_PORT = 19839  # outside 9100-9999, which the Prometheus port registry has fully allocated
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+ENV_PREFIX = "RLHF_EXPORTER_"
+
+
+def _bool(text: str) -> bool:
+    low = str(text).strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _listen(text: str) -> str:
+    host, sep, port = str(text).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
+    s = str(text).strip()
+    for suffix, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30),
+                           ("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if s.endswith(suffix):
+            return int(float(s[: -len(suffix)]) * factor)
+    value = int(s)
+    if value <= 0:
+        raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _str_list(text: Any) -> list[str]:
+    if isinstance(text, list):
+        return [str(t) for t in text]
+    return [t for t in str(text).split(",") if t]
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the YAML key; the flag is --name-with-dashes
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    group: str = "general"
+    metavar: str | None = None
+    multiple: bool = False  # a flag that may be repeated (a list)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # general
+    Option("listen", _listen, DEFAULT_LISTEN, "address to serve on; use 0.0.0.0:PORT in a pod", metavar="HOST:PORT"),
+    Option("thresholds", str, None, "thresholds YAML overriding the decision table's defaults", metavar="FILE"),
+    Option("log_format", str, "text", "log format: text or json", metavar="FORMAT"),
+    Option("log_level", str, "info", "log level: debug, info, warning or error", metavar="LEVEL"),
+    Option("demo", _bool, False, "run a built-in simulated verl job and watch it (a newcomer's first run)"),
+    # verl files
+    Option("verl_root", str, None, "watch ROOT/<project>/<experiment>.jsonl (verl's VERL_FILE_LOGGER_ROOT)", "verl", "DIR", multiple=True),
+    Option("verl_file", str, None, "watch one verl JSONL file (repeatable)", "verl", "PATH", multiple=True),
+    Option("project", str, None, "project label for --verl-file (default: the file's parent directory)", "verl"),
+    Option("experiment", str, None, "experiment label for --verl-file (default: the file name without .jsonl)", "verl"),
+    Option("verl_interval", _positive, 1.0, "seconds between reads of the verl files", "verl", "SECONDS"),
+    Option("job_expiry", _positive, 86400.0, "stop exporting a job whose file has not changed for this many seconds", "verl", "SECONDS"),
+    Option("max_line_bytes", _size, 1 << 20, "longest accepted JSONL line; longer ones are counted as too_long", "verl", "BYTES"),
+    # push
+    Option("push", _bool, True, "accept POST /api/v1/records", "push"),
+    Option("push_max_bytes", _size, 1 << 20, "largest push body accepted (larger: 413)", "push", "BYTES"),
+    Option("push_token", str, None, "require 'Authorization: Bearer TOKEN' on pushes (constant-time compare)", "push", "TOKEN"),
+    # ray
+    Option("ray", _bool, True, "poll Ray's state API for actor liveness", "ray"),
+    Option("ray_address", str, None, "Ray dashboard URL (default: $RAY_DASHBOARD_ADDRESS, $RAY_ADDRESS, http://127.0.0.1:8265)", "ray", "URL"),
+    Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
+    Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
+    Option("ray_per_class", _bool, False, "also export actors per class_name (more series)", "ray"),
+    Option("ray_roles", str, None, "YAML file with an ordered list of {role, pattern} overriding the class-to-role map", "ray", "FILE"),
+    # nvml
+    Option("nvml", _bool, True, "sample GPUs through NVML", "nvml"),
+    Option("nvml_interval", _positive, 1.0, "seconds between NVML samples", "nvml", "SECONDS"),
+    Option("gpu_roles", _bool, None, "attribute GPU memory to Ray roles by PID (default: on when Ray is on)", "nvml"),
+)
+BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+GROUP_TITLES = {"general": "general", "verl": "verl files", "push": "push endpoint",
+                "ray": "Ray actors", "nvml": "GPUs (NVML)"}
+
+
+def flag(option: Option) -> str:
+    return "--" + option.name.replace("_", "-")
+
+
+def env_name(option: Option) -> str:
+    return ENV_PREFIX + option.name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per option, grouped for --help. Defaults are resolved later (see resolve)."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML file with any of the settings below, by their key "
+                             "(the flag without dashes, e.g. ray_address: http://head:8265)")
+    groups = {}
+    for option in OPTIONS:
+        group = groups.get(option.group)
+        if group is None:
+            group = groups[option.group] = parser.add_argument_group(GROUP_TITLES[option.group])
+        text = f"{option.help} [env {env_name(option)}; default {option.default!r}]"
+        if option.parse is _bool:
+            group.add_argument(flag(option), dest=option.name, action=argparse.BooleanOptionalAction,
+                               default=None, help=text)
+        elif option.multiple:
+            group.add_argument(flag(option), dest=option.name, action="append", default=None,
+                               metavar=option.metavar, help=text)
+        else:
+            group.add_argument(flag(option), dest=option.name, default=None,
+                               metavar=option.metavar, help=text)
+
+
+@dataclass(frozen=True)
+class Settings:
+    values: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _convert(option: Option, raw: Any, where: str) -> Any:
+    if raw is None:
+        return None
+    try:
+        if option.multiple:
+            return [option.parse(v) for v in _str_list(raw)]
+        return option.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def resolve(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
+            config_path: str | None = None) -> Settings:
+    """Defaults < config file < environment < flags. Raises ConfigError with the culprit."""
+    environ = os.environ if environ is None else environ
+    values = {o.name: o.default for o in OPTIONS}
+    path = config_path or (getattr(args, "config", None) if args is not None else None)
+    if path is None:
+        path = environ.get(ENV_PREFIX + "CONFIG")
+    if path:
+        doc = read_yaml(path) or {}
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"{path}: expected a mapping of settings")
+        for key, raw in doc.items():
+            option = BY_NAME.get(str(key).replace("-", "_"))
+            if option is None:
+                raise ConfigError(f"{path}: unknown setting '{key}' (see rlhf-exporter serve --help)")
+            values[option.name] = _convert(option, raw, f"{path}: {key}")
+    for option in OPTIONS:
+        raw = environ.get(env_name(option))
+        if raw is not None:
+            values[option.name] = _convert(option, raw, env_name(option))
+    if args is not None:
+        for option in OPTIONS:
+            raw = getattr(args, option.name, None)
+            if raw is not None:
+                values[option.name] = _convert(option, raw, flag(option))
+    if values["log_format"] not in ("text", "json"):
+        raise ConfigError(f"log_format: expected text or json, got {values['log_format']!r}")
+    return Settings(values)
