@@ -1,0 +1,56 @@
+"""`rlhf-exporter render`: regenerate (or --check) the files built from one source of truth."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..config import ConfigError, load_thresholds
+from ..render import generators, repo_root, stale, write
+
+ORDER = 30
+
+
+def register(subparsers) -> None:
+    names = list(generators())
+    p = subparsers.add_parser(
+        "render", help="regenerate rules, dashboards, docs and chart files from their sources",
+        description="Regenerate the files that are built from one source of truth: the alert "
+                    "rules from the thresholds file, the dashboards from their Python "
+                    "definitions, docs/metrics.md from the metric catalog, and the chart's copies. "
+                    "With --check, change nothing and exit 1 when a committed file is stale.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("targets", nargs="*", metavar="TARGET", help=f"what to render: {', '.join(names)} (default: all)")
+    p.add_argument("--check", action="store_true", help="exit 1 if any file differs from what would be generated")
+    p.add_argument("--root", type=Path, default=None, help="checkout to write into (default: this source tree)")
+    p.add_argument("--config", metavar="FILE", help="thresholds YAML overriding the defaults")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    available = generators()
+    unknown = [t for t in args.targets if t not in available]
+    if unknown:
+        print(f"rlhf-exporter render: unknown target {', '.join(unknown)}; "
+              f"choose from {', '.join(available)}", file=sys.stderr)
+        return 2
+    try:
+        thresholds = load_thresholds(args.config)
+    except ConfigError as exc:
+        print(f"rlhf-exporter render: {exc}", file=sys.stderr)
+        return 2
+    root = args.root or repo_root()
+    bad = []
+    for name in args.targets or available:
+        files = available[name](thresholds)
+        if args.check:
+            bad += stale(root, files)
+        else:
+            for rel in write(root, files):
+                print(f"wrote {rel}")
+    if args.check:
+        if bad:
+            print("stale (run `rlhf-exporter render`):\n  " + "\n  ".join(bad), file=sys.stderr)
+            return 1
+        print("all generated files are up to date")
+    return 0

@@ -1,0 +1,74 @@
+"""A real Prometheus (and Alertmanager) on 127.0.0.1, from Debian's packages."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+import requests
+import yaml
+
+from .procs import Proc, free_port, wait_until
+
+
+def binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not installed (Debian package prometheus / prometheus-alertmanager)")
+    return path
+
+
+class Prometheus(Proc):
+    """Scrapes `targets` every `scrape_interval` and evaluates `rule_files`."""
+
+    def __init__(self, workdir: Path, targets: Sequence[str], rule_files: Sequence[Path] = (),
+                 scrape_interval: str = "1s", alertmanagers: Sequence[str] = (),
+                 extra_args: Sequence[str] = ()):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config: dict[str, Any] = {
+            "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
+            "rule_files": [str(p) for p in rule_files],
+            "scrape_configs": [{"job_name": "rlhf-exporter",
+                                "static_configs": [{"targets": list(targets)}]}],
+        }
+        if alertmanagers:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg = workdir / "prometheus.yml"
+        cfg.write_text(yaml.safe_dump(config))
+        super().__init__([binary("prometheus"), f"--config.file={cfg}",
+                          f"--storage.tsdb.path={workdir / 'data'}",
+                          f"--web.listen-address=127.0.0.1:{self.port}",
+                          *extra_args], workdir / "prometheus.log")
+        wait_until(lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60,
+                   what="prometheus ready")
+
+    def query(self, promql: str) -> list[dict]:
+        r = requests.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["result"]
+
+    def alerts(self) -> list[dict]:
+        r = requests.get(self.url + "/api/v1/alerts", timeout=10)
+        r.raise_for_status()
+        return r.json()["data"]["alerts"]
+
+
+class Alertmanager(Proc):
+    def __init__(self, workdir: Path, config: dict):
+        self.port = free_port()
+        cluster_port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.address = f"127.0.0.1:{self.port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        cfg = workdir / "alertmanager.yml"
+        cfg.write_text(yaml.safe_dump(config))
+        super().__init__([binary("prometheus-alertmanager"), f"--config.file={cfg}",
+                          f"--storage.path={workdir / 'am-data'}",
+                          f"--web.listen-address=127.0.0.1:{self.port}",
+                          f"--cluster.listen-address=127.0.0.1:{cluster_port}"],
+                         workdir / "alertmanager.log")
+        wait_until(lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60,
+                   what="alertmanager ready")
