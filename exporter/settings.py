@@ -95,6 +95,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray_address", str, None, "Ray dashboard URL (default: $RAY_DASHBOARD_ADDRESS, $RAY_ADDRESS, http://127.0.0.1:8265)", "ray", "URL"),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
     Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
+    Option("ray_actors", _bool, True, "export actor series; turn off on GPU worker pods that read Ray only to match GPU PIDs to roles (no double counting)", "ray"),
     Option("ray_per_class", _bool, False, "also export actors per class_name (more series)", "ray"),
     Option("ray_roles", str, None, "YAML file with an ordered list of {role, pattern} overriding the class-to-role map", "ray", "FILE"),
     # nvml
