@@ -34,6 +34,8 @@ def _missing(_constant: str) -> None:
 
 def parse_line(line: bytes) -> Record | str:
     """One line (without its newline) as a Record, or the reason it is rejected."""
+    if line.endswith(b"\r"):
+        line = line[:-1]
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -85,27 +87,37 @@ class RecordReader:
         return len(self._partial)
 
     def feed(self, chunk: bytes) -> Iterator[Record]:
-        start = 0
-        end = len(chunk)
-        while start < end:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                self._hold(chunk, start, end)
-                return
-            if self._skipping:
+        if not chunk:
+            return
+        lines = chunk.split(b"\n")
+        tail = lines.pop()  # after the last newline: the start of an unfinished line
+        if lines:
+            first = lines[0]
+            if self._skipping:  # the rest of a line already counted as too long
                 self._skipping = False
+                lines[0] = None
             elif self._partial:
-                if len(self._partial) + (nl - start) > self.max_line:
+                if len(self._partial) + len(first) > self.max_line:
                     self._reject(TOO_LONG)
+                    lines[0] = None
                 else:
-                    self._partial += chunk[start:nl]
-                    yield from self._line(bytes(self._partial))
+                    lines[0] = bytes(self._partial) + first
                 self._partial.clear()
-            elif nl - start > self.max_line:
-                self._reject(TOO_LONG)
-            else:
-                yield from self._line(chunk[start:nl])
-            start = nl + 1
+            max_line = self.max_line
+            for line in lines:
+                if line is None:
+                    continue
+                if len(line) > max_line:
+                    self._reject(TOO_LONG)
+                    continue
+                result = parse_line(line)
+                if type(result) is str:
+                    self._reject(result)
+                else:
+                    self.records += 1
+                    yield result
+        if tail:
+            self._hold(tail)
 
     def finish(self) -> None:
         """The input has ended: an unfinished last line is counted, never parsed."""
@@ -119,25 +131,15 @@ class RecordReader:
         self._partial.clear()
         self._skipping = False
 
-    def _hold(self, chunk: bytes, start: int, end: int) -> None:
+    def _hold(self, tail: bytes) -> None:
         if self._skipping:
             return
-        if len(self._partial) + (end - start) > self.max_line:
+        if len(self._partial) + len(tail) > self.max_line:
             self._partial.clear()
             self._skipping = True
             self._reject(TOO_LONG)
             return
-        self._partial += chunk[start:end]
-
-    def _line(self, line: bytes) -> Iterator[Record]:
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        result = parse_line(line)
-        if isinstance(result, str):
-            self._reject(result)
-        else:
-            self.records += 1
-            yield result
+        self._partial += tail
 
     def _reject(self, reason: str) -> None:
         self.rejected[reason] += 1

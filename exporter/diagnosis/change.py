@@ -6,9 +6,7 @@ of the same run. A fresh `Baseline` belongs to each run.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
-from statistics import median
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
 from .windows import Windows
@@ -19,8 +17,7 @@ COST_GROUPS = tuple(g for g in GROUPS if g != "checkpoint")
 """Groups that have a per-token cost; also the tie order for `regressed`."""
 
 
-@dataclass(frozen=True)
-class Point:
+class Point(NamedTuple):
     """One step, as the baseline sees it."""
 
     busy_seconds: float  # S' = S - save_checkpoint
@@ -28,8 +25,7 @@ class Point:
     costs: Mapping[str, float]  # group -> seconds per token
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):
     change: str
     regressed: str | None
     point: Point | None  # this step, when it had K and S' > 0
@@ -57,26 +53,62 @@ class Baseline:
     def __len__(self) -> int:
         return len(self._points)
 
-    def medians(self) -> Point | None:
-        if len(self._points) < self._th.min_baseline_steps:
-            return None
-        pts = self._points
-        return Point(
-            median(p.busy_seconds for p in pts),
-            median(p.tokens_per_second for p in pts),
-            {g: median(p.costs[g] for p in pts) for g in COST_GROUPS},
-        )
-
     def judge(self, windows: Windows, tokens: float | None) -> Change:
         """Compare the step with the baseline, then add it to the baseline."""
         point = point_of(windows, tokens)
         if point is None:
             return Change(NONE, None, None, None)
-        base = self.medians()
-        self._points.append(point)
+        pts = self._points
+        enough = len(pts) >= self._th.min_baseline_steps
+        base = Baseline._medians(pts) if enough else None
+        pts.append(point)
         if base is None:
             return Change(NONE, None, point, None)
         return Change(*_compare(point, base, windows, tokens, self._th), point, base)
+
+    def medians(self) -> Point | None:
+        """The baseline now, or None with fewer than `min_baseline_steps` points."""
+        if len(self._points) < self._th.min_baseline_steps:
+            return None
+        return self._medians(self._points)
+
+    @staticmethod
+    def _medians(pts) -> Point:
+        return Point(
+            _median([p.busy_seconds for p in pts]),
+            _median([p.tokens_per_second for p in pts]),
+            _MedianCosts(tuple(pts)),
+        )
+
+
+class _MedianCosts(Mapping[str, float]):
+    """Per-group median costs, computed on first use (most steps never need them)."""
+
+    def __init__(self, points: tuple[Point, ...]):
+        self._points = points
+        self._costs: dict[str, float] | None = None
+
+    def _get(self) -> dict[str, float]:
+        if self._costs is None:
+            pts = self._points
+            self._costs = {g: _median([p.costs[g] for p in pts]) for g in COST_GROUPS}
+        return self._costs
+
+    def __getitem__(self, group: str) -> float:
+        return self._get()[group]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self) -> int:
+        return len(COST_GROUPS)
+
+
+def _median(values: list[float]) -> float:
+    """The median; the mean of the middle two for an even count."""
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 def _compare(p: Point, base: Point, w: Windows, tokens: float, th: Thresholds):

@@ -8,7 +8,6 @@ Two ways to walk a job, one set of rules:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, NamedTuple
 
 from .change import Baseline, Change
@@ -28,8 +27,7 @@ class Record(NamedTuple):
     data: Mapping[str, Any]
 
 
-@dataclass(frozen=True)
-class StepDiagnosis:
+class StepDiagnosis(NamedTuple):
     """Everything the decision table says about one step."""
 
     run: int
@@ -81,7 +79,7 @@ class _Walker:
         self.th = th
         self.run = -1
         self.step: int | None = None
-        self.data: dict[str, Any] = {}
+        self.data: Mapping[str, Any] = {}
         self.baseline = Baseline(th)
 
     def _advance(self, record: Record) -> str:
@@ -93,10 +91,10 @@ class _Walker:
         elif record.step > self.step:
             kind = "step"
         else:
-            self.data.update(record.data)
+            self.data = {**self.data, **record.data}  # a later value replaces an earlier one
             return "same"
         self.step = record.step
-        self.data = dict(record.data)
+        self.data = record.data  # never mutated: merging makes a new dict
         return kind
 
 
@@ -126,8 +124,7 @@ class BatchDiagnoser(_Walker):
             yield result
 
 
-@dataclass(frozen=True)
-class StreamEvent:
+class StreamEvent(NamedTuple):
     """What one record did to a job, for the sidecar."""
 
     record: Record

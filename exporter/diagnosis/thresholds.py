@@ -48,7 +48,7 @@ _EXPECT = {
 def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[str, Any]:
     """Deep-merge `override` onto `defaults`, rejecting unknown keys and wrong types."""
     if not isinstance(override, Mapping):
-        where = path or "the file"
+        where = path.rstrip(".") or "the file"
         raise ThresholdsError(f"{where}: expected a mapping of keys, got {_kind(override)}")
     merged = dict(defaults)
     free_form = path in ("groups.", "nested_timers.")  # these take user-chosen keys
@@ -85,7 +85,7 @@ def _check_leaf(where: str, value: Any, want: str) -> Any:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: memo keys in windows.py
 class Thresholds:
     """Every number of the decision table, plus the timer-to-group map."""
 

@@ -10,14 +10,16 @@ from typing import Any, Mapping
 
 TIMER_PREFIX = "timing_s/"
 AGENT_LOOP = "agent_loop/"
+_INF = math.inf
 
 
 def num(value: Any) -> float | None:
     """The usable number in `value`, or None when the decision table calls it missing."""
-    if type(value) is int:  # fast path; excludes bool, whose type is bool
+    t = type(value)
+    if t is float:  # `type() is` excludes bool, whose type is bool
+        return value if value >= 0.0 and value != _INF else None  # NaN fails `>=`
+    if t is int:
         return float(value) if value >= 0 else None
-    if type(value) is float:
-        return value if value >= 0.0 and math.isfinite(value) else None
     return None
 
 

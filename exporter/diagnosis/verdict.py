@@ -1,8 +1,7 @@
 """§3 of the decision table: the verdict (which window the loop waits on) and its reason."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
 from .values import agent_loop, num
@@ -27,8 +26,7 @@ REASONS: Mapping[str, tuple[str, ...]] = {
 """The reasons each verdict can carry, in the order the table tests them."""
 
 
-@dataclass(frozen=True)
-class Verdict:
+class Verdict(NamedTuple):
     verdict: str
     reason: str | None
     evidence: Mapping[str, float | None]  # the numbers the reason was decided on
@@ -36,13 +34,23 @@ class Verdict:
 
 def decide(windows: Windows, data: Mapping[str, Any], th: Thresholds) -> Verdict:
     """The verdict and reason for one step whose windows are `windows`."""
-    ranked = sorted(GROUPS, key=lambda g: -windows.shares[g])  # stable: ties keep GROUPS order
-    top, runner_up = windows.shares[ranked[0]], windows.shares[ranked[1]]
+    group, top, runner_up = _top_two(windows.shares)
     if top < th.min_share or top - runner_up < th.min_margin:
         return Verdict(BALANCED, None, {"top_share": top, "runner_up_share": runner_up})
-    group = ranked[0]
     reason, evidence = _REASONERS[group](windows, data, th)
     return Verdict(group, reason, evidence)
+
+
+def _top_two(shares: Mapping[str, float]) -> tuple[str, float, float]:
+    """The largest share's group (the first in GROUPS order on a tie), it, and the runner-up."""
+    best, top, second = GROUPS[0], shares[GROUPS[0]], float("-inf")
+    for g in GROUPS[1:]:
+        s = shares[g]
+        if s > top:
+            best, top, second = g, s, top
+        elif s > second:
+            second = s
+    return best, top, second
 
 
 def _rollout(w: Windows, data: Mapping[str, Any], th: Thresholds):

@@ -1,33 +1,60 @@
 """§2 of the decision table: verl timers -> counted windows -> group seconds and shares."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
-from .values import AGENT_LOOP, TIMER_PREFIX, num
+from .values import _INF, AGENT_LOOP, TIMER_PREFIX
 
 _PREFIX_LEN = len(TIMER_PREFIX)
 
 
-def timers(data: Mapping[str, Any]) -> dict[str, float]:
-    """Every usable `timing_s/<timer>` value, with fully-async's doubled prefix undone.
+def timer_keys(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(key, timer name) for every window key among `keys`.
 
-    `timing_s/timing_s/param_sync` becomes `param_sync`; when a timer appears under both
-    spellings the larger value is kept. `agent_loop/` keys are per-sample statistics, not
-    windows, and are left out.
+    `timing_s/timing_s/param_sync` names `param_sync`; `agent_loop/` keys are per-sample
+    statistics, not windows, and are left out.
     """
-    out: dict[str, float] = {}
-    for key, value in data.items():
+    out = []
+    for key in keys:
         if not key.startswith(TIMER_PREFIX):
             continue
         name = key[_PREFIX_LEN:]
         if name.startswith(TIMER_PREFIX):
             name = name[_PREFIX_LEN:]
-        if name.startswith(AGENT_LOOP):
-            continue
-        x = num(value)
-        if x is None:
+        if not name.startswith(AGENT_LOOP):
+            out.append((key, name))
+    return tuple(out)
+
+
+_KEYSETS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
+"""timer_keys() by key set: a job writes the same keys step after step."""
+
+
+def timers(data: Mapping[str, Any]) -> dict[str, float]:
+    """Every usable `timing_s/<timer>` value, with fully-async's doubled prefix undone.
+
+    When a timer appears under both spellings the larger value is kept.
+    """
+    keys = tuple(data)
+    pairs = _KEYSETS.get(keys)
+    if pairs is None:
+        pairs = timer_keys(keys)
+        if len(_KEYSETS) > 256:  # many different shapes: keep the memo bounded
+            _KEYSETS.clear()
+        _KEYSETS[keys] = pairs
+    out: dict[str, float] = {}
+    for key, name in pairs:
+        x = data[key]
+        t = type(x)  # inlined num(): this loop runs for every timer of every step
+        if t is float:
+            if not (x >= 0.0 and x != _INF):
+                continue
+        elif t is int:
+            if x < 0:
+                continue
+            x = float(x)
+        else:
             continue
         old = out.get(name)
         if old is None or x > old:
@@ -35,8 +62,7 @@ def timers(data: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-@dataclass(frozen=True)
-class Windows:
+class Windows(NamedTuple):
     """The step's time, split into decision-table groups."""
 
     step_seconds: float  # S
@@ -48,19 +74,39 @@ class Windows:
 
 def split(step_seconds: float, all_timers: Mapping[str, float], th: Thresholds) -> Windows:
     """Group the counted timers of one step whose `timing_s/step` is `step_seconds` (> 0)."""
-    counted = {
-        name: value
-        for name, value in all_timers.items()
-        if name not in th.ignored_timers
-        and not (name in th.nested_timers and th.nested_timers[name] in all_timers)
-    }
+    plan = _plan(tuple(all_timers), th)
+    counted = {name: all_timers[name] for name, _ in plan}
     group_seconds = dict.fromkeys(GROUPS, 0.0)
     total = 0.0
-    for name, value in counted.items():
-        group_seconds[th.timer_groups.get(name, "other")] += value
+    for name, group in plan:
+        value = all_timers[name]
+        group_seconds[group] += value
         total += value
     untimed = max(0.0, step_seconds - total)
     group_seconds["other"] += untimed
     denominator = max(step_seconds, total)
     shares = {g: t / denominator for g, t in group_seconds.items()}
     return Windows(step_seconds, counted, group_seconds, untimed, shares)
+
+
+_PLANS: dict[tuple, tuple[tuple[str, str], ...]] = {}
+
+
+def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str], ...]:
+    """(timer, group) for the timers that count, given which timers the step has.
+
+    Memoized by (names, thresholds): a job logs the same timers step after step.
+    """
+    key = (names, th)
+    plan = _PLANS.get(key)
+    if plan is None:
+        ignored, nested, groups = th.ignored_timers, th.nested_timers, th.timer_groups
+        plan = tuple(
+            (name, groups.get(name, "other"))
+            for name in names
+            if name not in ignored and not (name in nested and nested[name] in names)
+        )
+        if len(_PLANS) > 256:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan

@@ -1,0 +1,279 @@
+"""`rlhf-exporter diagnose LOG...`: the decision table, offline, on verl JSONL logs."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import IO, Any, Iterator
+
+import orjson
+
+from ..config import ConfigError, load_thresholds
+from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
+from ..reader import MAX_LINE_BYTES, RecordReader
+from ..report import (RunSummary, Style, rejected_line, step_json, summary_lines, table_header,
+                      table_row)
+
+ORDER = 20
+CHUNK = 1 << 20
+
+EPILOG = """\
+verdicts (the window the step waited on longest; `balanced` when none clearly dominates):
+  rollout     gen: waiting for rollout samples   reasons: preemption, tool_calls,
+                                                  reward_in_loop, long_tail, generation
+  logprob     old_log_prob, ref, values          reasons: compute_bound, low_mfu, mfu_unknown
+  update      update_actor, update_critic        reasons: compute_bound, low_mfu, mfu_unknown
+  sync        update_weights, param_sync, ...    reason:  weight_sync
+  reward      a colocated reward model           reason:  reward_model
+  checkpoint  save_checkpoint                    reason:  checkpoint
+  other       adv and untimed driver work        reasons: untimed, driver_compute
+
+change (against the job's own recent steps): `none`; `workload_shift` (slower, but only
+because there were more tokens); `regression` (a window costs more per token; `regressed`
+names it).
+
+examples:
+  rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl
+  rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
+  rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
+
+exit status: 0 done, 1 no input could be read, 2 usage or configuration error.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "diagnose", help="diagnose verl JSONL logs offline (the same decision table as serve)",
+        description="Read verl `file`-logger JSONL (trainer.logger=[...,\"file\"]) and say, for "
+                    "every step, which window the training loop waited on, why, and whether a "
+                    "slowdown is a workload shift or a regression.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="*", metavar="LOG",
+                   help="verl JSONL files; - reads standard input (default: the bundled example)")
+    p.add_argument("--format", "-f", choices=("table", "jsonl", "json"), default="table",
+                   help="table: per-step rows and a per-run summary (default); jsonl: one "
+                        "object per classified step (the contract); json: one document")
+    p.add_argument("--config", metavar="FILE",
+                   help="thresholds YAML overriding any subset of the defaults "
+                        "(see `rlhf-exporter diagnose --print-thresholds`)")
+    p.add_argument("--print-thresholds", action="store_true",
+                   help="print the default thresholds file and exit")
+    p.add_argument("--summary", action="store_true", help="table: only the per-run summaries")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the table (auto: when writing to a terminal and NO_COLOR is unset)")
+    p.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES, metavar="N",
+                   help=f"reject longer lines (default {MAX_LINE_BYTES})")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import default_thresholds_text
+    if args.print_thresholds:
+        sys.stdout.write(default_thresholds_text())
+        return 0
+    try:
+        thresholds = load_thresholds(args.config)
+    except ConfigError as exc:
+        print(f"rlhf-exporter diagnose: {exc}", file=sys.stderr)
+        return 2
+    files = args.files or [_bundled_example()]
+    if files.count("-") > 1:
+        print("rlhf-exporter diagnose: '-' (standard input) can be given once", file=sys.stderr)
+        return 2
+    out = sys.stdout
+    colour = args.color == "always" or (args.color == "auto" and out.isatty()
+                                         and not os.environ.get("NO_COLOR"))
+    writer = {"table": TableWriter(out, Style(colour), args.summary, len(files) > 1),
+              "jsonl": JsonlWriter(out, len(files) > 1),
+              "json": JsonWriter(out)}[args.format]
+    read_any = False
+    for path in files:
+        stream = _open(path)
+        if stream is None:
+            continue
+        read_any = True
+        with stream:
+            diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+    writer.close()
+    return 0 if read_any else 1
+
+
+def _bundled_example() -> str:
+    from importlib import resources
+    path = resources.files("exporter").joinpath("examples/demo_job.jsonl")
+    print(f"(no LOG given: diagnosing the bundled example {path})", file=sys.stderr)
+    return str(path)
+
+
+def _open(path: str) -> IO[bytes] | None:
+    if path == "-":
+        return os.fdopen(os.dup(sys.stdin.fileno()), "rb")
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "is a directory (give the .jsonl files inside it)")
+        return open(path, "rb")
+    except OSError as exc:
+        print(f"rlhf-exporter diagnose: {path}: {exc.strerror or exc}", file=sys.stderr)
+        return None
+
+
+def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer) -> None:
+    reader = RecordReader(max_line)
+    diagnoser = BatchDiagnoser(th)
+    writer.begin_file(path)
+    progress = Progress(stream, path)
+    for chunk in iter(lambda: stream.read(CHUNK), b""):
+        for record in reader.feed(chunk):
+            result = diagnoser.feed(record)
+            if result is not None:
+                writer.step(result)
+        progress.update()
+    reader.finish()
+    result = diagnoser.close()
+    if result is not None:
+        writer.step(result)
+    progress.done()
+    writer.end_file(reader.records, dict(reader.rejected))
+
+
+class Progress:
+    """A percentage on stderr for big files, only when stderr is a terminal."""
+
+    def __init__(self, stream: IO[bytes], path: str):
+        self.path = path
+        self.size = 0
+        self.stream = stream
+        self.last = 0.0
+        try:
+            if sys.stderr.isatty():
+                self.size = os.fstat(stream.fileno()).st_size
+        except (OSError, ValueError):
+            pass
+        self.enabled = self.size > 64 << 20
+
+    def update(self) -> None:
+        if self.enabled and time.monotonic() - self.last > 0.5:
+            self.last = time.monotonic()
+            pct = 100.0 * self.stream.tell() / self.size
+            print(f"\r{self.path}: {pct:5.1f}%", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            print(f"\r{self.path}: 100.0%", file=sys.stderr)
+
+
+class JsonlWriter:
+    """The contract: one object per classified step, in file order (`file` when several)."""
+
+    def __init__(self, out: IO[str], many: bool):
+        self.out = out.buffer if hasattr(out, "buffer") else None
+        self.text = out
+        self.many = many
+        self.path = None
+
+    def begin_file(self, path: str) -> None:
+        self.path = path
+
+    def step(self, d: StepDiagnosis) -> None:
+        obj = d.to_json()
+        if self.many:
+            obj["file"] = self.path
+        line = orjson.dumps(obj) + b"\n"
+        if self.out is not None:
+            self.out.write(line)
+        else:
+            self.text.write(line.decode())
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        if rejected:
+            total = sum(rejected.values())
+            print(f"rlhf-exporter diagnose: {self.path}: {total} line(s) rejected: "
+                  + ", ".join(f"{n} {r}" for r, n in sorted(rejected.items())), file=sys.stderr)
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.flush()
+
+
+class JsonWriter:
+    """One document: files, their runs with steps and summaries, and a total summary."""
+
+    def __init__(self, out: IO[str]):
+        self.out = out
+        self.files: list[dict[str, Any]] = []
+        self.runs: dict[int, tuple[RunSummary, list]] = {}
+
+    def begin_file(self, path: str) -> None:
+        self.path = path
+        self.runs = {}
+
+    def step(self, d: StepDiagnosis) -> None:
+        summary, steps = self.runs.setdefault(d.run, (RunSummary(d.run), []))
+        summary.add(d)
+        steps.append(step_json(d))
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        runs = [{**summary.to_json(), "step_list": steps} for summary, steps in self.runs.values()]
+        for run in runs:
+            run["summary"] = {k: run.pop(k) for k in list(run) if k not in ("run", "step_list")}
+            run["steps"] = run.pop("step_list")
+        self.files.append({"path": self.path, "records": records, "rejected": rejected, "runs": runs})
+
+    def close(self) -> None:
+        verdicts: dict[str, int] = {}
+        steps = 0
+        for f in self.files:
+            for run in f["runs"]:
+                steps += run["summary"]["steps"]
+                for v, n in run["summary"]["verdicts"].items():
+                    verdicts[v] = verdicts.get(v, 0) + n
+        doc = {"files": self.files,
+               "summary": {"files": len(self.files), "steps": steps, "verdicts": verdicts,
+                           "rejected": sum(sum(f["rejected"].values()) for f in self.files)}}
+        self.out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+class TableWriter:
+    """Per-step rows as they come, then each run's summary; for a person at a terminal."""
+
+    def __init__(self, out: IO[str], style: Style, summary_only: bool, many: bool):
+        self.out, self.style, self.summary_only, self.many = out, style, summary_only, many
+        self.summary: RunSummary | None = None
+        self.summaries: list[RunSummary] = []
+
+    def _print(self, line: str = "") -> None:
+        self.out.write(line + "\n")
+
+    def begin_file(self, path: str) -> None:
+        self.path = path
+        self.summary = None
+        self.summaries = []
+        self._print(self.style.bold(f"== {path}"))
+
+    def step(self, d: StepDiagnosis) -> None:
+        if self.summary is None or d.run != self.summary.run:
+            self.summary = RunSummary(d.run)
+            self.summaries.append(self.summary)
+            if not self.summary_only:
+                self._print()
+                self._print(f"run {d.run}" + (" (the job restarted: the baseline starts again)" if d.run else ""))
+                for line in table_header():
+                    self._print(line)
+        self.summary.add(d)
+        if not self.summary_only:
+            self._print(table_row(d, self.style))
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        self._print()
+        self._print(self.style.bold(f"summary of {self.path}: {records} records"))
+        if not self.summaries:
+            self._print("  no classified steps (no record had a usable timing_s/step)")
+        for s in self.summaries:
+            for line in summary_lines(s, self.style):
+                self._print(line)
+        self._print(rejected_line(rejected))
+        self._print()
+
+    def close(self) -> None:
+        self.out.flush()

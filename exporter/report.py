@@ -1,0 +1,180 @@
+"""Human and machine reports of diagnosed steps: the per-run summary and the formats of
+`rlhf-exporter diagnose`. Pure formatting: no file I/O here.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .diagnosis import GROUPS, StepDiagnosis
+from .diagnosis.advice import look_at
+
+
+@dataclass
+class RunSummary:
+    """Everything the per-run summary says, accumulated one step at a time."""
+
+    run: int
+    steps: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    verdicts: Counter = field(default_factory=Counter)
+    reasons: Counter = field(default_factory=Counter)  # (verdict, reason)
+    regressions: dict[str, list[int]] = field(default_factory=dict)  # group -> steps
+    workload_shifts: list[int] = field(default_factory=list)
+    share_sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0.0))
+    step_seconds: float = 0.0
+
+    def add(self, d: StepDiagnosis) -> None:
+        self.steps += 1
+        if self.first_step is None:
+            self.first_step = d.step
+        self.last_step = d.step
+        self.verdicts[d.verdict] += 1
+        if d.reason is not None:
+            self.reasons[(d.verdict, d.reason)] += 1
+        if d.change.change == "regression":
+            self.regressions.setdefault(d.change.regressed, []).append(d.step)
+        elif d.change.change == "workload_shift":
+            self.workload_shifts.append(d.step)
+        for g, s in d.windows.shares.items():
+            self.share_sums[g] += s
+        self.step_seconds += d.windows.step_seconds
+
+    @property
+    def dominant(self) -> tuple[str, str | None] | None:
+        """The most frequent verdict (balanced counts too) and its most frequent reason."""
+        if not self.verdicts:
+            return None
+        verdict = self.verdicts.most_common(1)[0][0]
+        reasons = [(n, r) for (v, r), n in self.reasons.items() if v == verdict]
+        reason = max(reasons)[1] if reasons else None
+        return verdict, reason
+
+    def mean_shares(self) -> dict[str, float]:
+        n = max(self.steps, 1)
+        return {g: s / n for g, s in self.share_sums.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        dominant = self.dominant
+        return {
+            "run": self.run,
+            "steps": self.steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "verdicts": dict(self.verdicts.most_common()),
+            "reasons": {f"{v}/{r}": n for (v, r), n in self.reasons.most_common()},
+            "dominant": None if dominant is None else {
+                "verdict": dominant[0], "reason": dominant[1],
+                "look_at": look_at(*dominant) or None},
+            "regressions": {g: steps for g, steps in self.regressions.items()},
+            "workload_shifts": self.workload_shifts,
+            "mean_shares": {g: round(s, 4) for g, s in self.mean_shares().items()},
+        }
+
+
+def step_json(d: StepDiagnosis) -> dict[str, Any]:
+    """The `--format json` step: the contract's object plus the evidence behind it."""
+    out = d.to_json()
+    out["step_seconds"] = round(d.windows.step_seconds, 6)
+    out["group_seconds"] = {g: round(s, 6) for g, s in d.windows.group_seconds.items()}
+    out["untimed_seconds"] = round(d.windows.untimed_seconds, 6)
+    out["tokens"] = d.tokens
+    out["evidence"] = dict(d.evidence)
+    out["look_at"] = look_at(d.verdict, d.reason) or None
+    base = d.change.baseline
+    if base is not None:
+        out["baseline"] = {"step_seconds": base.busy_seconds,
+                           "tokens_per_second": base.tokens_per_second,
+                           "cost_per_token": dict(base.costs)}
+    return out
+
+
+def ranges(steps: Iterable[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    out: list[str] = []
+    start = prev = None
+    for s in steps:
+        if prev is not None and s == prev + 1:
+            prev = s
+            continue
+        if start is not None:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = s
+    if start is not None:
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+    return ", ".join(out)
+
+
+# -- the terminal table ------------------------------------------------------------------
+
+COLOURS = {"rollout": "34", "reward": "35", "logprob": "36", "update": "33", "sync": "31",
+           "checkpoint": "90", "other": "37", "balanced": "32", "unknown": "90"}
+
+
+class Style:
+    def __init__(self, colour: bool):
+        self.colour = colour
+
+    def verdict(self, text: str, verdict: str, width: int) -> str:
+        padded = text.ljust(width)
+        if not self.colour:
+            return padded
+        return f"\033[{COLOURS.get(verdict, '0')}m{padded}\033[0m"
+
+    def bold(self, text: str) -> str:
+        return f"\033[1m{text}\033[0m" if self.colour else text
+
+
+ROW = "{step:>7}  {verdict}  {reason:<14}  {shares:<36}  {change:<22}  {look}"
+
+
+def table_header() -> list[str]:
+    head = ROW.format(step="step", verdict="verdict".ljust(10), reason="reason",
+                      shares="top shares", change="change", look="look at next")
+    return [head, "-" * len(head)]
+
+
+def table_row(d: StepDiagnosis, style: Style) -> str:
+    top = sorted(d.windows.shares.items(), key=lambda kv: -kv[1])[:3]
+    shares = "  ".join(f"{g} {s:.0%}" for g, s in top if s >= 0.005)
+    change = d.change.change
+    change = {"none": "", "workload_shift": "workload shift",
+              "regression": f"regression: {d.change.regressed}"}.get(change, change)
+    return ROW.format(step=d.step, verdict=style.verdict(d.verdict, d.verdict, 10),
+                      reason=d.reason or "", shares=shares, change=change,
+                      look=look_at(d.verdict, d.reason))
+
+
+def summary_lines(s: RunSummary, style: Style) -> list[str]:
+    if not s.steps:
+        return [f"  run {s.run}: no classified steps (no record had a usable timing_s/step)"]
+    lines = [style.bold(f"  run {s.run}: {s.steps} classified steps ({s.first_step}-{s.last_step}), "
+                        f"{s.step_seconds / s.steps:.1f} s per step on average")]
+    verdict, reason = s.dominant
+    n = s.verdicts[verdict]
+    lines.append(f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "
+                 f"({n / s.steps:.0%})" + (f", mostly {reason}" if reason else ""))
+    advice = look_at(verdict, reason)
+    if advice:
+        lines.append(f"    look at:     {advice}")
+    lines.append("    verdicts:    " + ", ".join(f"{v} {c}" for v, c in s.verdicts.most_common()))
+    shares = sorted(s.mean_shares().items(), key=lambda kv: -kv[1])
+    lines.append("    mean shares: " + ", ".join(f"{g} {x:.0%}" for g, x in shares if x >= 0.005))
+    if s.regressions:
+        for group, steps in s.regressions.items():
+            lines.append(f"    regression:  {group} costs more per token than the baseline at steps {ranges(steps)}")
+    if s.workload_shifts:
+        lines.append(f"    workload:    more tokens per step (not a regression) at steps {ranges(s.workload_shifts)}")
+    if not s.regressions and not s.workload_shifts:
+        lines.append("    change:      no regression and no workload shift against the job's own baseline")
+    return lines
+
+
+def rejected_line(rejected: Mapping[str, int]) -> str:
+    if not rejected:
+        return "  rejected lines: none"
+    total = sum(rejected.values())
+    parts = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1]))
+    return f"  rejected lines: {total} ({parts})"

@@ -1,0 +1,387 @@
+"""Every row of the decision table (docs/decision-table.md), on records built here."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from exporter.config import load_thresholds
+from exporter.diagnosis import (BatchDiagnoser, Record, StreamDiagnoser, Thresholds, classify,
+                                split, timers)
+from exporter.diagnosis.change import Baseline
+from exporter.config import default_document
+
+TH = load_thresholds()
+
+
+def step(**timers_and_keys) -> dict:
+    """A record's data: keyword `x=1.0` becomes `timing_s/x`, `k__y` a verbatim key `k/y`."""
+    data = {}
+    for key, value in timers_and_keys.items():
+        if "__" in key:
+            data[key.replace("__", "/")] = value
+        else:
+            data[f"timing_s/{key}"] = value
+    return data
+
+
+def diag(data: dict, th: Thresholds = TH):
+    return classify(0, 1, data, Baseline(th), th)
+
+
+# -- §3 verdicts ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("timer,group", [
+    ("gen", "rollout"), ("wait_for_enough_samples", "rollout"), ("switch_wait", "rollout"),
+    ("reward", "reward"), ("old_log_prob", "logprob"), ("ref", "logprob"), ("values", "logprob"),
+    ("update_actor", "update"), ("update_critic", "update"), ("update_weights", "sync"),
+    ("sync_rollout_weights", "sync"), ("param_sync", "sync"), ("switch_to_trainer", "sync"),
+    ("switch_to_rollout", "sync"), ("save_checkpoint", "checkpoint"), ("adv", "other"),
+    ("dump_rollout_generations", "other"), ("some_new_timer", "other"),
+])
+def test_each_timer_lands_in_its_group(timer, group):
+    d = diag(step(step=10.0, **{timer: 8.0}))
+    assert d.verdict == group
+    assert d.windows.shares[group] == pytest.approx(0.8 if group != "other" else 1.0)
+
+
+def test_balanced_when_largest_share_below_min_share():
+    d = diag(step(step=10.0, gen=3.4, update_actor=2.0, old_log_prob=2.0, update_weights=1.3, adv=1.3))
+    assert d.windows.shares["rollout"] == pytest.approx(0.34)
+    assert (d.verdict, d.reason) == ("balanced", None)
+
+
+def test_balanced_when_margin_below_min_margin():
+    d = diag(step(step=10.0, gen=4.5, update_actor=4.1, adv=1.4))
+    assert (d.verdict, d.reason) == ("balanced", None)
+    d = diag(step(step=10.0, gen=4.5, update_actor=3.9, adv=1.6))
+    assert d.verdict == "rollout"
+
+
+def test_exact_tie_at_the_top_is_balanced():
+    assert diag(step(step=10.0, gen=5.0, update_actor=5.0)).verdict == "balanced"
+
+
+@pytest.mark.parametrize("s", [None, 0, 0.0, -1.0, True, "12", [12.0], float("nan"), float("inf")])
+def test_no_usable_step_time_is_not_classified(s):
+    assert diag({"timing_s/step": s, "timing_s/gen": 5.0}) is None
+    assert diag({"timing_s/gen": 5.0}) is None
+
+
+def test_perf_time_per_step_is_not_a_fallback_for_s():
+    assert diag({"perf/time_per_step": 10.0, "timing_s/gen": 9.0}) is None
+
+
+def test_s_without_any_timer_is_other_untimed_with_share_one():
+    d = diag(step(step=7.0))
+    assert (d.verdict, d.reason) == ("other", "untimed")
+    assert d.windows.shares["other"] == 1.0
+    assert d.windows.untimed_seconds == 7.0
+
+
+# -- §2 windows ----------------------------------------------------------------------------
+
+def test_untimed_remainder_goes_to_other_and_shares_sum_to_one():
+    d = diag(step(step=10.0, gen=6.0, update_actor=2.0))
+    assert d.windows.untimed_seconds == pytest.approx(2.0)
+    assert d.windows.group_seconds["other"] == pytest.approx(2.0)
+    assert sum(d.windows.shares.values()) == pytest.approx(1.0)
+
+
+def test_timers_summing_past_s_divide_by_their_sum():
+    d = diag(step(step=10.0, gen=9.0, update_actor=3.0))
+    assert d.windows.untimed_seconds == 0.0
+    assert d.windows.shares["rollout"] == pytest.approx(9.0 / 12.0)
+
+
+@pytest.mark.parametrize("timer", ["testing", "start_profile", "stop_profile", "gen_max", "generate_async"])
+def test_timers_outside_the_step_are_ignored(timer):
+    d = diag(step(step=10.0, gen=5.0, update_actor=1.0, **{timer: 50.0}))
+    assert d.verdict == "rollout"
+    assert d.windows.shares["rollout"] == pytest.approx(0.5)
+    assert timer not in d.windows.counted
+
+
+def test_fully_async_double_prefix_is_undone():
+    d = diag({"timing_s/step": 10.0, "timing_s/timing_s/param_sync": 7.0, "timing_s/gen": 1.0})
+    assert d.verdict == "sync" and d.reason == "weight_sync"
+    assert d.windows.counted["param_sync"] == 7.0
+
+
+def test_both_spellings_of_a_timer_use_the_larger():
+    data = {"timing_s/step": 10.0, "timing_s/timing_s/param_sync": 3.0, "timing_s/param_sync": 6.0}
+    assert timers(data)["param_sync"] == 6.0
+    data = {"timing_s/step": 10.0, "timing_s/timing_s/param_sync": 6.5, "timing_s/param_sync": 2.0}
+    assert timers(data)["param_sync"] == 6.5
+
+
+def test_one_step_off_counts_update_weights_only_inside_sync_rollout_weights():
+    d = diag(step(step=10.0, sync_rollout_weights=4.0, update_weights=3.5, gen=2.0, generate_async=30.0))
+    assert d.windows.group_seconds["sync"] == pytest.approx(4.0)
+    assert "update_weights" not in d.windows.counted
+    alone = diag(step(step=10.0, update_weights=3.5, gen=2.0))
+    assert alone.windows.group_seconds["sync"] == pytest.approx(3.5)
+
+
+def test_agent_loop_keys_are_statistics_not_windows():
+    d = diag({"timing_s/step": 10.0, "timing_s/gen": 6.0,
+              "timing_s/agent_loop/generate_sequences/max": 90.0,
+              "timing_s/agent_loop/slowest/tool_calls": 80.0})
+    assert d.windows.untimed_seconds == pytest.approx(4.0)
+    assert not any(k.startswith("agent_loop") for k in d.windows.counted)
+
+
+@pytest.mark.parametrize("bad", [None, True, False, [1.0], "3.0", {"x": 1}, float("nan"),
+                                 float("inf"), -float("inf"), -2.0])
+def test_unusable_timer_values_are_missing(bad):
+    d = diag(step(step=10.0, gen=bad, update_actor=6.0))
+    assert "gen" not in d.windows.counted
+    assert d.verdict == "update"
+
+
+# -- §3 reasons ----------------------------------------------------------------------------
+
+ROLLOUT = dict(step=10.0, gen=8.0, update_actor=1.0)
+
+
+def al(name: str) -> str:
+    return f"timing_s/agent_loop/{name}"
+
+
+def test_rollout_preemption_first():
+    data = {**step(**ROLLOUT), al("num_preempted/max"): 2, al("slowest/tool_calls"): 50.0}
+    assert diag(data).reason == "preemption"
+    data[al("num_preempted/max")] = 0
+    assert diag(data).reason == "tool_calls"
+
+
+def test_rollout_tool_calls_and_reward_in_loop_share_of_the_slowest_sample():
+    base = {**step(**ROLLOUT), al("slowest/generate_sequences"): 7.0}
+    assert diag({**base, al("slowest/tool_calls"): 3.0}).reason == "tool_calls"  # 3/10 = 0.30
+    assert diag({**base, al("slowest/tool_calls"): 2.9}).reason == "generation"
+    assert diag({**base, al("slowest/compute_score"): 3.0}).reason == "reward_in_loop"
+    # missing terms count 0; a zero sum skips both tests
+    assert diag({**step(**ROLLOUT), al("slowest/compute_score"): 1.0}).reason == "reward_in_loop"
+    assert diag({**step(**ROLLOUT), al("slowest/tool_calls"): 0.0}).reason == "generation"
+
+
+def test_rollout_long_tail_from_agent_loop_then_response_length():
+    base = step(**ROLLOUT)
+    tail = {**base, al("generate_sequences/max"): 20.0, al("generate_sequences/mean"): 10.0}
+    assert diag(tail).reason == "long_tail"
+    no_tail = {**base, al("generate_sequences/max"): 19.0, al("generate_sequences/mean"): 10.0,
+               "response_length/max": 9000.0, "response_length/mean": 900.0}
+    assert diag(no_tail).reason == "generation"  # agent-loop says no: response length not consulted
+    fallback = {**base, "response_length/max": 2700.0, "response_length/mean": 900.0}
+    assert diag(fallback).reason == "long_tail"
+    fallback["response_length/max"] = 2600.0
+    assert diag(fallback).reason == "generation"
+    zero_mean = {**base, al("generate_sequences/max"): 5.0, al("generate_sequences/mean"): 0.0,
+                 "response_length/max": 3000.0, "response_length/mean": 900.0}
+    assert diag(zero_mean).reason == "long_tail"  # agent-loop unusable (mean 0): fallback applies
+
+
+def test_agent_loop_keys_without_prefix_are_accepted_and_the_prefixed_wins():
+    base = step(**ROLLOUT)
+    assert diag({**base, "agent_loop/num_preempted/max": 1}).reason == "preemption"
+    both = {**base, "agent_loop/num_preempted/max": 1, al("num_preempted/max"): 0}
+    assert diag(both).reason == "generation"
+
+
+@pytest.mark.parametrize("mfu,reason", [(0.3, "compute_bound"), (0.55, "compute_bound"),
+                                        (0.29, "low_mfu"), (0.01, "low_mfu"), (0.0, "mfu_unknown"),
+                                        (None, "mfu_unknown"), (float("nan"), "mfu_unknown")])
+def test_update_reason_from_actor_mfu(mfu, reason):
+    data = step(step=10.0, update_actor=7.0, gen=1.0)
+    if mfu is not None:
+        data["perf/mfu/actor"] = mfu
+    assert diag(data).reason == reason
+
+
+def test_update_uses_critic_mfu_when_critic_update_is_longer():
+    data = {**step(step=10.0, update_actor=2.0, update_critic=5.0), "perf/mfu/actor": 0.5,
+            "perf/mfu/critic": 0.1}
+    assert diag(data).reason == "low_mfu"
+    data["timing_s/update_actor"] = 5.5
+    assert diag(data).reason == "compute_bound"
+
+
+def test_logprob_reason_from_actor_infer_mfu_and_v1_has_none():
+    data = step(step=10.0, old_log_prob=5.0, ref=3.0)
+    assert diag({**data, "perf/mfu/actor_infer": 0.12}).reason == "low_mfu"
+    assert diag({**data, "perf/mfu/actor_infer": 0.4}).reason == "compute_bound"
+    assert diag({**data, "perf/mfu/actor": 0.4}).reason == "mfu_unknown"
+
+
+@pytest.mark.parametrize("timer,verdict,reason", [
+    ("update_weights", "sync", "weight_sync"), ("reward", "reward", "reward_model"),
+    ("save_checkpoint", "checkpoint", "checkpoint")])
+def test_fixed_reasons(timer, verdict, reason):
+    assert (diag(step(step=10.0, **{timer: 9.0})).verdict, diag(step(step=10.0, **{timer: 9.0})).reason) == (verdict, reason)
+
+
+def test_other_untimed_versus_driver_compute():
+    assert diag(step(step=10.0, adv=3.0, gen=1.0)).reason == "untimed"  # R=6 >= 0.5 * 9
+    d = diag(step(step=10.0, adv=7.0, gen=1.0))  # R=2 < 0.5 * 9
+    assert (d.verdict, d.reason) == ("other", "driver_compute")
+
+
+# -- §4 change ------------------------------------------------------------------------------
+
+def job(n: int, *, tokens=1e6, gen=6.0, upd=3.0, untimed=1.0, ckpt=None) -> list[dict]:
+    out = []
+    for _ in range(n):
+        data = step(step=gen + upd + untimed + (ckpt or 0.0), gen=gen, update_actor=upd)
+        data["perf/total_num_tokens"] = tokens
+        if ckpt:
+            data["timing_s/save_checkpoint"] = ckpt
+        out.append(data)
+    return out
+
+
+def run_job(datas: list[dict], th: Thresholds = TH):
+    records = [Record(i + 1, d) for i, d in enumerate(datas)]
+    return list(BatchDiagnoser(th).diagnose(records))
+
+
+def test_no_change_before_min_baseline_steps():
+    steady = job(4)
+    slow = job(1, gen=60.0)
+    assert [d.change.change for d in run_job(steady + slow)] == ["none"] * 5
+    assert run_job(job(5) + slow)[-1].change.change == "regression"
+
+
+def test_workload_shift_when_every_window_grew_with_tokens():
+    out = run_job(job(10) + job(1, tokens=2e6, gen=12.0, upd=6.0, untimed=2.0))
+    assert (out[-1].change.change, out[-1].change.regressed) == ("workload_shift", None)
+
+
+def test_regression_names_the_group_that_added_most_seconds():
+    out = run_job(job(10) + job(1, upd=9.0))
+    assert (out[-1].change.change, out[-1].change.regressed) == ("regression", "update")
+    out = run_job(job(10) + job(1, tokens=2e6, gen=12.0, upd=6.0, untimed=9.0))
+    assert (out[-1].change.change, out[-1].change.regressed) == ("regression", "other")
+
+
+def test_regression_tie_goes_to_the_first_group_in_order():
+    base = job(10)
+    slow = step(step=16.0, gen=9.0, update_actor=6.0)  # +3 s each: rollout first
+    slow["perf/total_num_tokens"] = 1e6
+    out = run_job(base + [slow])
+    assert out[-1].change.regressed == "rollout"
+
+
+def test_a_new_group_with_zero_baseline_cost_fails_the_shift_test():
+    shifted = job(1, tokens=2e6, gen=12.0, upd=6.0, untimed=2.0)[0]
+    shifted["timing_s/update_weights"] = 2.0
+    shifted["timing_s/step"] += 2.0
+    out = run_job(job(10) + [shifted])
+    assert (out[-1].change.change, out[-1].change.regressed) == ("regression", "sync")
+
+
+def test_insignificant_groups_do_not_block_a_workload_shift():
+    shifted = job(1, tokens=2e6, gen=12.0, upd=6.0, untimed=2.0)[0]
+    shifted["timing_s/update_weights"] = 0.5  # < 0.05 * S'
+    shifted["timing_s/step"] += 0.5
+    assert run_job(job(10) + [shifted])[-1].change.change == "workload_shift"
+
+
+def test_checkpoint_saves_are_not_a_change():
+    out = run_job(job(10) + job(1, ckpt=30.0))
+    assert out[-1].verdict == "checkpoint"
+    assert out[-1].change.change == "none"
+
+
+def test_steps_without_tokens_get_none_and_stay_out_of_the_baseline():
+    no_k = job(10)
+    for d in no_k:
+        del d["perf/total_num_tokens"]
+    out = run_job(job(4) + no_k + job(1, gen=60.0))
+    assert all(d.change.change == "none" for d in out)  # only 4 usable steps before the slow one
+    assert out[-1].change.point is not None and out[-1].change.baseline is None
+
+
+def test_baseline_is_the_last_n_steps_so_a_lasting_regression_becomes_normal():
+    out = run_job(job(10) + job(12, upd=9.0))
+    changes = [d.change.change for d in out[10:]]
+    assert changes[0] == "regression"
+    assert changes[-1] == "none"
+    assert 4 <= changes.index("none") <= 7  # about half the window
+
+
+def test_median_of_an_even_count_is_the_mean_of_the_middle_two():
+    bl = Baseline(TH)
+    for seconds in (10.0, 10.0, 10.0, 12.0, 12.0, 12.0):
+        w = split(seconds, {"gen": seconds}, TH)
+        bl.judge(w, 1e6)
+    assert bl.medians().busy_seconds == pytest.approx(11.0)
+
+
+def test_step_time_and_cost_ratios_are_separate_keys(tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("change:\n  step_time_ratio: 5.0\n  throughput_ratio: 0.1\n")
+    loose = load_thresholds(cfg)
+    datas = job(10) + job(1, upd=9.0)
+    assert run_job(datas, loose)[-1].change.change == "none"
+    assert loose.cost_ratio == TH.cost_ratio == 1.2
+
+
+# -- runs and merging ------------------------------------------------------------------------
+
+def test_lower_step_starts_a_new_run_and_empties_the_baseline():
+    records = [Record(i + 1, d) for i, d in enumerate(job(10))]
+    records += [Record(3, job(1, gen=60.0)[0])]  # resumed from a checkpoint at step 3
+    out = list(BatchDiagnoser(TH).diagnose(records))
+    assert [d.run for d in out] == [0] * 10 + [1]
+    assert out[-1].change.change == "none"  # no baseline yet in run 1
+
+
+def test_records_of_one_step_merge_with_later_values_winning_even_null():
+    records = [Record(1, {"timing_s/gen": 9.0, "perf/mfu/actor": 0.5}),
+               Record(1, {"timing_s/step": 10.0, "timing_s/update_actor": 0.5, "timing_s/gen": 1.0,
+                          "timing_s/old_log_prob": 8.0}),
+               Record(1, {"perf/mfu/actor_infer": None})]
+    (d,) = BatchDiagnoser(TH).diagnose(records)
+    assert d.verdict == "logprob" and d.windows.counted["gen"] == 1.0
+    records[2] = Record(1, {"timing_s/old_log_prob": None})
+    (d,) = BatchDiagnoser(TH).diagnose(records)
+    assert "old_log_prob" not in d.windows.counted
+
+
+def test_validation_only_step_zero_is_not_classified():
+    records = [Record(0, {"val-core/openai/gsm8k/reward/mean@1": 0.4}),
+               Record(1, step(step=10.0, gen=8.0))]
+    assert [d.step for d in BatchDiagnoser(TH).diagnose(records)] == [1]
+
+
+def test_stream_classifies_on_the_record_holding_s_and_agrees_with_batch():
+    # fully-async: rollouter record first, trainer record (with timers and S) second
+    records = []
+    for i, data in enumerate(job(12) + job(3, upd=9.0)):
+        records.append(Record(i + 1, {"fully_async/rollouter/idle_ratio": 0.1}))
+        records.append(Record(i + 1, data))
+    batch = [d.to_json() for d in BatchDiagnoser(TH).diagnose(records)]
+    sd = StreamDiagnoser(TH)
+    events = [sd.feed(r) for r in records]
+    stream = [e.diagnosis.to_json() for e in events if e.diagnosis]
+    assert stream == batch
+    assert sum(e.new_step for e in events) == 15
+    assert events[0].new_run and not events[2].new_run
+
+
+def test_stream_counts_a_step_once_even_if_s_appears_again():
+    sd = StreamDiagnoser(TH)
+    first = sd.feed(Record(1, step(step=10.0, gen=8.0)))
+    again = sd.feed(Record(1, step(step=11.0, gen=8.0)))
+    assert first.diagnosis is not None and again.diagnosis is None and not again.new_step
+
+
+def test_nan_parsed_from_old_logs_is_missing():
+    d = diag({"timing_s/step": 10.0, "timing_s/gen": math.nan, "timing_s/update_actor": 7.0})
+    assert d.verdict == "update"
+
+
+def test_defaults_document_and_thresholds_agree():
+    doc = default_document()
+    assert TH.min_share == doc["verdict"]["min_share"]
+    assert TH.timer_groups["gen"] == "rollout"

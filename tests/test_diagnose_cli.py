@@ -1,0 +1,127 @@
+"""`rlhf-exporter diagnose`: formats, inputs, exit codes, and errors a person can act on."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from exporter.demo.simulator import REGIMES, regressed, shifted, write_jsonl
+
+
+def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "exporter", "diagnose", *args], input=stdin,
+                          capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def log(tmp_path_factory):
+    path = tmp_path_factory.mktemp("logs") / "job.jsonl"
+    sync = REGIMES["sync_bound"]
+    write_jsonl(path, [(REGIMES["rollout_long_tail"], 8), (sync, 8), (shifted(sync, 1.6), 3),
+                       (sync, 3), (regressed(sync, "update_actor", 3.0), 3)])
+    with open(path, "ab") as f:
+        f.write(b"not json\n\xff\xfe\n")
+    return path
+
+
+def test_jsonl_is_the_contract(log):
+    r = cli("--format", "jsonl", str(log))
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 25
+    for row in rows:
+        assert set(row) >= {"step", "verdict", "reason", "shares", "change", "regressed"}
+        assert set(row["shares"]) == {"rollout", "reward", "logprob", "update", "sync", "checkpoint", "other"}
+    assert rows[0]["verdict"] == "rollout" and rows[0]["reason"] == "long_tail"
+    assert rows[10]["verdict"] == "sync" and rows[10]["reason"] == "weight_sync"
+    assert {r["change"] for r in rows[16:19]} == {"workload_shift"}
+    assert [(r["change"], r["regressed"]) for r in rows[22:25]] == [("regression", "update")] * 3
+    assert b"2 line(s) rejected" in r.stderr and b"invalid_json" in r.stderr and b"not_utf8" in r.stderr
+
+
+def test_table_shows_rows_summary_look_at_and_rejections(log):
+    r = cli(str(log))
+    out = r.stdout.decode()
+    assert r.returncode == 0
+    assert "look at next" in out and "response length cap" in out
+    assert "bottleneck:" in out and "regression:  update costs more per token" in out
+    assert "at steps 23-25" in out and "workload:" in out and "17-19" in out
+    assert "rejected lines: 2 (1 invalid_json, 1 not_utf8)" in out
+    assert "\033[" not in out  # no colour when not a terminal
+
+
+def test_json_document_has_files_runs_steps_and_summary(log):
+    doc = json.loads(cli("--format", "json", str(log), str(log)).stdout)
+    assert doc["summary"]["files"] == 2 and doc["summary"]["steps"] == 50
+    run = doc["files"][0]["runs"][0]
+    assert run["summary"]["dominant"]["verdict"] == "sync"
+    assert run["summary"]["regressions"] == {"update": [23, 24, 25]}
+    assert run["steps"][0]["evidence"]["generate_sequences_max"] > 0
+    assert doc["files"][0]["rejected"] == {"invalid_json": 1, "not_utf8": 1}
+
+
+def test_stdin_and_several_files(log):
+    r = cli("-f", "jsonl", "-", str(log), stdin=log.read_bytes())
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 50 and rows[0]["file"] == "-" and rows[-1]["file"] == str(log)
+
+
+def test_restart_shows_as_a_new_run(tmp_path):
+    path = tmp_path / "restarted.jsonl"
+    write_jsonl(path, [(REGIMES["sync_bound"], 6)])
+    with open(path, "ab") as f:
+        f.write(path.read_bytes())
+    rows = [json.loads(line) for line in cli("-f", "jsonl", str(path)).stdout.splitlines()]
+    assert [r["run"] for r in rows] == [0] * 6 + [1] * 6
+
+
+def test_no_readable_file_exits_1_some_readable_exits_0(tmp_path, log):
+    r = cli(str(tmp_path / "missing.jsonl"))
+    assert r.returncode == 1 and b"missing.jsonl: No such file" in r.stderr
+    assert cli(str(tmp_path)).returncode == 1
+    r = cli(str(tmp_path / "missing.jsonl"), str(log))
+    assert r.returncode == 0 and b"No such file" in r.stderr
+
+
+def test_usage_and_config_errors_exit_2(tmp_path, log):
+    assert cli("--format", "xml", str(log)).returncode == 2
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("verdict:\n  min_share: lots\n")
+    r = cli("--config", str(bad), str(log))
+    assert r.returncode == 2
+    assert b"verdict.min_share: expected a number, got 'lots'" in r.stderr
+    assert b"Traceback" not in r.stderr
+
+
+def test_config_changes_the_diagnosis(tmp_path, log):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("verdict:\n  min_share: 0.9\n")
+    rows = [json.loads(line) for line in cli("-f", "jsonl", "--config", str(cfg), str(log)).stdout.splitlines()]
+    assert {r["verdict"] for r in rows} == {"balanced"}
+
+
+def test_no_argument_diagnoses_the_bundled_example():
+    r = cli("--summary")
+    assert r.returncode == 0 and b"bundled example" in r.stderr
+    assert b"bottleneck:" in r.stdout
+
+
+def test_help_explains_verdicts_and_reasons():
+    out = cli("--help").stdout.decode()
+    for word in ("rollout", "long_tail", "low_mfu", "weight_sync", "workload_shift", "regression",
+                 "exit status"):
+        assert word in out
+
+
+def test_print_thresholds_is_a_valid_starting_point(tmp_path):
+    text = cli("--print-thresholds").stdout
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_bytes(text)
+    assert cli("--config", str(cfg), "--summary").returncode == 0
+
+
+def test_python_dash_m_and_version():
+    r = subprocess.run([sys.executable, "-m", "exporter", "--version"], capture_output=True, timeout=30)
+    assert r.returncode == 0 and r.stdout.startswith(b"rlhf-exporter ")
