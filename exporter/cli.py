@@ -11,12 +11,21 @@ from . import __version__
 from . import commands
 
 
-def _command_modules():
-    """Every module in exporter/commands/: `register(subparsers)` adds a subparser whose
-    defaults set `func`; `ORDER` places it in --help."""
-    modules = [import_module(f"{commands.__name__}.{info.name}")
-               for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_")]
+def _command_modules(argv: list[str]):
+    """The modules in exporter/commands/: `register(subparsers)` adds a subparser whose
+    defaults set `func`; `ORDER` places it in --help.
+
+    When argv names a command, only that module is imported: `diagnose` does not pay for
+    the HTTP server's imports.
+    """
+    names = [info.name for info in pkgutil.iter_modules(commands.__path__)
+             if not info.name.startswith("_")]
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    if chosen in names:
+        names = [chosen]
+    modules = [import_module(f"{commands.__name__}.{name}") for name in names]
     return sorted(modules, key=lambda m: (getattr(m, "ORDER", 50), m.__name__))
+
 
 DESCRIPTION = """\
 Where the throughput of verl RLHF jobs goes, as Prometheus metrics.
@@ -28,19 +37,19 @@ on longest; the reason is the evidence that says where to look next.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rlhf-exporter", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _command_modules():
+    for module in _command_modules(sys.argv[1:] if argv is None else argv):
         module.register(subparsers)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)

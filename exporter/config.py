@@ -12,6 +12,12 @@ from typing import Any
 
 import yaml
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
+
+
+def _load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a safe loader either way
+
 from .diagnosis import Thresholds, ThresholdsError
 
 DEFAULT_THRESHOLDS = "thresholds.yaml"
@@ -30,7 +36,7 @@ def read_yaml(path: str | Path) -> Any:
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     try:
-        return yaml.safe_load(text)
+        return _load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
@@ -42,7 +48,7 @@ def read_yaml(path: str | Path) -> Any:
 def default_document() -> dict[str, Any]:
     """The packaged defaults, parsed once."""
     text = resources.files("exporter").joinpath(DEFAULT_THRESHOLDS).read_text(encoding="utf-8")
-    return yaml.safe_load(text)
+    return _load(text)
 
 
 def default_thresholds_text() -> str:

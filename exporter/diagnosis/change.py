@@ -39,7 +39,8 @@ def point_of(windows: Windows, tokens: float | None) -> Point | None:
     busy = windows.step_seconds - windows.counted.get("save_checkpoint", 0.0)
     if busy <= 0:
         return None
-    costs = {g: windows.group_seconds[g] / tokens for g in COST_GROUPS}
+    gs = windows.group_seconds
+    costs = {g: gs[g] / tokens for g in COST_GROUPS}
     return Point(busy, tokens / busy, costs)
 
 
@@ -48,7 +49,10 @@ class Baseline:
 
     def __init__(self, th: Thresholds):
         self._th = th
-        self._points: deque[Point] = deque(maxlen=th.baseline_steps)
+        n = th.baseline_steps
+        self._points: deque[Point] = deque(maxlen=n)
+        self._busy: deque[float] = deque(maxlen=n)  # the same points, one field each,
+        self._tps: deque[float] = deque(maxlen=n)  # so medians need no list building
 
     def __len__(self) -> int:
         return len(self._points)
@@ -58,10 +62,10 @@ class Baseline:
         point = point_of(windows, tokens)
         if point is None:
             return Change(NONE, None, None, None)
-        pts = self._points
-        enough = len(pts) >= self._th.min_baseline_steps
-        base = Baseline._medians(pts) if enough else None
-        pts.append(point)
+        base = self.medians()
+        self._points.append(point)
+        self._busy.append(point.busy_seconds)
+        self._tps.append(point.tokens_per_second)
         if base is None:
             return Change(NONE, None, point, None)
         return Change(*_compare(point, base, windows, tokens, self._th), point, base)
@@ -70,15 +74,7 @@ class Baseline:
         """The baseline now, or None with fewer than `min_baseline_steps` points."""
         if len(self._points) < self._th.min_baseline_steps:
             return None
-        return self._medians(self._points)
-
-    @staticmethod
-    def _medians(pts) -> Point:
-        return Point(
-            _median([p.busy_seconds for p in pts]),
-            _median([p.tokens_per_second for p in pts]),
-            _MedianCosts(tuple(pts)),
-        )
+        return Point(_median(self._busy), _median(self._tps), _MedianCosts(tuple(self._points)))
 
 
 class _MedianCosts(Mapping[str, float]):
@@ -104,7 +100,7 @@ class _MedianCosts(Mapping[str, float]):
         return len(COST_GROUPS)
 
 
-def _median(values: list[float]) -> float:
+def _median(values) -> float:
     """The median; the mean of the middle two for an even count."""
     s = sorted(values)
     mid = len(s) // 2

@@ -7,48 +7,53 @@ from .thresholds import GROUPS, Thresholds
 from .values import _INF, AGENT_LOOP, TIMER_PREFIX
 
 _PREFIX_LEN = len(TIMER_PREFIX)
+_ZERO = dict.fromkeys(GROUPS, 0.0)
 
 
-def timer_keys(keys: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    """(key, timer name) for every window key among `keys`.
+class Windows(NamedTuple):
+    """The step's time, split into decision-table groups."""
 
-    `timing_s/timing_s/param_sync` names `param_sync`; `agent_loop/` keys are per-sample
-    statistics, not windows, and are left out.
+    step_seconds: float  # S
+    counted: Mapping[str, float]  # timer -> seconds, only timers that count as windows
+    group_seconds: Mapping[str, float]  # every group; `other` includes the untimed remainder
+    untimed_seconds: float  # R
+    shares: Mapping[str, float]  # every group, unrounded
+
+
+def timer_name(key: str) -> str | None:
+    """The timer a data key holds, or None for keys that are not windows.
+
+    `timing_s/timing_s/param_sync` (fully-async's doubled prefix) names `param_sync`;
+    `timing_s/agent_loop/...` are per-sample statistics, not windows.
     """
-    out = []
-    for key in keys:
-        if not key.startswith(TIMER_PREFIX):
-            continue
-        name = key[_PREFIX_LEN:]
-        if name.startswith(TIMER_PREFIX):
-            name = name[_PREFIX_LEN:]
-        if not name.startswith(AGENT_LOOP):
-            out.append((key, name))
-    return tuple(out)
+    if not key.startswith(TIMER_PREFIX):
+        return None
+    name = key[_PREFIX_LEN:]
+    if name.startswith(TIMER_PREFIX):
+        name = name[_PREFIX_LEN:]
+    return None if name.startswith(AGENT_LOOP) else name
 
 
 _KEYSETS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
-"""timer_keys() by key set: a job writes the same keys step after step."""
+"""(key, timer) pairs by key set: a job writes the same keys step after step."""
 
 
 def timers(data: Mapping[str, Any]) -> dict[str, float]:
-    """Every usable `timing_s/<timer>` value, with fully-async's doubled prefix undone.
-
-    When a timer appears under both spellings the larger value is kept.
-    """
+    """Every usable timer value of a step's data. A timer under both spellings keeps the
+    larger value."""
     keys = tuple(data)
     pairs = _KEYSETS.get(keys)
     if pairs is None:
-        pairs = timer_keys(keys)
+        pairs = tuple((k, n) for k in keys if (n := timer_name(k)) is not None)
         if len(_KEYSETS) > 256:  # many different shapes: keep the memo bounded
             _KEYSETS.clear()
         _KEYSETS[keys] = pairs
     out: dict[str, float] = {}
     for key, name in pairs:
         x = data[key]
-        t = type(x)  # inlined num(): this loop runs for every timer of every step
+        t = type(x)  # inlined values.num(): this loop runs for every timer of every step
         if t is float:
-            if not (x >= 0.0 and x != _INF):
+            if not (x >= 0.0 and x != _INF):  # NaN fails `>=`
                 continue
         elif t is int:
             if x < 0:
@@ -62,30 +67,22 @@ def timers(data: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-class Windows(NamedTuple):
-    """The step's time, split into decision-table groups."""
-
-    step_seconds: float  # S
-    counted: Mapping[str, float]  # timer -> seconds, only timers that count as windows
-    group_seconds: Mapping[str, float]  # every group; `other` includes the untimed remainder
-    untimed_seconds: float  # R
-    shares: Mapping[str, float]  # every group, unrounded
-
-
 def split(step_seconds: float, all_timers: Mapping[str, float], th: Thresholds) -> Windows:
     """Group the counted timers of one step whose `timing_s/step` is `step_seconds` (> 0)."""
-    plan = _plan(tuple(all_timers), th)
-    counted = {name: all_timers[name] for name, _ in plan}
-    group_seconds = dict.fromkeys(GROUPS, 0.0)
+    counted: dict[str, float] = {}
+    group_seconds = _ZERO.copy()
     total = 0.0
-    for name, group in plan:
+    for name, group in _plan(tuple(all_timers), th):
         value = all_timers[name]
+        counted[name] = value
         group_seconds[group] += value
         total += value
-    untimed = max(0.0, step_seconds - total)
+    untimed = step_seconds - total
+    if untimed < 0.0:
+        untimed = 0.0
     group_seconds["other"] += untimed
-    denominator = max(step_seconds, total)
-    shares = {g: t / denominator for g, t in group_seconds.items()}
+    scale = 1.0 / (step_seconds if step_seconds > total else total)
+    shares = {g: t * scale for g, t in group_seconds.items()}
     return Windows(step_seconds, counted, group_seconds, untimed, shares)
 
 
@@ -95,6 +92,7 @@ _PLANS: dict[tuple, tuple[tuple[str, str], ...]] = {}
 def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str], ...]:
     """(timer, group) for the timers that count, given which timers the step has.
 
+    Not windows: ignored timers, and a nested timer whose outer timer is present.
     Memoized by (names, thresholds): a job logs the same timers step after step.
     """
     key = (names, th)
