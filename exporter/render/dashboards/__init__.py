@@ -1,0 +1,26 @@
+"""Grafana dashboards as code: `rlhf-exporter render dashboards` writes grafana/*.json.
+
+The definitions are small Python modules (`job`, `fleet`) on shared helpers (`panels`,
+`queries`, `style`). grafana-foundation-sdk (pinned in the `dashboards` extra) is imported
+only when rendering, never by `serve` or `diagnose`.
+"""
+from __future__ import annotations
+
+from ...diagnosis import Thresholds
+
+ORDER = 25
+JOB_UID = "rlhf-job"
+FLEET_UID = "rlhf-fleet"
+JOB_PATH = "grafana/rlhf-job.json"
+FLEET_PATH = "grafana/rlhf-fleet.json"
+
+
+def targets(thresholds: Thresholds) -> dict[str, str]:
+    try:
+        from . import fleet, job
+    except ImportError as exc:  # the SDK is a rendering dependency only
+        raise SystemExit(
+            "rlhf-exporter render dashboards needs grafana-foundation-sdk: "
+            "pip install 'rlhf-exporter[dashboards]' "
+            f"(grafana-foundation-sdk==1769699379!11.6.0) ({exc})") from exc
+    return {JOB_PATH: job.render(thresholds), FLEET_PATH: fleet.render(thresholds)}

@@ -1,0 +1,80 @@
+"""Colours, units and labels the dashboards share: one verdict -> colour map for both boards.
+
+Pure data (no Grafana SDK), so tests and other renderers can import it. A decision-table
+group and the verdict of the same name share a colour, so a stacked step-time panel and the
+verdict timeline read alike: blue is rollout wherever it appears.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ...diagnosis import BALANCED, CHANGES, GROUPS, REASONS, UNKNOWN, VERDICTS
+
+VERDICT_COLOURS: Mapping[str, str] = {
+    "rollout": "#3274D9",     # blue: the trainer waits for samples
+    "reward": "#A352CC",      # purple: a reward model scores the batch
+    "logprob": "#37B5B5",     # teal: training-side inference
+    "update": "#FF9830",      # orange: the optimizer
+    "sync": "#E02F44",        # red: weights going back to the rollout engines
+    "checkpoint": "#8C6D46",  # brown: saving
+    "other": "#FADE2A",       # yellow: driver work and the untimed remainder
+    BALANCED: "#73BF69",      # green: no window dominates, nothing to chase
+    UNKNOWN: "#8E8E8E",       # grey: the step had no usable timing_s/step
+}
+"""The one verdict -> colour map. Groups use the colour of the verdict of the same name."""
+
+CHANGE_COLOURS: Mapping[str, str] = {
+    "none": "#73BF69",            # green: in line with the job's baseline
+    "workload_shift": "#5794F2",  # blue: more tokens, every window's cost per token held
+    "regression": "#E02F44",      # red: some window costs more per token
+}
+
+NO_VALUE_COLOUR = "#8E8E8E"
+OK, WARN, BAD = "#73BF69", "#FF9830", "#E02F44"
+
+# Units (Grafana unit ids).
+SECONDS = "s"
+RATIO = "percentunit"
+BYTES = "bytes"
+TOKENS = "short"
+PLAIN = "short"
+
+assert set(VERDICT_COLOURS) == set(VERDICTS), "every verdict needs a colour"
+assert set(CHANGE_COLOURS) == set(CHANGES), "every change kind needs a colour"
+
+
+def verdict_codes() -> dict[str, int]:
+    """verdict -> a small integer, for drawing the one-hot verdict as one state series."""
+    return {v: i + 1 for i, v in enumerate(VERDICTS)}
+
+
+def reason_codes() -> dict[tuple[str, str], int]:
+    """(verdict, reason) -> an integer disjoint from the verdict codes (100 + 10 x v + r)."""
+    out = {}
+    for vi, verdict in enumerate(VERDICTS):
+        for ri, reason in enumerate(REASONS[verdict]):
+            out[(verdict, reason)] = 100 + 10 * vi + ri
+    return out
+
+
+def change_codes() -> dict[str, int]:
+    """change kind -> integer (0 is `none`)."""
+    return {c: i for i, c in enumerate(CHANGES)}
+
+
+def group_colours() -> dict[str, str]:
+    return {g: VERDICT_COLOURS[g] for g in GROUPS}
+
+
+def verdict_mappings() -> dict[int, tuple[str, str]]:
+    return {code: (v, VERDICT_COLOURS[v]) for v, code in verdict_codes().items()}
+
+
+def reason_mappings() -> dict[int, tuple[str, str]]:
+    out = {code: (reason, VERDICT_COLOURS[v]) for (v, reason), code in reason_codes().items()}
+    out[0] = ("no reason (balanced/unknown)", NO_VALUE_COLOUR)
+    return out
+
+
+def change_mappings() -> dict[int, tuple[str, str]]:
+    return {code: (c, CHANGE_COLOURS[c]) for c, code in change_codes().items()}
