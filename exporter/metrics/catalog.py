@@ -94,6 +94,7 @@ GPU = _section(
     Metric("rlhf_gpu_temperature_celsius", GAUGE, "GPU temperature.", ("gpu", "uuid")),
     Metric("rlhf_gpu_sm_clock_hertz", GAUGE, "GPU SM clock.", ("gpu", "uuid")),
     Metric("rlhf_gpu_role_memory_bytes", GAUGE, "GPU memory of processes matched to Ray actors of a role (unknown: unmatched).", ("gpu", "uuid", "role")),
+    Metric("rlhf_gpu_errors_total", COUNTER, "NVML errors per GPU, by reason (gpu_is_lost, ...); a failing GPU's other series are dropped until it answers.", ("gpu", "uuid", "reason")),
 )
 
 EXPORTER = _section(

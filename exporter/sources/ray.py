@@ -1,0 +1,410 @@
+"""Ray actors by role and state, read from Ray's state API over HTTP (the dashboard port).
+
+Plain `requests`, never `import ray`: a sidecar must not pin the cluster's Ray version or pay
+its import cost. One poll (default every 15 s, each request bounded by --ray-timeout):
+
+    GET /api/version                                   ray_version, session_name
+    GET /api/v0/actors/summarize?state=PENDING_CREATION  per-class counts (server-side filter)
+    GET /api/v0/actors/summarize?state=DEPENDENCIES_UNREADY, ...?state=DEAD
+    GET /api/v0/actors?state=ALIVE&detail=1            num_restarts, pid, node_id
+    GET /api/v0/actors?state=RESTARTING&detail=1
+    GET /api/v0/actors?state=DEAD&detail=1             only when the DEAD counts changed
+    GET /api/v0/nodes?state=ALIVE                      which Ray node is this host (GPU PIDs)
+
+Every actor query filters on `state` because that filter is applied inside the GCS: the API
+returns at most 10,000 rows with no pagination, and Ray keeps up to 100,000 dead actors, so
+an unfiltered query would let the dead crowd out the living. A truncated answer is logged
+once (its counts are then lower bounds).
+
+Restarts are the growth of each actor's `num_restarts` (a string in the JSON); deaths are
+actors first seen DEAD, by the reason in `death_cause`. Both count from the first poll on:
+what was already dead or restarted then is not counted, but its series start at 0.
+With `--no-ray-actors` (GPU worker pods) only this node's ALIVE actors are read, for the
+NVML source's PID -> role match, and no actor series are exported (no double counting).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping, NamedTuple
+
+import orjson
+import requests
+
+from .base import PollingSource, PollResult, Sample, SourceError
+from .roles import ROLES, RoleMap
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ADDRESS = "http://127.0.0.1:8265"
+LIMIT = 10_000  # the state API's most rows per answer (RAY_MAX_LIMIT_FROM_API_SERVER)
+MAX_BODY = 64 << 20  # bytes; 10,000 detailed actors are ~10 MB
+STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
+SUMMARIZED = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "DEAD")  # counts only
+LISTED = ("ALIVE", "RESTARTING")  # rows with detail: restarts and PIDs
+MAX_CLASSES = 500  # per-class series kept at most (opt-in breakdown)
+MAX_DEAD_REMEMBERED = 120_000  # Ray keeps up to 100,000 dead actors
+FORGET_AFTER_POLLS = 40  # a live actor unseen this long leaves the restart bookkeeping
+KNOWN_REASONS = frozenset({
+    "WORKER_DIED", "OWNER_DIED", "NODE_DIED", "RAY_KILL", "OUT_OF_SCOPE", "REF_DELETED",
+    "UNSPECIFIED", "OUT_OF_MEMORY", "CREATION_TASK_FAILED", "RUNTIME_ENV_FAILED",
+    "UNSCHEDULABLE", "UNKNOWN"})
+_REASON_SHAPE = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
+_CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason enum
+    ("oom_context", "OUT_OF_MEMORY"),
+    ("creation_task_failure_context", "CREATION_TASK_FAILED"),
+    ("runtime_env_failed_context", "RUNTIME_ENV_FAILED"),
+    ("actor_unschedulable_context", "UNSCHEDULABLE"),
+)
+
+
+class ActorProcess(NamedTuple):
+    """An ALIVE actor's worker process on this node."""
+
+    class_name: str
+    role: str
+
+
+def resolve_address(setting: str | None, environ: Mapping[str, str] | None = None) -> str:
+    """--ray-address, else $RAY_DASHBOARD_ADDRESS, else $RAY_ADDRESS when it is an HTTP URL
+    (Ray's job CLI convention; a bare GCS `host:6379`, `auto` or `ray://` is not the
+    dashboard), else http://127.0.0.1:8265."""
+    environ = os.environ if environ is None else environ
+    for value, strict in ((setting, False), (environ.get("RAY_DASHBOARD_ADDRESS"), False),
+                          (environ.get("RAY_ADDRESS"), True)):
+        if not value:
+            continue
+        value = value.strip().rstrip("/")
+        if value.startswith(("http://", "https://")):
+            return value
+        if strict:
+            continue
+        return "http://" + value
+    return DEFAULT_ADDRESS
+
+
+def death_reason(row: Mapping[str, Any]) -> str:
+    """A short, bounded label from an actor's `death_cause`."""
+    cause = row.get("death_cause")
+    if not isinstance(cause, Mapping) or not cause:
+        return "UNKNOWN"
+    context = cause.get("actor_died_error_context")
+    if isinstance(context, Mapping):
+        reason = context.get("reason")
+        if isinstance(reason, str) and reason:
+            reason = reason.upper()
+            if reason in KNOWN_REASONS or _REASON_SHAPE.fullmatch(reason):
+                return reason
+            return "OTHER"
+        return "UNSPECIFIED"
+    for key, name in _CONTEXT_REASONS:
+        if key in cause:
+            return name
+    return "UNKNOWN"
+
+
+def _int(value: Any) -> int:
+    """num_restarts and friends arrive as strings (protobuf int64 -> JSON)."""
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def local_addresses() -> frozenset[str]:
+    """This host's IPv4 addresses (all interfaces, from /proc/net/fib_trie), plus what the
+    hostname resolves to. Used to find which Ray node runs here."""
+    found = {"127.0.0.1"}
+    try:
+        lines = open("/proc/net/fib_trie", encoding="ascii", errors="replace").read().splitlines()
+        for previous, line in zip(lines, lines[1:]):
+            if "/32 host LOCAL" in line:
+                found.add(previous.split()[-1])
+    except OSError:
+        pass
+    try:
+        found.update(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return frozenset(found)
+
+
+class RaySource(PollingSource):
+    def __init__(self, address: str = DEFAULT_ADDRESS, *, interval: float = 15.0,
+                 timeout: float = 5.0, actors: bool = True, per_class: bool = False,
+                 roles: RoleMap | None = None, node_ips: Iterable[str] | None = None,
+                 stale_after: float | None = None):
+        super().__init__("ray", interval, stale_after)
+        self.address = address.rstrip("/")
+        self.timeout = timeout
+        self.actors = actors
+        self.per_class = per_class
+        self.roles = roles or RoleMap.default()
+        self.node_ips = frozenset(node_ips) if node_ips else local_addresses()
+        self._http = requests.Session()
+        self._http.headers["Accept"] = "application/json"
+        # bookkeeping between polls (only the poll thread touches it)
+        self._polls = 0
+        self._session: str | None = None
+        self._baseline = True  # the first poll of the exporter: count nothing, start at 0
+        self._restarts: dict[str, tuple[int, int]] = {}  # actor_id -> (num_restarts, poll no.)
+        self._restarts_total: dict[str, int] = {role: 0 for role in ROLES}
+        self._dead_seen: dict[str, None] = {}  # insertion-ordered set of actor ids
+        self._dead_counts: dict[str, int] | None = None
+        self._deaths_total: dict[tuple[str, str], int] = {}
+        self._warned: set[str] = set()
+        # read by the NVML source from its own thread: replaced whole, never mutated
+        self._pids: Mapping[int, ActorProcess] = MappingProxyType({})
+        self._pids_at: float | None = None
+        self._pids_lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> "RaySource | None":
+        if not settings.ray:
+            return None
+        node_ip = getattr(settings, "ray_node_ip", None)
+        return cls(resolve_address(settings.ray_address), interval=settings.ray_interval,
+                   timeout=settings.ray_timeout, actors=settings.ray_actors,
+                   per_class=settings.ray_per_class, roles=RoleMap.from_file(settings.ray_roles),
+                   node_ips=[node_ip] if node_ip else None)
+
+    def describe(self) -> str:
+        mode = "actors" if self.actors else "PIDs only"
+        return f"ray ({self.address}, every {self.interval:g}s, {mode})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- for the NVML source ----------------------------------------------------------------
+    def pid_actors(self, max_age: float | None = None) -> Mapping[int, ActorProcess]:
+        """ALIVE actors' worker PIDs on this node, from the last successful poll (empty when
+        that is older than `max_age` seconds)."""
+        with self._pids_lock:
+            pids, at = self._pids, self._pids_at
+        if at is None or (max_age is not None and time.monotonic() - at > max_age):
+            return MappingProxyType({})
+        return pids
+
+    def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
+        return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
+        """GET JSON; every failure is a SourceError with a short reason."""
+        url = self.address + path
+        deadline = time.monotonic() + self.timeout
+        try:
+            with self._http.get(url, params=params, timeout=self.timeout, stream=True) as resp:
+                if resp.status_code != 200:
+                    raise SourceError(f"http_{resp.status_code}", f"GET {path}: HTTP {resp.status_code}")
+                chunks, size = [], 0
+                for chunk in resp.iter_content(1 << 16):
+                    size += len(chunk)
+                    if size > MAX_BODY:
+                        raise SourceError("too_large", f"GET {path}: answer larger than {MAX_BODY} bytes")
+                    if time.monotonic() > deadline:
+                        raise SourceError("timeout", f"GET {path}: no full answer within {self.timeout:g}s")
+                    chunks.append(chunk)
+        except requests.Timeout:
+            raise SourceError("timeout", f"GET {url}: no answer within {self.timeout:g}s") from None
+        except requests.ConnectionError as exc:
+            if "timed out" in str(exc).lower():
+                raise SourceError("timeout", f"GET {url}: no answer within {self.timeout:g}s") from None
+            raise SourceError("connection", f"GET {url}: cannot connect ({_short(exc)})") from None
+        except requests.RequestException as exc:
+            raise SourceError("http", f"GET {url}: {_short(exc)}") from None
+        try:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as exc:
+            raise SourceError("invalid_json", f"GET {path}: not JSON ({exc})") from None
+
+    def _state_api(self, path: str, params: list[tuple[str, str]]) -> Mapping[str, Any]:
+        """The state API's envelope {result, msg, data: {result: {...}}} -> the inner result."""
+        body = self._get(path, params)
+        try:
+            if body.get("result") is False:
+                raise SourceError("ray_error", f"GET {path}: Ray says: {str(body.get('msg'))[:200]}")
+            inner = body["data"]["result"]
+            if not isinstance(inner, Mapping):
+                raise TypeError
+        except (AttributeError, KeyError, TypeError):
+            raise SourceError("bad_response", f"GET {path}: not a state API answer") from None
+        if _truncated(inner):
+            what = path + "".join(f" {v}" for k, v in params if k == "filter_values")
+            self._warn_once(f"truncated {what}",
+                            "Ray answered %s with %s of %s rows (the state API's limit is %d): "
+                            "counts are lower bounds", what, inner.get("num_after_truncation"),
+                            inner.get("total"), LIMIT)
+        return inner
+
+    def _list(self, resource: str, state: str, detail: bool, extra: list[tuple[str, str]] = ()) -> tuple[list, bool]:
+        params = [("limit", str(LIMIT)), ("filter_keys", "state"), ("filter_predicates", "="),
+                  ("filter_values", state)]
+        for key, value in extra:
+            params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
+        if detail:
+            params.append(("detail", "1"))
+        inner = self._state_api(f"/api/v0/{resource}", params)
+        rows = inner.get("result")
+        if not isinstance(rows, list):
+            raise SourceError("bad_response", f"/api/v0/{resource}: 'result' is not a list")
+        return [r for r in rows if isinstance(r, Mapping)], _truncated(inner)
+
+    def _summary(self, state: str) -> tuple[dict[str, int], bool]:
+        """class_name -> count of actors in `state`."""
+        params = [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", state)]
+        inner = self._state_api("/api/v0/actors/summarize", params)
+        try:
+            summary = inner["result"]["node_id_to_summary"]["cluster"]["summary"]
+            counts = {}
+            for key, entry in summary.items():
+                name = str(entry.get("class_name") or key)
+                counts[name] = counts.get(name, 0) + _int(entry.get("state_counts", {}).get(state))
+        except (AttributeError, KeyError, TypeError):
+            raise SourceError("bad_response", "/api/v0/actors/summarize: unexpected shape") from None
+        return counts, _truncated(inner)
+
+    # -- one poll ---------------------------------------------------------------------------
+    def poll(self) -> PollResult:
+        version = self._get("/api/version")
+        if not isinstance(version, Mapping):
+            raise SourceError("bad_response", "/api/version: not a JSON object")
+        ray_version = str(version.get("ray_version") or "unknown")
+        session = str(version.get("session_name") or "unknown")
+        if self._session is not None and session != self._session:
+            log.info("Ray session changed from %s to %s: a new cluster", self._session, session,
+                     extra={"collector": self.name})
+            self._restarts.clear()
+            self._dead_seen.clear()
+            self._dead_counts = None
+        local_nodes = self._local_nodes()
+        samples: list[Sample] = [Sample("rlhf_ray_cluster_info", (ray_version, session), 1.0)]
+        if self.actors:
+            samples += self._poll_actors(local_nodes)
+        else:
+            rows = []
+            for node in sorted(local_nodes):  # node_id is filtered in the dashboard, state in the GCS
+                rows += self._list("actors", "ALIVE", False, [("node_id", node)])[0]
+            self._publish_pids(rows, local_nodes)
+        self._session = session
+        self._baseline = False
+        self._polls += 1
+        return PollResult(tuple(samples))
+
+    def _local_nodes(self) -> set[str]:
+        rows, _ = self._list("nodes", "ALIVE", False)
+        nodes = {str(r.get("node_id")) for r in rows if r.get("node_ip") in self.node_ips}
+        if not nodes:
+            self._warn_once("no local node", "no ALIVE Ray node has one of this host's addresses "
+                            "(%s): GPU memory cannot be matched to actors (role unknown)",
+                            ", ".join(sorted(self.node_ips)))
+        return nodes
+
+    def _publish_pids(self, rows: Iterable[Mapping[str, Any]], local_nodes: set[str]) -> None:
+        pids = {}
+        for row in rows:
+            pid = _int(row.get("pid"))
+            if pid > 0 and row.get("node_id") in local_nodes:
+                name = str(row.get("class_name") or "")
+                pids[pid] = ActorProcess(name, self.roles.role(name))
+        with self._pids_lock:
+            self._pids = MappingProxyType(pids)
+            self._pids_at = time.monotonic()
+
+    def _poll_actors(self, local_nodes: set[str]) -> list[Sample]:
+        by_class: dict[tuple[str, str], int] = {}
+        for state in SUMMARIZED:
+            counts, truncated = self._summary(state)
+            for name, n in counts.items():
+                by_class[name, state] = by_class.get((name, state), 0) + n
+            if state == "DEAD":
+                dead_counts, dead_truncated = counts, truncated
+        live_rows = []
+        for state in LISTED:
+            rows, _ = self._list("actors", state, True)
+            for row in rows:
+                name = str(row.get("class_name") or "")
+                by_class[name, state] = by_class.get((name, state), 0) + 1
+            live_rows += rows
+        self._count_restarts(live_rows)
+        if dead_truncated or dead_counts != self._dead_counts:
+            rows, _ = self._list("actors", "DEAD", True)
+            self._count_deaths(rows)
+            self._dead_counts = dead_counts
+        self._publish_pids((r for r in live_rows if r.get("state") == "ALIVE"), local_nodes)
+
+        by_role = {(role, state): 0 for role in ROLES for state in STATES}
+        for (name, state), n in by_class.items():
+            key = (self.roles.role(name), state)
+            by_role[key] = by_role.get(key, 0) + n
+        samples = [Sample("rlhf_ray_actors", key, float(n)) for key, n in by_role.items()]
+        if self.per_class:
+            kept = sorted(by_class.items())
+            if len({name for name, _ in by_class}) > MAX_CLASSES:
+                self._warn_once("classes", "more than %d actor classes: the per-class breakdown "
+                                "keeps the first %d", MAX_CLASSES, MAX_CLASSES)
+                names = sorted({name for name, _ in by_class})[:MAX_CLASSES]
+                kept = [kv for kv in kept if kv[0][0] in set(names)]
+            samples += [Sample("rlhf_ray_actors_by_class", key, float(n)) for key, n in kept]
+        samples += [Sample("rlhf_ray_actor_restarts_total", (role,), float(n))
+                    for role, n in self._restarts_total.items()]
+        samples += [Sample("rlhf_ray_actor_deaths_total", key, float(n))
+                    for key, n in sorted(self._deaths_total.items())]
+        return samples
+
+    def _count_restarts(self, rows: list[Mapping[str, Any]]) -> None:
+        poll = self._polls
+        for row in rows:
+            actor_id = str(row.get("actor_id"))
+            n = _int(row.get("num_restarts"))
+            previous = self._restarts.get(actor_id)
+            seen = previous[0] if previous else 0
+            if n > seen and (previous is not None or not self._baseline):
+                role = self.roles.role(str(row.get("class_name") or ""))
+                self._restarts_total[role] = self._restarts_total.get(role, 0) + n - seen
+            self._restarts[actor_id] = (max(n, seen), poll)
+        stale = [a for a, (_, at) in self._restarts.items() if poll - at > FORGET_AFTER_POLLS]
+        for actor_id in stale:
+            del self._restarts[actor_id]
+
+    def _count_deaths(self, rows: list[Mapping[str, Any]]) -> None:
+        for row in rows:
+            actor_id = str(row.get("actor_id"))
+            if actor_id in self._dead_seen:
+                continue
+            self._dead_seen[actor_id] = None
+            self._restarts.pop(actor_id, None)
+            key = (self.roles.role(str(row.get("class_name") or "")), death_reason(row))
+            self._deaths_total[key] = self._deaths_total.get(key, 0) + (0 if self._baseline else 1)
+        excess = len(self._dead_seen) - MAX_DEAD_REMEMBERED
+        if excess > 0:
+            for actor_id in list(self._dead_seen)[:excess]:
+                del self._dead_seen[actor_id]
+
+    def _warn_once(self, key: str, message: str, *args: Any) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args, extra={"collector": self.name})
+
+
+def _truncated(inner: Mapping[str, Any]) -> bool:
+    total, kept = inner.get("total"), inner.get("num_after_truncation")
+    return isinstance(total, int) and isinstance(kept, int) and kept < total
+
+
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
+
+
+def _short(exc: BaseException) -> str:
+    """The operating system's words when there are some ('[Errno 111] Connection refused')."""
+    text = str(exc)
+    found = _ERRNO.search(text)
+    if found:
+        return found.group(0).strip()
+    return text if len(text) <= 160 else text[:157] + "..."
+

@@ -1,0 +1,139 @@
+"""A real Ray head on 127.0.0.1 for tests, with its own ports and temp dir, always stopped.
+
+    head = RayHead("t1")          # ray start --head ... (every port free-chosen)
+    head.dashboard_url            # http://127.0.0.1:<port>, what the exporter reads
+    head.stop()                   # stops this head's processes only
+
+`ray stop` would stop every Ray process of every user on the machine (other engineers'
+heads included), so `stop()` ends exactly the processes of this head: `ray start` runs in a
+new session, every daemon and worker it spawns stays in that session, and stop() signals
+that session's processes (SIGTERM, then SIGKILL after a grace period).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from .procs import free_port, wait_until
+
+
+def ray_binary() -> str:
+    local = Path(sys.executable).parent / "ray"
+    path = str(local) if local.exists() else shutil.which("ray")
+    if path is None:
+        pytest.skip("ray is not installed (pip install -e '.[test]')")
+    return path
+
+
+def _owned_pids(sid: int, marker: bytes) -> list[int]:
+    """Live processes of session `sid`, or whose command line names `marker` (this head's
+    own temp dir: a process that left the session is still found)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            pid = int(entry)
+            try:
+                if _zombie(pid):
+                    continue
+                if os.getsid(pid) == sid:
+                    pids.append(pid)
+                    continue
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if marker in f.read():
+                        pids.append(pid)
+            except OSError:
+                pass
+    return pids
+
+
+def _zombie(pid: int) -> bool:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+
+
+class RayHead:
+    """`ray start --head` with a short temp dir (unix sockets need a short path)."""
+
+    def __init__(self, tag: str | None = None, num_cpus: int = 2, dashboard_port: int | None = None,
+                 timeout: float = 90.0):
+        self.tag = tag or uuid.uuid4().hex[:6]
+        self.temp_dir = Path(f"/tmp/rlhf-ray-{self.tag}")
+        self.gcs_port = free_port()
+        self.dashboard_port = dashboard_port or free_port()
+        self.gcs_address = f"127.0.0.1:{self.gcs_port}"
+        self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
+        self.log_path = Path(f"/tmp/rlhf-ray-{self.tag}.start.log")
+        ports = {f"--{name}": str(free_port()) for name in (
+            "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+            "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
+            "object-manager-port")}
+        # workers listen below the kernel's ephemeral range, where free_port() picks from
+        try:
+            ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+        except (OSError, ValueError, IndexError):
+            ephemeral = 32768
+        span = max(1000, ephemeral - 401 - 12000)
+        worker_base = 12000 + (os.getpid() * 37 + self.dashboard_port) % span
+        args = [ray_binary(), "start", "--head", "--disable-usage-stats",
+                "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
+                f"--port={self.gcs_port}", f"--dashboard-port={self.dashboard_port}",
+                "--include-dashboard=true", f"--num-cpus={num_cpus}",
+                "--object-store-memory=100000000", f"--temp-dir={self.temp_dir}",
+                f"--min-worker-port={worker_base}", f"--max-worker-port={worker_base + 400}",
+                *[f"{k}={v}" for k, v in ports.items()]]
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        with open(self.log_path, "wb") as log:
+            starter = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        self.sid = starter.pid  # the session every process of this head belongs to
+        try:
+            rc = starter.wait(timeout)
+            if rc != 0:
+                raise RuntimeError(f"ray start failed ({rc}):\n{self.log()}")
+            wait_until(self._ready, timeout, 0.25, what=f"Ray dashboard at {self.dashboard_url}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        version = requests.get(self.dashboard_url + "/api/version", timeout=2)
+        nodes = requests.get(self.dashboard_url + "/api/v0/nodes", timeout=5)
+        return version.ok and nodes.ok and bool(nodes.json()["data"]["result"]["result"])
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-4000:]
+        except OSError:
+            return ""
+
+    def pids(self) -> list[int]:
+        return _owned_pids(self.sid, str(self.temp_dir).encode() + b"/")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Stop this head's processes (and only those); remove its temp dir."""
+        pids = self.pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and self.pids():
+            time.sleep(0.1)
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_until(lambda: not self.pids(), 10, 0.1, what="Ray processes gone")
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        self.log_path.unlink(missing_ok=True)
