@@ -1,0 +1,223 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "rlhf-exporter.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rlhf-exporter.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "rlhf-exporter.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "rlhf-exporter.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "rlhf-exporter.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "rlhf-exporter.labels" -}}
+helm.sh/chart: {{ include "rlhf-exporter.chart" . }}
+{{ include "rlhf-exporter.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: rlhf-exporter
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "rlhf-exporter.image" -}}
+{{- $tag := default .Chart.AppVersion .Values.image.tag }}
+{{- if not $tag }}
+{{- fail "image.tag is empty and the chart's appVersion is unknown here (Helm older than 3.9?): set image.tag" }}
+{{- end }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
+{{- end }}
+
+{{/*
+The port name of the exporter container: "metrics" in the standalone Deployment, and
+sidecar.portName in Ray pods (KubeRay already names Ray's own port 8080 "metrics").
+*/}}
+{{- define "rlhf-exporter.portName" -}}
+{{- if eq .Values.mode "standalone" }}metrics{{ else }}{{ .Values.sidecar.portName }}{{ end }}
+{{- end }}
+
+{{/*
+The values (and appVersion) of this chart for the sidecar helpers, as YAML, called with
+(dict "root" $ "chart" NAME): `root` is the caller's top context, this chart's own or that of a
+parent chart that depends on this one (whose values hold this chart's under its name or alias,
+defaults included); `chart` is that name or alias (default "rlhf-exporter").
+*/}}
+{{- define "rlhf-exporter.context" -}}
+{{- $chart := default "rlhf-exporter" .chart }}
+{{- if and (eq .root.Chart.Name "rlhf-exporter") (hasKey .root.Values "sidecar") }}
+{{- toYaml (dict "Values" .root.Values "Chart" (dict "AppVersion" .root.Chart.AppVersion)) }}
+{{- else if hasKey .root.Values $chart }}
+{{- $appVersion := "" }}
+{{- with .root.Subcharts }}{{ with index . $chart }}{{ $appVersion = .Chart.AppVersion }}{{ end }}{{ end }}
+{{- toYaml (dict "Values" (index .root.Values $chart) "Chart" (dict "AppVersion" $appVersion)) }}
+{{- else }}
+{{- fail (printf "rlhf-exporter.sidecar: chart %q is not a dependency of %q; add it to Chart.yaml dependencies (or pass \"chart\" with its alias)" $chart .root.Chart.Name) }}
+{{- end }}
+{{- end }}
+
+{{/*
+"rlhf-exporter.sidecar": the exporter container for a KubeRay pod, as one list item for
+`containers:`. Call it from the pod template of a RayCluster/RayJob:
+
+  containers:
+    - name: ray-head
+      ...
+    {{- include "rlhf-exporter.sidecar" (dict "root" $ "role" "head") | nindent 4 }}
+
+role "head": reads verl's JSONL files from the shared logs volume (sidecar.logsVolume, mounted
+read-only at sidecar.logsMountPath), Ray's state API on localhost, NVML and the push endpoint.
+role "worker": NVML only, plus the head's state API when sidecar.gpuRoles is on (to match GPU
+PIDs to roles); never exports Ray actor counts (the head does), so nothing is counted twice.
+*/}}
+{{- define "rlhf-exporter.sidecar" -}}
+{{- $role := default "head" .role }}
+{{- if not (has $role (list "head" "worker")) }}
+{{- fail (printf "rlhf-exporter.sidecar: role must be \"head\" or \"worker\", got %q" $role) }}
+{{- end }}
+{{- $ctx := include "rlhf-exporter.context" . | fromYaml }}
+{{- $v := $ctx.Values }}
+{{- $env := list }}
+{{- if eq $role "head" }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_VERL_ROOT" "value" $v.sidecar.logsMountPath) }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY" "value" "true") }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ADDRESS" "value" $v.sidecar.head.rayAddress) }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ACTORS" "value" "true") }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_NVML" "value" (toString $v.sidecar.head.nvml)) }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_ROLES" "value" (toString (and $v.sidecar.head.nvml $v.sidecar.gpuRoles))) }}
+{{- else }}
+{{- if $v.sidecar.gpuRoles }}
+{{- $address := $v.sidecar.worker.rayAddress }}
+{{- if not $address }}
+{{- /* KubeRay labels every pod with its RayCluster's name and names the head service after it. */}}
+{{- $env = append $env (dict "name" "RAY_CLUSTER_NAME" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.labels['ray.io/cluster']"))) }}
+{{- $env = append $env (dict "name" "POD_NAMESPACE" "valueFrom" (dict "fieldRef" (dict "fieldPath" "metadata.namespace"))) }}
+{{- $address = "http://$(RAY_CLUSTER_NAME)-head-svc.$(POD_NAMESPACE).svc:8265" }}
+{{- end }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY" "value" "true") }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ADDRESS" "value" $address) }}
+{{- else }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY" "value" "false") }}
+{{- end }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ACTORS" "value" "false") }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_NVML" "value" "true") }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_ROLES" "value" (toString $v.sidecar.gpuRoles)) }}
+{{- end }}
+{{- if and $v.sidecar.nvidiaVisibleDevices (or (eq $role "worker") $v.sidecar.head.nvml) }}
+{{- $env = append $env (dict "name" "NVIDIA_VISIBLE_DEVICES" "value" $v.sidecar.nvidiaVisibleDevices) }}
+{{- end }}
+{{- $mounts := list }}
+{{- if eq $role "head" }}
+{{- $mounts = append $mounts (dict "name" $v.sidecar.logsVolume "mountPath" $v.sidecar.logsMountPath "readOnly" true) }}
+{{- end }}
+{{- include "rlhf-exporter.container" (dict "ctx" $ctx "name" $v.sidecar.name "portName" $v.sidecar.portName "env" $env "push" (eq $role "head") "mounts" $mounts) }}
+{{- end }}
+
+{{/*
+"rlhf-exporter.podLabels": the labels a Ray pod template needs so that this release's
+PodMonitor (or Service) selects it. Call with (dict "root" $).
+*/}}
+{{- define "rlhf-exporter.podLabels" -}}
+{{- $ctx := include "rlhf-exporter.context" . | fromYaml }}
+{{- toYaml $ctx.Values.sidecar.podLabels }}
+{{- end }}
+
+{{/*
+"rlhf-exporter.shareProcessNamespace": renders `shareProcessNamespace: true` for a pod spec
+when sidecar.gpuRoles is on (the sidecar must see the Ray workers' PIDs), and nothing when it
+is off (the sidecar is then told gpu_roles=false and claims no attribution). Call with
+(dict "root" $).
+*/}}
+{{- define "rlhf-exporter.shareProcessNamespace" -}}
+{{- $ctx := include "rlhf-exporter.context" . | fromYaml }}
+{{- if $ctx.Values.sidecar.gpuRoles }}shareProcessNamespace: true{{ end }}
+{{- end }}
+
+{{/*
+"rlhf-exporter.container": one exporter container (a list item), shared by the sidecar and the
+standalone Deployment. Args: ctx (this chart's context), name, portName, env (the mode's
+settings as env entries), push (whether this container serves the push endpoint), mounts.
+*/}}
+{{- define "rlhf-exporter.container" -}}
+{{- $v := .ctx.Values }}
+{{- $env := list (dict "name" "RLHF_EXPORTER_LISTEN" "value" (printf "0.0.0.0:%d" (int $v.port))) }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_LOG_FORMAT" "value" $v.logFormat) }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_LOG_LEVEL" "value" $v.logLevel) }}
+{{- $env = concat $env .env }}
+{{- $push := and .push $v.push.enabled }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH" "value" (toString $push)) }}
+{{- if and $push $v.push.tokenSecret.name }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.push.tokenSecret.name "key" $v.push.tokenSecret.key))) }}
+{{- end }}
+{{- $env = append $env (dict "name" "PYTHONDONTWRITEBYTECODE" "value" "1") }}
+{{- $env = concat $env $v.extraEnv -}}
+- name: {{ .name }}
+  image: {{ include "rlhf-exporter.image" .ctx | quote }}
+  imagePullPolicy: {{ $v.image.pullPolicy }}
+  args:
+    - serve
+    {{- with $v.extraArgs }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  ports:
+    - name: {{ .portName }}
+      containerPort: {{ $v.port }}
+      protocol: TCP
+  env:
+    {{- toYaml $env | nindent 4 }}
+  {{- with .mounts }}
+  volumeMounts:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: {{ .portName }}
+    {{- toYaml $v.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: {{ .portName }}
+    {{- toYaml $v.probes.readiness | nindent 4 }}
+  resources:
+    {{- toYaml $v.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $v.securityContext | nindent 4 }}
+{{- end }}
+
+{{- define "rlhf-exporter.serviceAccountName" -}}
+{{- if .Values.standalone.serviceAccount.create }}
+{{- default (include "rlhf-exporter.fullname" .) .Values.standalone.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.standalone.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The pod selector of the Service and the PodMonitor: the Deployment's pods in standalone
+mode, the pods labelled with sidecar.podLabels in sidecar mode.
+*/}}
+{{- define "rlhf-exporter.podSelector" -}}
+{{- if eq .Values.mode "standalone" }}
+{{- include "rlhf-exporter.selectorLabels" . }}
+{{- else }}
+{{- toYaml .Values.sidecar.podLabels }}
+{{- end }}
+{{- end }}
