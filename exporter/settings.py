@@ -78,6 +78,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("log_format", str, "text", "log format: text or json", metavar="FORMAT"),
     Option("log_level", str, "info", "log level: debug, info, warning or error", metavar="LEVEL"),
     Option("demo", _bool, False, "run a built-in simulated verl job and watch it (a newcomer's first run)"),
+    Option("demo_step_seconds", _positive, 0.7, "with --demo: seconds between the simulated job's steps", metavar="SECONDS"),
     # verl files
     Option("verl_root", str, None, "watch ROOT/<project>/<experiment>.jsonl (verl's VERL_FILE_LOGGER_ROOT)", "verl", "DIR", multiple=True),
     Option("verl_file", str, None, "watch one verl JSONL file (repeatable)", "verl", "PATH", multiple=True),
@@ -98,6 +99,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("ray_actors", _bool, True, "export actor series; turn off on GPU worker pods that read Ray only to match GPU PIDs to roles (no double counting)", "ray"),
     Option("ray_per_class", _bool, False, "also export actors per class_name (more series)", "ray"),
     Option("ray_roles", str, None, "YAML file with an ordered list of {role, pattern} overriding the class-to-role map", "ray", "FILE"),
+    Option("ray_node_ip", str, None, "this host's IP as Ray reports it, to match GPU PIDs to this node's actors (default: every local address; in a pod, the downward API's status.podIP)", "ray", "IP"),
     # nvml
     Option("nvml", _bool, True, "sample GPUs through NVML", "nvml"),
     Option("nvml_interval", _positive, 1.0, "seconds between NVML samples", "nvml", "SECONDS"),

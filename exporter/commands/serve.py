@@ -1,0 +1,193 @@
+"""`rlhf-exporter serve`: the sidecar. Sources in the background, HTTP in front.
+
+Wiring in one place: the verl files, the push endpoint, Ray and NVML become sources; their
+snapshot methods feed one exposition; SIGTERM/SIGINT stop everything within a few seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from .. import __version__, settings as settings_mod
+from ..config import ConfigError, load_thresholds
+from ..logs import configure
+from ..server import Endpoints, make_server
+
+ORDER = 10
+log = logging.getLogger("exporter.serve")
+
+EPILOG = f"""\
+Every setting is a flag, a key in the --config YAML file (the flag's name with underscores:
+verl_root, push_token, ...) and an environment variable (RLHF_EXPORTER_VERL_ROOT, ...).
+Precedence: flag > environment > config file > default. Lists (verl_root, verl_file) take a
+YAML list or a comma-separated variable.
+
+Endpoints:
+  /metrics            Prometheus metrics (catalog: docs/metrics.md)
+  /healthz            200 while the process serves
+  /readyz             200 once a source has collected once (503 before)
+  /                   each job's current verdict; /api/v1/jobs as JSON
+  POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
+                      (or one record's "step" and "data" at the top level); answers 200,
+                      400 bad JSON/schema, 401 bad token, 409 job read from a file,
+                      413 over push_max_bytes. A rejected push changes nothing.
+                      Prefer RLHF_EXPORTER_PUSH_TOKEN to --push-token (visible in ps).
+
+Examples:
+  rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
+  rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
+  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray
+  curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
+       -d '{{"project":"p","experiment":"e","step":1,"data":{{"timing_s/step":12.5}}}}'
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve Prometheus metrics for running verl jobs (the sidecar)",
+        description="Watch verl jobs (their file-logger JSONL, pushes, Ray actors, GPUs) and "
+                    "serve each step's diagnosis as Prometheus metrics. Listens on "
+                    f"{settings_mod.DEFAULT_LISTEN} by default (port {settings_mod.DEFAULT_PORT} is outside "
+                    "the 9100-9999 range that Prometheus' default port allocations fill).",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    settings_mod.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _optional_source(module: str, *args: Any, **kwargs: Any) -> Any:
+    """`<module>.<Class>.from_settings(...)` when that source exists in this build, else None."""
+    name, cls = module.rsplit(":", 1)
+    try:
+        mod = import_module(name)
+    except ImportError as exc:
+        log.info("%s is not available in this build (%s)", name, exc)
+        return None
+    return getattr(mod, cls).from_settings(*args, **kwargs)
+
+
+class Sidecar:
+    """Every part of one `serve` process, started and stopped together."""
+
+    def __init__(self, settings: Any):
+        from ..sources import push as push_mod, verl_files
+
+        self.settings = settings
+        self.th = load_thresholds(settings.thresholds)
+        self.tempdir: Path | None = None
+        self.demo = None
+        extra_roots = []
+        if settings.demo:
+            from ..demo.job import DemoJob
+            self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
+            self.demo = DemoJob(self.tempdir, step_seconds=settings.demo_step_seconds)
+            extra_roots.append(self.tempdir)
+        self.sources: list[Any] = []
+        self.verl = verl_files.from_settings(settings, self.th, extra_roots)
+        if self.verl is not None:
+            self.sources.append(self.verl)
+        self.push = None
+        if settings.push:
+            claimed = self.verl.has_job if self.verl is not None else None
+            self.push = push_mod.PushSource(self.th, settings.push_max_bytes, settings.push_token,
+                                            settings.job_expiry, claimed)
+            self.sources.append(self.push)
+            if self.verl is not None:
+                self.verl.claimed = self.push.has_job
+        self.ray = None
+        if settings.ray:
+            self.ray = _optional_source("exporter.sources.ray:RaySource", settings)
+            if self.ray is not None:
+                self.sources.append(self.ray)
+        if settings.nvml:
+            nvml = _optional_source("exporter.sources.nvml:NvmlSource", settings, ray=self.ray)
+            if nvml is not None:
+                self.sources.append(nvml)
+        polled = [s for s in self.sources if s is not self.push]
+        self.endpoints = Endpoints(
+            snapshot_fns=[s.snapshot for s in self.sources],
+            jobs_fns=[s.jobs for s in self.sources if hasattr(s, "jobs")],
+            push=self.push,
+            ready_fns=[s.snapshot for s in polled],
+            sources_text=", ".join(_describe(s) for s in self.sources) or "none",
+        )
+        self.server = make_server(settings.listen, self.endpoints)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> None:
+        if self.demo is not None:
+            self.demo.start()
+        for source in self.sources:
+            source.start()
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        if self.demo is not None:
+            self.demo.stop()
+        stoppers = [threading.Thread(target=s.stop, kwargs={"timeout": 2.0}, daemon=True)
+                    for s in self.sources]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(3.0)
+        if self.tempdir is not None:
+            shutil.rmtree(self.tempdir, ignore_errors=True)
+
+
+def _describe(source: Any) -> str:
+    describe = getattr(source, "describe", None)
+    return describe() if callable(describe) else source.name
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = settings_mod.resolve(args)
+        configure(settings.log_format, settings.log_level)
+    except (ConfigError, ValueError) as exc:
+        print(f"rlhf-exporter serve: {exc}", file=sys.stderr)
+        return 2
+    try:
+        sidecar = Sidecar(settings)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot listen on %s: %s", settings.listen, exc.strerror or exc,
+                  extra={"listen": settings.listen})
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sidecar.start()
+    if sidecar.verl is None and sidecar.push is None:
+        log.warning("no verl input: give --verl-root, --verl-file or --demo, or enable --push")
+    log.info("rlhf-exporter %s serving %s/metrics; sources: %s", __version__, sidecar.url,
+             sidecar.endpoints.sources_text, extra={"listen": settings.listen})
+    if settings.demo:
+        log.info("demo: a simulated verl job writes %s; open %s/ to watch its diagnosis change",
+                 sidecar.demo.path, sidecar.url)
+    while not stop.wait(1.0):
+        pass
+    sidecar.stop()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,65 @@
+"""The `serve --demo` feed: a simulated verl job writing real verl-format records, fast.
+
+A background thread writes `DEMO_PLAN` (rollout-bound with a long tail, update-bound with low
+MFU, sync-bound, a workload shift, then a regression of update) into
+`<root>/demo/<experiment>.jsonl`, one step every `step_seconds`, exactly as verl's file
+logger does (one unbuffered write per record). At the end of the plan it starts over like a
+restarted verl job: the file is truncated and the steps begin again at 0, so the exporter
+shows a new run. The verl source watches the file like any other job.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from .simulator import DEMO_PLAN, encode, records
+
+log = logging.getLogger(__name__)
+
+PROJECT = "demo"
+EXPERIMENT = "grpo-simulated"
+
+
+class DemoJob:
+    def __init__(self, root: str | Path, step_seconds: float = 0.7, seed: int = 0,
+                 project: str = PROJECT, experiment: str = EXPERIMENT):
+        self.root = Path(root)
+        self.path = self.root / project / f"{experiment}.jsonl"
+        self.step_seconds = step_seconds
+        self.seed = seed
+        self.written = 0  # records written, all loops
+        self.loops = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="demo-job", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._one_run(self.seed + self.loops)
+                self.loops += 1
+        except OSError as exc:  # the temp root vanished, a full disk: the demo just ends
+            log.warning("demo job stopped: %s", exc, extra={"path": str(self.path)})
+
+    def _one_run(self, seed: int) -> None:
+        # "wb" truncates, as verl does on every (re)start; buffering=0: one write per record
+        with open(self.path, "wb", buffering=0) as f:
+            for record in records(DEMO_PLAN, seed):
+                if self._stop.is_set():
+                    return
+                f.write(encode(record))
+                self.written += 1
+                if self._stop.wait(self.step_seconds):
+                    return
+

@@ -1,0 +1,256 @@
+"""The `push` source: verl records POSTed to `/api/v1/records`, for jobs that cannot share a file.
+
+Body (JSON, UTF-8), one of:
+
+    {"project": "P", "experiment": "E", "records": [{"step": 1, "data": {...}}, ...]}
+    {"project": "P", "experiment": "E", "step": 1, "data": {...}}
+
+- `project`, `experiment`: non-empty strings of at most 200 characters, no control
+  characters; they become the job's labels.
+- `records`: a non-empty list of verl records, applied in order; `step` is an integer >= 0,
+  `data` an object (verl's flat metric dict, exactly as the `file` logger writes it).
+- No other top-level or record keys are accepted (a typo is an error, not silently ignored).
+
+Answers (JSON): 200 `{"accepted": N, "project", "experiment", "step", "run", "verdict"}`;
+400 bad JSON or schema, 401 missing or wrong `Authorization: Bearer TOKEN` (when a token is
+set), 409 a job of that name is already read from a file, 411 no Content-Length, 413 body
+over the limit, 429 too many pushed jobs. Every rejection is all-or-nothing: it changes no job,
+and is counted in `rlhf_exporter_record_errors_total{collector="push",reason}`.
+A pushed job that receives nothing for `job_expiry` seconds stops being exported.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, NamedTuple
+
+import orjson
+
+from ..diagnosis import Record, Thresholds
+from ..jobs import Job
+from .base import Sample, Snapshot
+
+log = logging.getLogger(__name__)
+
+NAME = "push"
+PATH = "/api/v1/records"
+MAX_LABEL_CHARS = 200
+MAX_JOBS = 1000
+BODY_KEYS = frozenset({"project", "experiment", "records", "step", "data"})
+RECORD_KEYS = frozenset({"step", "data"})
+
+# record_errors reasons
+UNAUTHORIZED = "unauthorized"
+TOO_LARGE = "too_large"
+NO_LENGTH = "length_required"
+INVALID_JSON = "invalid_json"
+BAD_SCHEMA = "bad_schema"
+CONFLICT = "job_conflict"
+TOO_MANY_JOBS = "too_many_jobs"
+
+
+class Answer(NamedTuple):
+    status: int
+    body: dict[str, Any]
+
+
+class Rejected(Exception):
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class _Pushed:
+    job: Job
+    last_push: float
+
+
+def _label(body: dict, key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not value:
+        raise Rejected(400, BAD_SCHEMA, f"'{key}' must be a non-empty string")
+    if len(value) > MAX_LABEL_CHARS:
+        raise Rejected(400, BAD_SCHEMA, f"'{key}' is longer than {MAX_LABEL_CHARS} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise Rejected(400, BAD_SCHEMA, f"'{key}' contains control characters")
+    return value
+
+
+def _record(obj: Any, where: str) -> Record:
+    if not isinstance(obj, dict):
+        raise Rejected(400, BAD_SCHEMA, f"{where}: a record must be an object with 'step' and 'data'")
+    extra = set(obj) - RECORD_KEYS
+    if extra:
+        raise Rejected(400, BAD_SCHEMA, f"{where}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
+    step = obj.get("step")
+    if type(step) is not int or step < 0:
+        raise Rejected(400, BAD_SCHEMA, f"{where}: 'step' must be an integer >= 0")
+    data = obj.get("data")
+    if type(data) is not dict:
+        raise Rejected(400, BAD_SCHEMA, f"{where}: 'data' must be an object")
+    return Record(step, data)
+
+
+def parse_body(raw: bytes) -> tuple[str, str, list[Record]]:
+    """Validate a push body completely; raises Rejected, changes nothing."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise Rejected(400, INVALID_JSON, f"body is not valid JSON (UTF-8): {exc}") from None
+    if not isinstance(body, dict):
+        raise Rejected(400, BAD_SCHEMA, "body must be a JSON object with project, experiment and records")
+    extra = set(body) - BODY_KEYS
+    if extra:
+        raise Rejected(400, BAD_SCHEMA, f"unknown key(s) {', '.join(sorted(map(str, extra)))}; "
+                                        f"expected project, experiment and records (or step and data)")
+    project, experiment = _label(body, "project"), _label(body, "experiment")
+    if "records" in body:
+        if "step" in body or "data" in body:
+            raise Rejected(400, BAD_SCHEMA, "give either 'records' or one record's 'step' and 'data', not both")
+        items = body["records"]
+        if not isinstance(items, list) or not items:
+            raise Rejected(400, BAD_SCHEMA, "'records' must be a non-empty list of {step, data} objects")
+        records = [_record(item, f"records[{i}]") for i, item in enumerate(items)]
+    elif "step" in body or "data" in body:
+        records = [_record({"step": body.get("step"), "data": body.get("data")}, "body")]
+    else:
+        raise Rejected(400, BAD_SCHEMA, "missing 'records' (or a single record's 'step' and 'data')")
+    return project, experiment, records
+
+
+class PushSource:
+    """Jobs fed by HTTP pushes. Not polled: each accepted push publishes a new snapshot."""
+
+    name = NAME
+
+    def __init__(self, th: Thresholds, max_bytes: int = 1 << 20, token: str | None = None,
+                 job_expiry: float = 86400.0, claimed: Callable[[str, str], bool] | None = None):
+        self.th = th
+        self.max_bytes = max_bytes
+        self._token = token.encode() if token else None
+        self.job_expiry = job_expiry
+        self._claimed = claimed or (lambda project, experiment: False)
+        self._jobs: dict[tuple[str, str], _Pushed] = {}
+        self._rejected: Counter[str] = Counter()
+        self._records = 0
+        self._lock = threading.Lock()
+        self._started = time.time()
+        self._next_expiry = float("inf")
+        self._snapshot = self._build()
+
+    # -- Source interface -------------------------------------------------------------------
+    def start(self) -> None:
+        self._started = time.time()
+        with self._lock:
+            self._publish()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        pass
+
+    def snapshot(self) -> Snapshot:
+        if time.time() >= self._next_expiry and self._lock.acquire(blocking=False):
+            try:  # a pushed job expired: publish without it (never waits on a push)
+                self._publish()
+            finally:
+                self._lock.release()
+        return self._snapshot
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        with self._lock:
+            return tuple({**p.job.summary(), "source": "push"} for p in self._live(time.time()))
+
+    def has_job(self, project: str, experiment: str) -> bool:
+        return (project, experiment) in self._jobs
+
+    # -- the endpoint ---------------------------------------------------------------------
+    def handle(self, authorization: str | None, content_length: str | None,
+               read: Callable[[int], bytes]) -> Answer:
+        """One POST: check the token, then the size, then the body; apply it all or nothing."""
+        try:
+            self._authorize(authorization)
+            length = self._length(content_length)
+            raw = read(length)
+            if len(raw) != length:
+                raise Rejected(400, INVALID_JSON, f"body ended after {len(raw)} of {length} bytes")
+            project, experiment, records = parse_body(raw)
+            return self._apply(project, experiment, records)
+        except Rejected as exc:
+            with self._lock:
+                self._rejected[exc.reason] += 1
+                self._publish()
+            log.debug("push rejected (%s): %s", exc.reason, exc, extra={"reason": exc.reason})
+            return Answer(exc.status, {"error": str(exc), "reason": exc.reason})
+
+    def _authorize(self, authorization: str | None) -> None:
+        if self._token is None:
+            return
+        scheme, _, given = (authorization or "").partition(" ")
+        ok = hmac.compare_digest(given.strip().encode(), self._token)
+        if scheme.lower() != "bearer" or not ok:
+            raise Rejected(401, UNAUTHORIZED, "missing or wrong 'Authorization: Bearer <token>'")
+
+    def _length(self, content_length: str | None) -> int:
+        if content_length is None:
+            raise Rejected(411, NO_LENGTH, "a Content-Length header is required")
+        try:
+            length = int(content_length)
+        except ValueError:
+            raise Rejected(400, INVALID_JSON, f"bad Content-Length {content_length!r}") from None
+        if length < 0:
+            raise Rejected(400, INVALID_JSON, f"bad Content-Length {content_length!r}")
+        if length > self.max_bytes:
+            raise Rejected(413, TOO_LARGE, f"body of {length} bytes is over the limit of {self.max_bytes} "
+                                           f"(push_max_bytes); send fewer records per request")
+        return length
+
+    def _apply(self, project: str, experiment: str, records: list[Record]) -> Answer:
+        if self._claimed(project, experiment):
+            raise Rejected(409, CONFLICT, f"job {project}/{experiment} is already read from a verl file")
+        now = time.time()
+        key = (project, experiment)
+        with self._lock:
+            pushed = self._jobs.get(key)
+            if pushed is None:
+                if len(self._jobs) >= MAX_JOBS:
+                    raise Rejected(429, TOO_MANY_JOBS, f"already {MAX_JOBS} pushed jobs")
+                pushed = self._jobs[key] = _Pushed(Job(project, experiment, self.th), now)
+                log.info("new pushed job %s/%s", project, experiment,
+                         extra={"project": project, "experiment": experiment})
+            pushed.job.feed(records, now)
+            pushed.last_push = now
+            self._records += len(records)
+            self._publish()
+            job = pushed.job
+            return Answer(200, {"accepted": len(records), "project": project, "experiment": experiment,
+                                "step": job.step, "run": job.run, "verdict": job.verdict})
+
+    # -- snapshots ------------------------------------------------------------------------
+    def _live(self, now: float) -> list[_Pushed]:
+        return [p for p in self._jobs.values() if now - p.last_push <= self.job_expiry]
+
+    def _publish(self) -> None:
+        self._snapshot = self._build()
+
+    def _build(self) -> Snapshot:
+        now = time.time()
+        for key in [k for k, p in self._jobs.items() if now - p.last_push > self.job_expiry]:
+            del self._jobs[key]  # expired: forget it (a new push starts it afresh)
+        samples: list[Sample] = []
+        for p in self._jobs.values():
+            samples.extend(p.job.samples())
+        samples.append(Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))))
+        self._next_expiry = min((p.last_push + self.job_expiry for p in self._jobs.values()),
+                                default=float("inf"))
+        return Snapshot(NAME, True, 0.0, self._started, MappingProxyType({}), self._records,
+                        MappingProxyType(dict(self._rejected)), tuple(samples), now)
+
+    def describe(self) -> str:
+        auth = "token required" if self._token else "no token"
+        return f"push (POST {PATH}, {auth}, max {self.max_bytes} bytes)"

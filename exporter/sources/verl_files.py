@@ -1,0 +1,326 @@
+"""The `verl` source: tails verl's `file`-logger JSONL files and diagnoses every step.
+
+- `--verl-root DIR` watches verl's layout `DIR/<project>/<experiment>.jsonl`; jobs that
+  appear later are found on the next poll. `--verl-file PATH` watches one file.
+- Each file is read from its start and followed. A complete line is ingested once; a
+  half-written last line waits for its newline.
+- A file that shrinks, changes inode, or whose first bytes change was truncated or replaced
+  (verl truncates on every start and resume): it is read again from 0 as a new run of the
+  same job. The job's counters carry on.
+- Problems (deleted, unreadable, not a regular file, bad lines) are counted in
+  `rlhf_exporter_record_errors_total{collector="verl",reason}` once per occurrence and
+  logged once, never once per poll.
+- Work per poll is bounded: at most `file_budget` bytes per file and `poll_budget` bytes in
+  all, so a huge backlog or a 50 MiB line is read over several polls without stalling.
+- A job whose file has not changed for `job_expiry` seconds is no longer exported.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from ..diagnosis import Thresholds
+from ..jobs import Job
+from ..reader import RecordReader
+from .base import PollingSource, PollResult, Sample
+
+log = logging.getLogger(__name__)
+
+NAME = "verl"
+SUFFIX = ".jsonl"
+CHUNK = 1 << 20
+HEAD_BYTES = 256  # first bytes kept to notice a file rewritten past its old size
+MAX_FILES = 5000
+
+# record_errors reasons for whole-file problems (line problems come from exporter.reader)
+FILE_DELETED = "file_deleted"
+FILE_MISSING = "file_missing"
+PERMISSION_DENIED = "permission_denied"
+NOT_A_FILE = "not_a_file"
+READ_FAILED = "read_failed"
+DUPLICATE_JOB = "duplicate_job"
+TOO_MANY_FILES = "too_many_files"
+
+
+@dataclass
+class Watched:
+    """One file and where reading it has got to."""
+
+    path: Path
+    project: str
+    experiment: str
+    job: Job
+    reader: RecordReader
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
+    offset: int = 0
+    head: bytes = b""
+    mtime_ns: int = -1
+    last_change: float = 0.0  # wall time of the last change seen (initially the file's mtime)
+    problem: str | None = None
+    rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
+    logged: set = field(default_factory=set)  # line problems already logged
+
+
+def labels_from_path(path: Path) -> tuple[str, str]:
+    """verl's layout: <root>/<project>/<experiment>.jsonl."""
+    name = path.name
+    experiment = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else name
+    return path.parent.name or "default", experiment
+
+
+class VerlFileSource(PollingSource):
+    def __init__(self, th: Thresholds, roots: Sequence[str | Path] = (),
+                 files: Sequence[tuple[str | Path, str | None, str | None]] = (),
+                 interval: float = 1.0, job_expiry: float = 86400.0,
+                 max_line: int = 1 << 20, file_budget: int = 8 << 20, poll_budget: int = 64 << 20):
+        super().__init__(NAME, interval)
+        self.th = th
+        self.roots = [Path(r) for r in roots]
+        self.files = [(Path(p), proj, exp) for p, proj, exp in files]
+        self.job_expiry = job_expiry
+        self.max_line = max_line
+        self.file_budget = max(file_budget, CHUNK)
+        self.poll_budget = max(poll_budget, self.file_budget)
+        self._watched: dict[Path, Watched] = {}
+        self._jobs: dict[tuple[str, str], Path] = {}
+        self._rejected = Counter()  # record errors by reason, all files, ever
+        self._records = 0
+        self._root_problems: dict[Path, str] = {}
+        self._rotate = 0
+        self._summaries: tuple[dict[str, Any], ...] = ()
+        self._parts: list[tuple[Sample, ...]] = []  # each exported job's samples, last poll
+        self._samples: tuple[Sample, ...] = ()
+        self._duplicates: set[tuple[str, str]] = set()
+        # jobs another source already exports (the push source): never export one twice
+        self.claimed: Callable[[str, str], bool] = lambda project, experiment: False
+
+    # -- discovery ------------------------------------------------------------------------
+    def _discover(self) -> None:
+        for path, project, experiment in self.files:
+            if path not in self._watched:
+                p, e = labels_from_path(path)
+                self._watch(path, project or p, experiment or e)
+        for root in self.roots:
+            try:
+                projects = [e for e in os.scandir(root) if e.is_dir()]
+            except OSError as exc:
+                self._root_problem(root, exc)
+                continue
+            if self._root_problems.pop(root, None) is not None:
+                log.info("verl root %s is readable again", root, extra={"path": str(root)})
+            for project in projects:
+                try:
+                    entries = list(os.scandir(project.path))
+                except OSError as exc:
+                    self._root_problem(Path(project.path), exc)
+                    continue
+                for entry in entries:
+                    if entry.name.endswith(SUFFIX):
+                        path = Path(entry.path)
+                        if path not in self._watched:
+                            self._watch(path, project.name, entry.name[: -len(SUFFIX)])
+
+    def _root_problem(self, root: Path, exc: OSError) -> None:
+        reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else FILE_MISSING
+        if self._root_problems.get(root) != reason:
+            self._root_problems[root] = reason
+            if reason == PERMISSION_DENIED:
+                self._rejected[reason] += 1
+            log.warning("cannot list verl root %s: %s (jobs there are found once it is readable)",
+                        root, exc.strerror or exc, extra={"path": str(root), "reason": reason})
+
+    def _watch(self, path: Path, project: str, experiment: str) -> None:
+        key = (project, experiment)
+        if key not in self._jobs and self.claimed(project, experiment):
+            if key not in self._duplicates:
+                self._duplicates.add(key)
+                self._rejected[DUPLICATE_JOB] += 1
+                log.warning("%s: project=%s experiment=%s is already a pushed job; this file is read "
+                            "once that job expires", path, project, experiment,
+                            extra={"path": str(path), "reason": DUPLICATE_JOB})
+            return
+        if key in self._jobs:
+            if key not in self._duplicates:
+                self._duplicates.add(key)
+                self._rejected[DUPLICATE_JOB] += 1
+                log.warning("%s: project=%s experiment=%s is already read from %s; ignoring this file",
+                            path, project, experiment, self._jobs[key],
+                            extra={"path": str(path), "reason": DUPLICATE_JOB})
+            return
+        if len(self._watched) >= MAX_FILES:
+            if TOO_MANY_FILES not in self._rejected:
+                self._rejected[TOO_MANY_FILES] += 1
+                log.warning("watching %d files already; ignoring %s and any further files",
+                            MAX_FILES, path, extra={"path": str(path), "reason": TOO_MANY_FILES})
+            return
+        self._jobs[key] = path
+        self._watched[path] = Watched(path, project, experiment, Job(project, experiment, self.th),
+                                      RecordReader(self.max_line))
+        log.info("watching verl job %s/%s in %s", project, experiment, path,
+                 extra={"project": project, "experiment": experiment, "path": str(path)})
+
+    # -- reading --------------------------------------------------------------------------
+    def _file_problem(self, w: Watched, reason: str, message: str) -> None:
+        if w.problem != reason:
+            w.problem = reason
+            self._rejected[reason] += 1
+            log.warning("%s: %s", w.path, message,
+                        extra={"path": str(w.path), "reason": reason, "project": w.project,
+                               "experiment": w.experiment})
+
+    def _restart(self, w: Watched, why: str) -> None:
+        w.reader.finish()  # an unfinished last line is counted as incomplete_line
+        self._count_rejections(w)
+        w.reader.reset()
+        w.offset = 0
+        w.head = b""
+        w.job.new_run()
+        log.info("%s was %s: reading it again from the start as a new run", w.path, why,
+                 extra={"path": str(w.path), "project": w.project, "experiment": w.experiment})
+
+    def _count_rejections(self, w: Watched) -> None:
+        for reason, n in w.reader.rejected.items():
+            new = n - w.rejected_seen[reason]
+            if new > 0:
+                self._rejected[reason] += new
+                w.rejected_seen[reason] = n
+                if reason not in w.logged:
+                    w.logged.add(reason)
+                    log.warning("%s: rejected %d line(s): %s (counted, logged once per file and reason)",
+                                w.path, new, reason,
+                                extra={"path": str(w.path), "reason": reason, "project": w.project,
+                                       "experiment": w.experiment})
+
+    def _read(self, w: Watched, budget: int, now: float) -> int:
+        """Read what is new in one file; returns the bytes read."""
+        try:
+            st = os.stat(w.path)
+        except FileNotFoundError:
+            if w.identity is not None:
+                self._file_problem(w, FILE_DELETED, "file deleted (a recreated file is read as a new run)")
+            else:
+                self._file_problem(w, FILE_MISSING, "file does not exist (yet)")
+            return 0
+        except OSError as exc:
+            reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else READ_FAILED
+            self._file_problem(w, reason, f"cannot stat: {exc.strerror or exc}")
+            return 0
+        if not stat.S_ISREG(st.st_mode):
+            self._file_problem(w, NOT_A_FILE, "not a regular file")
+            return 0
+        if st.st_size == w.offset and st.st_mtime_ns == w.mtime_ns and w.problem is None \
+                and (st.st_dev, st.st_ino) == w.identity:
+            return 0  # nothing new: the common case, no open()
+        try:  # O_NONBLOCK: a FIFO named *.jsonl must not hang the poll
+            fd = os.open(w.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return 0  # gone between stat and open: seen as deleted next poll
+        except OSError as exc:
+            reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else READ_FAILED
+            self._file_problem(w, reason, f"cannot open: {exc.strerror or exc}")
+            return 0
+        f = os.fdopen(fd, "rb", buffering=0)
+        st = os.fstat(fd)  # what was opened, whatever happened since the stat
+        if not stat.S_ISREG(st.st_mode):
+            f.close()
+            self._file_problem(w, NOT_A_FILE, "not a regular file")
+            return 0
+        if w.mtime_ns < 0:
+            w.last_change = st.st_mtime  # first sight: the job last changed when the file did
+        elif st.st_mtime_ns != w.mtime_ns:
+            w.last_change = now
+        identity = (st.st_dev, st.st_ino)
+        if w.identity is not None and identity != w.identity:
+            self._restart(w, "replaced")
+        elif st.st_size < w.offset:
+            self._restart(w, "truncated")
+        total = 0
+        with f:
+            try:
+                if w.identity == identity and w.offset > 0 and w.head:
+                    if f.read(len(w.head)) != w.head:
+                        self._restart(w, "rewritten")
+                w.identity = identity
+                w.mtime_ns = st.st_mtime_ns
+                f.seek(w.offset)
+                while total < budget:
+                    chunk = f.read(min(CHUNK, budget - total))
+                    if not chunk:
+                        break
+                    if w.offset < HEAD_BYTES:
+                        w.head = (w.head + chunk[: HEAD_BYTES - w.offset])[:HEAD_BYTES]
+                    w.offset += len(chunk)
+                    total += len(chunk)
+                    self._records += w.job.feed(w.reader.feed(chunk), now)
+            except OSError as exc:
+                self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
+                return total
+        if w.problem is not None:
+            log.info("%s is readable again", w.path, extra={"path": str(w.path)})
+            w.problem = None
+        self._count_rejections(w)
+        return total
+
+    def poll(self) -> PollResult:
+        now = time.time()
+        self._discover()
+        watched = list(self._watched.values())
+        if watched:  # start where the last poll's budget ran out, so no file starves
+            k = self._rotate % len(watched)
+            watched = watched[k:] + watched[:k]
+        left = self.poll_budget
+        for i, w in enumerate(watched):
+            if left <= 0:
+                self._rotate += i
+                break
+            left -= self._read(w, min(self.file_budget, left), now)
+        parts: list[tuple[Sample, ...]] = []
+        jobs: list[Job] = []
+        for w in list(self._watched.values()):
+            if now - w.last_change > self.job_expiry:
+                if w.problem in (FILE_DELETED, FILE_MISSING) and w.identity is not None:
+                    self._forget(w)
+                continue
+            if w.job.records == 0 and w.identity is None:
+                continue  # never read anything: nothing to export yet
+            parts.append(w.job.samples())
+            jobs.append(w.job)
+        if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
+            # something changed: a new samples tuple (an unchanged one lets scrapes reuse bytes)
+            self._parts = parts
+            self._samples = tuple(x for part in parts for x in part) + (
+                Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
+            self._summaries = tuple({**job.summary(), "source": str(self._jobs[job.labels])} for job in jobs)
+        return PollResult(self._samples, self._records, dict(self._rejected))
+
+    def _forget(self, w: Watched) -> None:
+        """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
+        self._watched.pop(w.path, None)
+        self._jobs.pop((w.project, w.experiment), None)
+
+    def has_job(self, project: str, experiment: str) -> bool:
+        """Whether a file of this job is watched (the push source refuses such a job)."""
+        return (project, experiment) in self._jobs
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        """The exported jobs' summaries, as of the last poll (for the landing page)."""
+        return self._summaries
+
+    def describe(self) -> str:
+        parts = [f"root {r}" for r in self.roots] + [f"file {p}" for p, _, _ in self.files]
+        return f"verl ({', '.join(parts) or 'nothing to watch'}; every {self.interval:g}s)"
+
+
+def from_settings(settings: Any, th: Thresholds, extra_roots: Iterable[Path] = ()) -> VerlFileSource | None:
+    roots = list(settings.verl_root or []) + [str(r) for r in extra_roots]
+    files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
+    if not roots and not files:
+        return None
+    return VerlFileSource(th, roots, files, interval=settings.verl_interval,
+                          job_expiry=settings.job_expiry, max_line=settings.max_line_bytes)
