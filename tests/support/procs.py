@@ -54,7 +54,9 @@ class Proc:
         return self.popen.poll() is None
 
     def output(self) -> str:
-        self._log.flush()
+        """Everything the process printed so far (also after terminate())."""
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def terminate(self, timeout: float = 10.0) -> int | None:
