@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import pkgutil
 from importlib import import_module
+from pathlib import Path
 
 from . import __version__
 
@@ -18,11 +18,12 @@ def _command_modules(argv: list[str]):
     When argv names a command, only that module is imported: `diagnose` does not pay for
     the HTTP server's imports.
     """
-    names = [info.name for info in pkgutil.iter_modules(commands.__path__)
-             if not info.name.startswith("_")]
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    if chosen in names:
+    here = Path(commands.__file__).parent
+    if chosen and (here / f"{chosen}.py").is_file():
         names = [chosen]
+    else:
+        names = sorted(p.stem for p in here.glob("*.py") if not p.name.startswith("_"))
     modules = [import_module(f"{commands.__name__}.{name}") for name in names]
     return sorted(modules, key=lambda m: (getattr(m, "ORDER", 50), m.__name__))
 

@@ -6,7 +6,6 @@ Problems become `ConfigError`s that name the file, the key and what is wrong.
 from __future__ import annotations
 
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ def _load(text: str) -> Any:
 
 from .diagnosis import Thresholds, ThresholdsError
 
-DEFAULT_THRESHOLDS = "thresholds.yaml"
+DEFAULT_THRESHOLDS = Path(__file__).with_name("thresholds.yaml")  # shipped as package data
 
 
 class ConfigError(Exception):
@@ -47,12 +46,11 @@ def read_yaml(path: str | Path) -> Any:
 @lru_cache(maxsize=1)
 def default_document() -> dict[str, Any]:
     """The packaged defaults, parsed once."""
-    text = resources.files("exporter").joinpath(DEFAULT_THRESHOLDS).read_text(encoding="utf-8")
-    return _load(text)
+    return _load(default_thresholds_text())
 
 
 def default_thresholds_text() -> str:
-    return resources.files("exporter").joinpath(DEFAULT_THRESHOLDS).read_text(encoding="utf-8")
+    return DEFAULT_THRESHOLDS.read_text(encoding="utf-8")
 
 
 def load_thresholds(path: str | Path | None = None, section: str | None = None) -> Thresholds:

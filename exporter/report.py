@@ -4,27 +4,26 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .diagnosis import GROUPS, StepDiagnosis
 from .diagnosis.advice import look_at
 
 
-@dataclass
 class RunSummary:
     """Everything the per-run summary says, accumulated one step at a time."""
 
-    run: int
-    steps: int = 0
-    first_step: int | None = None
-    last_step: int | None = None
-    verdicts: Counter = field(default_factory=Counter)
-    reasons: Counter = field(default_factory=Counter)  # (verdict, reason)
-    regressions: dict[str, list[int]] = field(default_factory=dict)  # group -> steps
-    workload_shifts: list[int] = field(default_factory=list)
-    share_sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GROUPS, 0.0))
-    step_seconds: float = 0.0
+    def __init__(self, run: int):
+        self.run = run
+        self.steps = 0
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.verdicts: Counter = Counter()
+        self.reasons: Counter = Counter()  # (verdict, reason)
+        self.regressions: dict[str, list[int]] = {}  # group -> steps
+        self.workload_shifts: list[int] = []
+        self.share_sums: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
+        self.step_seconds = 0.0
 
     def add(self, d: StepDiagnosis) -> None:
         self.steps += 1

@@ -5,6 +5,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 from typing import IO, Any, Iterator
 
 import orjson
@@ -100,8 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _bundled_example() -> str:
-    from importlib import resources
-    path = resources.files("exporter").joinpath("examples/demo_job.jsonl")
+    path = Path(__file__).resolve().parents[1] / "examples" / "demo_job.jsonl"
     print(f"(no LOG given: diagnosing the bundled example {path})", file=sys.stderr)
     return str(path)
 
@@ -179,7 +179,7 @@ class JsonlWriter:
         obj = d.to_json()
         if self.many:
             obj["file"] = self.path
-        line = orjson.dumps(obj) + b"\n"
+        line = orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
         if self.out is not None:
             self.out.write(line)
         else:

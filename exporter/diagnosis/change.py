@@ -72,9 +72,10 @@ class Baseline:
 
     def medians(self) -> Point | None:
         """The baseline now, or None with fewer than `min_baseline_steps` points."""
-        if len(self._points) < self._th.min_baseline_steps:
+        points = self._points
+        if len(points) < self._th.min_baseline_steps:
             return None
-        return Point(_median(self._busy), _median(self._tps), _MedianCosts(tuple(self._points)))
+        return Point(_median(self._busy), _median(self._tps), _MedianCosts(tuple(points)))
 
 
 class _MedianCosts(Mapping[str, float]):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -85,9 +84,9 @@ def _check_leaf(where: str, value: Any, want: str) -> Any:
     return value
 
 
-@dataclass(frozen=True, eq=False)  # hashed by identity: memo keys in windows.py
 class Thresholds:
-    """Every number of the decision table, plus the timer-to-group map."""
+    """Every number of the decision table, plus the timer-to-group map. Immutable, and
+    hashed by identity (windows.py memoizes per Thresholds)."""
 
     min_share: float
     min_margin: float
@@ -109,6 +108,16 @@ class Thresholds:
     nested_timers: Mapping[str, str]
     alerts: Mapping[str, Any]
     document: Mapping[str, Any]  # the merged document, for renderers
+
+    def __init__(self, **fields: Any):
+        # a plain class, not a dataclass: `diagnose` starts faster without dataclasses' imports
+        for name in self.__annotations__:
+            object.__setattr__(self, name, fields.pop(name))
+        if fields:
+            raise TypeError(f"unknown thresholds fields: {', '.join(fields)}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("Thresholds are immutable; build new ones with from_documents()")
 
     @classmethod
     def from_documents(cls, defaults: Mapping[str, Any], *overrides: Any) -> "Thresholds":

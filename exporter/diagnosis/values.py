@@ -29,15 +29,21 @@ def positive(value: Any) -> float | None:
     return x if x is not None and x > 0 else None
 
 
+_AGENT_KEYS: dict[str, tuple[str, str]] = {}
+
+
 def agent_loop(data: Mapping[str, Any], name: str) -> float | None:
     """`agent_loop/<name>`, which verl logs under a `timing_s/` prefix.
 
     Both spellings are accepted; the prefixed key wins when both are present.
     """
-    key = TIMER_PREFIX + AGENT_LOOP + name
-    if key in data:
-        return num(data[key])
-    return num(data.get(AGENT_LOOP + name))
+    keys = _AGENT_KEYS.get(name)
+    if keys is None:
+        keys = _AGENT_KEYS[name] = (TIMER_PREFIX + AGENT_LOOP + name, AGENT_LOOP + name)
+    prefixed, plain = keys
+    if prefixed in data:
+        return num(data[prefixed])
+    return num(data.get(plain))
 
 
 def first_present(data: Mapping[str, Any], *keys: str) -> float | None:
