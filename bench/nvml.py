@@ -30,17 +30,7 @@ sys.path.insert(0, str(REPO))
 from exporter.sources.base import PollingSource, PollResult  # noqa: E402
 from exporter.sources.nvml import NvmlSource  # noqa: E402
 from exporter.sources.ray import ActorProcess  # noqa: E402
-from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module  # noqa: E402
-
-
-class FakeRay:
-    interval = 15.0
-
-    def __init__(self, pids):
-        self.pids = pids
-
-    def pid_actors(self, max_age=None):
-        return self.pids
+from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
 
 
 class Idle(PollingSource):

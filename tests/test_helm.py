@@ -8,7 +8,6 @@ The rules and dashboards compared are the repository's own alerts/ and grafana/ 
 """
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil

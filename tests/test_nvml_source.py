@@ -20,7 +20,7 @@ from exporter.metrics.collector import SnapshotCollector, families
 from exporter.sources.nvml import NvmlSource, error_reason
 from exporter.sources.ray import ActorProcess
 from tests.support import fake_pynvml
-from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
+from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module
 from tests.support.procs import wait_until
 from tests.support.serve import Exporter
 
@@ -288,16 +288,6 @@ def _proc(root: Path, pid: int, ppid: int, title: bytes) -> None:
     d.mkdir(parents=True)
     (d / "cmdline").write_bytes(title + b"\0" * 20)
     (d / "stat").write_bytes(f"{pid} (x) S {ppid} {pid} {pid} 0".encode())
-
-
-class FakeRay:
-    interval = 15.0
-
-    def __init__(self, pids):
-        self.pids = pids
-
-    def pid_actors(self, max_age=None):
-        return self.pids
 
 
 def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, Any
 
 import orjson
 

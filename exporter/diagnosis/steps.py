@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 from .change import Baseline, Change
 from .thresholds import Thresholds
 from .values import positive
-from .verdict import UNKNOWN, Verdict, decide
+from .verdict import Verdict, decide
 from .windows import Windows, split, timers
 
 STEP_KEY = "timing_s/step"

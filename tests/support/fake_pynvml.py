@@ -244,3 +244,15 @@ def make_module(gpus: Sequence[FakeGpu], clock: Callable[[], float] | None = Non
         setattr(mod, fn.__name__, fn)
     mod.nvmlInitWithFlags = lambda flags: nvmlInit()
     return mod
+
+
+class FakeRay:
+    """What NvmlSource needs of a RaySource: this node's actor PIDs (pid -> ActorProcess)."""
+
+    interval = 15.0
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def pid_actors(self, max_age=None):
+        return self.pids
