@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from exporter.config import load_thresholds
 from exporter.diagnosis import (BatchDiagnoser, Record, StreamDiagnoser, Thresholds, classify,
@@ -385,3 +388,22 @@ def test_defaults_document_and_thresholds_agree():
     doc = default_document()
     assert TH.min_share == doc["verdict"]["min_share"]
     assert TH.timer_groups["gen"] == "rollout"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.5, 100.0), st.floats(1e3, 1e7)), min_size=1, max_size=40))
+def test_baseline_medians_are_the_medians_of_the_last_n_usable_steps(steps_and_tokens):
+    bl = Baseline(TH)
+    seen = []
+    for seconds, tokens in steps_and_tokens:
+        w = split(seconds, {"gen": seconds * 0.7, "update_actor": seconds * 0.2}, TH)
+        change = bl.judge(w, tokens)
+        last = seen[-TH.baseline_steps:]
+        if len(last) < TH.min_baseline_steps:
+            assert change.baseline is None
+        else:
+            assert change.baseline.busy_seconds == statistics.median(s for s, _ in last)
+            assert change.baseline.tokens_per_second == statistics.median(k / s for s, k in last)
+            assert change.baseline.costs["rollout"] == pytest.approx(
+                statistics.median(0.7 * s / k for s, k in last))
+        seen.append((seconds, tokens))

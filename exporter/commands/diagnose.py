@@ -128,11 +128,13 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
             result = diagnoser.feed(record)
             if result is not None:
                 writer.step(result)
+        writer.flush()  # what this chunk produced, so `diagnose -` on a live tail keeps up
         progress.update()
     reader.finish()
     result = diagnoser.close()
     if result is not None:
         writer.step(result)
+    writer.flush()
     progress.done()
     writer.end_file(reader.records, dict(reader.rejected))
 
@@ -164,13 +166,18 @@ class Progress:
 
 
 class JsonlWriter:
-    """The contract: one object per classified step, in file order (`file` when several)."""
+    """The contract: one object per classified step, in file order (`file` when several).
+
+    Lines are batched and written once per input chunk: stdout may be unbuffered
+    (PYTHONUNBUFFERED), and a write per step would then be a system call per step.
+    """
 
     def __init__(self, out: IO[str], many: bool):
         self.out = out.buffer if hasattr(out, "buffer") else None
         self.text = out
         self.many = many
         self.path = None
+        self._pending: list[bytes] = []
 
     def begin_file(self, path: str) -> None:
         self.path = path
@@ -179,11 +186,18 @@ class JsonlWriter:
         obj = d.to_json()
         if self.many:
             obj["file"] = self.path
-        line = orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE)
+        self._pending.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
         if self.out is not None:
-            self.out.write(line)
+            self.out.write(data)
+            self.out.flush()
         else:
-            self.text.write(line.decode())
+            self.text.write(data.decode())
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
         if rejected:
@@ -192,8 +206,7 @@ class JsonlWriter:
                   + ", ".join(f"{n} {r}" for r, n in sorted(rejected.items())), file=sys.stderr)
 
     def close(self) -> None:
-        if self.out is not None:
-            self.out.flush()
+        self.flush()
 
 
 class JsonWriter:
@@ -207,6 +220,9 @@ class JsonWriter:
     def begin_file(self, path: str) -> None:
         self.path = path
         self.runs = {}
+
+    def flush(self) -> None:
+        """Nothing to do: the document is written whole at the end."""
 
     def step(self, d: StepDiagnosis) -> None:
         summary, steps = self.runs.setdefault(d.run, (RunSummary(d.run), []))
@@ -244,6 +260,9 @@ class TableWriter:
 
     def _print(self, line: str = "") -> None:
         self.out.write(line + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()
 
     def begin_file(self, path: str) -> None:
         self.path = path

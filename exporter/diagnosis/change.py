@@ -5,6 +5,7 @@ of the same run. A fresh `Baseline` belongs to each run.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from typing import Mapping, NamedTuple
 
@@ -39,9 +40,28 @@ def point_of(windows: Windows, tokens: float | None) -> Point | None:
     busy = windows.step_seconds - windows.counted.get("save_checkpoint", 0.0)
     if busy <= 0:
         return None
-    gs = windows.group_seconds
-    costs = {g: gs[g] / tokens for g in COST_GROUPS}
-    return Point(busy, tokens / busy, costs)
+    return Point(busy, tokens / busy, _Costs(windows.group_seconds, tokens))
+
+
+class _Costs(Mapping[str, float]):
+    """A step's seconds per token by group, computed when read (most steps never are)."""
+
+    __slots__ = ("_seconds", "_tokens")
+
+    def __init__(self, group_seconds: Mapping[str, float], tokens: float):
+        self._seconds = group_seconds
+        self._tokens = tokens
+
+    def __getitem__(self, group: str) -> float:
+        if group == "checkpoint":
+            raise KeyError(group)
+        return self._seconds[group] / self._tokens
+
+    def __iter__(self):
+        return iter(COST_GROUPS)
+
+    def __len__(self) -> int:
+        return len(COST_GROUPS)
 
 
 class Baseline:
@@ -49,10 +69,9 @@ class Baseline:
 
     def __init__(self, th: Thresholds):
         self._th = th
-        n = th.baseline_steps
-        self._points: deque[Point] = deque(maxlen=n)
-        self._busy: deque[float] = deque(maxlen=n)  # the same points, one field each,
-        self._tps: deque[float] = deque(maxlen=n)  # so medians need no list building
+        self._points: deque[Point] = deque(maxlen=th.baseline_steps)
+        self._busy: list[float] = []  # the same points' S' and K/S', kept sorted,
+        self._tps: list[float] = []  # so a median is an index, not a sort
 
     def __len__(self) -> int:
         return len(self._points)
@@ -63,19 +82,27 @@ class Baseline:
         if point is None:
             return Change(NONE, None, None, None)
         base = self.medians()
-        self._points.append(point)
-        self._busy.append(point.busy_seconds)
-        self._tps.append(point.tokens_per_second)
+        self._add(point)
         if base is None:
             return Change(NONE, None, point, None)
         return Change(*_compare(point, base, windows, tokens, self._th), point, base)
+
+    def _add(self, point: Point) -> None:
+        points = self._points
+        if len(points) == points.maxlen:  # the oldest point leaves the window
+            oldest = points[0]
+            del self._busy[bisect_left(self._busy, oldest.busy_seconds)]
+            del self._tps[bisect_left(self._tps, oldest.tokens_per_second)]
+        points.append(point)
+        insort(self._busy, point.busy_seconds)
+        insort(self._tps, point.tokens_per_second)
 
     def medians(self) -> Point | None:
         """The baseline now, or None with fewer than `min_baseline_steps` points."""
         points = self._points
         if len(points) < self._th.min_baseline_steps:
             return None
-        return Point(_median(self._busy), _median(self._tps), _MedianCosts(tuple(points)))
+        return Point(_middle(self._busy), _middle(self._tps), _MedianCosts(tuple(points)))
 
 
 class _MedianCosts(Mapping[str, float]):
@@ -103,7 +130,11 @@ class _MedianCosts(Mapping[str, float]):
 
 def _median(values) -> float:
     """The median; the mean of the middle two for an even count."""
-    s = sorted(values)
+    return _middle(sorted(values))
+
+
+def _middle(s: list[float]) -> float:
+    """The median of an already sorted list."""
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
