@@ -60,6 +60,7 @@ def _parse_slow(line: bytes) -> Any:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
         return NOT_UTF8
+    text = text.lstrip("\ufeff")  # a byte-order mark left by an editor
     if not text.strip():
         return EMPTY
     try:

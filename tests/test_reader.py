@@ -140,3 +140,8 @@ def test_reading_a_whole_real_file_in_small_chunks_equals_one_read(tmp_path):
             pieces += list(reader.feed(chunk))
     assert pieces == whole and len(whole) == sum(n for _, n in DEMO_PLAN) + 1
     assert os.path.getsize(path) > 0
+
+
+def test_a_byte_order_mark_does_not_cost_the_first_record():
+    record = parse_line(b'\xef\xbb\xbf{"step": 1, "data": {"timing_s/step": 2.0}}')
+    assert record.step == 1
