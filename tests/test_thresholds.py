@@ -51,3 +51,14 @@ def test_bad_files_name_the_key_and_the_problem(tmp_path, text, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_thresholds(tmp_path / "nope.yaml")
+
+
+def test_one_duration_syntax_for_the_file_the_rules_and_the_dashboards():
+    from exporter.diagnosis.thresholds import seconds
+    from exporter.render import rules
+    from exporter.render.dashboards import queries
+    assert seconds("10m") == 600 and seconds("1500ms") == 1.5 and seconds("2h") == 7200
+    assert seconds(30) == 30.0
+    assert rules.seconds is seconds and queries.seconds is seconds
+    with pytest.raises(ValueError, match="not a duration"):
+        seconds("10 minutes")

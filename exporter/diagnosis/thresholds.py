@@ -13,7 +13,18 @@ from typing import Any, Mapping
 GROUPS = ("rollout", "reward", "logprob", "update", "sync", "checkpoint", "other")
 """Decision-table groups, in the order used for ties and for display."""
 
-_DURATION = re.compile(r"^\d+(ms|s|m|h|d|w)$")
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def seconds(text: str | float) -> float:
+    """A duration of the thresholds file ('10m', the Prometheus syntax) in seconds."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    m = _DURATION.fullmatch(str(text))
+    if not m:
+        raise ValueError(f"not a duration: {text!r}")
+    return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
 
 
 class ThresholdsError(ValueError):
@@ -26,7 +37,7 @@ def _kind(value: Any) -> str:
     if isinstance(value, (int, float)):
         return "number"
     if isinstance(value, str):
-        return "duration" if _DURATION.match(value) else "string"
+        return "duration" if _DURATION.fullmatch(value) else "string"
     if isinstance(value, list):
         return "list"
     if isinstance(value, Mapping):

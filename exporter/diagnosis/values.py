@@ -44,11 +44,3 @@ def agent_loop(data: Mapping[str, Any], name: str) -> float | None:
     if prefixed in data:
         return num(data[prefixed])
     return num(data.get(plain))
-
-
-def first_present(data: Mapping[str, Any], *keys: str) -> float | None:
-    """The value of the first of `keys` present in `data` (e.g. a renamed metric)."""
-    for key in keys:
-        if key in data:
-            return num(data[key])
-    return None

@@ -113,7 +113,3 @@ CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + EXPORTER)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)
 
-
-def exposed_names() -> frozenset[str]:
-    """Every series name a scrape can show (counters' names already end in _total)."""
-    return NAMES

@@ -6,10 +6,10 @@ missing label, so the filters do nothing on a single-cluster setup.
 """
 from __future__ import annotations
 
-import re
 from typing import Mapping
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
+from ...diagnosis.thresholds import seconds
 from .style import change_codes, reason_codes, verdict_codes
 
 JOB_LABELS = ("project", "experiment")
@@ -18,19 +18,6 @@ TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
 JOB = TARGET + ', project=~"$project", experiment=~"$experiment"'
 RATE = "$__rate_interval"
 RANGE = "$__range"
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def seconds(duration: str | float) -> float:
-    """'10m' -> 600.0 (the thresholds file's duration syntax)."""
-    if isinstance(duration, (int, float)):
-        return float(duration)
-    m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", duration)
-    if not m:
-        raise ValueError(f"not a duration: {duration!r}")
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
 
 def sel(metric: str, *extra: str, scope: str = JOB) -> str:
     """`metric{<job filters>, extra...}`."""

@@ -32,9 +32,10 @@ from __future__ import annotations
 from typing import Any
 
 from ...diagnosis import Thresholds
+from ...diagnosis.thresholds import seconds
 from .decision import DecisionAlerts
 from .model import (BOUND_ALERTS, DECISION_FILE, OPERATIONS_FILE, RECORDING_FILE, RUNBOOKS_FILE,
-                    SEVERITIES, Alert, Runbook, anchor, duration, runbook_url, seconds)
+                    SEVERITIES, Alert, Runbook, anchor, duration, runbook_url)
 from .operations import OperationsAlerts
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files

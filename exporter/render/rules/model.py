@@ -2,7 +2,6 @@
 and the Alert and Runbook records."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -26,17 +25,6 @@ assert set(BOUND_ALERTS) == set(GROUPS) - {"checkpoint"}
 
 SEVERITIES = ("critical", "warning", "info")
 """critical pages; warning goes to chat at any hour; info (bottlenecks) in working hours."""
-
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def seconds(text: str) -> float:
-    """'10m' -> 600.0 (the thresholds file's duration syntax)."""
-    m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", str(text))
-    if not m:
-        raise ValueError(f"not a duration: {text!r}")
-    return int(m.group(1)) * _UNITS[m.group(2)]
 
 
 def duration(secs: float) -> str:
