@@ -9,6 +9,7 @@ Prints steps per second for both and their ratio (goal: at most 8).
 
     .venv/bin/python bench/diagnose.py [--steps 20000] [--repeat 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,12 @@ from exporter.demo.simulator import REGIMES, encode, records, regressed, shifted
 def build_log(path: str, steps: int) -> int:
     base = REGIMES["rollout_long_tail"]
     quarter = steps // 4
-    plan = [(base, quarter), (REGIMES["update_low_mfu"], quarter),
-            (shifted(REGIMES["sync_bound"], 1.5), quarter),
-            (regressed(REGIMES["sync_bound"], "update_actor", 2.0), steps - 3 * quarter)]
+    plan = [
+        (base, quarter),
+        (REGIMES["update_low_mfu"], quarter),
+        (shifted(REGIMES["sync_bound"], 1.5), quarter),
+        (regressed(REGIMES["sync_bound"], "update_actor", 2.0), steps - 3 * quarter),
+    ]
     with open(path, "wb") as f:
         for record in records(plan, seed=1, validation=False):
             f.write(encode(record))
@@ -55,15 +59,21 @@ def end_to_end(path: str) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with open(os.devnull, "wb") as devnull:
-        subprocess.run([sys.executable, "-m", "exporter", "diagnose", "--format", "jsonl", path],
-                       stdout=devnull, check=True, env=INSTALLED_ENV)
+        subprocess.run(
+            [sys.executable, "-m", "exporter", "diagnose", "--format", "jsonl", path],
+            stdout=devnull,
+            check=True,
+            env=INSTALLED_ENV,
+        )
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--steps", type=int, default=20_000)
     ap.add_argument("--repeat", type=int, default=3, help="best of N for each side")
     args = ap.parse_args()
@@ -79,11 +89,17 @@ def main() -> None:
     floor = min(w for w, _ in floors), min(c for _, c in floors)
     e2e = min(w for w, _ in e2es), min(c for _, c in e2es)
     n = args.steps
-    print(f"(b) parse floor, orjson.loads per line: {n / floor[0]:>9,.0f} steps/s wall, "
-          f"{n / floor[1]:>9,.0f} steps/s CPU")
-    print(f"(a) diagnose --format jsonl, end to end: {n / e2e[0]:>9,.0f} steps/s wall, "
-          f"{n / e2e[1]:>9,.0f} steps/s CPU")
-    print(f"ratio (a)/(b): {e2e[0] / floor[0]:.2f}x wall, {e2e[1] / floor[1]:.2f}x CPU  (goal: <= 8)")
+    print(
+        f"(b) parse floor, orjson.loads per line: {n / floor[0]:>9,.0f} steps/s wall, "
+        f"{n / floor[1]:>9,.0f} steps/s CPU"
+    )
+    print(
+        f"(a) diagnose --format jsonl, end to end: {n / e2e[0]:>9,.0f} steps/s wall, "
+        f"{n / e2e[1]:>9,.0f} steps/s CPU"
+    )
+    print(
+        f"ratio (a)/(b): {e2e[0] / floor[0]:.2f}x wall, {e2e[1] / floor[1]:.2f}x CPU  (goal: <= 8)"
+    )
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ one core.
 
     .venv/bin/python bench/nvml.py [--polls 2000] [--gpus 8]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,9 @@ class Idle(PollingSource):
         return PollResult(())
 
 
-def thread_cpu(source: PollingSource, polls: int, interval: float, clock: FakeClock | None = None) -> float:
+def thread_cpu(
+    source: PollingSource, polls: int, interval: float, clock: FakeClock | None = None
+) -> float:
     """CPU seconds the source's own thread used for `polls` iterations. With `clock`, each
     poll first moves the fake GPUs' clock on by 1 s: every poll integrates a second's worth
     of NVML samples, as at the default interval."""
@@ -73,7 +76,9 @@ def thread_cpu(source: PollingSource, polls: int, interval: float, clock: FakeCl
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--polls", type=int, default=2000)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--interval", type=float, default=0.002, help="loop interval while measuring")
@@ -89,7 +94,11 @@ def main() -> int:
             (proc / str(pid) / "stat").write_bytes(f"{pid} (python) S 1 {pid} {pid} 0".encode())
         actors[pids[0]] = ActorProcess("WorkerDict", "trainer")
         actors[pids[1]] = ActorProcess("vLLMHttpServer", "rollout")
-        gpus.append(FakeGpu(i, util=[(0, 50), (5, 100)], processes=[(pids[0], 40 << 30), (pids[1], 30 << 30)]))
+        gpus.append(
+            FakeGpu(
+                i, util=[(0, 50), (5, 100)], processes=[(pids[0], 40 << 30), (pids[1], 30 << 30)]
+            )
+        )
     clock = FakeClock()
     sys.modules["pynvml"] = make_module(gpus, clock)
 
@@ -104,8 +113,10 @@ def main() -> int:
     print(f"{args.gpus} fake GPUs, {args.polls} polls, {len(snap.samples)} series per snapshot")
     print(f"  loop with the collector:    {with_cpu / args.polls * 1e6:8.1f} us CPU per poll")
     print(f"  same loop, no collector:    {without_cpu / args.polls * 1e6:8.1f} us CPU per poll")
-    print(f"  collector cost per poll:    {per_poll * 1e6:8.1f} us "
-          f"({per_poll / args.gpus * 1e6:.1f} us per GPU)")
+    print(
+        f"  collector cost per poll:    {per_poll * 1e6:8.1f} us "
+        f"({per_poll / args.gpus * 1e6:.1f} us per GPU)"
+    )
     share = per_poll / 1.0 * 100
     print(f"  at --nvml-interval 1 s:     {share:.3f} % of one core (goal < 0.2 %)")
     print(f"  ratio with/without:         {with_cpu / max(without_cpu, 1e-9):.1f}x")

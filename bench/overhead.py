@@ -9,6 +9,7 @@ system time of the process over the window; peak RSS is the kernel's high-water 
 and Ray/NVML off (nothing to reach here; they would only report down). Goals: at most 0.5 %
 of one core above the bare server, and at most 80 MB RSS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,10 @@ sys.path.insert(0, str(REPO))
 
 from tests.support.procs import free_port, wait_until  # noqa: E402
 
-BARE = ("import time\nfrom prometheus_client import start_http_server\n"
-        "start_http_server({port}, addr='127.0.0.1')\nwhile True: time.sleep(3600)\n")
+BARE = (
+    "import time\nfrom prometheus_client import start_http_server\n"
+    "start_http_server({port}, addr='127.0.0.1')\nwhile True: time.sleep(3600)\n"
+)
 
 
 def scrape(port: int) -> bool:
@@ -50,17 +53,35 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--scrape-every", type=float, default=15.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     args = ap.parse_args()
     ex_port, bare_port = free_port(), free_port()
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "serve", "--demo", "--listen", f"127.0.0.1:{ex_port}",
-         "--no-ray", "--no-nvml"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    bare = subprocess.Popen([sys.executable, "-c", BARE.format(port=bare_port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            sys.executable,
+            "-m",
+            "exporter",
+            "serve",
+            "--demo",
+            "--listen",
+            f"127.0.0.1:{ex_port}",
+            "--no-ray",
+            "--no-nvml",
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    bare = subprocess.Popen(
+        [sys.executable, "-c", BARE.format(port=bare_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_until(lambda: scrape(ex_port) and scrape(bare_port), 60, 0.2, "both servers")
         time.sleep(args.warmup)
@@ -85,10 +106,12 @@ def main() -> int:
     for k in ("exporter", "bare"):
         print(f"{k:10} {used[k]:8.3f} {100 * used[k] / wall:8.3f} {peak[k]:12.1f}")
     above = 100 * (used["exporter"] - used["bare"]) / wall
-    print(f"exporter above the bare floor: {above:.3f} % of one core (goal <= 0.5 %: "
-          f"{'met' if above <= 0.5 else 'NOT met'}); peak RSS {peak['exporter']:.1f} MB "
-          f"(goal <= 80 MB: {'met' if peak['exporter'] <= 80 else 'NOT met'}); "
-          f"ratio of CPU {used['exporter'] / max(used['bare'], 1e-9):.1f}x")
+    print(
+        f"exporter above the bare floor: {above:.3f} % of one core (goal <= 0.5 %: "
+        f"{'met' if above <= 0.5 else 'NOT met'}); peak RSS {peak['exporter']:.1f} MB "
+        f"(goal <= 80 MB: {'met' if peak['exporter'] <= 80 else 'NOT met'}); "
+        f"ratio of CPU {used['exporter'] / max(used['bare'], 1e-9):.1f}x"
+    )
     return 0
 
 

@@ -11,6 +11,7 @@ has (they stay PENDING_CREATION without a worker). Then, in one run:
 
     .venv/bin/python bench/ray_poll.py [--pending 1000] [--polls 20] [--gets 1200]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def scrape_times(url: str, n: int) -> list[float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--pending", type=int, default=1000)
     ap.add_argument("--polls", type=int, default=20)
     ap.add_argument("--gets", type=int, default=1200, help="GET /metrics per exporter")
@@ -62,7 +65,12 @@ def main() -> int:
 
     head = RayHead(num_cpus=2)
     try:
-        ray.init(address=head.gcs_address, namespace="bench", log_to_driver=False, configure_logging=False)
+        ray.init(
+            address=head.gcs_address,
+            namespace="bench",
+            log_to_driver=False,
+            configure_logging=False,
+        )
 
         class Live:
             def ping(self):
@@ -82,8 +90,13 @@ def main() -> int:
         deadline = time.monotonic() + 120
         while True:
             snap = src.poll_once()
-            n = sum(v for s in [snap] for x in s.samples if x.name == "rlhf_ray_actors"
-                    and x.labels[1] == "PENDING_CREATION" for v in [x.value])
+            n = sum(
+                v
+                for s in [snap]
+                for x in s.samples
+                if x.name == "rlhf_ray_actors" and x.labels[1] == "PENDING_CREATION"
+                for v in [x.value]
+            )
             if n >= args.pending or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
@@ -96,22 +109,38 @@ def main() -> int:
             assert snap.up, snap.errors
             walls.append(time.perf_counter() - w)
             cpus.append(time.process_time() - c)
-        print(f"one poll ({args.polls} polls): wall median {statistics.median(walls) * 1e3:.1f} ms, "
-              f"p90 {pct(walls, 0.9) * 1e3:.1f} ms, max {max(walls) * 1e3:.1f} ms; "
-              f"exporter CPU median {statistics.median(cpus) * 1e3:.1f} ms")
+        print(
+            f"one poll ({args.polls} polls): wall median {statistics.median(walls) * 1e3:.1f} ms, "
+            f"p90 {pct(walls, 0.9) * 1e3:.1f} ms, max {max(walls) * 1e3:.1f} ms; "
+            f"exporter CPU median {statistics.median(cpus) * 1e3:.1f} ms"
+        )
 
         with tempfile.TemporaryDirectory(prefix="rlhf-bench-ray-") as tmp:
             tmp = Path(tmp)
             (tmp / "verl" / "bench").mkdir(parents=True)
             write_jsonl(tmp / "verl" / "bench" / "job.jsonl", DEMO_PLAN)
             common = ["--verl-root", str(tmp / "verl")]
-            with Exporter(tmp / "on", *common, "--ray", "--ray-address", head.dashboard_url,
-                          "--ray-interval", str(args.ray_interval)) as on, \
-                    Exporter(tmp / "off", *common, "--no-ray") as off:
+            with (
+                Exporter(
+                    tmp / "on",
+                    *common,
+                    "--ray",
+                    "--ray-address",
+                    head.dashboard_url,
+                    "--ray-interval",
+                    str(args.ray_interval),
+                ) as on,
+                Exporter(tmp / "off", *common, "--no-ray") as off,
+            ):
                 for exp in (on, off):
-                    exp.wait_for(lambda e=exp: e.value("rlhf_steps_total", project="bench"), 60, "steps")
-                on.wait_for(lambda: on.value("rlhf_ray_actors", state="PENDING_CREATION") == args.pending,
-                            60, "ray polled")
+                    exp.wait_for(
+                        lambda e=exp: e.value("rlhf_steps_total", project="bench"), 60, "steps"
+                    )
+                on.wait_for(
+                    lambda: on.value("rlhf_ray_actors", state="PENDING_CREATION") == args.pending,
+                    60,
+                    "ray polled",
+                )
                 times = {"on": [], "off": []}
                 per_round = max(1, args.gets // args.rounds)
                 for _ in range(args.rounds):
@@ -121,11 +150,15 @@ def main() -> int:
                 assert on.value("rlhf_exporter_collector_up", collector="ray") == 1.0
         for k in ("off", "on"):
             t = times[k]
-            print(f"GET /metrics, Ray {k:>3}: n={len(t)} median {statistics.median(t) * 1e3:.2f} ms, "
-                  f"p99 {pct(t, 0.99) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms")
+            print(
+                f"GET /metrics, Ray {k:>3}: n={len(t)} median {statistics.median(t) * 1e3:.2f} ms, "
+                f"p99 {pct(t, 0.99) * 1e3:.2f} ms, max {max(t) * 1e3:.2f} ms"
+            )
         ratio = pct(times["on"], 0.99) / pct(times["off"], 0.99)
-        print(f"p99 ratio Ray on/off (polling every {args.ray_interval:g}s): {ratio:.2f} (goal <= 1.2); "
-              f"ray poll errors during the run: {int(errors)}")
+        print(
+            f"p99 ratio Ray on/off (polling every {args.ray_interval:g}s): {ratio:.2f} (goal <= 1.2); "
+            f"ray poll errors during the run: {int(errors)}"
+        )
         del pending
         return 0 if ratio <= 1.2 else 1
     finally:

@@ -9,6 +9,7 @@ connection per request, uncompressed text format, as one Prometheus scrape would
 exporter keeps polling its files every second while it is measured (the default). Prints p50
 and p99 of each and the ratios; the goal is exporter p50 <= 1.5x bare p50.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,7 +28,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.demo.simulator import DEMO_PLAN, REGIMES, encode, records, regressed, shifted, write_jsonl  # noqa: E402
+from exporter.demo.simulator import (
+    DEMO_PLAN,
+    REGIMES,
+    encode,
+    records,
+    regressed,
+    shifted,
+    write_jsonl,
+)
 from tests.support.procs import free_port, wait_until  # noqa: E402
 from tests.support.serve import parse_samples  # noqa: E402
 
@@ -72,16 +81,21 @@ def append_steps(root: Path, stop: threading.Event) -> None:
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--requests", type=int, default=400, help="GETs per server")
-    ap.add_argument("--live", action="store_true",
-                    help="append a step to every job every second while measuring (each poll then "
-                         "changes every job, and the job series are re-rendered once per poll)")
+    ap.add_argument(
+        "--live",
+        action="store_true",
+        help="append a step to every job every second while measuring (each poll then "
+        "changes every job, and the job series are re-rendered once per poll)",
+    )
     args = ap.parse_args()
     regimes = list(REGIMES.values())
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,15 +104,33 @@ def main() -> int:
             project = root / f"team{i % 5}"
             project.mkdir(parents=True, exist_ok=True)
             base = regimes[i % len(regimes)]
-            plan = [(base, 20), (shifted(base, 1.5), 5), (regressed(base, "update_actor", 3.0), 5)] \
-                if i % 3 else DEMO_PLAN
+            plan = (
+                [(base, 20), (shifted(base, 1.5), 5), (regressed(base, "update_actor", 3.0), 5)]
+                if i % 3
+                else DEMO_PLAN
+            )
             write_jsonl(project / f"exp{i:03d}.jsonl", plan, seed=i)
         port = free_port()
         exporter = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}", "--verl-root", str(root),
-             "--no-ray", "--no-nvml"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--verl-root",
+                str(root),
+                "--no-ray",
+                "--no-nvml",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         bare = None
         try:
+
             def all_jobs():
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
                 conn.request("GET", "/metrics")
@@ -114,8 +146,11 @@ def main() -> int:
             spec_path = Path(tmp) / "spec.json"
             spec_path.write_text(json.dumps(spec))
             bare_port = free_port()
-            bare = subprocess.Popen([sys.executable, "-c", BARE, str(bare_port), str(spec_path)],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            bare = subprocess.Popen(
+                [sys.executable, "-c", BARE, str(bare_port), str(spec_path)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             wait_until(lambda: get(bare_port), 60, 0.2, "bare server")
             for _ in range(20):  # warm both
                 get(port), get(bare_port)
@@ -136,14 +171,22 @@ def main() -> int:
                     p.terminate()
                     p.wait(10)
     ms = 1000.0
-    print(f"mode: {'live (every job gets a step per second)' if args.live else 'steady (jobs idle, polls every 1 s)'}")
-    print(f"series: {len(samples)} ({args.jobs} jobs); body bytes: exporter {ex_size}, bare {bare_size}")
+    print(
+        f"mode: {'live (every job gets a step per second)' if args.live else 'steady (jobs idle, polls every 1 s)'}"
+    )
+    print(
+        f"series: {len(samples)} ({args.jobs} jobs); body bytes: exporter {ex_size}, bare {bare_size}"
+    )
     print(f"{'':10} {'p50 ms':>9} {'p99 ms':>9} {'mean ms':>9}")
     for name, xs in (("exporter", ex_times), ("bare", bare_times)):
-        print(f"{name:10} {pct(xs, 50) * ms:9.2f} {pct(xs, 99) * ms:9.2f} {statistics.mean(xs) * ms:9.2f}")
+        print(
+            f"{name:10} {pct(xs, 50) * ms:9.2f} {pct(xs, 99) * ms:9.2f} {statistics.mean(xs) * ms:9.2f}"
+        )
     r50 = pct(ex_times, 50) / pct(bare_times, 50)
     r99 = pct(ex_times, 99) / pct(bare_times, 99)
-    print(f"ratio exporter/bare: p50 {r50:.2f}x (goal <= 1.5x: {'met' if r50 <= 1.5 else 'NOT met'}), p99 {r99:.2f}x")
+    print(
+        f"ratio exporter/bare: p50 {r50:.2f}x (goal <= 1.5x: {'met' if r50 <= 1.5 else 'NOT met'}), p99 {r99:.2f}x"
+    )
     print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
     return 0
 

@@ -1,4 +1,5 @@
 """The `rlhf-exporter` command: one subcommand per module in `exporter.commands`."""
+
 from __future__ import annotations
 
 import argparse
@@ -6,9 +7,7 @@ import sys
 from importlib import import_module
 from pathlib import Path
 
-from . import __version__
-
-from . import commands
+from . import __version__, commands
 
 
 def _command_modules(argv: list[str]):
@@ -40,8 +39,10 @@ on longest; the reason is the evidence that says where to look next.
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="rlhf-exporter", description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="rlhf-exporter",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in _command_modules(sys.argv[1:] if argv is None else argv):

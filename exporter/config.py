@@ -3,6 +3,7 @@
 The packaged `thresholds.yaml` holds every default; a user file overrides any subset of it.
 Problems become `ConfigError`s that name the file, the key and what is wrong.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -16,6 +17,7 @@ _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present:
 
 def _load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a safe loader either way
+
 
 from .diagnosis import Thresholds, ThresholdsError
 

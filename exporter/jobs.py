@@ -6,16 +6,27 @@ truncated or replaced file (`new_run()`) or a resume start a new run and a new b
 the counters carry on. `samples()` is cached until the next record, so a scrape with
 nothing new costs nothing.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from .diagnosis import (CHANGES, COST_GROUPS, GROUPS, REASONS, VERDICTS, Record, StepDiagnosis,
-                        StreamDiagnoser, Thresholds)
+from .diagnosis import (
+    CHANGES,
+    COST_GROUPS,
+    GROUPS,
+    REASONS,
+    VERDICTS,
+    Record,
+    StepDiagnosis,
+    StreamDiagnoser,
+    Thresholds,
+)
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .metrics.catalog import BY_NAME
-from .sources.base import Sample
+from .metrics.snapshot import Sample
 
 GIB = float(1 << 30)  # verl's *_memory_*_gb are torch bytes / 2**30
 
@@ -23,8 +34,14 @@ RESPONSE_STATS = ("mean", "max", "min")
 AGENT_PARTS = ("generate_sequences", "tool_calls", "compute_score")
 AGENT_STATS = ("min", "max", "mean")
 MEMORY_KEYS = {  # metric -> verl keys, newest spelling first (before 0.8: no actor/ prefix)
-    "rlhf_memory_max_allocated_bytes": ("actor/perf/max_memory_allocated_gb", "perf/max_memory_allocated_gb"),
-    "rlhf_memory_max_reserved_bytes": ("actor/perf/max_memory_reserved_gb", "perf/max_memory_reserved_gb"),
+    "rlhf_memory_max_allocated_bytes": (
+        "actor/perf/max_memory_allocated_gb",
+        "perf/max_memory_allocated_gb",
+    ),
+    "rlhf_memory_max_reserved_bytes": (
+        "actor/perf/max_memory_reserved_gb",
+        "perf/max_memory_reserved_gb",
+    ),
 }
 MFU_PREFIX = "perf/mfu/"
 FULLY_ASYNC_PREFIX = "fully_async/"
@@ -35,8 +52,8 @@ MAX_LABEL_CHARS = 120  # a verl key used as a label value (phase, stage, compone
 def _agent_key(key: str) -> str | None:
     """`agent_loop/...` with verl's `timing_s/` prefix removed, or None."""
     if key.startswith(TIMER_PREFIX):
-        key = key[len(TIMER_PREFIX):]
-    return key[len(AGENT_LOOP):] if key.startswith(AGENT_LOOP) else None
+        key = key[len(TIMER_PREFIX) :]
+    return key[len(AGENT_LOOP) :] if key.startswith(AGENT_LOOP) else None
 
 
 def extra_values(data: Mapping[str, Any]) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -51,15 +68,15 @@ def extra_values(data: Mapping[str, Any]) -> dict[tuple[str, tuple[str, ...]], f
         if key == "perf/throughput":
             out["rlhf_throughput_tokens_per_gpu_second", ()] = value
         elif key.startswith(MFU_PREFIX):
-            stage = key[len(MFU_PREFIX):]
+            stage = key[len(MFU_PREFIX) :]
             if stage and len(stage) <= MAX_LABEL_CHARS:
                 out["rlhf_mfu_ratio", (stage,)] = value
         elif key.startswith("response_length/"):
-            stat = key[len("response_length/"):]
+            stat = key[len("response_length/") :]
             if stat in RESPONSE_STATS:
                 out["rlhf_response_length_tokens", (stat,)] = value
         elif key.startswith(FULLY_ASYNC_PREFIX) and key.endswith(IDLE_SUFFIX):
-            component = key[len(FULLY_ASYNC_PREFIX):-len(IDLE_SUFFIX)]
+            component = key[len(FULLY_ASYNC_PREFIX) : -len(IDLE_SUFFIX)]
             if component and len(component) <= MAX_LABEL_CHARS:
                 out["rlhf_fully_async_idle_ratio", (component,)] = value
         else:
@@ -156,7 +173,9 @@ class Job:
             self.group_seconds[group] += seconds
         self.verdict_steps[d.verdict] += 1
         if d.reason is not None:
-            self.reason_steps[d.verdict, d.reason] = self.reason_steps.get((d.verdict, d.reason), 0) + 1
+            self.reason_steps[d.verdict, d.reason] = (
+                self.reason_steps.get((d.verdict, d.reason), 0) + 1
+            )
         self.change_steps[d.change.change] += 1
         if d.change.regressed is not None:
             self.regression_steps[d.change.regressed] += 1
@@ -187,7 +206,9 @@ class Job:
         for verdict in VERDICTS:
             hit = last is not None and last.verdict == verdict
             yield Sample("rlhf_bottleneck", j + (verdict,), 1.0 if hit else 0.0)
-            yield Sample("rlhf_bottleneck_steps_total", j + (verdict,), float(self.verdict_steps[verdict]))
+            yield Sample(
+                "rlhf_bottleneck_steps_total", j + (verdict,), float(self.verdict_steps[verdict])
+            )
         for (verdict, reason), n in self.reason_steps.items():
             yield Sample("rlhf_bottleneck_reason_steps_total", j + (verdict, reason), float(n))
         for kind in CHANGES:
@@ -195,7 +216,9 @@ class Job:
             yield Sample("rlhf_change", j + (kind,), 1.0 if hit else 0.0)
             yield Sample("rlhf_change_steps_total", j + (kind,), float(self.change_steps[kind]))
         for group in COST_GROUPS:
-            yield Sample("rlhf_regression_steps_total", j + (group,), float(self.regression_steps[group]))
+            yield Sample(
+                "rlhf_regression_steps_total", j + (group,), float(self.regression_steps[group])
+            )
         if last is not None:
             yield from self._last_step(last)
         for (name, extra), value in sorted(self._extra.items()):
@@ -207,13 +230,19 @@ class Job:
         yield Sample("rlhf_step_duration_seconds", j, w.step_seconds)
         yield Sample("rlhf_untimed_duration_seconds", j, w.untimed_seconds)
         for phase, seconds in sorted(d.timers.items()):
-            if phase != "step" and len(phase) <= MAX_LABEL_CHARS:  # step: rlhf_step_duration_seconds
+            if (
+                phase != "step" and len(phase) <= MAX_LABEL_CHARS
+            ):  # step: rlhf_step_duration_seconds
                 yield Sample("rlhf_phase_duration_seconds", j + (phase,), seconds)
         for group in GROUPS:
             yield Sample("rlhf_group_duration_seconds", j + (group,), w.group_seconds[group])
             yield Sample("rlhf_group_share_ratio", j + (group,), w.shares[group])
         for reason in REASONS[d.verdict]:
-            yield Sample("rlhf_bottleneck_reason", j + (d.verdict, reason), 1.0 if reason == d.reason else 0.0)
+            yield Sample(
+                "rlhf_bottleneck_reason",
+                j + (d.verdict, reason),
+                1.0 if reason == d.reason else 0.0,
+            )
         if d.tokens is not None:
             yield Sample("rlhf_step_tokens", j, d.tokens)
         point, base = d.change.point, d.change.baseline
@@ -222,7 +251,9 @@ class Job:
                 yield Sample("rlhf_group_cost_seconds_per_token", j + (group,), point.costs[group])
         if base is not None:
             for group in COST_GROUPS:
-                yield Sample("rlhf_baseline_group_cost_seconds_per_token", j + (group,), base.costs[group])
+                yield Sample(
+                    "rlhf_baseline_group_cost_seconds_per_token", j + (group,), base.costs[group]
+                )
             yield Sample("rlhf_baseline_step_duration_seconds", j, base.busy_seconds)
             yield Sample("rlhf_baseline_tokens_per_second", j, base.tokens_per_second)
 
@@ -230,9 +261,14 @@ class Job:
         """What the landing page shows for this job."""
         d = self.last
         return {
-            "project": self.project, "experiment": self.experiment, "step": self.step,
-            "run": self.run, "steps": self.steps, "verdict": d.verdict if d else None,
-            "reason": d.reason if d else None, "change": d.change.change if d else None,
+            "project": self.project,
+            "experiment": self.experiment,
+            "step": self.step,
+            "run": self.run,
+            "steps": self.steps,
+            "verdict": d.verdict if d else None,
+            "reason": d.reason if d else None,
+            "change": d.change.change if d else None,
             "regressed": d.change.regressed if d else None,
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,

@@ -3,6 +3,7 @@
 Fields passed with `extra={...}` (collector, reason, path, project, experiment, ...) become
 `key=value` pairs in text and keys in JSON, so a log pipeline can filter on them.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,10 @@ from typing import TextIO
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
 # LogRecord's own attributes: everything else on a record came from `extra`.
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+}
 
 
 def _fields(record: logging.LogRecord) -> dict:
@@ -40,8 +44,12 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        obj = {"ts": _timestamp(record), "level": record.levelname.lower(),
-               "logger": record.name, "msg": record.getMessage()}
+        obj = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
         for key, value in _fields(record).items():
             obj[key] = value if isinstance(value, (int, float, bool, type(None))) else str(value)
         if record.exc_info:

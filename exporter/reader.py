@@ -4,10 +4,12 @@ Feed it bytes as they arrive (a whole file, or what a tail just read); it yields
 complete records and counts every line it rejects, by reason. A line is a record only once
 its trailing newline has arrived. One bad line never stops the lines after it.
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import orjson
 

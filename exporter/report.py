@@ -1,10 +1,12 @@
 """Human and machine reports of diagnosed steps: the per-run summary and the formats of
 `rlhf-exporter diagnose`. Pure formatting: no file I/O here.
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from .diagnosis import GROUPS, StepDiagnosis
 from .diagnosis.advice import look_at
@@ -64,9 +66,13 @@ class RunSummary:
             "last_step": self.last_step,
             "verdicts": dict(self.verdicts.most_common()),
             "reasons": {f"{v}/{r}": n for (v, r), n in self.reasons.most_common()},
-            "dominant": None if dominant is None else {
-                "verdict": dominant[0], "reason": dominant[1],
-                "look_at": look_at(*dominant) or None},
+            "dominant": None
+            if dominant is None
+            else {
+                "verdict": dominant[0],
+                "reason": dominant[1],
+                "look_at": look_at(*dominant) or None,
+            },
             "regressions": {g: steps for g, steps in self.regressions.items()},
             "workload_shifts": self.workload_shifts,
             "mean_shares": {g: round(s, 4) for g, s in self.mean_shares().items()},
@@ -84,9 +90,11 @@ def step_json(d: StepDiagnosis) -> dict[str, Any]:
     out["look_at"] = look_at(d.verdict, d.reason) or None
     base = d.change.baseline
     if base is not None:
-        out["baseline"] = {"step_seconds": base.busy_seconds,
-                           "tokens_per_second": base.tokens_per_second,
-                           "cost_per_token": dict(base.costs)}
+        out["baseline"] = {
+            "step_seconds": base.busy_seconds,
+            "tokens_per_second": base.tokens_per_second,
+            "cost_per_token": dict(base.costs),
+        }
     return out
 
 
@@ -108,8 +116,17 @@ def ranges(steps: Iterable[int]) -> str:
 
 # -- the terminal table ------------------------------------------------------------------
 
-COLOURS = {"rollout": "34", "reward": "35", "logprob": "36", "update": "33", "sync": "31",
-           "checkpoint": "90", "other": "37", "balanced": "32", "unknown": "90"}
+COLOURS = {
+    "rollout": "34",
+    "reward": "35",
+    "logprob": "36",
+    "update": "33",
+    "sync": "31",
+    "checkpoint": "90",
+    "other": "37",
+    "balanced": "32",
+    "unknown": "90",
+}
 
 
 class Style:
@@ -130,8 +147,14 @@ ROW = "{step:>7}  {verdict}  {reason:<14}  {shares:<36}  {change:<22}  {look}"
 
 
 def table_header() -> list[str]:
-    head = ROW.format(step="step", verdict="verdict".ljust(10), reason="reason",
-                      shares="top shares", change="change", look="look at next")
+    head = ROW.format(
+        step="step",
+        verdict="verdict".ljust(10),
+        reason="reason",
+        shares="top shares",
+        change="change",
+        look="look at next",
+    )
     return [head, "-" * len(head)]
 
 
@@ -139,22 +162,36 @@ def table_row(d: StepDiagnosis, style: Style) -> str:
     top = sorted(d.windows.shares.items(), key=lambda kv: -kv[1])[:3]
     shares = "  ".join(f"{g} {s:.0%}" for g, s in top if s >= 0.005)
     change = d.change.change
-    change = {"none": "", "workload_shift": "workload shift",
-              "regression": f"regression: {d.change.regressed}"}.get(change, change)
-    return ROW.format(step=d.step, verdict=style.verdict(d.verdict, d.verdict, 10),
-                      reason=d.reason or "", shares=shares, change=change,
-                      look=look_at(d.verdict, d.reason))
+    change = {
+        "none": "",
+        "workload_shift": "workload shift",
+        "regression": f"regression: {d.change.regressed}",
+    }.get(change, change)
+    return ROW.format(
+        step=d.step,
+        verdict=style.verdict(d.verdict, d.verdict, 10),
+        reason=d.reason or "",
+        shares=shares,
+        change=change,
+        look=look_at(d.verdict, d.reason),
+    )
 
 
 def summary_lines(s: RunSummary, style: Style) -> list[str]:
     if not s.steps:
         return [f"  run {s.run}: no classified steps (no record had a usable timing_s/step)"]
-    lines = [style.bold(f"  run {s.run}: {s.steps} classified steps ({s.first_step}-{s.last_step}), "
-                        f"{s.step_seconds / s.steps:.1f} s per step on average")]
+    lines = [
+        style.bold(
+            f"  run {s.run}: {s.steps} classified steps ({s.first_step}-{s.last_step}), "
+            f"{s.step_seconds / s.steps:.1f} s per step on average"
+        )
+    ]
     verdict, reason = s.dominant
     n = s.verdicts[verdict]
-    lines.append(f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "
-                 f"({n / s.steps:.0%})" + (f", mostly {reason}" if reason else ""))
+    lines.append(
+        f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "
+        f"({n / s.steps:.0%})" + (f", mostly {reason}" if reason else "")
+    )
     advice = look_at(verdict, reason)
     if advice:
         lines.append(f"    look at:     {advice}")
@@ -163,11 +200,17 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
     lines.append("    mean shares: " + ", ".join(f"{g} {x:.0%}" for g, x in shares if x >= 0.005))
     if s.regressions:
         for group, steps in s.regressions.items():
-            lines.append(f"    regression:  {group} costs more per token than the baseline at steps {ranges(steps)}")
+            lines.append(
+                f"    regression:  {group} costs more per token than the baseline at steps {ranges(steps)}"
+            )
     if s.workload_shifts:
-        lines.append(f"    workload:    more tokens per step (not a regression) at steps {ranges(s.workload_shifts)}")
+        lines.append(
+            f"    workload:    more tokens per step (not a regression) at steps {ranges(s.workload_shifts)}"
+        )
     if not s.regressions and not s.workload_shifts:
-        lines.append("    change:      no regression and no workload shift against the job's own baseline")
+        lines.append(
+            "    change:      no regression and no workload shift against the job's own baseline"
+        )
     return lines
 
 
@@ -175,5 +218,7 @@ def rejected_line(rejected: Mapping[str, int]) -> str:
     if not rejected:
         return "  rejected lines: none"
     total = sum(rejected.values())
-    parts = ", ".join(f"{n} {reason}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(
+        f"{n} {reason}" for reason, n in sorted(rejected.items(), key=lambda kv: -kv[1])
+    )
     return f"  rejected lines: {total} ({parts})"

@@ -11,6 +11,7 @@
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   exporter/sources/push.py for the body and the answers).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -19,9 +20,10 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import orjson
 from prometheus_client.exposition import choose_encoder
@@ -29,8 +31,9 @@ from prometheus_client.exposition import choose_encoder
 from . import __version__
 from .diagnosis.advice import look_at
 from .metrics.collector import families
-from .sources.base import Snapshot
-from .sources.push import PATH as PUSH_PATH, PushSource
+from .metrics.snapshot import Snapshot
+from .sources.push import PATH as PUSH_PATH
+from .sources.push import PushSource
 
 log = logging.getLogger(__name__)
 
@@ -100,14 +103,22 @@ class Exposition:
         if old is not None and _same(old.samples, samples):
             jobs_body, health_samples = old.jobs_body, old.health_samples
         else:
-            jobs = Snapshot("jobs", samples=tuple(x for snap in snaps for x in snap.samples
-                                                  if not x.name.startswith(HEALTH_PREFIX)))
+            jobs = Snapshot(
+                "jobs",
+                samples=tuple(
+                    x
+                    for snap in snaps
+                    for x in snap.samples
+                    if not x.name.startswith(HEALTH_PREFIX)
+                ),
+            )
             fams = [f for f in families([jobs]) if not f.name.startswith(HEALTH_PREFIX)]
             jobs_body = encoder(_Families(fams)) if fams else b""
             if jobs_body.endswith(_EOF):
                 jobs_body = jobs_body[: -len(_EOF)]
-            health_samples = tuple(tuple(x for x in snap.samples if x.name.startswith(HEALTH_PREFIX))
-                                   for snap in snaps)
+            health_samples = tuple(
+                tuple(x for x in snap.samples if x.name.startswith(HEALTH_PREFIX)) for snap in snaps
+            )
         health = [replace(snap, samples=h) for snap, h in zip(snaps, health_samples)]
         body = jobs_body + encoder(_Families(families(health)))
         return _Rendered(snaps, samples, health_samples, jobs_body, body)
@@ -150,13 +161,32 @@ def landing_page(endpoints: Endpoints) -> bytes:
         if job.get("regressed"):
             change += f" ({job['regressed']})"
         hint = look_at(job["verdict"], job.get("reason")) if job.get("verdict") else ""
-        cells = [job["project"], job["experiment"], job.get("step"), job.get("run"), verdict, reason,
-                 change, age, hint]
-        rows.append("<tr>" + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in cells)
-                    + "</tr>")
-    table = ("<table><tr><th>project</th><th>experiment</th><th>step</th><th>run</th><th>verdict</th>"
-             "<th>reason</th><th>change</th><th>last step</th><th>look at next</th></tr>"
-             + "".join(rows) + "</table>") if rows else "<p>No verl job seen yet.</p>"
+        cells = [
+            job["project"],
+            job["experiment"],
+            job.get("step"),
+            job.get("run"),
+            verdict,
+            reason,
+            change,
+            age,
+            hint,
+        ]
+        rows.append(
+            "<tr>"
+            + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in cells)
+            + "</tr>"
+        )
+    table = (
+        (
+            "<table><tr><th>project</th><th>experiment</th><th>step</th><th>run</th><th>verdict</th>"
+            "<th>reason</th><th>change</th><th>last step</th><th>look at next</th></tr>"
+            + "".join(rows)
+            + "</table>"
+        )
+        if rows
+        else "<p>No verl job seen yet.</p>"
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
 <title>rlhf-exporter</title>
@@ -212,7 +242,9 @@ class Handler(BaseHTTPRequestHandler):
         ep = self.endpoints
         if path == "/metrics":
             want_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
-            body, content_type, gzipped = ep.exposition.render(self.headers.get("Accept"), want_gzip)
+            body, content_type, gzipped = ep.exposition.render(
+                self.headers.get("Accept"), want_gzip
+            )
             self._send(200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else None)
         elif path == "/healthz":
             self._text(200, "ok\n")
@@ -257,12 +289,14 @@ class Handler(BaseHTTPRequestHandler):
         length = self.headers.get("Content-Length")
         try:
             answer = push.handle(self.headers.get("Authorization"), length, read)
-        except (OSError, socket.timeout):
+        except (TimeoutError, OSError):
             self.close_connection = True
             return
         if length is None or read_bytes != _int(length):
             self.close_connection = True  # an unread (rejected) body: do not reuse the connection
-        extra = {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if answer.status == 401 else None
+        extra = (
+            {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if answer.status == 401 else None
+        )
         body = orjson.dumps(answer.body) + b"\n"
         self._send(answer.status, body, "application/json", extra)
 

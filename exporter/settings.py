@@ -4,12 +4,14 @@ Precedence, lowest first: built-in default < `--config FILE` (YAML) < `RLHF_EXPO
 environment variables < command-line flags. The flag `--ray-address` is the YAML key
 `ray_address` and the variable `RLHF_EXPORTER_RAY_ADDRESS`.
 """
+
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from .config import ConfigError, read_yaml
 
@@ -28,7 +30,7 @@ def _bool(text: str) -> bool:
 
 
 def _listen(text: str) -> str:
-    host, sep, port = str(text).rpartition(":")
+    _host, sep, port = str(text).rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return text
@@ -44,8 +46,14 @@ def _positive(text: str) -> float:
 def _size(text: str) -> int:
     """Bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
     s = str(text).strip()
-    for suffix, factor in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30),
-                           ("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+    for suffix, factor in (
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("K", 1 << 10),
+        ("M", 1 << 20),
+        ("G", 1 << 30),
+    ):
         if s.endswith(suffix):
             return int(float(s[: -len(suffix)]) * factor)
     value = int(s)
@@ -73,41 +81,165 @@ class Option:
 
 OPTIONS: tuple[Option, ...] = (
     # general
-    Option("listen", _listen, DEFAULT_LISTEN, "address to serve on; use 0.0.0.0:PORT in a pod", metavar="HOST:PORT"),
-    Option("thresholds", str, None, "thresholds YAML overriding the decision table's defaults", metavar="FILE"),
+    Option(
+        "listen",
+        _listen,
+        DEFAULT_LISTEN,
+        "address to serve on; use 0.0.0.0:PORT in a pod",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "thresholds",
+        str,
+        None,
+        "thresholds YAML overriding the decision table's defaults",
+        metavar="FILE",
+    ),
     Option("log_format", str, "text", "log format: text or json", metavar="FORMAT"),
     Option("log_level", str, "info", "log level: debug, info, warning or error", metavar="LEVEL"),
-    Option("demo", _bool, False, "run a built-in simulated verl job and watch it (a newcomer's first run)"),
-    Option("demo_step_seconds", _positive, 0.7, "with --demo: seconds between the simulated job's steps", metavar="SECONDS"),
+    Option(
+        "demo",
+        _bool,
+        False,
+        "run a built-in simulated verl job and watch it (a newcomer's first run)",
+    ),
+    Option(
+        "demo_step_seconds",
+        _positive,
+        0.7,
+        "with --demo: seconds between the simulated job's steps",
+        metavar="SECONDS",
+    ),
     # verl files
-    Option("verl_root", str, None, "watch ROOT/<project>/<experiment>.jsonl (verl's VERL_FILE_LOGGER_ROOT)", "verl", "DIR", multiple=True),
-    Option("verl_file", str, None, "watch one verl JSONL file (repeatable)", "verl", "PATH", multiple=True),
-    Option("project", str, None, "project label for --verl-file (default: the file's parent directory)", "verl"),
-    Option("experiment", str, None, "experiment label for --verl-file (default: the file name without .jsonl)", "verl"),
-    Option("verl_interval", _positive, 1.0, "seconds between reads of the verl files", "verl", "SECONDS"),
-    Option("job_expiry", _positive, 86400.0, "stop exporting a job whose file has not changed for this many seconds", "verl", "SECONDS"),
-    Option("max_line_bytes", _size, 1 << 20, "longest accepted JSONL line; longer ones are counted as too_long", "verl", "BYTES"),
+    Option(
+        "verl_root",
+        str,
+        None,
+        "watch ROOT/<project>/<experiment>.jsonl (verl's VERL_FILE_LOGGER_ROOT)",
+        "verl",
+        "DIR",
+        multiple=True,
+    ),
+    Option(
+        "verl_file",
+        str,
+        None,
+        "watch one verl JSONL file (repeatable)",
+        "verl",
+        "PATH",
+        multiple=True,
+    ),
+    Option(
+        "project",
+        str,
+        None,
+        "project label for --verl-file (default: the file's parent directory)",
+        "verl",
+    ),
+    Option(
+        "experiment",
+        str,
+        None,
+        "experiment label for --verl-file (default: the file name without .jsonl)",
+        "verl",
+    ),
+    Option(
+        "verl_interval",
+        _positive,
+        1.0,
+        "seconds between reads of the verl files",
+        "verl",
+        "SECONDS",
+    ),
+    Option(
+        "job_expiry",
+        _positive,
+        86400.0,
+        "stop exporting a job whose file has not changed for this many seconds",
+        "verl",
+        "SECONDS",
+    ),
+    Option(
+        "max_line_bytes",
+        _size,
+        1 << 20,
+        "longest accepted JSONL line; longer ones are counted as too_long",
+        "verl",
+        "BYTES",
+    ),
     # push
     Option("push", _bool, True, "accept POST /api/v1/records", "push"),
-    Option("push_max_bytes", _size, 1 << 20, "largest push body accepted (larger: 413)", "push", "BYTES"),
-    Option("push_token", str, None, "require 'Authorization: Bearer TOKEN' on pushes (constant-time compare)", "push", "TOKEN"),
+    Option(
+        "push_max_bytes",
+        _size,
+        1 << 20,
+        "largest push body accepted (larger: 413)",
+        "push",
+        "BYTES",
+    ),
+    Option(
+        "push_token",
+        str,
+        None,
+        "require 'Authorization: Bearer TOKEN' on pushes (constant-time compare)",
+        "push",
+        "TOKEN",
+    ),
     # ray
     Option("ray", _bool, True, "poll Ray's state API for actor liveness", "ray"),
-    Option("ray_address", str, None, "Ray dashboard URL (default: $RAY_DASHBOARD_ADDRESS, $RAY_ADDRESS, http://127.0.0.1:8265)", "ray", "URL"),
+    Option(
+        "ray_address",
+        str,
+        None,
+        "Ray dashboard URL (default: $RAY_DASHBOARD_ADDRESS, $RAY_ADDRESS, http://127.0.0.1:8265)",
+        "ray",
+        "URL",
+    ),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
     Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
-    Option("ray_actors", _bool, True, "export actor series; turn off on GPU worker pods that read Ray only to match GPU PIDs to roles (no double counting)", "ray"),
+    Option(
+        "ray_actors",
+        _bool,
+        True,
+        "export actor series; turn off on GPU worker pods that read Ray only to match GPU PIDs to roles (no double counting)",
+        "ray",
+    ),
     Option("ray_per_class", _bool, False, "also export actors per class_name (more series)", "ray"),
-    Option("ray_roles", str, None, "YAML file with an ordered list of {role, pattern} overriding the class-to-role map", "ray", "FILE"),
-    Option("ray_node_ip", str, None, "this host's IP as Ray reports it, to match GPU PIDs to this node's actors (default: every local address; in a pod, the downward API's status.podIP)", "ray", "IP"),
+    Option(
+        "ray_roles",
+        str,
+        None,
+        "YAML file with an ordered list of {role, pattern} overriding the class-to-role map",
+        "ray",
+        "FILE",
+    ),
+    Option(
+        "ray_node_ip",
+        str,
+        None,
+        "this host's IP as Ray reports it, to match GPU PIDs to this node's actors (default: every local address; in a pod, the downward API's status.podIP)",
+        "ray",
+        "IP",
+    ),
     # nvml
     Option("nvml", _bool, True, "sample GPUs through NVML", "nvml"),
     Option("nvml_interval", _positive, 1.0, "seconds between NVML samples", "nvml", "SECONDS"),
-    Option("gpu_roles", _bool, None, "attribute GPU memory to Ray roles by PID (default: on when Ray is on)", "nvml"),
+    Option(
+        "gpu_roles",
+        _bool,
+        None,
+        "attribute GPU memory to Ray roles by PID (default: on when Ray is on)",
+        "nvml",
+    ),
 )
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
-GROUP_TITLES = {"general": "general", "verl": "verl files", "push": "push endpoint",
-                "ray": "Ray actors", "nvml": "GPUs (NVML)"}
+GROUP_TITLES = {
+    "general": "general",
+    "verl": "verl files",
+    "push": "push endpoint",
+    "ray": "Ray actors",
+    "nvml": "GPUs (NVML)",
+}
 
 
 def flag(option: Option) -> str:
@@ -120,9 +252,12 @@ def env_name(option: Option) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per option, grouped for --help. Defaults are resolved later (see resolve)."""
-    parser.add_argument("--config", metavar="FILE",
-                        help="YAML file with any of the settings below, by their key "
-                             "(the flag without dashes, e.g. ray_address: http://head:8265)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML file with any of the settings below, by their key "
+        "(the flag without dashes, e.g. ray_address: http://head:8265)",
+    )
     groups = {}
     for option in OPTIONS:
         group = groups.get(option.group)
@@ -130,14 +265,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             group = groups[option.group] = parser.add_argument_group(GROUP_TITLES[option.group])
         text = f"{option.help} [env {env_name(option)}; default {option.default!r}]"
         if option.parse is _bool:
-            group.add_argument(flag(option), dest=option.name, action=argparse.BooleanOptionalAction,
-                               default=None, help=text)
+            group.add_argument(
+                flag(option),
+                dest=option.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=text,
+            )
         elif option.multiple:
-            group.add_argument(flag(option), dest=option.name, action="append", default=None,
-                               metavar=option.metavar, help=text)
+            group.add_argument(
+                flag(option),
+                dest=option.name,
+                action="append",
+                default=None,
+                metavar=option.metavar,
+                help=text,
+            )
         else:
-            group.add_argument(flag(option), dest=option.name, default=None,
-                               metavar=option.metavar, help=text)
+            group.add_argument(
+                flag(option), dest=option.name, default=None, metavar=option.metavar, help=text
+            )
 
 
 @dataclass(frozen=True)
@@ -162,8 +309,11 @@ def _convert(option: Option, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
-def resolve(args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None,
-            config_path: str | None = None) -> Settings:
+def resolve(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_path: str | None = None,
+) -> Settings:
     """Defaults < config file < environment < flags. Raises ConfigError with the culprit."""
     environ = os.environ if environ is None else environ
     values = {o.name: o.default for o in OPTIONS}
@@ -177,7 +327,9 @@ def resolve(args: argparse.Namespace | None = None, environ: Mapping[str, str] |
         for key, raw in doc.items():
             option = BY_NAME.get(str(key).replace("-", "_"))
             if option is None:
-                raise ConfigError(f"{path}: unknown setting '{key}' (see rlhf-exporter serve --help)")
+                raise ConfigError(
+                    f"{path}: unknown setting '{key}' (see rlhf-exporter serve --help)"
+                )
             values[option.name] = _convert(option, raw, f"{path}: {key}")
     for option in OPTIONS:
         raw = environ.get(env_name(option))

@@ -6,6 +6,7 @@ steps until the sync-bound alert and the rollout one's resolution arrive, then s
 stalls and the stalled page arrives. The rules run `SCALE` times their real durations (a 30m
 window is 9s); every wait polls a condition with a deadline.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,7 @@ class Receiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
+            def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with lock:
                     outer.notifications.append((self.path.strip("/"), json.loads(body)))
@@ -76,8 +77,13 @@ def alertmanager_config(receiver_url: str) -> dict:
     """The example config with every receiver posting here, short group timers, and no
     working-hours restriction (the test must not depend on the wall clock)."""
     cfg = yaml.safe_load((repo_root() / "alerts" / "alertmanager.example.yaml").read_text())
-    cfg["receivers"] = [{"name": r["name"], "webhook_configs": [
-        {"url": f"{receiver_url}/{r['name']}", "send_resolved": True}]} for r in cfg["receivers"]]
+    cfg["receivers"] = [
+        {
+            "name": r["name"],
+            "webhook_configs": [{"url": f"{receiver_url}/{r['name']}", "send_resolved": True}],
+        }
+        for r in cfg["receivers"]
+    ]
 
     def fast(route: dict) -> None:
         route.update(group_wait="200ms", group_interval="1s", repeat_interval="1h")
@@ -106,7 +112,11 @@ class Feed:
         with open(self.path, "wb", buffering=0) as f:
             while not self.stop.is_set():
                 self.steps += 1
-                f.write(sim.encode({"step": self.steps, "data": sim.step_data(self.regime, self.steps, rng)}))
+                f.write(
+                    sim.encode(
+                        {"step": self.steps, "data": sim.step_data(self.regime, self.steps, rng)}
+                    )
+                )
                 self.stop.wait(STEP_INTERVAL)
 
 
@@ -135,16 +145,23 @@ def test_alerts_arrive_at_a_receiver(tmp_path, thresholds):
         assert exporter.verl_root == feed.path.parent.parent
         am = Alertmanager(tmp_path / "am", alertmanager_config(receiver.url))
         procs.append(am)
-        prom = Prometheus(tmp_path / "prom", [f"127.0.0.1:{exporter.port}"], rule_files,
-                          scrape_interval="1s", alertmanagers=[am.address])
+        prom = Prometheus(
+            tmp_path / "prom",
+            [f"127.0.0.1:{exporter.port}"],
+            rule_files,
+            scrape_interval="1s",
+            alertmanagers=[am.address],
+        )
         procs.append(prom)
 
         def explain() -> str:
             events = [(e[1], e[2], e[3]) for e in receiver.events()]
-            return (f"\nsteps written: {feed.steps}\nreceived: {events}\nprometheus alerts: "
-                    f"{[(a['labels']['alertname'], a['state']) for a in prom.alerts()]}\n"
-                    f"--- exporter ---\n{exporter.output()[-2000:]}\n--- prometheus ---\n"
-                    f"{prom.output()[-2000:]}\n--- alertmanager ---\n{am.output()[-2000:]}")
+            return (
+                f"\nsteps written: {feed.steps}\nreceived: {events}\nprometheus alerts: "
+                f"{[(a['labels']['alertname'], a['state']) for a in prom.alerts()]}\n"
+                f"--- exporter ---\n{exporter.output()[-2000:]}\n--- prometheus ---\n"
+                f"{prom.output()[-2000:]}\n--- alertmanager ---\n{am.output()[-2000:]}"
+            )
 
         def wait(fn, cap: float, what: str):
             try:
@@ -154,7 +171,9 @@ def test_alerts_arrive_at_a_receiver(tmp_path, thresholds):
 
         # 1. Rollout-bound steps until the rollout-bound alert reaches the receiver.
         feed.thread.start()
-        rollout = wait(lambda: receiver.first("RLHFJobRolloutBound", "firing"), 25, "the rollout-bound alert")
+        rollout = wait(
+            lambda: receiver.first("RLHFJobRolloutBound", "firing"), 25, "the rollout-bound alert"
+        )
         alert = rollout[4]
         assert rollout[1] == "team-chat"
         assert alert["labels"]["project"] == PROJECT and alert["labels"]["experiment"] == EXPERIMENT
@@ -165,9 +184,14 @@ def test_alerts_arrive_at_a_receiver(tmp_path, thresholds):
 
         # 2. Sync-bound steps until the sync-bound alert and the rollout one's resolution arrive.
         feed.regime = sim.REGIMES["sync_bound"]
-        sync = wait(lambda: receiver.first("RLHFJobSyncBound", "firing"), 30, "the sync-bound alert")
-        resolved = wait(lambda: receiver.first("RLHFJobRolloutBound", "resolved"), 10,
-                        "the rollout-bound alert's resolution")
+        sync = wait(
+            lambda: receiver.first("RLHFJobSyncBound", "firing"), 30, "the sync-bound alert"
+        )
+        resolved = wait(
+            lambda: receiver.first("RLHFJobRolloutBound", "resolved"),
+            10,
+            "the rollout-bound alert's resolution",
+        )
         assert sync[4]["annotations"]["reason"] == "weight_sync"
         assert rollout[0] < sync[0] and rollout[0] < resolved[0]
 

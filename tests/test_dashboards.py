@@ -3,6 +3,7 @@
 Metric names are checked against the exporter's catalog and the recording rules that
 alerts/*.yaml defines, both read from the code and the rule files at test time.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ PATHS = (JOB_PATH, FLEET_PATH)
 TARGET_LABELS = {"cluster", "namespace", "job", "instance", "pod"}  # added by Prometheus
 # Prometheus's own series for alert state; the fleet table counts firing alerts per job.
 PROMETHEUS_SERIES = {"ALERTS": {"alertname", "alertstate", "severity", "project", "experiment"}}
-DUMMY = {"$__rate_interval": "1m", "$__range": "1h", "$__interval": "30s",
-         "$cluster": ".*", "$namespace": ".*", "$project": ".+", "$experiment": ".+"}
+DUMMY = {
+    "$__rate_interval": "1m",
+    "$__range": "1h",
+    "$__interval": "30s",
+    "$cluster": ".*",
+    "$namespace": ".*",
+    "$project": ".+",
+    "$experiment": ".+",
+}
 
 
 def recording_rules() -> dict[str, set[str] | None]:
@@ -70,12 +78,18 @@ def substitute(expr: str) -> str:
 
 def exprs(board: dict) -> list[tuple[str, str]]:
     """(where, PromQL) of every panel target and annotation."""
-    out = [(f"panel {p['id']} {t['refId']}", t["expr"]) for p in panels(board) for t in p.get("targets", [])]
+    out = [
+        (f"panel {p['id']} {t['refId']}", t["expr"])
+        for p in panels(board)
+        for t in p.get("targets", [])
+    ]
     out += [(f"annotation {a['name']}", a["expr"]) for a in board["annotations"]["list"]]
     for v in board["templating"]["list"]:
         if v["type"] == "query":
             m = re.fullmatch(r"label_values\((.*),\s*(\w+)\)", v["query"])
-            assert m, f"variable {v['name']}: expected label_values(selector, label), got {v['query']!r}"
+            assert m, (
+                f"variable {v['name']}: expected label_values(selector, label), got {v['query']!r}"
+            )
             out.append((f"variable {v['name']}", m.group(1)))
     return out
 
@@ -97,18 +111,28 @@ def test_committed_json_is_what_the_generator_writes(generated):
     for rel, text in generated.items():
         path = ROOT / rel
         assert path.is_file(), f"{rel} is missing: run `rlhf-exporter render dashboards`"
-        assert path.read_text(encoding="utf-8") == text, f"{rel} is stale: run `rlhf-exporter render dashboards`"
+        assert path.read_text(encoding="utf-8") == text, (
+            f"{rel} is stale: run `rlhf-exporter render dashboards`"
+        )
 
 
 def test_output_is_deterministic(thresholds, generated):
     assert targets(thresholds) == generated
     for text in generated.values():
-        assert text == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        assert (
+            text
+            == json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+        )
 
 
 def test_render_check_passes_for_dashboards():
-    out = subprocess.run([sys.executable, "-m", "exporter", "render", "--check", "dashboards"],
-                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "render", "--check", "dashboards"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
 
 
@@ -137,10 +161,16 @@ def test_grid_positions_do_not_overlap(board):
     name, doc = board
     boxes = [(p["id"], p["gridPos"]) for p in panels(doc)]
     for pid, g in boxes:
-        assert g["x"] >= 0 and g["y"] >= 0 and g["w"] > 0 and g["h"] > 0 and g["x"] + g["w"] <= 24, (pid, g)
+        assert (
+            g["x"] >= 0 and g["y"] >= 0 and g["w"] > 0 and g["h"] > 0 and g["x"] + g["w"] <= 24
+        ), (pid, g)
     for (a, ga), (b, gb) in combinations(boxes, 2):
-        apart = (ga["x"] + ga["w"] <= gb["x"] or gb["x"] + gb["w"] <= ga["x"]
-                 or ga["y"] + ga["h"] <= gb["y"] or gb["y"] + gb["h"] <= ga["y"])
+        apart = (
+            ga["x"] + ga["w"] <= gb["x"]
+            or gb["x"] + gb["w"] <= ga["x"]
+            or ga["y"] + ga["h"] <= gb["y"]
+            or gb["y"] + gb["h"] <= ga["y"]
+        )
         assert apart, f"{name}: panels {a} {ga} and {b} {gb} overlap"
 
 
@@ -162,7 +192,9 @@ def test_datasource_variable_everywhere_and_no_hard_coded_uid(board):
     for path, ds in seen:
         if path.startswith(".templating") and not isinstance(ds, dict):
             continue
-        assert isinstance(ds, dict) and ds.get("uid") == "${datasource}", f"{name}{path}: datasource {ds}"
+        assert isinstance(ds, dict) and ds.get("uid") == "${datasource}", (
+            f"{name}{path}: datasource {ds}"
+        )
     for p in panels(doc):
         if p["type"] != "row":
             assert p["datasource"]["uid"] == "${datasource}"
@@ -173,7 +205,7 @@ def test_datasource_variable_everywhere_and_no_hard_coded_uid(board):
 
 
 def test_variables(board):
-    name, doc = board
+    _name, doc = board
     var = {v["name"]: v for v in doc["templating"]["list"]}
     assert list(var) == ["datasource", "cluster", "namespace", "project", "experiment"]
     for n in ("project", "experiment"):
@@ -208,8 +240,13 @@ def test_every_query_parses_and_names_only_known_series(board):
 def test_label_values_in_matchers_exist():
     """Matchers on verdict/kind/group name values the decision table really produces."""
     from exporter.diagnosis import GROUPS, REASONS
-    allowed = {"verdict": set(VERDICTS), "kind": set(CHANGES), "group": set(GROUPS),
-               "reason": {r for rs in REASONS.values() for r in rs}}
+
+    allowed = {
+        "verdict": set(VERDICTS),
+        "kind": set(CHANGES),
+        "group": set(GROUPS),
+        "reason": {r for rs in REASONS.values() for r in rs},
+    }
     for rel in PATHS:
         doc = json.loads((ROOT / rel).read_text())
         for where, expr in exprs(doc):
@@ -252,7 +289,9 @@ def test_a_verdict_has_one_colour_on_both_dashboards(generated):
     colours: dict[str, set[str]] = {}
     for rel in PATHS:
         found = _colours_for(json.loads(generated[rel]), set(VERDICTS))
-        assert set(found) == set(VERDICTS), f"{rel}: verdicts without a colour: {set(VERDICTS) - set(found)}"
+        assert set(found) == set(VERDICTS), (
+            f"{rel}: verdicts without a colour: {set(VERDICTS) - set(found)}"
+        )
         for v, cs in found.items():
             colours.setdefault(v, set()).update(cs)
     assert colours == {v: {VERDICT_COLOURS[v]} for v in VERDICTS}
@@ -263,13 +302,25 @@ def test_a_verdict_has_one_colour_on_both_dashboards(generated):
 
 def test_job_dashboard_covers_the_issue(generated):
     titles = {p["title"] for p in panels(json.loads(generated[JOB_PATH]))}
-    for needed in ("Verdict and reason over time", "Step time by decision-table group",
-                   "Share of the step per group", "Throughput", "Tokens per step",
-                   "Cost per token by group against the baseline", "MFU by stage",
-                   "Agent loop: generate_sequences max and mean", "Preemptions",
-                   "Tool and score time per sample", "Weight-sync time", "Untimed remainder",
-                   "GPU busy ratio", "GPU memory used per GPU", "GPU memory by role",
-                   "Ray actors by role and state", "Collector up"):
+    for needed in (
+        "Verdict and reason over time",
+        "Step time by decision-table group",
+        "Share of the step per group",
+        "Throughput",
+        "Tokens per step",
+        "Cost per token by group against the baseline",
+        "MFU by stage",
+        "Agent loop: generate_sequences max and mean",
+        "Preemptions",
+        "Tool and score time per sample",
+        "Weight-sync time",
+        "Untimed remainder",
+        "GPU busy ratio",
+        "GPU memory used per GPU",
+        "GPU memory by role",
+        "Ray actors by role and state",
+        "Collector up",
+    ):
         assert needed in titles, needed
 
 
@@ -277,16 +328,33 @@ def test_fleet_table_links_each_job_to_the_job_dashboard(generated):
     fleet = json.loads(generated[FLEET_PATH])
     job = json.loads(generated[JOB_PATH])
     table = next(p for p in panels(fleet) if p["type"] == "table")
-    links = [prop["value"] for o in table["fieldConfig"]["overrides"] for prop in o["properties"]
-             if prop["id"] == "links"]
+    links = [
+        prop["value"]
+        for o in table["fieldConfig"]["overrides"]
+        for prop in o["properties"]
+        if prop["id"] == "links"
+    ]
     assert links, "the jobs table has no data links"
     url = links[0][0]["url"]
     assert url.startswith(f"/d/{job['uid']}/")
-    assert "var-project=${__data.fields.project}" in url and "var-experiment=${__data.fields.experiment}" in url
-    renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"]["renameByName"]
+    assert (
+        "var-project=${__data.fields.project}" in url
+        and "var-experiment=${__data.fields.experiment}" in url
+    )
+    renamed = next(t for t in table["transformations"] if t["id"] == "organize")["options"][
+        "renameByName"
+    ]
     assert {f"Value #{t['refId']}" for t in table["targets"]} == set(renamed)
     assert all(t["format"] == "table" and t["instant"] for t in table["targets"])
-    for needed in ("verdict", "reason", "throughput", "step time", "since last step", "GPU busy", "firing alerts"):
+    for needed in (
+        "verdict",
+        "reason",
+        "throughput",
+        "step time",
+        "since last step",
+        "GPU busy",
+        "firing alerts",
+    ):
         assert needed in renamed.values(), needed
 
 
@@ -296,9 +364,15 @@ def _threshold_steps(doc: dict, pid: int) -> list:
 
 
 def test_threshold_lines_follow_the_thresholds_file():
-    custom = Thresholds.from_documents(default_document(), {
-        "verdict": {"min_share": 0.42}, "change": {"cost_ratio": 1.5},
-        "reason": {"mfu_compute_bound": 0.25}, "alerts": {"gpu_idle_ratio": 0.2}})
+    custom = Thresholds.from_documents(
+        default_document(),
+        {
+            "verdict": {"min_share": 0.42},
+            "change": {"cost_ratio": 1.5},
+            "reason": {"mfu_compute_bound": 0.25},
+            "alerts": {"gpu_idle_ratio": 0.2},
+        },
+    )
     job = json.loads(targets(custom)[JOB_PATH])
     assert 0.42 in _threshold_steps(job, 202)
     assert 1.5 in _threshold_steps(job, 306)
@@ -309,20 +383,28 @@ def test_threshold_lines_follow_the_thresholds_file():
 
 def test_serving_never_imports_the_grafana_sdk():
     """The SDK is a render-time dependency: serve, diagnose and --help work without it."""
-    code = ("import sys; sys.modules['grafana_foundation_sdk'] = None\n"
-            "import exporter.render.dashboards, exporter.cli\n"
-            "from exporter.render import generators; generators()\n"
-            "try:\n    exporter.cli.main(['--help'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    code = (
+        "import sys; sys.modules['grafana_foundation_sdk'] = None\n"
+        "import exporter.render.dashboards, exporter.cli\n"
+        "from exporter.render import generators; generators()\n"
+        "try:\n    exporter.cli.main(['--help'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode == 0, out.stderr
 
 
 def test_rendering_without_the_sdk_says_what_to_install():
-    code = ("import sys; sys.modules['grafana_foundation_sdk'] = None\n"
-            "from exporter.config import load_thresholds\n"
-            "from exporter.render.dashboards import targets\n"
-            "targets(load_thresholds())\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    code = (
+        "import sys; sys.modules['grafana_foundation_sdk'] = None\n"
+        "from exporter.config import load_thresholds\n"
+        "from exporter.render.dashboards import targets\n"
+        "targets(load_thresholds())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     assert out.returncode != 0 and "grafana-foundation-sdk" in out.stderr
 
 
@@ -345,6 +427,7 @@ def grafana_schema():
 
 def _errors(schema: dict, instance, partial: bool = False) -> list[str]:
     import jsonschema
+
     out = []
     for e in jsonschema.Draft7Validator(schema).iter_errors(instance):
         if partial and e.validator == "required":
@@ -360,16 +443,22 @@ def test_dashboards_match_grafana_11_6_schema(board, grafana_schema):
         if p["type"] == "row":
             continue
         schemas = grafana_schema["panels"][PANEL_SCHEMA_KEY.get(p["type"], p["type"])]
-        errors += [f"panel {p['id']} options {e}" for e in _errors(schemas["options"], p["options"])]
+        errors += [
+            f"panel {p['id']} options {e}" for e in _errors(schemas["options"], p["options"])
+        ]
         if "fieldConfig" in schemas:
             custom = p["fieldConfig"]["defaults"].get("custom", {})
-            errors += [f"panel {p['id']} custom {e}" for e in _errors(schemas["fieldConfig"], custom)]
+            errors += [
+                f"panel {p['id']} custom {e}" for e in _errors(schemas["fieldConfig"], custom)
+            ]
             for o in p["fieldConfig"]["overrides"]:
                 for prop in o["properties"]:
                     if prop["id"].startswith("custom."):
-                        partial = {prop["id"][len("custom."):]: prop["value"]}
-                        errors += [f"panel {p['id']} override {prop['id']} {e}"
-                                   for e in _errors(schemas["fieldConfig"], partial, partial=True)]
+                        partial = {prop["id"][len("custom.") :]: prop["value"]}
+                        errors += [
+                            f"panel {p['id']} override {prop['id']} {e}"
+                            for e in _errors(schemas["fieldConfig"], partial, partial=True)
+                        ]
     assert not errors, f"{name}:\n" + "\n".join(errors)
 
 
@@ -382,5 +471,10 @@ def test_schema_check_catches_a_wrong_field(grafana_schema, generated):
     assert any(e.startswith("panels/1:") for e in errors), errors
     assert any(e.startswith("graphTooltip:") for e in errors), errors
     options = grafana_schema["panels"]["timeseries"]["options"]
-    assert _errors(options, {"legend": {"showLegend": True, "displayMode": "list", "placement": "top",
-                                        "calcs": []}, "tooltip": {"mode": "multi", "sort": "none"}})
+    assert _errors(
+        options,
+        {
+            "legend": {"showLegend": True, "displayMode": "list", "placement": "top", "calcs": []},
+            "tooltip": {"mode": "multi", "sort": "none"},
+        },
+    )

@@ -16,6 +16,7 @@ Ray: the replay runs `serve --no-ray`, so its checks leave out the queries on Ra
 checked by the last test instead, against a real Ray head with two live actors (its own
 fixture: a head costs ~30 s, so only one short job is replayed there).
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,11 @@ RATE_INTERVAL = "5s"  # Grafana: max(4 x scrape interval, interval + scrape inte
 PROJECT = "demo"
 JOBS = {
     "alpha": DEMO_PLAN,  # rollout, update, sync bound; a workload shift; a regression of update
-    "beta": [(REGIMES["rollout_long_tail"], 14), (shifted(REGIMES["rollout_long_tail"], 1.5), 8),
-             (regressed(REGIMES["rollout_long_tail"], "update_actor", 4.0), 8)],
+    "beta": [
+        (REGIMES["rollout_long_tail"], 14),
+        (shifted(REGIMES["rollout_long_tail"], 1.5), 8),
+        (regressed(REGIMES["rollout_long_tail"], "update_actor", 4.0), 8),
+    ],
 }
 STEP_EVERY = 0.3  # seconds between two steps of a job: a few scrapes per step
 
@@ -92,8 +96,15 @@ def needs_absent_source(expr: str, absent: set[str]) -> bool:
 
 
 def substitute(expr: str, project: str, experiment: str, range_: str) -> str:
-    values = {"$__rate_interval": RATE_INTERVAL, "$__interval": "1s", "$__range": range_,
-              "$cluster": ".*", "$namespace": ".*", "$project": project, "$experiment": experiment}
+    values = {
+        "$__rate_interval": RATE_INTERVAL,
+        "$__interval": "1s",
+        "$__range": range_,
+        "$cluster": ".*",
+        "$namespace": ".*",
+        "$project": project,
+        "$experiment": experiment,
+    }
     for var in sorted(values, key=len, reverse=True):
         expr = expr.replace(var, values[var])
     assert "$" not in expr, f"unsubstituted variable in {expr}"
@@ -110,10 +121,15 @@ def all_panels(doc: dict) -> list[dict]:
 
 def query(prom: Prometheus, expr: str, instant: bool, start: float, end: float) -> list[dict]:
     if instant:
-        r = requests.get(prom.url + "/api/v1/query", params={"query": expr, "time": end}, timeout=10)
+        r = requests.get(
+            prom.url + "/api/v1/query", params={"query": expr, "time": end}, timeout=10
+        )
     else:
-        r = requests.get(prom.url + "/api/v1/query_range",
-                         params={"query": expr, "start": start, "end": end, "step": "1s"}, timeout=10)
+        r = requests.get(
+            prom.url + "/api/v1/query_range",
+            params={"query": expr, "start": start, "end": end, "step": "1s"},
+            timeout=10,
+        )
     assert r.ok, f"{r.status_code} {r.text}\n{expr}"
     return r.json()["data"]["result"]
 
@@ -135,16 +151,26 @@ def live(tmp_path_factory):
     fake = work / "fake-nvml"
     fake.mkdir()
     (fake / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    exporter = Exporter(work / "serve", "--nvml", "--gpu-roles", "--nvml-interval", "0.25",
-                        env={"PYTHONPATH": str(fake)})
+    exporter = Exporter(
+        work / "serve",
+        "--nvml",
+        "--gpu-roles",
+        "--nvml-interval",
+        "0.25",
+        env={"PYTHONPATH": str(fake)},
+    )
     prom = None
     try:
-        prom = Prometheus(work / "prom", [f"127.0.0.1:{exporter.port}"], rule_files=paths,
-                          scrape_interval=SCRAPE)
+        prom = Prometheus(
+            work / "prom", [f"127.0.0.1:{exporter.port}"], rule_files=paths, scrape_interval=SCRAPE
+        )
         start = time.time()
         folder = exporter.verl_root / PROJECT
         folder.mkdir()
-        streams = {name: [encode(r) for r in records(plan, seed=i)] for i, (name, plan) in enumerate(JOBS.items())}
+        streams = {
+            name: [encode(r) for r in records(plan, seed=i)]
+            for i, (name, plan) in enumerate(JOBS.items())
+        }
         streams["beta"].insert(3, b"{not json\n")  # bad input is counted, never fatal
         files = {name: open(folder / f"{name}.jsonl", "ab") for name in JOBS}
         try:
@@ -159,11 +185,21 @@ def live(tmp_path_factory):
                 f.close()
         last = {name: json.loads(stream[-1])["step"] for name, stream in streams.items()}
         for name, step in last.items():
-            wait_until(lambda: prom.query(f'rlhf_step{{project="{PROJECT}",experiment="{name}"}} == {step}'),
-                       30, 0.25, what=f"Prometheus to see step {step} of {name}")
+            wait_until(
+                lambda: prom.query(
+                    f'rlhf_step{{project="{PROJECT}",experiment="{name}"}} == {step}'
+                ),
+                30,
+                0.25,
+                what=f"Prometheus to see step {step} of {name}",
+            )
         recorded = rules_mod.Rules(th).verdicts
-        wait_until(lambda: all(prom.query(f'{recorded}{{experiment="{name}"}}') for name in JOBS),
-                   30, 0.25, what="the recording rules to be evaluated")
+        wait_until(
+            lambda: all(prom.query(f'{recorded}{{experiment="{name}"}}') for name in JOBS),
+            30,
+            0.25,
+            what="the recording rules to be evaluated",
+        )
         yield prom, dashboards, start, absent_source_series(rule_dir), exporter
     finally:
         if prom is not None:
@@ -220,7 +256,7 @@ def test_variables_list_the_real_jobs(live, rel):
 
 def test_verdict_timeline_shows_the_exporters_verdict(live):
     """The coded verdict query decodes to the verdict the exporter itself serves."""
-    prom, dashboards, start, _, exporter = live
+    prom, dashboards, _start, _, exporter = live
     panel = next(p for p in all_panels(dashboards[JOB_PATH]) if p["id"] == 101)
     codes = verdict_codes()
     names = {c: v for v, c in codes.items()}
@@ -246,7 +282,7 @@ def test_gpu_count_of_a_job_is_verls_own(live):
 
 def test_gpu_panels_show_the_fake_gpus(live):
     """The NVML panels see the exporter's GPUs, busy at the scripted ratios."""
-    prom, dashboards, start, _, _ = live
+    prom, dashboards, _start, _, _ = live
     busy = next(p for p in all_panels(dashboards[JOB_PATH]) if p["title"] == "GPU busy ratio")
     series = prom.query(substitute(busy["targets"][0]["expr"], PROJECT, "alpha", "1m"))
     ratios = sorted(float(s["value"][1]) for s in series)
@@ -263,7 +299,7 @@ def test_change_annotations_mark_the_replayed_shift_and_regression(live):
 
 
 def test_fleet_table_has_a_row_per_job(live):
-    prom, dashboards, start, absent, _ = live
+    prom, dashboards, _start, absent, _ = live
     table = next(p for p in all_panels(dashboards[FLEET_PATH]) if p["type"] == "table")
     for t in table["targets"]:
         if needs_absent_source(t["expr"], absent):
@@ -290,8 +326,12 @@ def ray_live(tmp_path_factory):
     head = RayHead()
     exporter = prom = None
     try:
-        ray.init(address=head.gcs_address, namespace="rlhf-dashboards-test", log_to_driver=False,
-                 configure_logging=False)
+        ray.init(
+            address=head.gcs_address,
+            namespace="rlhf-dashboards-test",
+            log_to_driver=False,
+            configure_logging=False,
+        )
 
         class TaskRunner:  # verl's driver actor
             def pid(self):
@@ -300,15 +340,24 @@ def ray_live(tmp_path_factory):
         cls = ray.remote(num_cpus=0)(TaskRunner)
         actors = [cls.remote() for _ in range(2)]
         ray.get([a.pid.remote() for a in actors], timeout=120)
-        exporter = Exporter(work / "serve", "--ray", "--ray-address", head.dashboard_url,
-                            "--ray-interval", "0.5")
+        exporter = Exporter(
+            work / "serve", "--ray", "--ray-address", head.dashboard_url, "--ray-interval", "0.5"
+        )
         prom = Prometheus(work / "prom", [f"127.0.0.1:{exporter.port}"], scrape_interval=SCRAPE)
         folder = exporter.verl_root / PROJECT
         folder.mkdir()
-        (folder / "gamma.jsonl").write_bytes(b"".join(encode(r) for r in records(DEMO_PLAN[:1], seed=3)))
-        wait_until(lambda: prom.query('rlhf_step{experiment="gamma"}')
-                   and prom.query('count_over_time(rlhf_ray_actors{state="ALIVE"}[1m]) > 2'),
-                   60, 0.25, what="Prometheus to scrape the job and the Ray actors")
+        (folder / "gamma.jsonl").write_bytes(
+            b"".join(encode(r) for r in records(DEMO_PLAN[:1], seed=3))
+        )
+        wait_until(
+            lambda: (
+                prom.query('rlhf_step{experiment="gamma"}')
+                and prom.query('count_over_time(rlhf_ray_actors{state="ALIVE"}[1m]) > 2')
+            ),
+            60,
+            0.25,
+            what="Prometheus to scrape the job and the Ray actors",
+        )
         yield prom, json.loads(targets(scaled_thresholds())[JOB_PATH])
     finally:
         if prom is not None:
@@ -330,10 +379,18 @@ def test_ray_panels_return_series_from_a_real_ray_head(ray_live):
             continue
         for t in p["targets"]:
             expr = substitute(t["expr"], PROJECT, "gamma", "1m")
-            assert query(prom, expr, False, end - 30, end), f"panel {p['id']} {t['refId']}: no data\n{expr}"
+            assert query(prom, expr, False, end - 30, end), (
+                f"panel {p['id']} {t['refId']}: no data\n{expr}"
+            )
             checked += 1
     assert checked == 3
-    actors = prom.query(substitute(next(p for p in all_panels(job) if p["id"] == 701)["targets"][0]["expr"],
-                                   PROJECT, "gamma", "1m"))
+    actors = prom.query(
+        substitute(
+            next(p for p in all_panels(job) if p["id"] == 701)["targets"][0]["expr"],
+            PROJECT,
+            "gamma",
+            "1m",
+        )
+    )
     alive = sum(float(s["value"][1]) for s in actors if s["metric"]["state"] == "ALIVE")
     assert alive == 2, actors  # the two actors the fixture started

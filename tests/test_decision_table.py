@@ -1,4 +1,5 @@
 """Every row of the decision table (docs/decision-table.md), on records built here."""
+
 from __future__ import annotations
 
 import math
@@ -8,11 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.config import load_thresholds
-from exporter.diagnosis import (BatchDiagnoser, Record, StreamDiagnoser, Thresholds, classify,
-                                split, timers)
+from exporter.config import default_document, load_thresholds
+from exporter.diagnosis import (
+    BatchDiagnoser,
+    Record,
+    StreamDiagnoser,
+    Thresholds,
+    classify,
+    split,
+    timers,
+)
 from exporter.diagnosis.change import Baseline
-from exporter.config import default_document
 
 TH = load_thresholds()
 
@@ -34,14 +41,30 @@ def diag(data: dict, th: Thresholds = TH):
 
 # -- §3 verdicts ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("timer,group", [
-    ("gen", "rollout"), ("wait_for_enough_samples", "rollout"), ("switch_wait", "rollout"),
-    ("reward", "reward"), ("old_log_prob", "logprob"), ("ref", "logprob"), ("values", "logprob"),
-    ("update_actor", "update"), ("update_critic", "update"), ("update_weights", "sync"),
-    ("sync_rollout_weights", "sync"), ("param_sync", "sync"), ("switch_to_trainer", "sync"),
-    ("switch_to_rollout", "sync"), ("save_checkpoint", "checkpoint"), ("adv", "other"),
-    ("dump_rollout_generations", "other"), ("some_new_timer", "other"),
-])
+
+@pytest.mark.parametrize(
+    "timer,group",
+    [
+        ("gen", "rollout"),
+        ("wait_for_enough_samples", "rollout"),
+        ("switch_wait", "rollout"),
+        ("reward", "reward"),
+        ("old_log_prob", "logprob"),
+        ("ref", "logprob"),
+        ("values", "logprob"),
+        ("update_actor", "update"),
+        ("update_critic", "update"),
+        ("update_weights", "sync"),
+        ("sync_rollout_weights", "sync"),
+        ("param_sync", "sync"),
+        ("switch_to_trainer", "sync"),
+        ("switch_to_rollout", "sync"),
+        ("save_checkpoint", "checkpoint"),
+        ("adv", "other"),
+        ("dump_rollout_generations", "other"),
+        ("some_new_timer", "other"),
+    ],
+)
 def test_each_timer_lands_in_its_group(timer, group):
     d = diag(step(step=10.0, **{timer: 8.0}))
     assert d.verdict == group
@@ -49,7 +72,9 @@ def test_each_timer_lands_in_its_group(timer, group):
 
 
 def test_balanced_when_largest_share_below_min_share():
-    d = diag(step(step=10.0, gen=3.4, update_actor=2.0, old_log_prob=2.0, update_weights=1.3, adv=1.3))
+    d = diag(
+        step(step=10.0, gen=3.4, update_actor=2.0, old_log_prob=2.0, update_weights=1.3, adv=1.3)
+    )
     assert d.windows.shares["rollout"] == pytest.approx(0.34)
     assert (d.verdict, d.reason) == ("balanced", None)
 
@@ -84,6 +109,7 @@ def test_s_without_any_timer_is_other_untimed_with_share_one():
 
 # -- §2 windows ----------------------------------------------------------------------------
 
+
 def test_untimed_remainder_goes_to_other_and_shares_sum_to_one():
     d = diag(step(step=10.0, gen=6.0, update_actor=2.0))
     assert d.windows.untimed_seconds == pytest.approx(2.0)
@@ -97,7 +123,9 @@ def test_timers_summing_past_s_divide_by_their_sum():
     assert d.windows.shares["rollout"] == pytest.approx(9.0 / 12.0)
 
 
-@pytest.mark.parametrize("timer", ["testing", "start_profile", "stop_profile", "gen_max", "generate_async"])
+@pytest.mark.parametrize(
+    "timer", ["testing", "start_profile", "stop_profile", "gen_max", "generate_async"]
+)
 def test_timers_outside_the_step_are_ignored(timer):
     d = diag(step(step=10.0, gen=5.0, update_actor=1.0, **{timer: 50.0}))
     assert d.verdict == "rollout"
@@ -119,7 +147,9 @@ def test_both_spellings_of_a_timer_use_the_larger():
 
 
 def test_one_step_off_counts_update_weights_only_inside_sync_rollout_weights():
-    d = diag(step(step=10.0, sync_rollout_weights=4.0, update_weights=3.5, gen=2.0, generate_async=30.0))
+    d = diag(
+        step(step=10.0, sync_rollout_weights=4.0, update_weights=3.5, gen=2.0, generate_async=30.0)
+    )
     assert d.windows.group_seconds["sync"] == pytest.approx(4.0)
     assert "update_weights" not in d.windows.counted
     alone = diag(step(step=10.0, update_weights=3.5, gen=2.0))
@@ -127,15 +157,22 @@ def test_one_step_off_counts_update_weights_only_inside_sync_rollout_weights():
 
 
 def test_agent_loop_keys_are_statistics_not_windows():
-    d = diag({"timing_s/step": 10.0, "timing_s/gen": 6.0,
-              "timing_s/agent_loop/generate_sequences/max": 90.0,
-              "timing_s/agent_loop/slowest/tool_calls": 80.0})
+    d = diag(
+        {
+            "timing_s/step": 10.0,
+            "timing_s/gen": 6.0,
+            "timing_s/agent_loop/generate_sequences/max": 90.0,
+            "timing_s/agent_loop/slowest/tool_calls": 80.0,
+        }
+    )
     assert d.windows.untimed_seconds == pytest.approx(4.0)
     assert not any(k.startswith("agent_loop") for k in d.windows.counted)
 
 
-@pytest.mark.parametrize("bad", [None, True, False, [1.0], "3.0", {"x": 1}, float("nan"),
-                                 float("inf"), -float("inf"), -2.0])
+@pytest.mark.parametrize(
+    "bad",
+    [None, True, False, [1.0], "3.0", {"x": 1}, float("nan"), float("inf"), -float("inf"), -2.0],
+)
 def test_unusable_timer_values_are_missing(bad):
     d = diag(step(step=10.0, gen=bad, update_actor=6.0))
     assert "gen" not in d.windows.counted
@@ -172,15 +209,25 @@ def test_rollout_long_tail_from_agent_loop_then_response_length():
     base = step(**ROLLOUT)
     tail = {**base, al("generate_sequences/max"): 20.0, al("generate_sequences/mean"): 10.0}
     assert diag(tail).reason == "long_tail"
-    no_tail = {**base, al("generate_sequences/max"): 19.0, al("generate_sequences/mean"): 10.0,
-               "response_length/max": 9000.0, "response_length/mean": 900.0}
+    no_tail = {
+        **base,
+        al("generate_sequences/max"): 19.0,
+        al("generate_sequences/mean"): 10.0,
+        "response_length/max": 9000.0,
+        "response_length/mean": 900.0,
+    }
     assert diag(no_tail).reason == "generation"  # agent-loop says no: response length not consulted
     fallback = {**base, "response_length/max": 2700.0, "response_length/mean": 900.0}
     assert diag(fallback).reason == "long_tail"
     fallback["response_length/max"] = 2600.0
     assert diag(fallback).reason == "generation"
-    zero_mean = {**base, al("generate_sequences/max"): 5.0, al("generate_sequences/mean"): 0.0,
-                 "response_length/max": 3000.0, "response_length/mean": 900.0}
+    zero_mean = {
+        **base,
+        al("generate_sequences/max"): 5.0,
+        al("generate_sequences/mean"): 0.0,
+        "response_length/max": 3000.0,
+        "response_length/mean": 900.0,
+    }
     assert diag(zero_mean).reason == "long_tail"  # agent-loop unusable (mean 0): fallback applies
 
 
@@ -191,9 +238,18 @@ def test_agent_loop_keys_without_prefix_are_accepted_and_the_prefixed_wins():
     assert diag(both).reason == "generation"
 
 
-@pytest.mark.parametrize("mfu,reason", [(0.3, "compute_bound"), (0.55, "compute_bound"),
-                                        (0.29, "low_mfu"), (0.01, "low_mfu"), (0.0, "mfu_unknown"),
-                                        (None, "mfu_unknown"), (float("nan"), "mfu_unknown")])
+@pytest.mark.parametrize(
+    "mfu,reason",
+    [
+        (0.3, "compute_bound"),
+        (0.55, "compute_bound"),
+        (0.29, "low_mfu"),
+        (0.01, "low_mfu"),
+        (0.0, "mfu_unknown"),
+        (None, "mfu_unknown"),
+        (float("nan"), "mfu_unknown"),
+    ],
+)
 def test_update_reason_from_actor_mfu(mfu, reason):
     data = step(step=10.0, update_actor=7.0, gen=1.0)
     if mfu is not None:
@@ -202,8 +258,11 @@ def test_update_reason_from_actor_mfu(mfu, reason):
 
 
 def test_update_uses_critic_mfu_when_critic_update_is_longer():
-    data = {**step(step=10.0, update_actor=2.0, update_critic=5.0), "perf/mfu/actor": 0.5,
-            "perf/mfu/critic": 0.1}
+    data = {
+        **step(step=10.0, update_actor=2.0, update_critic=5.0),
+        "perf/mfu/actor": 0.5,
+        "perf/mfu/critic": 0.1,
+    }
     assert diag(data).reason == "low_mfu"
     data["timing_s/update_actor"] = 5.5
     assert diag(data).reason == "compute_bound"
@@ -216,11 +275,19 @@ def test_logprob_reason_from_actor_infer_mfu_and_v1_has_none():
     assert diag({**data, "perf/mfu/actor": 0.4}).reason == "mfu_unknown"
 
 
-@pytest.mark.parametrize("timer,verdict,reason", [
-    ("update_weights", "sync", "weight_sync"), ("reward", "reward", "reward_model"),
-    ("save_checkpoint", "checkpoint", "checkpoint")])
+@pytest.mark.parametrize(
+    "timer,verdict,reason",
+    [
+        ("update_weights", "sync", "weight_sync"),
+        ("reward", "reward", "reward_model"),
+        ("save_checkpoint", "checkpoint", "checkpoint"),
+    ],
+)
 def test_fixed_reasons(timer, verdict, reason):
-    assert (diag(step(step=10.0, **{timer: 9.0})).verdict, diag(step(step=10.0, **{timer: 9.0})).reason) == (verdict, reason)
+    assert (
+        diag(step(step=10.0, **{timer: 9.0})).verdict,
+        diag(step(step=10.0, **{timer: 9.0})).reason,
+    ) == (verdict, reason)
 
 
 def test_other_untimed_versus_driver_compute():
@@ -230,6 +297,7 @@ def test_other_untimed_versus_driver_compute():
 
 
 # -- §4 change ------------------------------------------------------------------------------
+
 
 def job(n: int, *, tokens=1e6, gen=6.0, upd=3.0, untimed=1.0, ckpt=None) -> list[dict]:
     out = []
@@ -331,6 +399,7 @@ def test_step_time_and_cost_ratios_are_separate_keys(tmp_path):
 
 # -- runs and merging ------------------------------------------------------------------------
 
+
 def test_lower_step_starts_a_new_run_and_empties_the_baseline():
     records = [Record(i + 1, d) for i, d in enumerate(job(10))]
     records += [Record(3, job(1, gen=60.0)[0])]  # resumed from a checkpoint at step 3
@@ -340,10 +409,19 @@ def test_lower_step_starts_a_new_run_and_empties_the_baseline():
 
 
 def test_records_of_one_step_merge_with_later_values_winning_even_null():
-    records = [Record(1, {"timing_s/gen": 9.0, "perf/mfu/actor": 0.5}),
-               Record(1, {"timing_s/step": 10.0, "timing_s/update_actor": 0.5, "timing_s/gen": 1.0,
-                          "timing_s/old_log_prob": 8.0}),
-               Record(1, {"perf/mfu/actor_infer": None})]
+    records = [
+        Record(1, {"timing_s/gen": 9.0, "perf/mfu/actor": 0.5}),
+        Record(
+            1,
+            {
+                "timing_s/step": 10.0,
+                "timing_s/update_actor": 0.5,
+                "timing_s/gen": 1.0,
+                "timing_s/old_log_prob": 8.0,
+            },
+        ),
+        Record(1, {"perf/mfu/actor_infer": None}),
+    ]
     (d,) = BatchDiagnoser(TH).diagnose(records)
     assert d.verdict == "logprob" and d.windows.counted["gen"] == 1.0
     records[2] = Record(1, {"timing_s/old_log_prob": None})
@@ -352,8 +430,10 @@ def test_records_of_one_step_merge_with_later_values_winning_even_null():
 
 
 def test_validation_only_step_zero_is_not_classified():
-    records = [Record(0, {"val-core/openai/gsm8k/reward/mean@1": 0.4}),
-               Record(1, step(step=10.0, gen=8.0))]
+    records = [
+        Record(0, {"val-core/openai/gsm8k/reward/mean@1": 0.4}),
+        Record(1, step(step=10.0, gen=8.0)),
+    ]
     assert [d.step for d in BatchDiagnoser(TH).diagnose(records)] == [1]
 
 
@@ -398,12 +478,13 @@ def test_baseline_medians_are_the_medians_of_the_last_n_usable_steps(steps_and_t
     for seconds, tokens in steps_and_tokens:
         w = split(seconds, {"gen": seconds * 0.7, "update_actor": seconds * 0.2}, TH)
         change = bl.judge(w, tokens)
-        last = seen[-TH.baseline_steps:]
+        last = seen[-TH.baseline_steps :]
         if len(last) < TH.min_baseline_steps:
             assert change.baseline is None
         else:
             assert change.baseline.busy_seconds == statistics.median(s for s, _ in last)
             assert change.baseline.tokens_per_second == statistics.median(k / s for s, k in last)
             assert change.baseline.costs["rollout"] == pytest.approx(
-                statistics.median(0.7 * s / k for s, k in last))
+                statistics.median(0.7 * s / k for s, k in last)
+            )
         seen.append((seconds, tokens))

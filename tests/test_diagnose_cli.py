@@ -1,4 +1,5 @@
 """`rlhf-exporter diagnose`: formats, inputs, exit codes, and errors a person can act on."""
+
 from __future__ import annotations
 
 import json
@@ -11,16 +12,28 @@ from exporter.demo.simulator import REGIMES, regressed, shifted, write_jsonl
 
 
 def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "exporter", "diagnose", *args], input=stdin,
-                          capture_output=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", "diagnose", *args],
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
 def log(tmp_path_factory):
     path = tmp_path_factory.mktemp("logs") / "job.jsonl"
     sync = REGIMES["sync_bound"]
-    write_jsonl(path, [(REGIMES["rollout_long_tail"], 8), (sync, 8), (shifted(sync, 1.6), 3),
-                       (sync, 3), (regressed(sync, "update_actor", 3.0), 3)])
+    write_jsonl(
+        path,
+        [
+            (REGIMES["rollout_long_tail"], 8),
+            (sync, 8),
+            (shifted(sync, 1.6), 3),
+            (sync, 3),
+            (regressed(sync, "update_actor", 3.0), 3),
+        ],
+    )
     with open(path, "ab") as f:
         f.write(b"not json\n\xff\xfe\n")
     return path
@@ -33,12 +46,24 @@ def test_jsonl_is_the_contract(log):
     assert len(rows) == 25
     for row in rows:
         assert set(row) >= {"step", "verdict", "reason", "shares", "change", "regressed"}
-        assert set(row["shares"]) == {"rollout", "reward", "logprob", "update", "sync", "checkpoint", "other"}
+        assert set(row["shares"]) == {
+            "rollout",
+            "reward",
+            "logprob",
+            "update",
+            "sync",
+            "checkpoint",
+            "other",
+        }
     assert rows[0]["verdict"] == "rollout" and rows[0]["reason"] == "long_tail"
     assert rows[10]["verdict"] == "sync" and rows[10]["reason"] == "weight_sync"
     assert {r["change"] for r in rows[16:19]} == {"workload_shift"}
     assert [(r["change"], r["regressed"]) for r in rows[22:25]] == [("regression", "update")] * 3
-    assert b"2 line(s) rejected" in r.stderr and b"invalid_json" in r.stderr and b"not_utf8" in r.stderr
+    assert (
+        b"2 line(s) rejected" in r.stderr
+        and b"invalid_json" in r.stderr
+        and b"not_utf8" in r.stderr
+    )
 
 
 def test_table_shows_rows_summary_look_at_and_rejections(log):
@@ -98,7 +123,10 @@ def test_usage_and_config_errors_exit_2(tmp_path, log):
 def test_config_changes_the_diagnosis(tmp_path, log):
     cfg = tmp_path / "t.yaml"
     cfg.write_text("verdict:\n  min_share: 0.9\n")
-    rows = [json.loads(line) for line in cli("-f", "jsonl", "--config", str(cfg), str(log)).stdout.splitlines()]
+    rows = [
+        json.loads(line)
+        for line in cli("-f", "jsonl", "--config", str(cfg), str(log)).stdout.splitlines()
+    ]
     assert {r["verdict"] for r in rows} == {"balanced"}
 
 
@@ -110,8 +138,15 @@ def test_no_argument_diagnoses_the_bundled_example():
 
 def test_help_explains_verdicts_and_reasons():
     out = cli("--help").stdout.decode()
-    for word in ("rollout", "long_tail", "low_mfu", "weight_sync", "workload_shift", "regression",
-                 "exit status"):
+    for word in (
+        "rollout",
+        "long_tail",
+        "low_mfu",
+        "weight_sync",
+        "workload_shift",
+        "regression",
+        "exit status",
+    ):
         assert word in out
 
 
@@ -123,5 +158,7 @@ def test_print_thresholds_is_a_valid_starting_point(tmp_path):
 
 
 def test_python_dash_m_and_version():
-    r = subprocess.run([sys.executable, "-m", "exporter", "--version"], capture_output=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "exporter", "--version"], capture_output=True, timeout=30
+    )
     assert r.returncode == 0 and r.stdout.startswith(b"rlhf-exporter ")

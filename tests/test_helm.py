@@ -6,6 +6,7 @@ prometheus-operator objects with the cloudcoil models plus a check that the mode
 field (they ignore unknown ones), and the fields that matter are asserted one by one.
 The rules and dashboards compared are the repository's own alerts/ and grafana/ files.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,10 @@ RELEASE, NAMESPACE = "rel", "mon"
 
 # ---------------------------------------------------------------------------- helpers
 
-def render(values: dict | None = None, chart: Path = CHART, namespace: str = NAMESPACE) -> list[dict]:
+
+def render(
+    values: dict | None = None, chart: Path = CHART, namespace: str = NAMESPACE
+) -> list[dict]:
     """Every object the chart renders with `values` (NOTES.txt left out)."""
     with helm.Chart.load(str(chart)) as loaded:
         out = loaded.render(values=values, name=RELEASE, namespace=namespace)
@@ -78,13 +82,19 @@ def contained(small, big, where="") -> list[str]:
                 out += contained(value, big[key], f"{where}.{key}")
         return out
     if isinstance(small, list) and isinstance(big, list) and len(small) == len(big):
-        return [p for i, (a, b) in enumerate(zip(small, big)) for p in contained(a, b, f"{where}[{i}]")]
+        return [
+            p for i, (a, b) in enumerate(zip(small, big)) for p in contained(a, b, f"{where}[{i}]")
+        ]
     return [] if small == big else [where or "."]
 
 
 def validate_pod_template(template: dict, name: str) -> None:
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, **template.get("metadata", {})}, "spec": template["spec"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, **template.get("metadata", {})},
+        "spec": template["spec"],
+    }
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(pod, version, strict=True)
 
@@ -116,7 +126,9 @@ def ray_pod_templates(rayjob: dict) -> dict[str, dict]:
 
 def container(pod_spec: dict, name: str) -> dict:
     found = [c for c in pod_spec["containers"] if c["name"] == name]
-    assert len(found) == 1, f"no single container {name!r} in {[c['name'] for c in pod_spec['containers']]}"
+    assert len(found) == 1, (
+        f"no single container {name!r} in {[c['name'] for c in pod_spec['containers']]}"
+    )
     return found[0]
 
 
@@ -126,13 +138,19 @@ def serve_settings(ctr: dict, labels: dict | None = None, namespace: str = "ray-
     env: dict[str, str] = {}
     for entry in ctr.get("env", []):
         if "value" in entry:
-            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(entry["value"]))
+            value = re.sub(
+                r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(entry["value"])
+            )
         else:
             source = entry["valueFrom"]
             if "fieldRef" in source:
                 path = source["fieldRef"]["fieldPath"]
                 label = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
-                value = (labels or {})[label.group(1)] if label else {"metadata.namespace": namespace}[path]
+                value = (
+                    (labels or {})[label.group(1)]
+                    if label
+                    else {"metadata.namespace": namespace}[path]
+                )
             else:
                 value = "a-secret-token"
         env[entry["name"]] = value
@@ -155,8 +173,14 @@ def alert_names() -> list[str]:
     return [r["alert"] for g in alert_groups() for r in g.get("rules", []) if "alert" in r]
 
 
-def expected_kinds(*, workload: dict | None = None, monitor: str | None = "PodMonitor",
-                   service: bool = True, rules: bool = True, dashboards: bool = True) -> Counter:
+def expected_kinds(
+    *,
+    workload: dict | None = None,
+    monitor: str | None = "PodMonitor",
+    service: bool = True,
+    rules: bool = True,
+    dashboards: bool = True,
+) -> Counter:
     want = Counter(workload or {})
     if service:
         want["Service"] += 1
@@ -173,7 +197,11 @@ def all_features() -> dict:
     values = {
         "mode": "standalone",
         "commonLabels": {"team": "rl"},
-        "image": {"repository": "registry.example.com/rlhf-exporter", "tag": "0.1.0-test", "pullPolicy": "Always"},
+        "image": {
+            "repository": "registry.example.com/rlhf-exporter",
+            "tag": "0.1.0-test",
+            "pullPolicy": "Always",
+        },
         "imagePullSecrets": [{"name": "regcred"}],
         "logFormat": "text",
         "logLevel": "debug",
@@ -186,24 +214,58 @@ def all_features() -> dict:
             "podAnnotations": {"example.com/owner": "rl-infra"},
             "podLabels": {"tier": "observability"},
             "nodeSelector": {"kubernetes.io/os": "linux"},
-            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "obs", "effect": "NoSchedule"}],
-            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "obs", "effect": "NoSchedule"}
+            ],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/arch",
+                                        "operator": "In",
+                                        "values": ["amd64"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
             "priorityClassName": "observability",
             "serviceAccount": {"create": True, "name": "rlhf-exporter-sa", "automountToken": False},
         },
-        "service": {"enabled": True, "type": "ClusterIP", "annotations": {"example.com/note": "metrics"}},
+        "service": {
+            "enabled": True,
+            "type": "ClusterIP",
+            "annotations": {"example.com/note": "metrics"},
+        },
         "monitor": {
-            "kind": "ServiceMonitor", "interval": "30s", "scrapeTimeout": "20s",
+            "kind": "ServiceMonitor",
+            "interval": "30s",
+            "scrapeTimeout": "20s",
             "additionalLabels": {"release": "kube-prometheus-stack"},
             "relabelings": [{"targetLabel": "cluster", "replacement": "training-a"}],
-            "metricRelabelings": [{"sourceLabels": ["__name__"], "regex": "rlhf_debug_.*", "action": "drop"}],
+            "metricRelabelings": [
+                {"sourceLabels": ["__name__"], "regex": "rlhf_debug_.*", "action": "drop"}
+            ],
             "namespaceSelector": {"matchNames": [NAMESPACE, "ray-jobs"]},
         },
-        "prometheusRule": {"enabled": True, "additionalLabels": {"release": "kube-prometheus-stack"}},
-        "dashboards": {"enabled": True, "label": "grafana_dashboard", "labelValue": "1",
-                       "folderAnnotation": "grafana_folder", "folder": "RLHF training",
-                       "namespace": "grafana", "extraLabels": {"team": "rl"}},
+        "prometheusRule": {
+            "enabled": True,
+            "additionalLabels": {"release": "kube-prometheus-stack"},
+        },
+        "dashboards": {
+            "enabled": True,
+            "label": "grafana_dashboard",
+            "labelValue": "1",
+            "folderAnnotation": "grafana_folder",
+            "folder": "RLHF training",
+            "namespace": "grafana",
+            "extraLabels": {"team": "rl"},
+        },
     }
     names = alert_names()
     if names:
@@ -226,6 +288,7 @@ def example_values(**exporter_values) -> dict:
 
 
 # ---------------------------------------------------------------------------- the chart itself
+
 
 def test_chart_metadata_matches_the_package():
     with helm.Chart.load(str(CHART)) as loaded:
@@ -270,10 +333,13 @@ def test_values_and_schema_describe_the_same_keys():
         if not isinstance(vals, dict) or props is None:
             return
         if sch.get("additionalProperties") is False:
-            assert set(vals) <= set(props), f"{where}: keys missing from the schema: {set(vals) - set(props)}"
+            assert set(vals) <= set(props), (
+                f"{where}: keys missing from the schema: {set(vals) - set(props)}"
+            )
         for key, value in vals.items():
             if key in props:
                 walk(value, props[key], f"{where}.{key}")
+
     walk(values, schema, "values")
 
 
@@ -282,7 +348,9 @@ def test_every_value_is_documented():
     documented: list[tuple[int, bool]] = []  # (indent, documented) of the enclosing keys
     undocumented = []
     previous = ""
-    for number, line in enumerate((CHART / "values.yaml").read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(
+        (CHART / "values.yaml").read_text(encoding="utf-8").splitlines(), 1
+    ):
         match = re.match(r"^(\s*)([A-Za-z0-9_.\-/\"]+):", line)
         if match and not line.lstrip().startswith(("#", "-")):
             indent = len(match.group(1))
@@ -300,7 +368,11 @@ def test_every_value_is_documented():
 
 
 def test_strict_lint_passes_for_every_values_set():
-    for values in (None, all_features(), yaml.safe_load(STANDALONE_VALUES.read_text(encoding="utf-8"))):
+    for values in (
+        None,
+        all_features(),
+        yaml.safe_load(STANDALONE_VALUES.read_text(encoding="utf-8")),
+    ):
         report = helm.lint(str(CHART), values, strict=True)
         problems = [m for m in report["messages"] if m["severity"] >= 2]
         assert report["errors"] == [] and problems == [], (problems, report["errors"])
@@ -308,21 +380,28 @@ def test_strict_lint_passes_for_every_values_set():
 
 # ---------------------------------------------------------------------------- values and modes
 
-@pytest.mark.parametrize("values, where", [
-    ({"mode": "daemonset"}, "/mode"),
-    ({"colour": "blue"}, "'colour' not allowed"),
-    ({"port": "19839"}, "/port"),
-    ({"image": {"repository": "x", "tagg": "1"}}, "'tagg' not allowed"),
-    ({"monitor": {"kind": "ServiceMonitors"}}, "/monitor/kind"),
-    ({"monitor": {"interval": "15 seconds"}}, "/monitor/interval"),
-    ({"prometheusRule": {"alerts": {"AnyAlert": {"for": "soon"}}}}, "/prometheusRule/alerts/AnyAlert/for"),
-    ({"prometheusRule": {"alerts": {"AnyAlert": {"enable": False}}}}, "'enable' not allowed"),
-    ({"dashboards": {"labelValue": 1}}, "/dashboards/labelValue"),
-    ({"sidecar": {"portName": "rlhf-exporter-metrics"}}, "/sidecar/portName"),
-    ({"sidecar": {"gpuRoles": "yes"}}, "/sidecar/gpuRoles"),
-    ({"standalone": {"rayAddress": "ray-head:8265"}}, "/standalone/rayAddress"),
-    ({"securityContext": "restricted"}, "/securityContext"),
-])
+
+@pytest.mark.parametrize(
+    "values, where",
+    [
+        ({"mode": "daemonset"}, "/mode"),
+        ({"colour": "blue"}, "'colour' not allowed"),
+        ({"port": "19839"}, "/port"),
+        ({"image": {"repository": "x", "tagg": "1"}}, "'tagg' not allowed"),
+        ({"monitor": {"kind": "ServiceMonitors"}}, "/monitor/kind"),
+        ({"monitor": {"interval": "15 seconds"}}, "/monitor/interval"),
+        (
+            {"prometheusRule": {"alerts": {"AnyAlert": {"for": "soon"}}}},
+            "/prometheusRule/alerts/AnyAlert/for",
+        ),
+        ({"prometheusRule": {"alerts": {"AnyAlert": {"enable": False}}}}, "'enable' not allowed"),
+        ({"dashboards": {"labelValue": 1}}, "/dashboards/labelValue"),
+        ({"sidecar": {"portName": "rlhf-exporter-metrics"}}, "/sidecar/portName"),
+        ({"sidecar": {"gpuRoles": "yes"}}, "/sidecar/gpuRoles"),
+        ({"standalone": {"rayAddress": "ray-head:8265"}}, "/standalone/rayAddress"),
+        ({"securityContext": "restricted"}, "/securityContext"),
+    ],
+)
 def test_schema_rejects_wrong_values_with_the_culprit(values, where):
     with pytest.raises(helm.HelmValuesError) as caught:
         render(values)
@@ -330,11 +409,20 @@ def test_schema_rejects_wrong_values_with_the_culprit(values, where):
     assert "schema" in message and where in message, message
 
 
-@pytest.mark.parametrize("values, needle", [
-    ({"mode": "standalone"}, "standalone.logs.existingClaim"),
-    ({"monitor": {"kind": "ServiceMonitor"}, "service": {"enabled": False}}, "service.enabled=true"),
-    ({"prometheusRule": {"alerts": {"NoSuchAlertAnywhere": {"enabled": False}}}}, "NoSuchAlertAnywhere"),
-])
+@pytest.mark.parametrize(
+    "values, needle",
+    [
+        ({"mode": "standalone"}, "standalone.logs.existingClaim"),
+        (
+            {"monitor": {"kind": "ServiceMonitor"}, "service": {"enabled": False}},
+            "service.enabled=true",
+        ),
+        (
+            {"prometheusRule": {"alerts": {"NoSuchAlertAnywhere": {"enabled": False}}}},
+            "NoSuchAlertAnywhere",
+        ),
+    ],
+)
 def test_inconsistent_values_fail_with_a_clear_message(values, needle):
     with pytest.raises(helm.HelmRenderError) as caught:
         render(values)
@@ -344,17 +432,42 @@ def test_inconsistent_values_fail_with_a_clear_message(values, needle):
 STANDALONE = {"mode": "standalone", "standalone": {"logs": {"existingClaim": "verl-logs"}}}
 
 
-@pytest.mark.parametrize("values, want", [
-    (None, dict()),
-    ({"monitor": {"kind": "ServiceMonitor"}}, dict(monitor="ServiceMonitor")),
-    ({"monitor": {"kind": "none"}, "service": {"enabled": False}}, dict(monitor=None, service=False)),
-    ({"prometheusRule": {"enabled": False}, "dashboards": {"enabled": False}}, dict(rules=False, dashboards=False)),
-    (STANDALONE, dict(workload={"Deployment": 1})),
-    ({**STANDALONE, "monitor": {"kind": "ServiceMonitor"}}, dict(workload={"Deployment": 1}, monitor="ServiceMonitor")),
-    ({**STANDALONE, "standalone": {"logs": {"existingClaim": "x"}, "serviceAccount": {"create": True}}},
-     dict(workload={"Deployment": 1, "ServiceAccount": 1})),
-], ids=["sidecar-default", "sidecar-servicemonitor", "sidecar-no-monitor", "no-rules-no-dashboards",
-        "standalone", "standalone-servicemonitor", "standalone-serviceaccount"])
+@pytest.mark.parametrize(
+    "values, want",
+    [
+        (None, dict()),
+        ({"monitor": {"kind": "ServiceMonitor"}}, dict(monitor="ServiceMonitor")),
+        (
+            {"monitor": {"kind": "none"}, "service": {"enabled": False}},
+            dict(monitor=None, service=False),
+        ),
+        (
+            {"prometheusRule": {"enabled": False}, "dashboards": {"enabled": False}},
+            dict(rules=False, dashboards=False),
+        ),
+        (STANDALONE, dict(workload={"Deployment": 1})),
+        (
+            {**STANDALONE, "monitor": {"kind": "ServiceMonitor"}},
+            dict(workload={"Deployment": 1}, monitor="ServiceMonitor"),
+        ),
+        (
+            {
+                **STANDALONE,
+                "standalone": {"logs": {"existingClaim": "x"}, "serviceAccount": {"create": True}},
+            },
+            dict(workload={"Deployment": 1, "ServiceAccount": 1}),
+        ),
+    ],
+    ids=[
+        "sidecar-default",
+        "sidecar-servicemonitor",
+        "sidecar-no-monitor",
+        "no-rules-no-dashboards",
+        "standalone",
+        "standalone-servicemonitor",
+        "standalone-serviceaccount",
+    ],
+)
 def test_each_mode_renders_exactly_its_objects(values, want):
     objects = render(values)
     assert kinds(objects) == expected_kinds(**want)
@@ -374,7 +487,7 @@ def test_default_values_render_valid_objects():
     assert service["spec"]["selector"] == {"app.kubernetes.io/component": "rlhf-exporter-sidecar"}
     monitor = only(objects, "PodMonitor")
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
-    endpoint, = monitor["spec"]["podMetricsEndpoints"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "rlhf-metrics"
     assert endpoint["path"] == "/metrics"
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
@@ -383,7 +496,9 @@ def test_default_values_render_valid_objects():
 def test_all_features_render_valid_objects():
     values = all_features()
     objects = render(values)
-    assert kinds(objects) == expected_kinds(workload={"Deployment": 1, "ServiceAccount": 1}, monitor="ServiceMonitor")
+    assert kinds(objects) == expected_kinds(
+        workload={"Deployment": 1, "ServiceAccount": 1}, monitor="ServiceMonitor"
+    )
     for obj in objects:
         validate(obj)
         assert obj["metadata"]["labels"]["team"] == "rl"
@@ -397,20 +512,30 @@ def test_all_features_render_valid_objects():
     assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
     ctr = container(pod["spec"], "exporter")
     assert ctr["image"] == "registry.example.com/rlhf-exporter:0.1.0-test"
-    assert {"name": "verl-logs", "mountPath": "/logs", "readOnly": True, "subPath": "jobs"} in ctr["volumeMounts"]
-    conf, env = serve_settings(ctr)
+    assert {"name": "verl-logs", "mountPath": "/logs", "readOnly": True, "subPath": "jobs"} in ctr[
+        "volumeMounts"
+    ]
+    conf, _env = serve_settings(ctr)
     assert conf.verl_root == ["/logs"] and conf.verl_interval == 2.0
-    assert conf.ray and conf.ray_address == "http://ray-cluster-head-svc.ray.svc:8265" and conf.ray_per_class
+    assert (
+        conf.ray
+        and conf.ray_address == "http://ray-cluster-head-svc.ray.svc:8265"
+        and conf.ray_per_class
+    )
     assert conf.push and conf.push_token == "a-secret-token" and conf.log_format == "text"
-    token, = [e for e in ctr["env"] if e["name"] == settings.env_name(settings.BY_NAME["push_token"])]
+    (token,) = [
+        e for e in ctr["env"] if e["name"] == settings.env_name(settings.BY_NAME["push_token"])
+    ]
     assert token["valueFrom"]["secretKeyRef"] == {"name": "push-token", "key": "token"}
 
     monitor = only(objects, "ServiceMonitor")
     service = only(objects, "Service")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE, "ray-jobs"]}
-    endpoint, = monitor["spec"]["endpoints"]
+    (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "metrics"
     assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("30s", "20s")
     assert endpoint["relabelings"] == [{"targetLabel": "cluster", "replacement": "training-a"}]
@@ -438,7 +563,7 @@ def test_standalone_deployment_is_one_secure_replica_serving_on_the_pod_network(
     assert not pod.get("shareProcessNamespace")
     ctr = container(pod, "exporter")
     assert_secure_container(ctr)
-    port, = ctr["ports"]
+    (port,) = ctr["ports"]
     assert port == {"name": "metrics", "containerPort": settings.DEFAULT_PORT, "protocol": "TCP"}
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
@@ -447,7 +572,7 @@ def test_standalone_deployment_is_one_secure_replica_serving_on_the_pod_network(
     assert conf.verl_root == ["/verl-logs"]
     assert conf.nvml is False and conf.gpu_roles is False and conf.ray is False
     assert "NVIDIA_VISIBLE_DEVICES" not in env
-    claim, = [v for v in pod["volumes"] if v["name"] == "verl-logs"]
+    (claim,) = [v for v in pod["volumes"] if v["name"] == "verl-logs"]
     assert claim["persistentVolumeClaim"] == {"claimName": "verl-logs", "readOnly": True}
     service = only(objects, "Service")
     assert service["spec"]["ports"][0]["targetPort"] == "metrics"
@@ -469,7 +594,7 @@ def assert_secure_container(ctr: dict) -> None:
 def test_dockerfile_runs_as_the_user_the_chart_expects():
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
-    user, = re.findall(r"^USER\s+(\S+)", text, re.M)
+    (user,) = re.findall(r"^USER\s+(\S+)", text, re.M)
     uid, _, gid = user.partition(":")
     assert int(uid) == values["securityContext"]["runAsUser"] != 0
     assert int(gid) == values["securityContext"]["runAsGroup"]
@@ -478,6 +603,7 @@ def test_dockerfile_runs_as_the_user_the_chart_expects():
 
 
 # ---------------------------------------------------------------------------- rules and dashboards
+
 
 def test_prometheusrule_groups_equal_the_alert_files():
     if not alert_groups():
@@ -493,10 +619,15 @@ def test_promtool_accepts_the_rendered_rules(tmp_path):
     if not shutil.which("promtool"):
         pytest.skip("promtool is not installed")
     first = alert_names()[0]
-    rule = only(render({"prometheusRule": {"alerts": {first: {"for": "7m", "severity": "page"}}}}), "PrometheusRule")
+    rule = only(
+        render({"prometheusRule": {"alerts": {first: {"for": "7m", "severity": "page"}}}}),
+        "PrometheusRule",
+    )
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}), encoding="utf-8")
-    done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -508,14 +639,17 @@ def test_per_alert_enable_severity_and_for_overrides():
     overrides = {first: {"severity": "page", "for": "17m"}}
     if rest:
         overrides[rest[0]] = {"enabled": False}
-    groups = only(render({"prometheusRule": {"alerts": overrides}}), "PrometheusRule")["spec"]["groups"]
+    groups = only(render({"prometheusRule": {"alerts": overrides}}), "PrometheusRule")["spec"][
+        "groups"
+    ]
     rendered = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
     originals = {r["alert"]: r for g in alert_groups() for r in g["rules"] if "alert" in r}
     assert rendered[first]["for"] == "17m"
     assert rendered[first]["labels"]["severity"] == "page"
     assert rendered[first]["expr"] == originals[first]["expr"]
-    assert {k: v for k, v in rendered[first]["labels"].items() if k != "severity"} == \
-        {k: v for k, v in (originals[first].get("labels") or {}).items() if k != "severity"}
+    assert {k: v for k, v in rendered[first]["labels"].items() if k != "severity"} == {
+        k: v for k, v in (originals[first].get("labels") or {}).items() if k != "severity"
+    }
     if rest:
         assert rest[0] not in rendered
         assert set(rendered) == set(originals) - {rest[0]}
@@ -560,15 +694,24 @@ def test_dashboard_configmaps_equal_the_grafana_files():
 def test_dashboard_label_and_folder_are_configurable():
     if not DASHBOARD_FILES:
         pytest.skip("grafana/ holds no dashboards yet")
-    values = {"dashboards": {"label": "example.com/dashboard", "labelValue": "yes",
-                             "folderAnnotation": "k8s-sidecar-target-directory", "folder": "/tmp/dashboards/rlhf"}}
+    values = {
+        "dashboards": {
+            "label": "example.com/dashboard",
+            "labelValue": "yes",
+            "folderAnnotation": "k8s-sidecar-target-directory",
+            "folder": "/tmp/dashboards/rlhf",
+        }
+    }
     for cm in (o for o in render(values) if o["kind"] == "ConfigMap"):
         assert cm["metadata"]["labels"]["example.com/dashboard"] == "yes"
         assert "grafana_dashboard" not in cm["metadata"]["labels"]
-        assert cm["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "/tmp/dashboards/rlhf"}
+        assert cm["metadata"]["annotations"] == {
+            "k8s-sidecar-target-directory": "/tmp/dashboards/rlhf"
+        }
 
 
 # ---------------------------------------------------------------------------- the examples
+
 
 def test_standalone_example_values_render_valid_objects():
     values = yaml.safe_load(STANDALONE_VALUES.read_text(encoding="utf-8"))
@@ -576,7 +719,9 @@ def test_standalone_example_values_render_valid_objects():
     assert kinds(objects) == expected_kinds(workload={"Deployment": 1}, monitor="ServiceMonitor")
     for obj in objects:
         validate(obj)
-    conf, _ = serve_settings(container(only(objects, "Deployment")["spec"]["template"]["spec"], "exporter"))
+    conf, _ = serve_settings(
+        container(only(objects, "Deployment")["spec"]["template"]["spec"], "exporter")
+    )
     assert conf.ray_address == values["standalone"]["rayAddress"]
 
 
@@ -591,7 +736,7 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
         validate(obj)  # the RayJob's pod templates as core Pods, sidecar included
     values = yaml.safe_load((EXAMPLE / "values.yaml").read_text(encoding="utf-8"))
     rayjob = rayjob_of(objects)
-    assert "trainer.logger='[\"console\",\"file\"]'" in rayjob["spec"]["entrypoint"]
+    assert 'trainer.logger=\'["console","file"]\'' in rayjob["spec"]["entrypoint"]
     runtime_env = yaml.safe_load(rayjob["spec"]["runtimeEnvYAML"])
     logs_root = runtime_env["env_vars"]["VERL_FILE_LOGGER_ROOT"]
     pvc = only(objects, "PersistentVolumeClaim")
@@ -609,7 +754,10 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
         assert side["image"] == f"ghcr.io/rlhf-exporter/rlhf-exporter:{exporter.__version__}"
         ports = [p["name"] for c in spec["containers"] for p in c.get("ports", [])]
         assert len(ports) == len(set(ports)) and "metrics" not in [p["name"] for p in side["ports"]]
-        assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+        assert (
+            monitor["spec"]["selector"]["matchLabels"].items()
+            <= template["metadata"]["labels"].items()
+        )
         assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == side["ports"][0]["name"]
         assert {"name": "VERL_FILE_LOGGER_ROOT", "value": logs_root} in ray["env"]
         # values.yaml asks for GPU roles, so the pod shares its PID namespace
@@ -618,7 +766,7 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
         assert conf.listen == f"0.0.0.0:{settings.DEFAULT_PORT}"
         actor_exporters += bool(conf.ray and conf.ray_actors)
         if role == "head":
-            mount, = side["volumeMounts"]
+            (mount,) = side["volumeMounts"]
             assert mount["readOnly"] is True and mount["mountPath"] == logs_root
             assert mount["name"] in [v["name"] for v in spec["volumes"]]
             assert mount["name"] in [m["name"] for m in ray["volumeMounts"]]
@@ -640,7 +788,11 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
 
 
 def test_example_without_gpu_roles_claims_no_shared_pid_namespace(example_chart):
-    rayjob = rayjob_of(render(example_values(sidecar={"gpuRoles": False}), chart=example_chart, namespace="ray-jobs"))
+    rayjob = rayjob_of(
+        render(
+            example_values(sidecar={"gpuRoles": False}), chart=example_chart, namespace="ray-jobs"
+        )
+    )
     for name, template in ray_pod_templates(rayjob).items():
         assert "shareProcessNamespace" not in template["spec"]
         conf, _ = serve_settings(container(template["spec"], "rlhf-exporter"))
@@ -666,7 +818,7 @@ def test_example_chart_lints_strictly(example_chart):
 
 def test_example_declares_this_chart_as_its_dependency():
     meta = yaml.safe_load((EXAMPLE / "Chart.yaml").read_text(encoding="utf-8"))
-    dep, = meta["dependencies"]
+    (dep,) = meta["dependencies"]
     chart_meta = yaml.safe_load((CHART / "Chart.yaml").read_text(encoding="utf-8"))
     assert dep["name"] == chart_meta["name"] and dep["version"] == chart_meta["version"]
     assert (EXAMPLE / dep["repository"].removeprefix("file://")).resolve() == CHART.resolve()
@@ -676,7 +828,9 @@ def test_sidecar_template_rejects_an_unknown_role(example_chart, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(example_chart, broken)
     text = (broken / "templates" / "rayjob.yaml").read_text(encoding="utf-8")
-    (broken / "templates" / "rayjob.yaml").write_text(text.replace('"role" "worker"', '"role" "gpu"'), encoding="utf-8")
+    (broken / "templates" / "rayjob.yaml").write_text(
+        text.replace('"role" "worker"', '"role" "gpu"'), encoding="utf-8"
+    )
     with pytest.raises(helm.HelmRenderError) as caught:
         render(chart=broken)
     assert 'role must be "head" or "worker"' in str(caught.value)
@@ -684,7 +838,15 @@ def test_sidecar_template_rejects_an_unknown_role(example_chart, tmp_path):
 
 def test_readme_shows_both_examples_and_the_gpu_caveats():
     text = (CHART / "README.md").read_text(encoding="utf-8")
-    for needle in ('include "rlhf-exporter.sidecar"', "examples/verl-grpo-rayjob", "examples/standalone-values.yaml",
-                   "NVIDIA_VISIBLE_DEVICES", "shareProcessNamespace", "ReadWriteMany", "/api/v1/records",
-                   "PodMonitor", "rlhf-exporter render chart"):
+    for needle in (
+        'include "rlhf-exporter.sidecar"',
+        "examples/verl-grpo-rayjob",
+        "examples/standalone-values.yaml",
+        "NVIDIA_VISIBLE_DEVICES",
+        "shareProcessNamespace",
+        "ReadWriteMany",
+        "/api/v1/records",
+        "PodMonitor",
+        "rlhf-exporter render chart",
+    ):
         assert needle in text, needle

@@ -1,6 +1,7 @@
 """The NVML source, through a scripted fake `pynvml` injected at the import boundary, and the
 real nvidia-ml-py on this GPU-less machine (LibraryNotFound). Role attribution against a
 real Ray head's actor PIDs is in tests/test_ray_source.py (it shares that module's head)."""
+
 from __future__ import annotations
 
 import importlib
@@ -36,6 +37,7 @@ def install(monkeypatch):
         module = make_module(gpus, clock, **kwargs)
         monkeypatch.setitem(sys.modules, "pynvml", module)
         return module
+
     return install
 
 
@@ -56,8 +58,14 @@ def test_fake_mirrors_real_pynvml_names_values_and_exceptions():
         # the same factory behaviour: NVMLError(value) is the subclass; subclasses need no arg
         value = getattr(fake, name)().value if name != "NVMLError" else None
         if value is not None:
-            assert type(real.NVMLError(value)).__name__ == type(fake.NVMLError(value)).__name__ == name
-    assert error_reason(real.NVMLError_GpuIsLost()) == error_reason(fake.NVMLError_GpuIsLost()) == "gpu_is_lost"
+            assert (
+                type(real.NVMLError(value)).__name__ == type(fake.NVMLError(value)).__name__ == name
+            )
+    assert (
+        error_reason(real.NVMLError_GpuIsLost())
+        == error_reason(fake.NVMLError_GpuIsLost())
+        == "gpu_is_lost"
+    )
     assert error_reason(real.NVMLError_LibraryNotFound()) == "library_not_found"
 
 
@@ -92,7 +100,9 @@ def test_samples_between_polls_are_not_missed(install):
     for _ in range(4):
         clock.advance(1.0)
         snap = src.poll_once()
-    assert values(snap, "rlhf_gpu_busy_seconds_total")[("0", gpu.uuid)] == pytest.approx(3.5, abs=0.1)
+    assert values(snap, "rlhf_gpu_busy_seconds_total")[("0", gpu.uuid)] == pytest.approx(
+        3.5, abs=0.1
+    )
 
 
 def test_fallback_integrates_utilization_times_elapsed(install):
@@ -111,7 +121,9 @@ def test_fallback_integrates_utilization_times_elapsed(install):
 
 def test_all_readings_and_identity(install):
     clock = FakeClock()
-    gpu = FakeGpu(0, util=[(0, 40)], memory_used=7 * 2**30, power_mw=250_500, temperature=71, sm_mhz=1410)
+    gpu = FakeGpu(
+        0, util=[(0, 40)], memory_used=7 * 2**30, power_mw=250_500, temperature=71, sm_mhz=1410
+    )
     install([gpu], clock, driver="550.54.15")
     src = NvmlSource(1.0, roles=False, clock=clock)
     clock.advance(1.0)
@@ -136,13 +148,19 @@ def test_all_readings_and_identity(install):
 
 def test_unsupported_readings_are_left_out_not_errors(install):
     clock = FakeClock()
-    gpu = FakeGpu(0, unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses"})
+    gpu = FakeGpu(
+        0, unsupported={"nvmlDeviceGetPowerUsage", "nvmlDeviceGetComputeRunningProcesses"}
+    )
     install([gpu], clock)
     src = NvmlSource(1.0, roles=True, clock=clock)
     clock.advance(1.0)
     snap = src.poll_once()
     names = {s.name for s in snap.samples}
-    assert snap.up and "rlhf_gpu_power_watts" not in names and "rlhf_gpu_role_memory_bytes" not in names
+    assert (
+        snap.up
+        and "rlhf_gpu_power_watts" not in names
+        and "rlhf_gpu_role_memory_bytes" not in names
+    )
     assert "rlhf_gpu_temperature_celsius" in names and "rlhf_gpu_errors_total" not in names
     calls = gpu.calls
     clock.advance(1.0)
@@ -170,7 +188,9 @@ def test_gpu_is_lost_on_one_of_eight(install, caplog):
     assert busy[("0", gpus[0].uuid)] == pytest.approx(4.0, abs=1 / 6)
     assert not [s for s in snap.samples if s.labels[0] == "3" and s.name != "rlhf_gpu_errors_total"]
     assert values(snap, "rlhf_gpu_errors_total") == {("3", gpus[3].uuid, "gpu_is_lost"): 3.0}
-    lost = [r for r in caplog.records if "GPU 3" in r.getMessage() and "gpu_is_lost" in r.getMessage()]
+    lost = [
+        r for r in caplog.records if "GPU 3" in r.getMessage() and "gpu_is_lost" in r.getMessage()
+    ]
     assert len(lost) == 1 and not lost[0].exc_info  # one line, no traceback
     # it comes back: series again, counter continues from where it was, error count kept
     before = busy[("0", gpus[0].uuid)]
@@ -200,11 +220,14 @@ def test_all_gpus_failing_is_down_and_reinitialises(install):
     assert src.poll_once().up
 
 
-@pytest.mark.parametrize("kwargs, gpus, reason", [
-    ({"library": False}, 1, "library_not_found"),
-    ({"driver_loaded": False}, 1, "driver_not_loaded"),
-    ({}, 0, "no_gpu"),
-])
+@pytest.mark.parametrize(
+    "kwargs, gpus, reason",
+    [
+        ({"library": False}, 1, "library_not_found"),
+        ({"driver_loaded": False}, 1, "driver_not_loaded"),
+        ({}, 0, "no_gpu"),
+    ],
+)
 def test_absent_nvml_is_down_with_one_line(install, caplog, kwargs, gpus, reason):
     clock = FakeClock()
     install([FakeGpu(i) for i in range(gpus)], clock, **kwargs)
@@ -215,7 +238,9 @@ def test_absent_nvml_is_down_with_one_line(install, caplog, kwargs, gpus, reason
         snap = src.poll_once()
     assert not snap.up and snap.samples == ()
     assert snap.errors == {reason: 5}
-    lines = [r for r in caplog.records if r.name.startswith("exporter") and r.levelno >= logging.WARNING]
+    lines = [
+        r for r in caplog.records if r.name.startswith("exporter") and r.levelno >= logging.WARNING
+    ]
     assert len(lines) == 1 and not lines[0].exc_info, [r.getMessage() for r in lines]
 
 
@@ -243,10 +268,14 @@ def test_library_not_found_on_this_real_machine(monkeypatch, caplog):
 def test_library_not_found_through_serve(tmp_path):
     """`serve --nvml` on this GPU-less machine: nvml up 0, one log line, everything else served."""
     with Exporter(tmp_path, "--nvml", "--nvml-interval", "0.1") as exp:
-        exp.wait_for(lambda: exp.value("rlhf_exporter_collector_up", collector="nvml") == 0.0,
-                     what="nvml up 0")
-        exp.wait_for(lambda: (exp.value("rlhf_exporter_collector_errors_total", collector="nvml") or 0) >= 5,
-                     what="several failed NVML polls")
+        exp.wait_for(
+            lambda: exp.value("rlhf_exporter_collector_up", collector="nvml") == 0.0,
+            what="nvml up 0",
+        )
+        exp.wait_for(
+            lambda: (exp.value("rlhf_exporter_collector_errors_total", collector="nvml") or 0) >= 5,
+            what="several failed NVML polls",
+        )
         assert exp.value("rlhf_exporter_build_info") == 1.0
         assert exp.value("rlhf_exporter_collector_up", collector="verl") is not None
     log = exp.log_path.read_text()
@@ -265,7 +294,9 @@ def test_hung_nvml_call_blocks_neither_scrape_nor_threads(install):
         wait_until(lambda: src.snapshot().up, 5, 0.02, what="first poll")
         threads = threading.active_count()
         gpus[1].hang = threading.Event()
-        wait_until(lambda: not src.snapshot().up, 5, 0.05, what="reported down while the call hangs")
+        wait_until(
+            lambda: not src.snapshot().up, 5, 0.05, what="reported down while the call hangs"
+        )
         started = time.monotonic()
         fams = list(collector.collect())  # a scrape while the NVML call still hangs
         assert time.monotonic() - started < 0.2
@@ -297,11 +328,22 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
     _proc(root, 201, 200, b"VLLM::EngineCore")  # vLLM's engine process under the actor
     _proc(root, 300, 1, b"ray::IDLE")  # Ray says it is an actor, /proc disagrees: not trusted
     _proc(root, 400, 1, b"python train.py")  # not an actor at all
-    actors = {100: ActorProcess("create_colocated_worker_cls.<locals>.WorkerDict", "trainer"),
-              200: ActorProcess("vLLMHttpServer", "rollout"),
-              300: ActorProcess("RewardLoopWorker", "reward")}
-    gpu = FakeGpu(0, processes=[(100, 30 << 30), (201, 20 << 30), (300, 5 << 30), (400, 1 << 30),
-                                (999999, 2 << 30), (100, None)])
+    actors = {
+        100: ActorProcess("create_colocated_worker_cls.<locals>.WorkerDict", "trainer"),
+        200: ActorProcess("vLLMHttpServer", "rollout"),
+        300: ActorProcess("RewardLoopWorker", "reward"),
+    }
+    gpu = FakeGpu(
+        0,
+        processes=[
+            (100, 30 << 30),
+            (201, 20 << 30),
+            (300, 5 << 30),
+            (400, 1 << 30),
+            (999999, 2 << 30),
+            (100, None),
+        ],
+    )
     clock = FakeClock()
     install([gpu], clock)
     src = NvmlSource(1.0, ray=FakeRay(actors), roles=True, clock=clock, proc_root=str(root))
@@ -311,12 +353,17 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
     assert got == {"trainer": 30 << 30, "rollout": 20 << 30, "unknown": (5 + 1 + 2) << 30}
     # without Ray every byte is unknown (never a guessed role)
     src2 = NvmlSource(1.0, ray=None, roles=True, clock=clock, proc_root=str(root))
-    got2 = {labels[2]: v for labels, v in values(src2.poll_once(), "rlhf_gpu_role_memory_bytes").items()}
+    got2 = {
+        labels[2]: v for labels, v in values(src2.poll_once(), "rlhf_gpu_role_memory_bytes").items()
+    }
     assert got2 == {"unknown": (30 + 20 + 5 + 1 + 2) << 30}
 
 
 def test_from_settings():
-    s = lambda **kw: SimpleNamespace(**{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw})
+    def s(**kw):
+        return SimpleNamespace(
+            **{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw}
+        )
     assert NvmlSource.from_settings(s(nvml=False)) is None
     assert NvmlSource.from_settings(s()).roles is False  # no Ray: roles off by default
     with_ray = NvmlSource.from_settings(s(), ray=FakeRay({}))
@@ -326,13 +373,16 @@ def test_from_settings():
 
 
 # -- property: whatever the poll timing, every NVML sample is integrated exactly once ----------
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)
-@given(levels=st.lists(st.integers(0, 100), min_size=1, max_size=6),
-       lengths=st.lists(st.integers(1, 30), min_size=6, max_size=6),
-       polls=st.lists(st.floats(0.05, 3.0), min_size=1, max_size=25))
+@given(
+    levels=st.lists(st.integers(0, 100), min_size=1, max_size=6),
+    lengths=st.lists(st.integers(1, 30), min_size=6, max_size=6),
+    polls=st.lists(st.floats(0.05, 3.0), min_size=1, max_size=25),
+)
 def test_integral_is_exact_for_any_poll_timing(levels, lengths, polls):
     period = 1 / 6
     script, t = [], 0.0
@@ -342,7 +392,9 @@ def test_integral_is_exact_for_any_poll_timing(levels, lengths, polls):
     clock = FakeClock()
     gpu = FakeGpu(0, util=script, sample_period=period)
     previous = sys.modules.get("pynvml")
-    sys.modules["pynvml"] = make_module([gpu], clock)  # (hypothesis and function fixtures don't mix)
+    sys.modules["pynvml"] = make_module(
+        [gpu], clock
+    )  # (hypothesis and function fixtures don't mix)
     try:
         src = NvmlSource(1.0, roles=False, clock=clock)
         for dt in polls:
@@ -350,7 +402,9 @@ def test_integral_is_exact_for_any_poll_timing(levels, lengths, polls):
             snap = src.poll_once()
         assert snap.up
         end = int((clock() - gpu.start) / period + 1e-9)  # the last sample the driver has
-        expected = sum(gpu.percent(gpu.start + (k + 0.5) * period) / 100 * period for k in range(end))
+        expected = sum(
+            gpu.percent(gpu.start + (k + 0.5) * period) / 100 * period for k in range(end)
+        )
         got = values(snap, "rlhf_gpu_busy_seconds_total")[("0", gpu.uuid)]
         assert got == pytest.approx(expected, abs=1e-6)
         assert values(snap, "rlhf_gpu_samples_total")[("0", gpu.uuid)] == end

@@ -5,6 +5,7 @@ a hang past the timeout).
 One head serves the whole module (live actors cost ~50 MB each: a dozen here); the last
 test stops it mid-run under a real `serve` process and starts a new one on the same port.
 """
+
 from __future__ import annotations
 
 import http.server
@@ -50,36 +51,59 @@ def test_address_resolution():
 
 
 def test_death_reasons():
-    ctx = lambda reason: {"death_cause": {"actor_died_error_context": {"reason": reason}}}
+    def ctx(reason):
+        return {"death_cause": {"actor_died_error_context": {"reason": reason}}}
     assert death_reason(ctx("RAY_KILL")) == "RAY_KILL"
     assert death_reason(ctx("NODE_DIED")) == "NODE_DIED"
     assert death_reason(ctx("SOME_FUTURE_REASON")) == "SOME_FUTURE_REASON"
     assert death_reason(ctx("<script>" * 20)) == "OTHER"  # labels stay bounded
-    assert death_reason({"death_cause": {"oom_context": {"error_message": "killed"}}}) == "OUT_OF_MEMORY"
-    assert death_reason({"death_cause": {"creation_task_failure_context": {}}}) == "CREATION_TASK_FAILED"
+    assert (
+        death_reason({"death_cause": {"oom_context": {"error_message": "killed"}}})
+        == "OUT_OF_MEMORY"
+    )
+    assert (
+        death_reason({"death_cause": {"creation_task_failure_context": {}}})
+        == "CREATION_TASK_FAILED"
+    )
     assert death_reason({"death_cause": None}) == "UNKNOWN"
     assert death_reason({}) == "UNKNOWN"
 
 
 def test_roles_defaults_and_override_file(tmp_path):
     default = RoleMap.default()
-    expect = {"create_colocated_worker_cls.<locals>.WorkerDict": "trainer", "WorkerDict": "trainer",
-              "ActorRolloutRefWorker": "trainer", "TrainingWorker": "trainer",
-              "DetachActorWorker": "trainer", "FullyAsyncTrainer": "trainer",
-              "vLLMHttpServer": "rollout", "SGLangHttpServer": "rollout", "TRTLLMHttpServer": "rollout",
-              "CheckpointEngineWorker": "rollout", "FullyAsyncRollouter": "rollout",
-              "AgentLoopWorker": "agent_loop", "AgentLoopWorkerTQ": "agent_loop",
-              "RewardLoopWorker": "reward", "TaskRunner": "driver", "TaskRunnerV1": "driver",
-              "MessageQueue": "other", "SomethingElse": "other"}
+    expect = {
+        "create_colocated_worker_cls.<locals>.WorkerDict": "trainer",
+        "WorkerDict": "trainer",
+        "ActorRolloutRefWorker": "trainer",
+        "TrainingWorker": "trainer",
+        "DetachActorWorker": "trainer",
+        "FullyAsyncTrainer": "trainer",
+        "vLLMHttpServer": "rollout",
+        "SGLangHttpServer": "rollout",
+        "TRTLLMHttpServer": "rollout",
+        "CheckpointEngineWorker": "rollout",
+        "FullyAsyncRollouter": "rollout",
+        "AgentLoopWorker": "agent_loop",
+        "AgentLoopWorkerTQ": "agent_loop",
+        "RewardLoopWorker": "reward",
+        "TaskRunner": "driver",
+        "TaskRunnerV1": "driver",
+        "MessageQueue": "other",
+        "SomethingElse": "other",
+    }
     assert {c: default.role(c) for c in expect} == expect
     f = tmp_path / "roles.yaml"
-    f.write_text("- {role: rollout, pattern: 'My.*Server'}\n- {role: reward, pattern: WorkerDict}\n")
+    f.write_text(
+        "- {role: rollout, pattern: 'My.*Server'}\n- {role: reward, pattern: WorkerDict}\n"
+    )
     custom = RoleMap.from_file(str(f))
     assert custom.role("MyFancyServer") == "rollout"
     assert custom.role("WorkerDict") == "reward"  # the file's rules come first
     assert custom.role("vLLMHttpServer") == "rollout"  # the defaults still apply after
     f.write_text("roles:\n  - {role: other, pattern: '.*'}\n")
-    assert RoleMap.from_file(str(f)).role("vLLMHttpServer") == "other"  # a catch-all ends the defaults
+    assert (
+        RoleMap.from_file(str(f)).role("vLLMHttpServer") == "other"
+    )  # a catch-all ends the defaults
     for text, message in [
         ("- {role: trainers, pattern: X}\n", "unknown role 'trainers'"),
         ("- {role: trainer, pattern: '('}\n", "invalid regular expression"),
@@ -98,11 +122,23 @@ def test_roles_defaults_and_override_file(tmp_path):
 def test_from_settings(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_DASHBOARD_ADDRESS", raising=False)
-    s = SimpleNamespace(ray=True, ray_address=None, ray_interval=7.0, ray_timeout=2.0,
-                        ray_actors=False, ray_per_class=True, ray_roles=None)
+    s = SimpleNamespace(
+        ray=True,
+        ray_address=None,
+        ray_interval=7.0,
+        ray_timeout=2.0,
+        ray_actors=False,
+        ray_per_class=True,
+        ray_roles=None,
+    )
     src = RaySource.from_settings(s)
     assert (src.address, src.interval, src.timeout, src.actors, src.per_class) == (
-        "http://127.0.0.1:8265", 7.0, 2.0, False, True)
+        "http://127.0.0.1:8265",
+        7.0,
+        2.0,
+        False,
+        True,
+    )
     assert "PIDs only" in src.describe()
     s.ray = False
     assert RaySource.from_settings(s) is None
@@ -130,8 +166,14 @@ class FakeState:
         if path == "/api/version":
             return {"version": "4", "ray_version": "2.60.0", "session_name": self.session}
         if path == "/api/v0/nodes":
-            return envelope({"total": 1, "num_after_truncation": 1, "num_filtered": 1,
-                             "result": [{"node_id": "n1", "node_ip": "127.0.0.1", "state": "ALIVE"}]})
+            return envelope(
+                {
+                    "total": 1,
+                    "num_after_truncation": 1,
+                    "num_filtered": 1,
+                    "result": [{"node_id": "n1", "node_ip": "127.0.0.1", "state": "ALIVE"}],
+                }
+            )
         if path == "/api/v0/actors/summarize":
             if state == "DEAD":
                 counts = {}
@@ -142,11 +184,19 @@ class FakeState:
             else:
                 counts = {}
             summary = {c: {"class_name": c, "state_counts": {state: n}} for c, n in counts.items()}
-            return envelope({"total": 5, "num_after_truncation": 5, "num_filtered": sum(counts.values()),
-                             "result": {"node_id_to_summary": {"cluster": {"summary": summary}}}})
+            return envelope(
+                {
+                    "total": 5,
+                    "num_after_truncation": 5,
+                    "num_filtered": sum(counts.values()),
+                    "result": {"node_id_to_summary": {"cluster": {"summary": summary}}},
+                }
+            )
         if path == "/api/v0/actors":
             rows = self.dead if state == "DEAD" else [r for r in self.live if r["state"] == state]
-            return envelope({"total": 5, "num_after_truncation": 5, "num_filtered": len(rows), "result": rows})
+            return envelope(
+                {"total": 5, "num_after_truncation": 5, "num_filtered": len(rows), "result": rows}
+            )
         return None
 
 
@@ -160,6 +210,7 @@ def fake_state():
 
         def do_GET(self):
             from urllib.parse import parse_qs, urlsplit
+
             state.requests += 1
             url = urlsplit(self.path)
             mode = state.mode
@@ -193,7 +244,9 @@ def fake_state():
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    )
     thread.start()
     state.url = f"http://127.0.0.1:{server.server_address[1]}"
     yield state
@@ -207,8 +260,13 @@ def test_bad_answers_are_counted_dropped_logged_once_and_recovered(fake_state, c
     caplog.set_level(logging.INFO, logger="exporter")
     snap = src.poll_once()
     assert snap.up and actors_gauge(snap)
-    for mode, reason in [("500", "http_500"), ("invalid_json", "invalid_json"),
-                         ("ray_error", "ray_error"), ("bad_shape", "bad_response"), ("hang", "timeout")]:
+    for mode, reason in [
+        ("500", "http_500"),
+        ("invalid_json", "invalid_json"),
+        ("ray_error", "ray_error"),
+        ("bad_shape", "bad_response"),
+        ("hang", "timeout"),
+    ]:
         fake_state.mode = mode
         for _ in range(2):
             started = time.monotonic()
@@ -221,7 +279,13 @@ def test_bad_answers_are_counted_dropped_logged_once_and_recovered(fake_state, c
     snap = src.poll_once()
     assert snap.up and actors_gauge(snap)
     failures = [r for r in caplog.records if "ray source failed" in r.getMessage()]
-    assert [r.reason for r in failures] == ["http_500", "invalid_json", "ray_error", "bad_response", "timeout"]
+    assert [r.reason for r in failures] == [
+        "http_500",
+        "invalid_json",
+        "ray_error",
+        "bad_response",
+        "timeout",
+    ]
     assert all(not r.exc_info for r in failures)  # one line each, no traceback
     assert sum("ray source recovered" in r.getMessage() for r in caplog.records) == 1
 
@@ -234,18 +298,28 @@ def test_connection_refused_is_down_not_a_crash():
 
 def test_restart_and_death_bookkeeping(fake_state):
     s = fake_state
-    row = lambda aid, cls, state, restarts="0", pid=0: {
-        "actor_id": aid, "class_name": cls, "state": state, "num_restarts": restarts, "pid": pid,
-        "node_id": "n1"}
-    s.live = [row("a1", "WorkerDict", "ALIVE", "2", 11), row("a2", "vLLMHttpServer", "ALIVE", "0", 12),
-              row("a3", "AgentLoopWorker", "RESTARTING", "1")]
+    def row(aid, cls, state, restarts="0", pid=0):
+        return {
+            "actor_id": aid,
+            "class_name": cls,
+            "state": state,
+            "num_restarts": restarts,
+            "pid": pid,
+            "node_id": "n1",
+        }
+    s.live = [
+        row("a1", "WorkerDict", "ALIVE", "2", 11),
+        row("a2", "vLLMHttpServer", "ALIVE", "0", 12),
+        row("a3", "AgentLoopWorker", "RESTARTING", "1"),
+    ]
     s.dead = [dict(row("d0", "TaskRunner", "DEAD"), death_cause=None)]
     s.pending = {"vLLMHttpServer": 3}
     src = RaySource(s.url, interval=60, timeout=2, node_ips=["127.0.0.1"], per_class=True)
     snap = src.poll_once()
     # the first poll is the baseline: what happened before is not counted, series start at 0
-    assert values(snap, "rlhf_ray_actor_restarts_total") == {(r,): 0.0 for r in
-                                                             ("trainer", "rollout", "agent_loop", "reward", "driver", "other")}
+    assert values(snap, "rlhf_ray_actor_restarts_total") == {
+        (r,): 0.0 for r in ("trainer", "rollout", "agent_loop", "reward", "driver", "other")
+    }
     assert values(snap, "rlhf_ray_actor_deaths_total") == {("driver", "UNKNOWN"): 0.0}
     gauge = actors_gauge(snap)
     assert gauge[("trainer", "ALIVE")] == 1 and gauge[("rollout", "PENDING_CREATION")] == 3
@@ -255,14 +329,24 @@ def test_restart_and_death_bookkeeping(fake_state):
     assert src.pid_roles() == {11: "trainer", 12: "rollout"}
     assert values(snap, "rlhf_ray_cluster_info") == {("2.60.0", "session_fake_1"): 1.0}
     # restarts grow (strings), an actor dies, a new one appears already restarted once
-    s.live = [row("a1", "WorkerDict", "ALIVE", "3", 11), row("a3", "AgentLoopWorker", "ALIVE", "2", 13),
-              row("a4", "RewardLoopWorker", "ALIVE", "1", 14)]
-    s.dead.append(dict(row("a2", "vLLMHttpServer", "DEAD"),
-                       death_cause={"actor_died_error_context": {"reason": "RAY_KILL"}}))
+    s.live = [
+        row("a1", "WorkerDict", "ALIVE", "3", 11),
+        row("a3", "AgentLoopWorker", "ALIVE", "2", 13),
+        row("a4", "RewardLoopWorker", "ALIVE", "1", 14),
+    ]
+    s.dead.append(
+        dict(
+            row("a2", "vLLMHttpServer", "DEAD"),
+            death_cause={"actor_died_error_context": {"reason": "RAY_KILL"}},
+        )
+    )
     snap = src.poll_once()
     restarts = values(snap, "rlhf_ray_actor_restarts_total")
     assert (restarts[("trainer",)], restarts[("agent_loop",)], restarts[("reward",)]) == (1, 1, 1)
-    assert values(snap, "rlhf_ray_actor_deaths_total") == {("driver", "UNKNOWN"): 0.0, ("rollout", "RAY_KILL"): 1.0}
+    assert values(snap, "rlhf_ray_actor_deaths_total") == {
+        ("driver", "UNKNOWN"): 0.0,
+        ("rollout", "RAY_KILL"): 1.0,
+    }
     # nothing changes: nothing is counted twice, and the DEAD list is not fetched again
     before = s.requests
     snap = src.poll_once()
@@ -271,8 +355,12 @@ def test_restart_and_death_bookkeeping(fake_state):
     assert s.requests - before == 7  # version, nodes, 3 summaries, ALIVE, RESTARTING
     # a new session (Ray restarted): its deaths are new, the counters keep growing
     s.session = "session_fake_2"
-    s.dead = [dict(row("x1", "WorkerDict", "DEAD"),
-                   death_cause={"actor_died_error_context": {"reason": "NODE_DIED"}})]
+    s.dead = [
+        dict(
+            row("x1", "WorkerDict", "DEAD"),
+            death_cause={"actor_died_error_context": {"reason": "NODE_DIED"}},
+        )
+    ]
     s.live = []
     snap = src.poll_once()
     deaths = values(snap, "rlhf_ray_actor_deaths_total")
@@ -281,10 +369,22 @@ def test_restart_and_death_bookkeeping(fake_state):
 
 
 def test_pids_only_mode_exports_no_actor_series(fake_state):
-    fake_state.live = [{"actor_id": "a1", "class_name": "WorkerDict", "state": "ALIVE", "pid": 77,
-                        "node_id": "n1"},
-                       {"actor_id": "a2", "class_name": "WorkerDict", "state": "ALIVE", "pid": 78,
-                        "node_id": "elsewhere"}]
+    fake_state.live = [
+        {
+            "actor_id": "a1",
+            "class_name": "WorkerDict",
+            "state": "ALIVE",
+            "pid": 77,
+            "node_id": "n1",
+        },
+        {
+            "actor_id": "a2",
+            "class_name": "WorkerDict",
+            "state": "ALIVE",
+            "pid": 78,
+            "node_id": "elsewhere",
+        },
+    ]
     src = RaySource(fake_state.url, interval=60, timeout=2, actors=False, node_ips=["127.0.0.1"])
     snap = src.poll_once()
     assert snap.up and {s.name for s in snap.samples} == {"rlhf_ray_cluster_info"}
@@ -303,8 +403,12 @@ from tests.support.ray_head import RayHead  # noqa: E402
 def head():
     h = RayHead()
     try:
-        ray.init(address=h.gcs_address, namespace="rlhf-exporter-tests", log_to_driver=False,
-                 configure_logging=False)
+        ray.init(
+            address=h.gcs_address,
+            namespace="rlhf-exporter-tests",
+            log_to_driver=False,
+            configure_logging=False,
+        )
         yield h
     finally:
         if ray.is_initialized():
@@ -338,10 +442,17 @@ def _classes():
     def colocated():
         class WorkerDict(Worker):
             pass
+
         return WorkerDict
 
     out = {"WorkerDict": colocated()}
-    for name in ("vLLMHttpServer", "AgentLoopWorker", "TaskRunner", "RewardLoopWorker", "MessageQueue"):
+    for name in (
+        "vLLMHttpServer",
+        "AgentLoopWorker",
+        "TaskRunner",
+        "RewardLoopWorker",
+        "MessageQueue",
+    ):
         out[name] = named(name, type(name, (Worker,), {}))
     return {name: ray.remote(num_cpus=0)(cls) for name, cls in out.items()}
 
@@ -350,9 +461,18 @@ def _classes():
 def cluster(head):
     classes = _classes()
     actors = {"WorkerDict": [classes["WorkerDict"].remote() for _ in range(2)]}
-    for name in ("vLLMHttpServer", "AgentLoopWorker", "TaskRunner", "RewardLoopWorker", "MessageQueue"):
+    for name in (
+        "vLLMHttpServer",
+        "AgentLoopWorker",
+        "TaskRunner",
+        "RewardLoopWorker",
+        "MessageQueue",
+    ):
         actors[name] = [classes[name].remote()]
-    pids = {name: ray.get([a.pid.remote() for a in group], timeout=120) for name, group in actors.items()}
+    pids = {
+        name: ray.get([a.pid.remote() for a in group], timeout=120)
+        for name, group in actors.items()
+    }
     return SimpleNamespace(classes=classes, actors=actors, pids=pids, head=head)
 
 
@@ -368,15 +488,28 @@ def test_real_actors_by_role_and_state(cluster):
     assert snap.up, snap.errors
     gauge = actors_gauge(snap)
     assert gauge[("trainer", "ALIVE")] == 2
-    assert (gauge[("rollout", "ALIVE")], gauge[("agent_loop", "ALIVE")], gauge[("driver", "ALIVE")],
-            gauge[("reward", "ALIVE")], gauge[("other", "ALIVE")]) == (1, 1, 1, 1, 1)
+    assert (
+        gauge[("rollout", "ALIVE")],
+        gauge[("agent_loop", "ALIVE")],
+        gauge[("driver", "ALIVE")],
+        gauge[("reward", "ALIVE")],
+        gauge[("other", "ALIVE")],
+    ) == (1, 1, 1, 1, 1)
     by_class = values(snap, "rlhf_ray_actors_by_class")
-    assert any(c.endswith("<locals>.WorkerDict") and n == 2 for (c, st), n in by_class.items() if st == "ALIVE")
-    (ray_version, session), = values(snap, "rlhf_ray_cluster_info")
+    assert any(
+        c.endswith("<locals>.WorkerDict") and n == 2
+        for (c, st), n in by_class.items()
+        if st == "ALIVE"
+    )
+    ((ray_version, session),) = values(snap, "rlhf_ray_cluster_info")
     assert ray_version == ray.__version__ and session.startswith("session_")
     # PIDs on this node, with their roles (for the GPU source)
     roles = src.pid_roles()
-    for name, role in [("WorkerDict", "trainer"), ("vLLMHttpServer", "rollout"), ("TaskRunner", "driver")]:
+    for name, role in [
+        ("WorkerDict", "trainer"),
+        ("vLLMHttpServer", "rollout"),
+        ("TaskRunner", "driver"),
+    ]:
         for pid in cluster.pids[name]:
             assert roles[pid] == role
     # rendered: every family comes from the catalog, labels are role/state, never an actor id
@@ -444,16 +577,26 @@ def test_real_gpu_memory_by_role_from_actor_pids(cluster, monkeypatch):
     ray_src = _source(cluster.head, actors=False)
     assert ray_src.poll_once().up
     trainer, rollout = cluster.pids["WorkerDict"][0], cluster.pids["vLLMHttpServer"][0]
-    gpus = [FakeGpu(0, processes=[(trainer, 40 << 30), (child, 30 << 30)]),
-            FakeGpu(1, processes=[(rollout, 1 << 30), (os.getpid(), 2 << 30), (2**22 + 7, 3 << 30)])]
+    gpus = [
+        FakeGpu(0, processes=[(trainer, 40 << 30), (child, 30 << 30)]),
+        FakeGpu(1, processes=[(rollout, 1 << 30), (os.getpid(), 2 << 30), (2**22 + 7, 3 << 30)]),
+    ]
     clock = FakeClock()
     monkeypatch.setitem(sys.modules, "pynvml", make_module(gpus, clock))
     src = NvmlSource(1.0, ray=ray_src, roles=True, clock=clock)
     clock.advance(1.0)
     snap = src.poll_once()
-    got = {(labels[0], labels[2]): v for labels, v in values(snap, "rlhf_gpu_role_memory_bytes").items()}
-    assert got == {("0", "trainer"): 40 << 30, ("0", "rollout"): 30 << 30, ("0", "unknown"): 0,
-                   ("1", "rollout"): 1 << 30, ("1", "unknown"): 5 << 30}
+    got = {
+        (labels[0], labels[2]): v
+        for labels, v in values(snap, "rlhf_gpu_role_memory_bytes").items()
+    }
+    assert got == {
+        ("0", "trainer"): 40 << 30,
+        ("0", "rollout"): 30 << 30,
+        ("0", "unknown"): 0,
+        ("1", "rollout"): 1 << 30,
+        ("1", "unknown"): 5 << 30,
+    }
 
 
 @pytest.mark.ray
@@ -480,25 +623,45 @@ def test_serve_with_ray_down_and_back(cluster, tmp_path):
     """Last in this module: stop Ray under a real `serve`; up goes 0, actor series go, the
     verl metrics keep being served; start Ray again on the same port: it recovers."""
     head = cluster.head
-    with Exporter(tmp_path, "--ray", "--ray-address", head.dashboard_url, "--ray-interval", "0.5",
-                  "--ray-timeout", "2") as exp:
+    with Exporter(
+        tmp_path,
+        "--ray",
+        "--ray-address",
+        head.dashboard_url,
+        "--ray-interval",
+        "0.5",
+        "--ray-timeout",
+        "2",
+    ) as exp:
         (exp.verl_root / "proj").mkdir()
         write_jsonl(exp.verl_root / "proj" / "exp1.jsonl", DEMO_PLAN[:1])
-        exp.wait_for(lambda: exp.value("rlhf_exporter_collector_up", collector="ray") == 1.0, 30, "ray up")
-        exp.wait_for(lambda: (exp.value("rlhf_ray_actors", role="trainer", state="ALIVE") or 0) >= 2, 30,
-                     "actors served")
-        steps = exp.wait_for(lambda: exp.value("rlhf_steps_total", project="proj"), 30, "verl steps")
+        exp.wait_for(
+            lambda: exp.value("rlhf_exporter_collector_up", collector="ray") == 1.0, 30, "ray up"
+        )
+        exp.wait_for(
+            lambda: (exp.value("rlhf_ray_actors", role="trainer", state="ALIVE") or 0) >= 2,
+            30,
+            "actors served",
+        )
+        steps = exp.wait_for(
+            lambda: exp.value("rlhf_steps_total", project="proj"), 30, "verl steps"
+        )
         (old_session,) = [dict(k)["session_name"] for k in exp.series("rlhf_ray_cluster_info")]
         ray.shutdown()  # the driver first: a driver whose GCS vanishes may end this process
         head.stop()
-        exp.wait_for(lambda: exp.value("rlhf_exporter_collector_up", collector="ray") == 0.0, 30, "ray down")
+        exp.wait_for(
+            lambda: exp.value("rlhf_exporter_collector_up", collector="ray") == 0.0, 30, "ray down"
+        )
         assert exp.value("rlhf_ray_actors") is None  # dropped, not served stale
         assert exp.value("rlhf_steps_total", project="proj") == steps  # verl keeps being served
         assert exp.alive()
         again = RayHead(dashboard_port=head.dashboard_port)
         try:
-            exp.wait_for(lambda: exp.value("rlhf_exporter_collector_up", collector="ray") == 1.0, 60,
-                         "ray recovered")
+            exp.wait_for(
+                lambda: exp.value("rlhf_exporter_collector_up", collector="ray") == 1.0,
+                60,
+                "ray recovered",
+            )
             (session,) = [dict(k)["session_name"] for k in exp.series("rlhf_ray_cluster_info")]
             assert session != old_session
             assert exp.value("rlhf_ray_actors", role="trainer", state="ALIVE") == 0
@@ -514,9 +677,11 @@ def test_truncated_and_malformed_rows(fake_state, caplog):
     """A truncated answer (more than 10,000 rows) is logged once and the DEAD list is read
     every poll; rows with missing or odd fields are counted as well as they can be, never a crash."""
     s = fake_state
-    s.live = [{"actor_id": "a1", "class_name": None, "state": "ALIVE", "num_restarts": "x", "pid": "NaN"},
-              {"actor_id": "a2", "class_name": "WorkerDict", "state": "ALIVE", "num_restarts": None},
-              {"state": "ALIVE"}]
+    s.live = [
+        {"actor_id": "a1", "class_name": None, "state": "ALIVE", "num_restarts": "x", "pid": "NaN"},
+        {"actor_id": "a2", "class_name": "WorkerDict", "state": "ALIVE", "num_restarts": None},
+        {"state": "ALIVE"},
+    ]
     original = s.answer
 
     def truncated(path, query):

@@ -1,4 +1,5 @@
 """The streaming JSONL reader: every good record exactly once, every bad line counted."""
+
 from __future__ import annotations
 
 import os
@@ -12,25 +13,45 @@ from exporter.reader import RecordReader, parse_line
 GOOD = st.builds(
     lambda step, data: {"step": step, "data": data},
     st.integers(min_value=0, max_value=10**6),
-    st.dictionaries(st.text(min_size=1, max_size=12),
-                    st.one_of(st.floats(allow_nan=False, allow_infinity=False), st.integers(-10, 10**9),
-                              st.none(), st.booleans(), st.text(max_size=8)), max_size=6),
+    st.dictionaries(
+        st.text(min_size=1, max_size=12),
+        st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.integers(-10, 10**9),
+            st.none(),
+            st.booleans(),
+            st.text(max_size=8),
+        ),
+        max_size=6,
+    ),
 )
 
 # (line bytes, the reason it must be rejected)
 GARBAGE = st.one_of(
-    st.binary(min_size=1, max_size=40).filter(lambda b: b"\n" not in b).map(lambda b: (b"\xff" + b, "not_utf8")),
-    st.text(alphabet="abc{}[]:,", min_size=1, max_size=20).filter(lambda t: _not_json(t)).map(
-        lambda t: (t.encode(), "invalid_json")),
-    st.sampled_from([
-        (b"[1, 2]", "not_object"), (b"42", "not_object"), (b'"step"', "not_object"),
-        (b'{"data": {}}', "bad_step"), (b'{"step": "3", "data": {}}', "bad_step"),
-        (b'{"step": true, "data": {}}', "bad_step"), (b'{"step": 1.5, "data": {}}', "bad_step"),
-        (b'{"step": null, "data": {}}', "bad_step"),
-        (b'{"step": 3}', "bad_data"), (b'{"step": 3, "data": [1]}', "bad_data"),
-        (b'{"step": 3, "data": null}', "bad_data"), (b"", "empty_line"), (b"   ", "empty_line"),
-        (b'{"step": 3, "data": {"a": 1}', "invalid_json"),
-    ]),
+    st.binary(min_size=1, max_size=40)
+    .filter(lambda b: b"\n" not in b)
+    .map(lambda b: (b"\xff" + b, "not_utf8")),
+    st.text(alphabet="abc{}[]:,", min_size=1, max_size=20)
+    .filter(lambda t: _not_json(t))
+    .map(lambda t: (t.encode(), "invalid_json")),
+    st.sampled_from(
+        [
+            (b"[1, 2]", "not_object"),
+            (b"42", "not_object"),
+            (b'"step"', "not_object"),
+            (b'{"data": {}}', "bad_step"),
+            (b'{"step": "3", "data": {}}', "bad_step"),
+            (b'{"step": true, "data": {}}', "bad_step"),
+            (b'{"step": 1.5, "data": {}}', "bad_step"),
+            (b'{"step": null, "data": {}}', "bad_step"),
+            (b'{"step": 3}', "bad_data"),
+            (b'{"step": 3, "data": [1]}', "bad_data"),
+            (b'{"step": 3, "data": null}', "bad_data"),
+            (b"", "empty_line"),
+            (b"   ", "empty_line"),
+            (b'{"step": 3, "data": {"a": 1}', "invalid_json"),
+        ]
+    ),
 )
 
 
@@ -51,8 +72,12 @@ def feed_in_pieces(reader: RecordReader, data: bytes, cuts: list[int]) -> list:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(st.one_of(GOOD.map(lambda r: ("good", r)), GARBAGE.map(lambda g: ("bad", g))), max_size=40),
-       st.lists(st.integers(min_value=0, max_value=10**6), max_size=8))
+@given(
+    st.lists(
+        st.one_of(GOOD.map(lambda r: ("good", r)), GARBAGE.map(lambda g: ("bad", g))), max_size=40
+    ),
+    st.lists(st.integers(min_value=0, max_value=10**6), max_size=8),
+)
 def test_garbage_interleaved_every_good_record_once_rejections_counted(items, cuts):
     data = b"".join((orjson.dumps(x) if kind == "good" else x[0]) + b"\n" for kind, x in items)
     reader = RecordReader()
@@ -75,7 +100,7 @@ def test_half_written_last_line_waits_for_its_newline(tmp_path):
     got = []
     with open(path, "wb", buffering=0) as w, open(path, "rb") as r:
         for i in range(len(line)):  # verl's writer, seen one byte at a time
-            w.write(line[i:i + 1])
+            w.write(line[i : i + 1])
             got += list(reader.feed(r.read()))
             if i < len(line) - 1:
                 assert got == [] and reader.pending_bytes == i + 1
@@ -91,7 +116,9 @@ def test_unfinished_line_at_the_end_is_counted_never_parsed():
 
 def test_truncated_and_rewritten_file_is_read_again_from_the_start(tmp_path):
     path = tmp_path / "job.jsonl"
-    path.write_bytes(b"".join(orjson.dumps({"step": i, "data": {}}) + b"\n" for i in range(5)) + b'{"step": 5,')
+    path.write_bytes(
+        b"".join(orjson.dumps({"step": i, "data": {}}) + b"\n" for i in range(5)) + b'{"step": 5,'
+    )
     reader = RecordReader()
     first = list(reader.feed(path.read_bytes()))
     path.write_bytes(orjson.dumps({"step": 0, "data": {"x": 1}}) + b"\n")  # verl restarted
@@ -115,7 +142,9 @@ def test_over_long_line_is_skipped_without_being_buffered():
 
 
 def test_old_verl_nan_tokens_parse_as_missing():
-    record = parse_line(b'{"step": 2, "data": {"timing_s/gen": NaN, "x": Infinity, "y": -Infinity, "z": 1.0}}')
+    record = parse_line(
+        b'{"step": 2, "data": {"timing_s/gen": NaN, "x": Infinity, "y": -Infinity, "z": 1.0}}'
+    )
     assert record.data == {"timing_s/gen": None, "x": None, "y": None, "z": 1.0}
 
 
@@ -131,6 +160,7 @@ def test_huge_integers_and_deep_nesting_are_handled():
 
 def test_reading_a_whole_real_file_in_small_chunks_equals_one_read(tmp_path):
     from exporter.demo.simulator import DEMO_PLAN, write_jsonl
+
     path = tmp_path / "demo.jsonl"
     write_jsonl(path, DEMO_PLAN)
     whole = list(RecordReader().feed(path.read_bytes()))

@@ -1,4 +1,5 @@
 """Generated files are current, and the catalog follows Prometheus naming rules."""
+
 from __future__ import annotations
 
 import re
@@ -16,18 +17,36 @@ def test_every_generated_file_is_current(thresholds):
 
 
 def test_render_check_command_exits_0_and_flags_a_stale_file(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "exporter", "render", "--check"], capture_output=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "exporter", "render", "--check"], capture_output=True
+    )
     assert ok.returncode == 0, ok.stderr
-    stale_root = subprocess.run([sys.executable, "-m", "exporter", "render", "--check", "docs",
-                                 "--root", str(tmp_path)], capture_output=True)
+    stale_root = subprocess.run(
+        [sys.executable, "-m", "exporter", "render", "--check", "docs", "--root", str(tmp_path)],
+        capture_output=True,
+    )
     assert stale_root.returncode == 1 and b"docs/metrics.md" in stale_root.stderr
-    unknown = subprocess.run([sys.executable, "-m", "exporter", "render", "nope"], capture_output=True)
+    unknown = subprocess.run(
+        [sys.executable, "-m", "exporter", "render", "nope"], capture_output=True
+    )
     assert unknown.returncode == 2
 
 
 def test_catalog_names_follow_prometheus_conventions():
-    units = ("_seconds", "_bytes", "_ratio", "_watts", "_celsius", "_hertz", "_tokens", "_total",
-             "_info", "_per_token", "_per_second", "_per_gpu_second")
+    units = (
+        "_seconds",
+        "_bytes",
+        "_ratio",
+        "_watts",
+        "_celsius",
+        "_hertz",
+        "_tokens",
+        "_total",
+        "_info",
+        "_per_token",
+        "_per_second",
+        "_per_gpu_second",
+    )
     for m in CATALOG:
         assert re.fullmatch(r"rlhf_[a-z0-9_]+", m.name), m.name
         assert (m.type == COUNTER) == m.name.endswith("_total"), m.name
@@ -40,7 +59,15 @@ def test_catalog_names_follow_prometheus_conventions():
     assert len(names) == len(set(names))
     # unit-less names are counts or identities; everything else names its base unit
     unitless = {n for n in names if not n.endswith(units)}
-    assert unitless <= {"rlhf_step", "rlhf_run", "rlhf_bottleneck", "rlhf_bottleneck_reason",
-                        "rlhf_change", "rlhf_ray_actors", "rlhf_ray_actors_by_class",
-                        "rlhf_exporter_collector_up", "rlhf_exporter_jobs",
-                        "rlhf_agent_loop_preempted_max"}, unitless
+    assert unitless <= {
+        "rlhf_step",
+        "rlhf_run",
+        "rlhf_bottleneck",
+        "rlhf_bottleneck_reason",
+        "rlhf_change",
+        "rlhf_ray_actors",
+        "rlhf_ray_actors_by_class",
+        "rlhf_exporter_collector_up",
+        "rlhf_exporter_jobs",
+        "rlhf_agent_loop_preempted_max",
+    }, unitless

@@ -5,6 +5,7 @@ least one firing and one not-firing case per alert, and the guards of issue 6. T
 cases use copies of the rules without annotations (promtool compares annotations exactly);
 the template cases check the full annotations of the committed files.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,7 @@ import yaml
 
 from exporter.diagnosis import GROUPS
 from exporter.metrics.catalog import NAMES
-from exporter.render import repo_root, stale
-from exporter.render import rules
+from exporter.render import repo_root, rules, stale
 from tests.support.prometheus import binary
 
 pytestmark = pytest.mark.prometheus
@@ -36,8 +36,13 @@ JOB = {**TARGET, "project": "p", "experiment": "e"}
 
 
 def test_render_check_passes_on_committed_files():
-    out = subprocess.run([sys.executable, "-m", "exporter", "render", "rules", "--check"],
-                         capture_output=True, text=True, cwd=REPO, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "render", "rules", "--check"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -49,17 +54,24 @@ def test_render_check_fails_on_a_stale_file(tmp_path, thresholds):
     assert stale(tmp_path, files) == []
     path = tmp_path / rules.DECISION_FILE
     path.write_text(path.read_text().replace(">= 0.7", ">= 0.6"))
-    out = subprocess.run([sys.executable, "-m", "exporter", "render", "rules", "--check",
-                          "--root", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "exporter", "render", "rules", "--check", "--root", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 1
     assert rules.DECISION_FILE in out.stderr
 
 
 def test_thresholds_come_from_the_thresholds_file(tmp_path):
     from exporter.config import load_thresholds
+
     cfg = tmp_path / "t.yaml"
-    cfg.write_text("alerts:\n  bound_fraction: 0.55\n  window: 1h\n  stall_min: 20m\n"
-                   "reason:\n  mfu_compute_bound: 0.4\n")
+    cfg.write_text(
+        "alerts:\n  bound_fraction: 0.55\n  window: 1h\n  stall_min: 20m\n"
+        "reason:\n  mfu_compute_bound: 0.4\n"
+    )
     th = load_thresholds(cfg)
     text = "".join(rules.rule_files(th).values())
     assert 'ratio_rate1h{verdict="rollout"} >= 0.55' in text
@@ -76,7 +88,9 @@ def test_scale_shrinks_windows_and_for(thresholds):
     decision = groups[rules.DECISION_FILE][0]["rules"]
     bound = next(r for r in decision if r["alert"] == "RLHFJobRolloutBound")
     assert bound["for"] == "9s"
-    stalled = next(r for r in groups[rules.OPERATIONS_FILE][0]["rules"] if r["alert"] == "RLHFJobStalled")
+    stalled = next(
+        r for r in groups[rules.OPERATIONS_FILE][0]["rules"] if r["alert"] == "RLHFJobStalled"
+    )
     assert stalled["for"] == "1200ms"
     assert "clamp_min(0.03 * rlhf_baseline_step_duration_seconds, 6)" in stalled["expr"]
 
@@ -114,8 +128,13 @@ def test_every_alert_carries_severity_for_summary_description_and_runbook():
         for part in ("**Meaning.**", "**Confirm.**", "**What to change.**", "```promql"):
             assert part in body, (r["alert"], part)
     severities = {r["alert"]: r["labels"]["severity"] for r in alerts}
-    assert severities["RLHFJobStalled"] == "critical" and severities["RLHFRayActorsDied"] == "critical"
-    assert [a for a, s in severities.items() if s == "critical"] == ["RLHFJobStalled", "RLHFRayActorsDied"]
+    assert (
+        severities["RLHFJobStalled"] == "critical" and severities["RLHFRayActorsDied"] == "critical"
+    )
+    assert [a for a, s in severities.items() if s == "critical"] == [
+        "RLHFJobStalled",
+        "RLHFRayActorsDied",
+    ]
 
 
 def test_one_bound_alert_per_decision_table_row_and_none_for_checkpoint():
@@ -128,12 +147,16 @@ def test_one_bound_alert_per_decision_table_row_and_none_for_checkpoint():
 
 def test_runbooks_reuse_the_advice_texts_and_name_verl_keys():
     from exporter.diagnosis.advice import LOOK_AT
+
     text = (REPO / rules.RUNBOOKS_FILE).read_text()
     for (verdict, _), look in LOOK_AT.items():
         if verdict != "checkpoint":
             assert look in text
-    for key in ("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
-                "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.nccl_timeout"):
+    for key in (
+        "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.nccl_timeout",
+    ):
         assert key in text
 
 
@@ -149,8 +172,12 @@ def test_rules_use_only_catalog_metrics_and_their_own_records():
 
 
 def test_promtool_check_rules_lint_all():
-    out = subprocess.run([binary("promtool"), "check", "rules", "--lint=all", *map(str, RULE_FILES)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [binary("promtool"), "check", "rules", "--lint=all", *map(str, RULE_FILES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("SUCCESS") == len(RULE_FILES)
 
@@ -158,15 +185,26 @@ def test_promtool_check_rules_lint_all():
 # ------------------------------------------------------------------------------------------
 # promtool test rules
 
+
 def series(metric: str, values: str, labels: dict | None = None, **extra: str) -> dict:
     lab = {**(JOB if labels is None else labels), **extra}
-    return {"series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in lab.items()) + "}",
-            "values": values}
+    return {
+        "series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in lab.items()) + "}",
+        "values": values,
+    }
 
 
-def alert(name: str, severity: str, category: str, labels: dict | None = None, **extra: str) -> dict:
-    return {"exp_labels": {"severity": severity, "category": category,
-                           **(JOB if labels is None else labels), **extra}}
+def alert(
+    name: str, severity: str, category: str, labels: dict | None = None, **extra: str
+) -> dict:
+    return {
+        "exp_labels": {
+            "severity": severity,
+            "category": category,
+            **(JOB if labels is None else labels),
+            **extra,
+        }
+    }
 
 
 def case(at: str, name: str, *expected: dict) -> dict:
@@ -182,186 +220,474 @@ def bound_firing(verdict: str) -> dict:
 
 def steps(**per_minute: float) -> list[dict]:
     """Verdict step counters growing by `per_minute[verdict]` each minute for 60 minutes."""
-    return [series("rlhf_bottleneck_steps_total", f"0+{n:g}x60", verdict=v) for v, n in per_minute.items()]
+    return [
+        series("rlhf_bottleneck_steps_total", f"0+{n:g}x60", verdict=v)
+        for v, n in per_minute.items()
+    ]
 
 
 def logic_cases() -> list[dict]:
     tests = []
     # One bound alert per verdict: fires when >= 70% of the window's steps had it, for 15m.
     for verdict in BOUND:
-        tests.append({"interval": "1m", "input_series": steps(**{verdict: 9, "balanced": 1}),
-                      "alert_rule_test": [case("50m", BOUND[verdict], bound_firing(verdict)),
-                                          case("10m", BOUND[verdict])]  # still pending
-                                         + [case("50m", BOUND[v]) for v in BOUND if v != verdict]})
-        tests.append({"interval": "1m", "input_series": steps(**{verdict: 6, "balanced": 4}),
-                      "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND]})
+        tests.append(
+            {
+                "interval": "1m",
+                "input_series": steps(**{verdict: 9, "balanced": 1}),
+                "alert_rule_test": [
+                    case("50m", BOUND[verdict], bound_firing(verdict)),
+                    case("10m", BOUND[verdict]),
+                ]  # still pending
+                + [case("50m", BOUND[v]) for v in BOUND if v != verdict],
+            }
+        )
+        tests.append(
+            {
+                "interval": "1m",
+                "input_series": steps(**{verdict: 6, "balanced": 4}),
+                "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
+            }
+        )
     # Guard: checkpoint steps never fire a bound alert, and do not count as the job's verdict.
-    tests.append({"interval": "1m", "input_series": steps(checkpoint=10),
-                  "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND]})
-    tests.append({"interval": "1m", "input_series": steps(rollout=6, checkpoint=4),
-                  "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND]})
-    tests.append({"interval": "1m", "input_series": steps(rollout=9, checkpoint=1),
-                  "alert_rule_test": [case("50m", BOUND["rollout"], bound_firing("rollout"))]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": steps(checkpoint=10),
+            "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": steps(rollout=6, checkpoint=4),
+            "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": steps(rollout=9, checkpoint=1),
+            "alert_rule_test": [case("50m", BOUND["rollout"], bound_firing("rollout"))],
+        }
+    )
     # Guard: a balanced job fires no bound alert.
-    tests.append({"interval": "1m", "input_series": steps(balanced=10, unknown=1),
-                  "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": steps(balanced=10, unknown=1),
+            "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
+        }
+    )
 
     # Regression: 5 steps regressed update, then it became the new normal.
     reg = "0x10 1+1x4 5x40"
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_regression_steps_total", reg, group="update"),
-        series("rlhf_regression_steps_total", "0x55", group="rollout"),
-        series("rlhf_change_steps_total", "0x10 1+1x4 5x40", kind="regression")],
-        "alert_rule_test": [
-            case("30m", "RLHFJobRegression", alert("RLHFJobRegression", "warning", "regression", group="update")),
-            case("14m", "RLHFJobRegression"),  # pending
-            case("55m", "RLHFJobRegression"),  # out of the window: the new normal
-        ]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_regression_steps_total", reg, group="update"),
+                series("rlhf_regression_steps_total", "0x55", group="rollout"),
+                series("rlhf_change_steps_total", "0x10 1+1x4 5x40", kind="regression"),
+            ],
+            "alert_rule_test": [
+                case(
+                    "30m",
+                    "RLHFJobRegression",
+                    alert("RLHFJobRegression", "warning", "regression", group="update"),
+                ),
+                case("14m", "RLHFJobRegression"),  # pending
+                case("55m", "RLHFJobRegression"),  # out of the window: the new normal
+            ],
+        }
+    )
     # Guard: a workload shift never fires the regression alert.
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_regression_steps_total", "0x55", group="update"),
-        series("rlhf_change_steps_total", "0x10 1+1x20 21x20", kind="workload_shift"),
-        series("rlhf_change_steps_total", "0+1x55", kind="none")],
-        "alert_rule_test": [case("30m", "RLHFJobRegression")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_regression_steps_total", "0x55", group="update"),
+                series("rlhf_change_steps_total", "0x10 1+1x20 21x20", kind="workload_shift"),
+                series("rlhf_change_steps_total", "0+1x55", kind="none"),
+            ],
+            "alert_rule_test": [case("30m", "RLHFJobRegression")],
+        }
+    )
     # A single slow step is not sustained.
-    tests.append({"interval": "1m", "input_series": [series("rlhf_regression_steps_total", "0x10 1x40", group="sync")],
-                  "alert_rule_test": [case("30m", "RLHFJobRegression")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [series("rlhf_regression_steps_total", "0x10 1x40", group="sync")],
+            "alert_rule_test": [case("30m", "RLHFJobRegression")],
+        }
+    )
 
     # Throughput: 1000 tokens/s of step time, then 333 from minute 60.
     tok_drop = "0+60000x60 3620000+20000x100"
     step_s = "0+60x160"
     base = "1000x60 400x100"
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_tokens_total", tok_drop), series("rlhf_step_seconds_total", step_s),
-        series("rlhf_baseline_tokens_per_second", base),
-        series("rlhf_change_steps_total", "0x160", kind="workload_shift")],
-        "alert_rule_test": [
-            case("120m", "RLHFJobThroughputBelowBaseline",
-                 alert("RLHFJobThroughputBelowBaseline", "warning", "throughput")),
-            case("55m", "RLHFJobThroughputBelowBaseline")]})
-    tests.append({"interval": "1m", "input_series": [  # the same drop during a workload shift
-        series("rlhf_tokens_total", tok_drop), series("rlhf_step_seconds_total", step_s),
-        series("rlhf_baseline_tokens_per_second", base),
-        series("rlhf_change_steps_total", "0x60 1+1x100", kind="workload_shift")],
-        "alert_rule_test": [case("120m", "RLHFJobThroughputBelowBaseline")]})
-    tests.append({"interval": "1m", "input_series": [  # steady
-        series("rlhf_tokens_total", "0+60000x160"), series("rlhf_step_seconds_total", step_s),
-        series("rlhf_baseline_tokens_per_second", "1000x160")],
-        "alert_rule_test": [case("120m", "RLHFJobThroughputBelowBaseline")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_tokens_total", tok_drop),
+                series("rlhf_step_seconds_total", step_s),
+                series("rlhf_baseline_tokens_per_second", base),
+                series("rlhf_change_steps_total", "0x160", kind="workload_shift"),
+            ],
+            "alert_rule_test": [
+                case(
+                    "120m",
+                    "RLHFJobThroughputBelowBaseline",
+                    alert("RLHFJobThroughputBelowBaseline", "warning", "throughput"),
+                ),
+                case("55m", "RLHFJobThroughputBelowBaseline"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # the same drop during a workload shift
+                series("rlhf_tokens_total", tok_drop),
+                series("rlhf_step_seconds_total", step_s),
+                series("rlhf_baseline_tokens_per_second", base),
+                series("rlhf_change_steps_total", "0x60 1+1x100", kind="workload_shift"),
+            ],
+            "alert_rule_test": [case("120m", "RLHFJobThroughputBelowBaseline")],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # steady
+                series("rlhf_tokens_total", "0+60000x160"),
+                series("rlhf_step_seconds_total", step_s),
+                series("rlhf_baseline_tokens_per_second", "1000x160"),
+            ],
+            "alert_rule_test": [case("120m", "RLHFJobThroughputBelowBaseline")],
+        }
+    )
 
     # Stalled: steps every minute until minute 30, baseline step 60 s -> limit max(180 s, 10m).
     last = "0+60x30 1800x60"
     up = series("up", "1x90", TARGET)
     stalled = alert("RLHFJobStalled", "critical", "job")
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_last_step_timestamp_seconds", last), series("rlhf_baseline_step_duration_seconds", "60x90"), up],
-        "alert_rule_test": [case("45m", "RLHFJobStalled", stalled), case("38m", "RLHFJobStalled"),
-                            case("25m", "RLHFJobStalled")]})
-    tests.append({"interval": "1m", "input_series": [  # long steps: 3 x 400 s = 20m
-        series("rlhf_last_step_timestamp_seconds", last), series("rlhf_baseline_step_duration_seconds", "400x90"), up],
-        "alert_rule_test": [case("45m", "RLHFJobStalled"), case("55m", "RLHFJobStalled", stalled)]})
-    tests.append({"interval": "1m", "input_series": [  # no baseline yet: the 10m floor
-        series("rlhf_last_step_timestamp_seconds", last), up],
-        "alert_rule_test": [case("45m", "RLHFJobStalled", stalled)]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", last),
+                series("rlhf_baseline_step_duration_seconds", "60x90"),
+                up,
+            ],
+            "alert_rule_test": [
+                case("45m", "RLHFJobStalled", stalled),
+                case("38m", "RLHFJobStalled"),
+                case("25m", "RLHFJobStalled"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # long steps: 3 x 400 s = 20m
+                series("rlhf_last_step_timestamp_seconds", last),
+                series("rlhf_baseline_step_duration_seconds", "400x90"),
+                up,
+            ],
+            "alert_rule_test": [
+                case("45m", "RLHFJobStalled"),
+                case("55m", "RLHFJobStalled", stalled),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # no baseline yet: the 10m floor
+                series("rlhf_last_step_timestamp_seconds", last),
+                up,
+            ],
+            "alert_rule_test": [case("45m", "RLHFJobStalled", stalled)],
+        }
+    )
     # Guard: a finished job that the exporter stops exporting does not page.
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_last_step_timestamp_seconds", "0+60x30 stale"),
-        series("rlhf_baseline_step_duration_seconds", "60x30 stale"), up],
-        "alert_rule_test": [case("45m", "RLHFJobStalled"), case("80m", "RLHFJobStalled")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", "0+60x30 stale"),
+                series("rlhf_baseline_step_duration_seconds", "60x30 stale"),
+                up,
+            ],
+            "alert_rule_test": [case("45m", "RLHFJobStalled"), case("80m", "RLHFJobStalled")],
+        }
+    )
     # Guard: not while the exporter is down (RLHFExporterDown covers it).
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_last_step_timestamp_seconds", last), series("up", "1x30 0x60", TARGET)],
-        "alert_rule_test": [case("45m", "RLHFJobStalled")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", last),
+                series("up", "1x30 0x60", TARGET),
+            ],
+            "alert_rule_test": [case("45m", "RLHFJobStalled")],
+        }
+    )
     # Ray watched: a hang (actors ALIVE) pages; a job whose actors are all gone does not.
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_last_step_timestamp_seconds", last), up,
-        series("rlhf_ray_actors", "8x90", TARGET, role="actor", state="ALIVE")],
-        "alert_rule_test": [case("45m", "RLHFJobStalled", stalled)]})
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_last_step_timestamp_seconds", last), up,
-        series("rlhf_ray_actors", "8x30 0x60", TARGET, role="actor", state="ALIVE"),
-        series("rlhf_ray_actors", "0x30 8x60", TARGET, role="actor", state="DEAD")],
-        "alert_rule_test": [case("45m", "RLHFJobStalled")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", last),
+                up,
+                series("rlhf_ray_actors", "8x90", TARGET, role="actor", state="ALIVE"),
+            ],
+            "alert_rule_test": [case("45m", "RLHFJobStalled", stalled)],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", last),
+                up,
+                series("rlhf_ray_actors", "8x30 0x60", TARGET, role="actor", state="ALIVE"),
+                series("rlhf_ray_actors", "0x30 8x60", TARGET, role="actor", state="DEAD"),
+            ],
+            "alert_rule_test": [case("45m", "RLHFJobStalled")],
+        }
+    )
 
     # Ray actors died: a death counter that appears at minute 10 with its first death.
     died = alert("RLHFRayActorsDied", "critical", "ray", TARGET, role="actor")
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_ray_actor_deaths_total", "_x9 1x50", TARGET, role="actor", reason="OOM")],
-        "alert_rule_test": [case("11m", "RLHFRayActorsDied", died), case("5m", "RLHFRayActorsDied"),
-                            case("40m", "RLHFRayActorsDied")]})
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_ray_actor_deaths_total", "0x20 2x30", TARGET, role="actor", reason="NODE_DIED"),
-        series("rlhf_ray_actor_deaths_total", "3x50", TARGET, role="rollout", reason="OOM")],
-        "alert_rule_test": [case("25m", "RLHFRayActorsDied", died), case("45m", "RLHFRayActorsDied")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series(
+                    "rlhf_ray_actor_deaths_total", "_x9 1x50", TARGET, role="actor", reason="OOM"
+                )
+            ],
+            "alert_rule_test": [
+                case("11m", "RLHFRayActorsDied", died),
+                case("5m", "RLHFRayActorsDied"),
+                case("40m", "RLHFRayActorsDied"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series(
+                    "rlhf_ray_actor_deaths_total",
+                    "0x20 2x30",
+                    TARGET,
+                    role="actor",
+                    reason="NODE_DIED",
+                ),
+                series("rlhf_ray_actor_deaths_total", "3x50", TARGET, role="rollout", reason="OOM"),
+            ],
+            "alert_rule_test": [
+                case("25m", "RLHFRayActorsDied", died),
+                case("45m", "RLHFRayActorsDied"),
+            ],
+        }
+    )
 
     # Restarting.
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_ray_actor_restarts_total", "0x10 1x50", TARGET, role="rollout")],
-        "alert_rule_test": [
-            case("12m", "RLHFRayActorsRestarting", alert("RLHFRayActorsRestarting", "warning", "ray", TARGET, role="rollout")),
-            case("8m", "RLHFRayActorsRestarting"), case("40m", "RLHFRayActorsRestarting")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_ray_actor_restarts_total", "0x10 1x50", TARGET, role="rollout")
+            ],
+            "alert_rule_test": [
+                case(
+                    "12m",
+                    "RLHFRayActorsRestarting",
+                    alert("RLHFRayActorsRestarting", "warning", "ray", TARGET, role="rollout"),
+                ),
+                case("8m", "RLHFRayActorsRestarting"),
+                case("40m", "RLHFRayActorsRestarting"),
+            ],
+        }
+    )
 
     # Pending creation for 10m.
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_ray_actors", "2x30", TARGET, role="actor", state="PENDING_CREATION"),
-        series("rlhf_ray_actors", "3x5 0x25", TARGET, role="rollout", state="PENDING_CREATION")],
-        "alert_rule_test": [
-            case("15m", "RLHFRayActorsPending", alert("RLHFRayActorsPending", "warning", "ray", TARGET,
-                                                      role="actor", state="PENDING_CREATION")),
-            case("5m", "RLHFRayActorsPending")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_ray_actors", "2x30", TARGET, role="actor", state="PENDING_CREATION"),
+                series(
+                    "rlhf_ray_actors", "3x5 0x25", TARGET, role="rollout", state="PENDING_CREATION"
+                ),
+            ],
+            "alert_rule_test": [
+                case(
+                    "15m",
+                    "RLHFRayActorsPending",
+                    alert(
+                        "RLHFRayActorsPending",
+                        "warning",
+                        "ray",
+                        TARGET,
+                        role="actor",
+                        state="PENDING_CREATION",
+                    ),
+                ),
+                case("5m", "RLHFRayActorsPending"),
+            ],
+        }
+    )
 
     # GPUs idle while steps progress (busy 20% of the time, two GPUs).
-    gpus = [series("rlhf_gpu_busy_seconds_total", "0+12x60", TARGET, gpu=str(i), uuid=f"GPU-{i}") for i in (0, 1)]
+    gpus = [
+        series("rlhf_gpu_busy_seconds_total", "0+12x60", TARGET, gpu=str(i), uuid=f"GPU-{i}")
+        for i in (0, 1)
+    ]
     idle = alert("RLHFGPUsIdleWhileStepping", "warning", "gpu", TARGET)
-    tests.append({"interval": "1m", "input_series": gpus + [series("rlhf_steps_total", "0+1x60")],
-                  "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping", idle),
-                                      case("10m", "RLHFGPUsIdleWhileStepping")]})
-    tests.append({"interval": "1m", "input_series": gpus + [series("rlhf_steps_total", "5x60")],  # no steps
-                  "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")]})
-    tests.append({"interval": "1m", "input_series": [  # busy
-        series("rlhf_gpu_busy_seconds_total", "0+54x60", TARGET, gpu="0", uuid="GPU-0"),
-        series("rlhf_steps_total", "0+1x60")],
-        "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": gpus + [series("rlhf_steps_total", "0+1x60")],
+            "alert_rule_test": [
+                case("50m", "RLHFGPUsIdleWhileStepping", idle),
+                case("10m", "RLHFGPUsIdleWhileStepping"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": gpus + [series("rlhf_steps_total", "5x60")],  # no steps
+            "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # busy
+                series("rlhf_gpu_busy_seconds_total", "0+54x60", TARGET, gpu="0", uuid="GPU-0"),
+                series("rlhf_steps_total", "0+1x60"),
+            ],
+            "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")],
+        }
+    )
 
     # Collectors. Guard: a never-successful collector is down but not stale.
     coll = {**TARGET, "collector": "ray"}
-    tests.append({"interval": "1m", "input_series": [series("rlhf_exporter_collector_up", "0x40", coll)],
-                  "alert_rule_test": [
-                      case("6m", "RLHFExporterCollectorDown", alert("RLHFExporterCollectorDown", "warning", "exporter", coll)),
-                      case("3m", "RLHFExporterCollectorDown"),
-                      case("30m", "RLHFExporterCollectorStale")]})
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_exporter_collector_up", "1x10 0x40", coll),
-        series("rlhf_exporter_collector_last_success_timestamp_seconds", "0+60x10 600x40", coll)],
-        "alert_rule_test": [
-            case("31m", "RLHFExporterCollectorStale", alert("RLHFExporterCollectorStale", "warning", "exporter", coll)),
-            case("28m", "RLHFExporterCollectorStale")]})
-    tests.append({"interval": "1m", "input_series": [
-        series("rlhf_exporter_collector_up", "1x40", coll),
-        series("rlhf_exporter_collector_last_success_timestamp_seconds", "0+60x40", coll)],
-        "alert_rule_test": [case("30m", "RLHFExporterCollectorStale"), case("30m", "RLHFExporterCollectorDown")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [series("rlhf_exporter_collector_up", "0x40", coll)],
+            "alert_rule_test": [
+                case(
+                    "6m",
+                    "RLHFExporterCollectorDown",
+                    alert("RLHFExporterCollectorDown", "warning", "exporter", coll),
+                ),
+                case("3m", "RLHFExporterCollectorDown"),
+                case("30m", "RLHFExporterCollectorStale"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_exporter_collector_up", "1x10 0x40", coll),
+                series(
+                    "rlhf_exporter_collector_last_success_timestamp_seconds", "0+60x10 600x40", coll
+                ),
+            ],
+            "alert_rule_test": [
+                case(
+                    "31m",
+                    "RLHFExporterCollectorStale",
+                    alert("RLHFExporterCollectorStale", "warning", "exporter", coll),
+                ),
+                case("28m", "RLHFExporterCollectorStale"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_exporter_collector_up", "1x40", coll),
+                series("rlhf_exporter_collector_last_success_timestamp_seconds", "0+60x40", coll),
+            ],
+            "alert_rule_test": [
+                case("30m", "RLHFExporterCollectorStale"),
+                case("30m", "RLHFExporterCollectorDown"),
+            ],
+        }
+    )
 
     # The exporter: down, absent.
-    tests.append({"interval": "1m", "input_series": [series("up", "0x10", TARGET)],
-                  "alert_rule_test": [
-                      case("6m", "RLHFExporterDown", alert("RLHFExporterDown", "warning", "exporter", TARGET)),
-                      case("3m", "RLHFExporterDown"), case("6m", "RLHFExporterAbsent")]})
-    tests.append({"interval": "1m", "input_series": [series("up", "1x10", TARGET),
-                                                     series("up", "1x10", {"job": "node", "instance": "n:1"})],
-                  "alert_rule_test": [case("6m", "RLHFExporterDown"), case("6m", "RLHFExporterAbsent")]})
-    tests.append({"interval": "1m", "input_series": [series("up", "1x10", {"job": "node", "instance": "n:1"})],
-                  "alert_rule_test": [
-                      case("6m", "RLHFExporterAbsent", alert("RLHFExporterAbsent", "warning", "exporter", {})),
-                      case("3m", "RLHFExporterAbsent")]})
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [series("up", "0x10", TARGET)],
+            "alert_rule_test": [
+                case(
+                    "6m",
+                    "RLHFExporterDown",
+                    alert("RLHFExporterDown", "warning", "exporter", TARGET),
+                ),
+                case("3m", "RLHFExporterDown"),
+                case("6m", "RLHFExporterAbsent"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("up", "1x10", TARGET),
+                series("up", "1x10", {"job": "node", "instance": "n:1"}),
+            ],
+            "alert_rule_test": [case("6m", "RLHFExporterDown"), case("6m", "RLHFExporterAbsent")],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [series("up", "1x10", {"job": "node", "instance": "n:1"})],
+            "alert_rule_test": [
+                case(
+                    "6m",
+                    "RLHFExporterAbsent",
+                    alert("RLHFExporterAbsent", "warning", "exporter", {}),
+                ),
+                case("3m", "RLHFExporterAbsent"),
+            ],
+        }
+    )
     return tests
 
 
 def run_promtool_tests(tmp_path: Path, rule_files: list[Path], tests: list[dict]) -> None:
     spec = tmp_path / "tests.yaml"
-    spec.write_text(yaml.safe_dump({"rule_files": [str(p) for p in rule_files],
-                                    "evaluation_interval": "1m", "tests": tests}, sort_keys=False))
-    out = subprocess.run([binary("promtool"), "test", "rules", str(spec)],
-                         capture_output=True, text=True, timeout=120)
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "rule_files": [str(p) for p in rule_files],
+                "evaluation_interval": "1m",
+                "tests": tests,
+            },
+            sort_keys=False,
+        )
+    )
+    out = subprocess.run(
+        [binary("promtool"), "test", "rules", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
     assert "SUCCESS" in out.stdout
 
@@ -392,8 +718,12 @@ def test_promtool_annotations(tmp_path):
     """The committed files' templates, expanded by promtool: reasons, evidence, advice."""
     base = "https://github.com/rlhf-exporter/rlhf-exporter/blob/main/docs/runbooks.md#"
     rollout = steps(rollout=9, balanced=1) + [
-        series("rlhf_bottleneck_reason_steps_total", "0+8x60", verdict="rollout", reason="long_tail"),
-        series("rlhf_bottleneck_reason_steps_total", "0+1x60", verdict="rollout", reason="generation"),
+        series(
+            "rlhf_bottleneck_reason_steps_total", "0+8x60", verdict="rollout", reason="long_tail"
+        ),
+        series(
+            "rlhf_bottleneck_reason_steps_total", "0+1x60", verdict="rollout", reason="generation"
+        ),
         series("rlhf_group_seconds_total", "0+40x60", group="rollout"),
         series("rlhf_group_seconds_total", "0+10x60", group="update"),
         series("rlhf_group_seconds_total", "0+10x60", group="other"),
@@ -409,7 +739,8 @@ def test_promtool_annotations(tmp_path):
             "Dominant reason: long_tail, in 88.89% of these steps: a few long samples hold the batch "
             "(max >> mean). Look next at: response length cap, partial rollout, over-sampling.\n"
             "Evidence: the rollout window took 66.67% of step time; agent-loop generate_sequences "
-            "max/mean 3.0 (long tail at >= 2); most preemptions of one sample 0."),
+            "max/mean 3.0 (long tail at >= 2); most preemptions of one sample 0."
+        ),
         "reason": "long_tail",
         "runbook_url": base + "rlhfjobrolloutbound",
     }
@@ -425,29 +756,58 @@ def test_promtool_annotations(tmp_path):
             "Dominant reason: low_mfu, in 100% of these steps: MFU is low: the GPUs are under-used. "
             "Look next at: micro-batch size, dynamic bsz, offload, communication.\n"
             "Evidence: the update window took n/a of step time; last step's MFU (perf/mfu/actor) 14% "
-            "(compute-bound at >= 30%, 0 means unknown)."),
+            "(compute-bound at >= 30%, 0 means unknown)."
+        ),
         "reason": "low_mfu",
         "runbook_url": base + "rlhfjobupdatebound",
     }
-    stall = [series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x60"),
-             series("rlhf_baseline_step_duration_seconds", "60x90"), series("up", "1x90", TARGET)]
+    stall = [
+        series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x60"),
+        series("rlhf_baseline_step_duration_seconds", "60x90"),
+        series("up", "1x90", TARGET),
+    ]
     stall_ann = {
         "summary": "p/e has made no step for 15m 0s",
-        "description": ("No new step of p/e for 15m 0s (limit: max(3 x its baseline step time of 1m 0s, 10m)) "
-                        "while its exporter e:9 is up. An NCCL hang ends in ActorDiedError only after "
-                        "actor_rollout_ref.nccl_timeout (600 s)."),
+        "description": (
+            "No new step of p/e for 15m 0s (limit: max(3 x its baseline step time of 1m 0s, 10m)) "
+            "while its exporter e:9 is up. An NCCL hang ends in ActorDiedError only after "
+            "actor_rollout_ref.nccl_timeout (600 s)."
+        ),
         "runbook_url": base + "rlhfjobstalled",
     }
     tests = [
-        {"interval": "1m", "input_series": rollout, "alert_rule_test": [
-            {**case("50m", BOUND["rollout"], bound_firing("rollout")),
-             "exp_alerts": [{**bound_firing("rollout"), "exp_annotations": rollout_ann}]}]},
-        {"interval": "1m", "input_series": update, "alert_rule_test": [
-            {**case("50m", BOUND["update"]),
-             "exp_alerts": [{**bound_firing("update"), "exp_annotations": update_ann}]}]},
-        {"interval": "1m", "input_series": stall, "alert_rule_test": [
-            {**case("45m", "RLHFJobStalled"),
-             "exp_alerts": [{**alert("RLHFJobStalled", "critical", "job"), "exp_annotations": stall_ann}]}]},
+        {
+            "interval": "1m",
+            "input_series": rollout,
+            "alert_rule_test": [
+                {
+                    **case("50m", BOUND["rollout"], bound_firing("rollout")),
+                    "exp_alerts": [{**bound_firing("rollout"), "exp_annotations": rollout_ann}],
+                }
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": update,
+            "alert_rule_test": [
+                {
+                    **case("50m", BOUND["update"]),
+                    "exp_alerts": [{**bound_firing("update"), "exp_annotations": update_ann}],
+                }
+            ],
+        },
+        {
+            "interval": "1m",
+            "input_series": stall,
+            "alert_rule_test": [
+                {
+                    **case("45m", "RLHFJobStalled"),
+                    "exp_alerts": [
+                        {**alert("RLHFJobStalled", "critical", "job"), "exp_annotations": stall_ann}
+                    ],
+                }
+            ],
+        },
     ]
     run_promtool_tests(tmp_path, RULE_FILES, tests)
 
@@ -457,32 +817,56 @@ def test_promtool_annotations(tmp_path):
 
 
 def test_amtool_check_config():
-    out = subprocess.run([binary("amtool"), "check-config", str(AM_EXAMPLE)],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [binary("amtool"), "check-config", str(AM_EXAMPLE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS" in out.stdout and "3 inhibit rules" in out.stdout
 
 
-@pytest.mark.parametrize("labels, receiver", [
-    (["severity=critical", "alertname=RLHFJobStalled", "project=p", "experiment=e"], "pager"),
-    (["severity=critical", "alertname=RLHFRayActorsDied", "role=actor"], "pager"),
-    (["severity=warning", "alertname=RLHFJobRegression", "category=regression"], "chat"),
-    (["severity=warning", "alertname=RLHFExporterDown", "category=exporter"], "chat"),
-    (["severity=info", "alertname=RLHFJobRolloutBound", "category=bottleneck"], "team-chat"),
-])
+@pytest.mark.parametrize(
+    "labels, receiver",
+    [
+        (["severity=critical", "alertname=RLHFJobStalled", "project=p", "experiment=e"], "pager"),
+        (["severity=critical", "alertname=RLHFRayActorsDied", "role=actor"], "pager"),
+        (["severity=warning", "alertname=RLHFJobRegression", "category=regression"], "chat"),
+        (["severity=warning", "alertname=RLHFExporterDown", "category=exporter"], "chat"),
+        (["severity=info", "alertname=RLHFJobRolloutBound", "category=bottleneck"], "team-chat"),
+    ],
+)
 def test_amtool_routes(labels, receiver):
-    out = subprocess.run([binary("amtool"), "config", "routes", "test", f"--config.file={AM_EXAMPLE}",
-                          f"--verify.receivers={receiver}", *labels],
-                         capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [
+            binary("amtool"),
+            "config",
+            "routes",
+            "test",
+            f"--config.file={AM_EXAMPLE}",
+            f"--verify.receivers={receiver}",
+            *labels,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.strip() == receiver
 
 
 def test_alertmanager_example_inhibits_bound_alerts_of_a_stalled_job():
     config = yaml.safe_load(AM_EXAMPLE.read_text())
-    rule = next(r for r in config["inhibit_rules"] if 'alertname="RLHFJobStalled"' in r["source_matchers"])
+    rule = next(
+        r for r in config["inhibit_rules"] if 'alertname="RLHFJobStalled"' in r["source_matchers"]
+    )
     assert rule["equal"] == ["project", "experiment"]
     assert config["route"]["group_by"] == ["project", "experiment"]
-    categories = {r["labels"]["category"] for r in all_rules() if "alert" in r and r["alert"] in BOUND.values()}
+    categories = {
+        r["labels"]["category"]
+        for r in all_rules()
+        if "alert" in r and r["alert"] in BOUND.values()
+    }
     assert categories == {"bottleneck"}
     assert re.fullmatch(rule["target_matchers"][0].split("=~")[1].strip('"'), "bottleneck")

@@ -1,4 +1,5 @@
 """`rlhf-exporter serve` as a process: settings, --help, logs, --demo, shutdown, readiness."""
+
 from __future__ import annotations
 
 import json
@@ -12,25 +13,37 @@ import time
 import pytest
 import requests
 import yaml
+from prometheus_client import generate_latest
 
 from exporter import settings
 from exporter.demo.simulator import REGIMES, encode, write_jsonl
 from exporter.metrics.collector import families
 from exporter.server import Endpoints, make_server
 from exporter.sources.verl_files import VerlFileSource
-from prometheus_client import generate_latest
 from tests.support.procs import exporter_cmd, free_port
 from tests.support.serve import Exporter
 
 
 def test_help_documents_every_setting():
-    out = subprocess.run(exporter_cmd("serve", "--help"), capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "COLUMNS": "200"})
+    out = subprocess.run(
+        exporter_cmd("serve", "--help"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert out.returncode == 0
     for option in settings.OPTIONS:
         assert settings.flag(option) in out.stdout, option.name
         assert settings.env_name(option) in out.stdout, option.name
-    for endpoint in ("/metrics", "/healthz", "/readyz", "/api/v1/records", "--config", str(settings.DEFAULT_PORT)):
+    for endpoint in (
+        "/metrics",
+        "/healthz",
+        "/readyz",
+        "/api/v1/records",
+        "--config",
+        str(settings.DEFAULT_PORT),
+    ):
         assert endpoint in out.stdout
 
 
@@ -55,11 +68,25 @@ def test_demo_shows_changing_diagnoses(tmp_path):
     with Exporter(tmp_path, "--demo", "--demo-step-seconds", "0.03") as exp:
         lab = {"project": "demo", "experiment": "grpo-simulated"}
         # one full pass of the plan, then the restart (truncation) starts run 1
-        exp.wait_for(lambda: (exp.value("rlhf_run", **lab) or 0) >= 1, timeout=30, what="the demo's second run")
+        exp.wait_for(
+            lambda: (exp.value("rlhf_run", **lab) or 0) >= 1,
+            timeout=30,
+            what="the demo's second run",
+        )
         for verdict in ("rollout", "update", "sync"):
             assert exp.value("rlhf_bottleneck_steps_total", verdict=verdict, **lab) > 0, verdict
-        assert exp.value("rlhf_bottleneck_reason_steps_total", verdict="rollout", reason="long_tail", **lab) > 0
-        assert exp.value("rlhf_bottleneck_reason_steps_total", verdict="update", reason="low_mfu", **lab) > 0
+        assert (
+            exp.value(
+                "rlhf_bottleneck_reason_steps_total", verdict="rollout", reason="long_tail", **lab
+            )
+            > 0
+        )
+        assert (
+            exp.value(
+                "rlhf_bottleneck_reason_steps_total", verdict="update", reason="low_mfu", **lab
+            )
+            > 0
+        )
         assert exp.value("rlhf_change_steps_total", kind="workload_shift", **lab) > 0
         assert exp.value("rlhf_change_steps_total", kind="regression", **lab) > 0
         assert "grpo-simulated" in exp.get("/").text
@@ -71,21 +98,43 @@ def test_config_file_env_and_flags(tmp_path):
     log.parent.mkdir()
     write_jsonl(log, [(REGIMES["sync_bound"], 3)])
     config = tmp_path / "serve.yaml"
-    config.write_text(yaml.safe_dump({"verl_file": [str(log)], "project": "from-config",
-                                      "experiment": "from-config", "verl_interval": 0.2}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "verl_file": [str(log)],
+                "project": "from-config",
+                "experiment": "from-config",
+                "verl_interval": 0.2,
+            }
+        )
+    )
     # environment beats the file; a flag beats the environment
     env = {"RLHF_EXPORTER_EXPERIMENT": "from-env", "RLHF_EXPORTER_PROJECT": "from-env"}
-    with Exporter(tmp_path, "--config", str(config), "--project", "from-flag", "--verl-root", str(tmp_path / "none"),
-                  env=env) as exp:
-        exp.wait_for(lambda: exp.value("rlhf_steps_total", project="from-flag", experiment="from-env") == 4)
+    with Exporter(
+        tmp_path,
+        "--config",
+        str(config),
+        "--project",
+        "from-flag",
+        "--verl-root",
+        str(tmp_path / "none"),
+        env=env,
+    ) as exp:
+        exp.wait_for(
+            lambda: exp.value("rlhf_steps_total", project="from-flag", experiment="from-env") == 4
+        )
 
 
 def test_bad_settings_exit_2_with_a_clear_message(tmp_path):
     config = tmp_path / "bad.yaml"
     config.write_text("verl_rot: /x\n")
-    out = subprocess.run(exporter_cmd("serve", "--config", str(config)), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        exporter_cmd("serve", "--config", str(config)), capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "unknown setting 'verl_rot'" in out.stderr
-    out = subprocess.run(exporter_cmd("serve", "--listen", "nowhere"), capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        exporter_cmd("serve", "--listen", "nowhere"), capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2 and "HOST:PORT" in out.stderr
 
 
@@ -94,8 +143,12 @@ def test_port_in_use_exits_1(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        out = subprocess.run(exporter_cmd("serve", "--listen", f"127.0.0.1:{port}", "--no-ray", "--no-nvml"),
-                             capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            exporter_cmd("serve", "--listen", f"127.0.0.1:{port}", "--no-ray", "--no-nvml"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert out.returncode == 1 and "cannot listen" in out.stderr
 
 
@@ -115,7 +168,9 @@ def test_readyz_waits_for_a_first_successful_collection(tmp_path, thresholds):
     write_jsonl(tmp_path / "p" / "e.jsonl", [(REGIMES["balanced"], 2)])
     source = VerlFileSource(thresholds, [tmp_path])
     port = free_port()
-    server = make_server(f"127.0.0.1:{port}", Endpoints([source.snapshot], [source.jobs], None, [source.snapshot]))
+    server = make_server(
+        f"127.0.0.1:{port}", Endpoints([source.snapshot], [source.jobs], None, [source.snapshot])
+    )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -123,10 +178,15 @@ def test_readyz_waits_for_a_first_successful_collection(tmp_path, thresholds):
         assert requests.get(url + "/healthz", timeout=5).status_code == 200
         r = requests.get(url + "/readyz", timeout=5)
         assert r.status_code == 503 and "not ready" in r.text
-        assert 'rlhf_exporter_collector_up{collector="verl"} 0.0' in requests.get(url + "/metrics", timeout=5).text
+        assert (
+            'rlhf_exporter_collector_up{collector="verl"} 0.0'
+            in requests.get(url + "/metrics", timeout=5).text
+        )
         source.poll_once()
         assert requests.get(url + "/readyz", timeout=5).status_code == 200
-        assert requests.post(url + "/api/v1/records", data=b"{}", timeout=5).status_code == 404  # no push
+        assert (
+            requests.post(url + "/api/v1/records", data=b"{}", timeout=5).status_code == 404
+        )  # no push
     finally:
         server.shutdown()
         server.server_close()
@@ -160,5 +220,7 @@ def test_verl_file_labels_default_to_its_path(tmp_path):
     log.parent.mkdir(parents=True)
     write_jsonl(log, [(REGIMES["sync_bound"], 2)])
     with Exporter(tmp_path, "--verl-file", str(log)) as exp:
-        exp.wait_for(lambda: exp.value("rlhf_steps_total", project="my-proj", experiment="my-exp") == 3)
+        exp.wait_for(
+            lambda: exp.value("rlhf_steps_total", project="my-proj", experiment="my-exp") == 3
+        )
         assert exp.value("rlhf_exporter_jobs", collector="verl") == 1

@@ -1,4 +1,5 @@
 """Faults: the exporter stays up, serves every healthy job, and counts each fault once."""
+
 from __future__ import annotations
 
 import os
@@ -39,8 +40,14 @@ def test_faults_are_counted_and_healthy_jobs_served(tmp_path):
     # garbage and binary lines between good records
     (root / "bad").mkdir()
     (root / "bad" / "garbage.jsonl").write_bytes(
-        good[0] + b"not json at all\n" + good[1] + b"\xff\xfe\x00\x01binary\n" + b"[1, 2]\n"
-        + b'{"step": "x", "data": {}}\n' + good[2])
+        good[0]
+        + b"not json at all\n"
+        + good[1]
+        + b"\xff\xfe\x00\x01binary\n"
+        + b"[1, 2]\n"
+        + b'{"step": "x", "data": {}}\n'
+        + good[2]
+    )
     # a 50 MiB line (no newline for 50 MiB), then good records
     with open(root / "bad" / "huge.jsonl", "wb") as f:
         f.write(good[0])
@@ -62,22 +69,40 @@ def test_faults_are_counted_and_healthy_jobs_served(tmp_path):
 
     with Exporter(tmp_path, prefix=unprivileged()) as exp:
         total = len(good) + 3 + 1 + (len(good) - 2) + 200 * 3 + 3
-        exp.wait_for(lambda: exp.value("rlhf_exporter_records_total", collector="verl") == total,
-                     timeout=60, what="every readable record")
+        exp.wait_for(
+            lambda: exp.value("rlhf_exporter_records_total", collector="verl") == total,
+            timeout=60,
+            what="every readable record",
+        )
         scrape = exp.samples()  # one scrape for the many checks below (23k series)
 
         def v(name, **labels):
-            found = [x for (n, lab), x in scrape.items() if n == name and set(labels.items()) <= lab]
+            found = [
+                x for (n, lab), x in scrape.items() if n == name and set(labels.items()) <= lab
+            ]
             return sum(found) if found else None
 
         assert v("rlhf_steps_total", project="ok", experiment="healthy") == len(good)
         assert v("rlhf_steps_total", project="bad", experiment="garbage") == 3
         assert v("rlhf_steps_total", project="bad", experiment="huge") == len(good) - 1
-        assert len([k for k in scrape if k[0] == "rlhf_steps_total" and ("project", "many") in k[1]]) == 200
-        errors = {dict(lab)["reason"]: x for (n, lab), x in scrape.items()
-                  if n == "rlhf_exporter_record_errors_total" and ("collector", "verl") in lab}
-        assert errors == {"invalid_json": 1, "not_utf8": 1, "not_object": 1, "bad_step": 1, "too_long": 1,
-                          "permission_denied": 1, "not_a_file": 2}, errors
+        assert (
+            len([k for k in scrape if k[0] == "rlhf_steps_total" and ("project", "many") in k[1]])
+            == 200
+        )
+        errors = {
+            dict(lab)["reason"]: x
+            for (n, lab), x in scrape.items()
+            if n == "rlhf_exporter_record_errors_total" and ("collector", "verl") in lab
+        }
+        assert errors == {
+            "invalid_json": 1,
+            "not_utf8": 1,
+            "not_object": 1,
+            "bad_step": 1,
+            "too_long": 1,
+            "permission_denied": 1,
+            "not_a_file": 2,
+        }, errors
         assert exp.value("rlhf_exporter_collector_up", collector="verl") == 1
         assert exp.get("/healthz").status_code == 200
 
@@ -88,14 +113,18 @@ def test_faults_are_counted_and_healthy_jobs_served(tmp_path):
         assert err(exp, "file_deleted") == 1
         assert exp.value("rlhf_steps_total", project="ok", experiment="flaky") == 3  # still served
         (root / "ok" / "flaky.jsonl").write_bytes(b"".join(good))
-        exp.wait_for(lambda: exp.value("rlhf_steps_total", project="ok", experiment="flaky") == 3 + len(good))
+        exp.wait_for(
+            lambda: exp.value("rlhf_steps_total", project="ok", experiment="flaky") == 3 + len(good)
+        )
         assert exp.value("rlhf_run", project="ok", experiment="flaky") == 1
         # problems were counted once and logged once, not once per poll
         assert err(exp, "permission_denied") == 1
         log = exp.output()
         assert log.count("cannot open") == 1, log[-3000:]
         assert log.count("file deleted") == 1
-        assert exp.value("rlhf_exporter_jobs", collector="verl") == 1 + 1 + 2 + 200  # denied/dir/pipe: never read
+        assert (
+            exp.value("rlhf_exporter_jobs", collector="verl") == 1 + 1 + 2 + 200
+        )  # denied/dir/pipe: never read
 
 
 def test_a_job_unchanged_past_job_expiry_is_not_exported(tmp_path):

@@ -1,4 +1,5 @@
 """End to end: verl logs written line by line while a real `serve` runs; scraped series checked."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,7 @@ def write_slowly(path, lines: list[bytes]) -> None:
             if i % 5 == 0:
                 f.write(line[: len(line) // 2])
                 time.sleep(0.01)
-                f.write(line[len(line) // 2:])
+                f.write(line[len(line) // 2 :])
             else:
                 f.write(line)
 
@@ -43,20 +44,27 @@ def test_sample_traces_written_line_by_line(tmp_path, shared_traces, thresholds)
             project = tmp_path / "verl" / "traces"
             project.mkdir(exist_ok=True)
             write_slowly(project / trace.name, data.splitlines(keepends=True))
-        exp.wait_for(lambda: exp.value("rlhf_exporter_records_total", collector="verl") == expected_records,
-                     what="every trace record ingested")
+        exp.wait_for(
+            lambda: exp.value("rlhf_exporter_records_total", collector="verl") == expected_records,
+            what="every trace record ingested",
+        )
         text = exp.metrics_text()
         for name, diagnoses in offline.items():
             labels = {"project": "traces", "experiment": name}
             verdicts = Counter(d.verdict for d in diagnoses)
             for verdict in VERDICTS:
-                assert exp.value("rlhf_bottleneck_steps_total", verdict=verdict, **labels) == verdicts[verdict], \
-                    (name, verdict)
+                assert (
+                    exp.value("rlhf_bottleneck_steps_total", verdict=verdict, **labels)
+                    == verdicts[verdict]
+                ), (name, verdict)
             last = diagnoses[-1]
             assert exp.value("rlhf_bottleneck", verdict=last.verdict, **labels) == 1.0, name
             assert exp.value("rlhf_bottleneck", **labels) == 1.0  # exactly one verdict set
             assert exp.value("rlhf_step", **labels) == last.step
-            expected = [json.loads(l) for l in (shared_traces / f"{name}.expected.jsonl").read_text().splitlines()]
+            expected = [
+                json.loads(l)
+                for l in (shared_traces / f"{name}.expected.jsonl").read_text().splitlines()
+            ]
             final = expected[-1]
             if final["scored_verdict"]:
                 assert exp.value("rlhf_bottleneck", verdict=final["verdict"], **labels) == 1.0, name
@@ -78,8 +86,11 @@ def demo_exporter(tmp_path_factory, thresholds):
                 n += 1
             f.write(b'{"step": 999, "data": {"timing_s/st')  # half-written: not a record yet
         exp.n = n
-        exp.offline = list(BatchDiagnoser(thresholds).diagnose(
-            RecordReader().feed(b"".join(encode(r) for r in records(DEMO_PLAN, seed=1)))))
+        exp.offline = list(
+            BatchDiagnoser(thresholds).diagnose(
+                RecordReader().feed(b"".join(encode(r) for r in records(DEMO_PLAN, seed=1)))
+            )
+        )
         exp.path = path
         exp.wait_for(lambda: exp.value("rlhf_exporter_records_total", collector="verl") == n)
         yield exp
@@ -107,13 +118,18 @@ def test_promtool_check_metrics_is_clean(demo_exporter):
     if promtool is None:
         pytest.skip("promtool not installed (Debian package prometheus)")
     body = demo_exporter.metrics_text()
-    out = subprocess.run([promtool, "check", "metrics"], input=body.encode(), capture_output=True, timeout=60)
-    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), \
+    out = subprocess.run(
+        [promtool, "check", "metrics"], input=body.encode(), capture_output=True, timeout=60
+    )
+    assert out.returncode == 0 and not out.stdout.strip() and not out.stderr.strip(), (
         out.stdout.decode() + out.stderr.decode()
+    )
 
 
 def test_openmetrics_and_gzip(demo_exporter):
-    r = demo_exporter.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    r = demo_exporter.get(
+        "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+    )
     assert r.headers["Content-Type"].startswith("application/openmetrics-text")
     assert r.text.endswith("# EOF\n")
     r = demo_exporter.get("/metrics", headers={"Accept-Encoding": "gzip"})
@@ -146,5 +162,7 @@ def test_scrape_is_cached_until_a_snapshot_changes(demo_exporter):
     before = exp.value("rlhf_steps_total", project="proj", experiment="exp-a")
     with open(exp.path, "ab") as f:
         f.write(b'ep": null}}\n')  # completes step 999 (S missing: counted, not classified)
-    exp.wait_for(lambda: exp.value("rlhf_steps_total", project="proj", experiment="exp-a") == before + 1)
+    exp.wait_for(
+        lambda: exp.value("rlhf_steps_total", project="proj", experiment="exp-a") == before + 1
+    )
     assert exp.value("rlhf_step", project="proj", experiment="exp-a") == 999

@@ -1,10 +1,13 @@
 """exporter/jobs.py: one job's state, in process (fast), against the catalog and the offline diagnoser."""
+
 from __future__ import annotations
 
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings as hsettings, strategies as st
+from hypothesis import given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from exporter.demo.simulator import DEMO_PLAN, REGIMES, records
 from exporter.diagnosis import CHANGES, COST_GROUPS, GROUPS, VERDICTS, BatchDiagnoser, Record
@@ -28,15 +31,28 @@ def test_every_verl_metric_is_emitted_with_catalog_labels(thresholds):
     job = Job("p", "e", thresholds)
     job.feed(recs(DEMO_PLAN))
     # fully-async and pre-0.8 keys come from records the simulator does not write
-    job.feed([Record(10_000, {"fully_async/trainer/idle_ratio": 0.25, "fully_async/rollouter/idle_ratio": 0.5,
-                              "perf/max_memory_allocated_gb": 2.0})])
+    job.feed(
+        [
+            Record(
+                10_000,
+                {
+                    "fully_async/trainer/idle_ratio": 0.25,
+                    "fully_async/rollouter/idle_ratio": 0.5,
+                    "perf/max_memory_allocated_gb": 2.0,
+                },
+            )
+        ]
+    )
     seen = by_name(job)
     assert set(seen) == verl_metric_names(), set(verl_metric_names()) ^ set(seen)
     for name, series in seen.items():
         for labels in series:
             assert len(labels) == len(BY_NAME[name].labels), name
             assert labels[:2] == ("p", "e")
-    assert seen["rlhf_fully_async_idle_ratio"] == {("p", "e", "trainer"): 0.25, ("p", "e", "rollouter"): 0.5}
+    assert seen["rlhf_fully_async_idle_ratio"] == {
+        ("p", "e", "trainer"): 0.25,
+        ("p", "e", "rollouter"): 0.5,
+    }
     assert seen["rlhf_memory_max_allocated_bytes"][("p", "e")] == 2.0 * GIB
     # the families build (types, label counts) without error
     assert render_samples(job.samples())
@@ -77,7 +93,8 @@ def test_counters_match_the_offline_diagnoser(thresholds):
         assert seen["rlhf_regression_steps_total"][("p", "e", g)] == regressed[g]
     assert seen["rlhf_steps_total"][("p", "e")] == len({r.step for r in rs})
     assert seen["rlhf_step_seconds_total"][("p", "e")] == pytest.approx(
-        sum(d.windows.step_seconds for d in offline))
+        sum(d.windows.step_seconds for d in offline)
+    )
     assert seen["rlhf_tokens_total"][("p", "e")] == pytest.approx(sum(d.tokens for d in offline))
     last = offline[-1]
     assert seen["rlhf_bottleneck"][("p", "e", last.verdict)] == 1.0
@@ -118,14 +135,35 @@ def test_samples_are_cached_until_new_input(thresholds):
     assert job.samples() is not first
 
 
-_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
-                    st.text(max_size=3), st.lists(st.integers(), max_size=2))
-_keys = st.sampled_from(["timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/update_weights",
-                         "perf/total_num_tokens", "perf/mfu/actor", "timing_s/agent_loop/generate_sequences/max",
-                         "response_length/mean", "fully_async/trainer/idle_ratio", "perf/max_memory_reserved_gb"])
-_events = st.lists(st.one_of(st.just("new_run"),
-                             st.tuples(st.integers(0, 30), st.dictionaries(_keys, _values, max_size=6))),
-                   max_size=40)
+_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 10**6),
+    st.floats(allow_nan=True),
+    st.text(max_size=3),
+    st.lists(st.integers(), max_size=2),
+)
+_keys = st.sampled_from(
+    [
+        "timing_s/step",
+        "timing_s/gen",
+        "timing_s/update_actor",
+        "timing_s/update_weights",
+        "perf/total_num_tokens",
+        "perf/mfu/actor",
+        "timing_s/agent_loop/generate_sequences/max",
+        "response_length/mean",
+        "fully_async/trainer/idle_ratio",
+        "perf/max_memory_reserved_gb",
+    ]
+)
+_events = st.lists(
+    st.one_of(
+        st.just("new_run"),
+        st.tuples(st.integers(0, 30), st.dictionaries(_keys, _values, max_size=6)),
+    ),
+    max_size=40,
+)
 
 
 @hsettings(max_examples=150, deadline=None)
@@ -139,10 +177,14 @@ def test_counters_never_decrease_on_any_input(thresholds, events):
             job.new_run()
         else:
             job.feed([Record(*event)])
-        now = {(s.name, s.labels): s.value for s in job.samples() if BY_NAME[s.name].type == "counter"}
+        now = {
+            (s.name, s.labels): s.value for s in job.samples() if BY_NAME[s.name].type == "counter"
+        }
         for key, value in previous.items():
             assert now[key] >= value, key
-        assert sum(v for (n, _), v in now.items() if n == "rlhf_bottleneck_steps_total") <= now[
-            ("rlhf_steps_total", ("p", "e"))]
+        assert (
+            sum(v for (n, _), v in now.items() if n == "rlhf_bottleneck_steps_total")
+            <= now[("rlhf_steps_total", ("p", "e"))]
+        )
         previous = now
         render_samples(job.samples())  # always a valid set of families

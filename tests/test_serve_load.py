@@ -1,4 +1,5 @@
 """Load: 32 concurrent scrapers and 4 pushers for 20 s against a real server with live jobs."""
+
 from __future__ import annotations
 
 import statistics
@@ -54,8 +55,11 @@ def test_32_scrapers_and_4_pushers(tmp_path):
                     step += 1
                     batch.append({"step": step, "data": r["data"]})
                 try:
-                    r = s.post(exp.url + "/api/v1/records", timeout=10,
-                               json={"project": "load", "experiment": f"pusher{i}", "records": batch})
+                    r = s.post(
+                        exp.url + "/api/v1/records",
+                        timeout=10,
+                        json={"project": "load", "experiment": f"pusher{i}", "records": batch},
+                    )
                     statuses[r.status_code] += 1
                 except requests.RequestException as exc:
                     failures.append(repr(exc))
@@ -80,7 +84,9 @@ def test_32_scrapers_and_4_pushers(tmp_path):
         assert exp.value("rlhf_steps_total", project="load") > 0
         # RSS settles: the last quarter is not steadily above the second quarter
         q = len(rss) // 4
-        early, late = statistics.median(rss[q:2 * q]), statistics.median(rss[-q:])
+        early, late = statistics.median(rss[q : 2 * q]), statistics.median(rss[-q:])
         assert late < early * 1.15 + 5, (early, late, rss)
         assert exp.alive()
-        print(f"\n{sum(scrapes.values())} GETs, {statuses[200]} 200s; RSS MiB early {early:.1f} late {late:.1f}")
+        print(
+            f"\n{sum(scrapes.values())} GETs, {statuses[200]} 200s; RSS MiB early {early:.1f} late {late:.1f}"
+        )

@@ -1,4 +1,5 @@
 """POST /api/v1/records against a real server: accepted, 400, 401, 409, 411, 413; all-or-nothing."""
+
 from __future__ import annotations
 
 import http.client
@@ -44,30 +45,47 @@ def test_accepted_batch_and_single_record(exp):
     assert exp.value("rlhf_bottleneck_reason", verdict="update", reason="low_mfu", **JOB) == 1.0
     assert exp.value("rlhf_exporter_jobs", collector="push") >= 1
     assert exp.value("rlhf_exporter_records_total", collector="push") >= len(rs)
-    assert any(j["experiment"] == "run-1" and j["source"] == "push" for j in exp.get("/api/v1/jobs").json()["jobs"])
+    assert any(
+        j["experiment"] == "run-1" and j["source"] == "push"
+        for j in exp.get("/api/v1/jobs").json()["jobs"]
+    )
 
 
-@pytest.mark.parametrize("body, needle", [
-    (b"{not json", "not valid JSON"),
-    (b"[1, 2]", "JSON object"),
-    ({"experiment": "x", "records": [{"step": 1, "data": {}}]}, "'project'"),
-    ({**JOB, "records": []}, "non-empty list"),
-    ({**JOB, "records": [{"step": 1, "data": {}}, {"step": -1, "data": {}}]}, "records[1]: 'step'"),
-    ({**JOB, "records": [{"step": 1, "data": []}]}, "'data' must be an object"),
-    ({**JOB, "records": [{"step": True, "data": {}}]}, "'step' must be an integer"),
-    ({**JOB, "records": [{"step": 1, "data": {}, "extra": 1}]}, "unknown key"),
-    ({**JOB, "recrods": [{"step": 1, "data": {}}]}, "unknown key(s) recrods"),
-    ({**JOB, "project": "a\nb", "step": 1, "data": {}}, "control characters"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "JSON object"),
+        ({"experiment": "x", "records": [{"step": 1, "data": {}}]}, "'project'"),
+        ({**JOB, "records": []}, "non-empty list"),
+        (
+            {**JOB, "records": [{"step": 1, "data": {}}, {"step": -1, "data": {}}]},
+            "records[1]: 'step'",
+        ),
+        ({**JOB, "records": [{"step": 1, "data": []}]}, "'data' must be an object"),
+        ({**JOB, "records": [{"step": True, "data": {}}]}, "'step' must be an integer"),
+        ({**JOB, "records": [{"step": 1, "data": {}, "extra": 1}]}, "unknown key"),
+        ({**JOB, "recrods": [{"step": 1, "data": {}}]}, "unknown key(s) recrods"),
+        ({**JOB, "project": "a\nb", "step": 1, "data": {}}, "control characters"),
+    ],
+)
 def test_bad_bodies_are_400_and_change_nothing(exp, body, needle):
     before = exp.samples()
-    jobs = {k: v for k, v in before.items() if k[0].startswith("rlhf_") and not k[0].startswith("rlhf_exporter")}
+    jobs = {
+        k: v
+        for k, v in before.items()
+        if k[0].startswith("rlhf_") and not k[0].startswith("rlhf_exporter")
+    }
     r = exp.push(body, token=TOKEN)
     assert r.status_code == 400, r.text
     assert needle in r.json()["error"], r.json()
     after = exp.samples()
     assert {k: v for k, v in after.items() if k in jobs} == jobs
-    assert not [k for k in after if k[0].startswith("rlhf_") and not k[0].startswith("rlhf_exporter") and k not in jobs]
+    assert not [
+        k
+        for k in after
+        if k[0].startswith("rlhf_") and not k[0].startswith("rlhf_exporter") and k not in jobs
+    ]
 
 
 def test_a_bad_record_late_in_a_batch_rejects_the_whole_batch(exp):
@@ -85,22 +103,31 @@ def test_wrong_or_missing_token_is_401(exp):
         r = exp.push({"project": "pushed", "experiment": "unauth", "records": rs}, token=token)
         assert r.status_code == 401, token
         assert "WWW-Authenticate" in r.headers
-    r = exp.push({"project": "pushed", "experiment": "unauth", "records": rs},
-                 headers={"Authorization": f"Basic {TOKEN}"})
+    r = exp.push(
+        {"project": "pushed", "experiment": "unauth", "records": rs},
+        headers={"Authorization": f"Basic {TOKEN}"},
+    )
     assert r.status_code == 401
     assert exp.value("rlhf_steps_total", project="pushed", experiment="unauth") is None
     assert errors(exp, "unauthorized") == before + 5
 
 
 def test_over_the_limit_is_413_without_reading_the_body(exp):
-    big = {"project": "pushed", "experiment": "big", "records": [{"step": 1, "data": {"x": "a" * (70 << 10)}}]}
+    big = {
+        "project": "pushed",
+        "experiment": "big",
+        "records": [{"step": 1, "data": {"x": "a" * (70 << 10)}}],
+    }
     r = exp.push(big, token=TOKEN)
     assert r.status_code == 413 and "push_max_bytes" in r.json()["error"]
     assert exp.value("rlhf_steps_total", project="pushed", experiment="big") is None
     # a client that claims a huge body and sends nothing: answered at once, from the header
     with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:
-        s.sendall(b"POST /api/v1/records HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
-                  + b"\r\nContent-Length: 999999999\r\n\r\n")
+        s.sendall(
+            b"POST /api/v1/records HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+            + TOKEN.encode()
+            + b"\r\nContent-Length: 999999999\r\n\r\n"
+        )
         assert s.recv(100).startswith(b"HTTP/1.1 413")
 
 
@@ -130,11 +157,20 @@ def test_push_can_be_disabled(tmp_path):
 def test_a_pushed_job_is_not_also_read_from_a_file(exp):
     job = {"project": "pushed", "experiment": "first"}
     assert exp.push({**job, "records": plan(2)}, token=TOKEN).status_code == 200
-    before = exp.value("rlhf_exporter_record_errors_total", collector="verl", reason="duplicate_job") or 0
+    before = (
+        exp.value("rlhf_exporter_record_errors_total", collector="verl", reason="duplicate_job")
+        or 0
+    )
     path = exp.verl_root / "pushed" / "first.jsonl"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(b"".join(encode(r) for r in plan(5)))
-    exp.wait_for(lambda: exp.value("rlhf_exporter_record_errors_total", collector="verl",
-                                   reason="duplicate_job") == before + 1)
+    exp.wait_for(
+        lambda: (
+            exp.value("rlhf_exporter_record_errors_total", collector="verl", reason="duplicate_job")
+            == before + 1
+        )
+    )
     assert exp.value("rlhf_steps_total", **job) == 3  # the pushed steps only, one series
-    assert exp.get("/metrics").text.count('rlhf_steps_total{experiment="first",project="pushed"}') == 1
+    assert (
+        exp.get("/metrics").text.count('rlhf_steps_total{experiment="first",project="pushed"}') == 1
+    )

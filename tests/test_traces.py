@@ -3,6 +3,7 @@
 Where a `scored_*` flag is true the label must match; where it is false the step sits on a
 threshold and either answer is acceptable. Shares always match to 4 decimals.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,7 +29,10 @@ def read(path):
 def test_every_sample_trace_matches_its_expected_diagnosis(shared_traces, thresholds):
     checked = 0
     for path in traces(shared_traces):
-        expected = [json.loads(line) for line in path.with_suffix(".expected.jsonl").read_text().splitlines()]
+        expected = [
+            json.loads(line)
+            for line in path.with_suffix(".expected.jsonl").read_text().splitlines()
+        ]
         got = [d.to_json() for d in BatchDiagnoser(thresholds).diagnose(read(path))]
         assert [g["step"] for g in got] == [e["step"] for e in expected], path.name
         for g, e in zip(got, expected):

@@ -1,4 +1,5 @@
 """`rlhf-exporter diagnose LOG...`: the decision table, offline, on verl JSONL logs."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,15 @@ import orjson
 from ..config import ConfigError, load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..reader import MAX_LINE_BYTES, RecordReader
-from ..report import (RunSummary, Style, rejected_line, step_json, summary_lines, table_header,
-                      table_row)
+from ..report import (
+    RunSummary,
+    Style,
+    rejected_line,
+    step_json,
+    summary_lines,
+    table_header,
+    table_row,
+)
 
 ORDER = 20
 CHUNK = 1 << 20
@@ -45,31 +53,57 @@ exit status: 0 done, 1 no input could be read, 2 usage or configuration error.
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "diagnose", help="diagnose verl JSONL logs offline (the same decision table as serve)",
-        description="Read verl `file`-logger JSONL (trainer.logger=[...,\"file\"]) and say, for "
-                    "every step, which window the training loop waited on, why, and whether a "
-                    "slowdown is a workload shift or a regression.",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="*", metavar="LOG",
-                   help="verl JSONL files; - reads standard input (default: the bundled example)")
-    p.add_argument("--format", "-f", choices=("table", "jsonl", "json"), default="table",
-                   help="table: per-step rows and a per-run summary (default); jsonl: one "
-                        "object per classified step (the contract); json: one document")
-    p.add_argument("--config", metavar="FILE",
-                   help="thresholds YAML overriding any subset of the defaults "
-                        "(see `rlhf-exporter diagnose --print-thresholds`)")
-    p.add_argument("--print-thresholds", action="store_true",
-                   help="print the default thresholds file and exit")
+        "diagnose",
+        help="diagnose verl JSONL logs offline (the same decision table as serve)",
+        description='Read verl `file`-logger JSONL (trainer.logger=[...,"file"]) and say, for '
+        "every step, which window the training loop waited on, why, and whether a "
+        "slowdown is a workload shift or a regression.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="LOG",
+        help="verl JSONL files; - reads standard input (default: the bundled example)",
+    )
+    p.add_argument(
+        "--format",
+        "-f",
+        choices=("table", "jsonl", "json"),
+        default="table",
+        help="table: per-step rows and a per-run summary (default); jsonl: one "
+        "object per classified step (the contract); json: one document",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="thresholds YAML overriding any subset of the defaults "
+        "(see `rlhf-exporter diagnose --print-thresholds`)",
+    )
+    p.add_argument(
+        "--print-thresholds", action="store_true", help="print the default thresholds file and exit"
+    )
     p.add_argument("--summary", action="store_true", help="table: only the per-run summaries")
-    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
-                   help="colour the table (auto: when writing to a terminal and NO_COLOR is unset)")
-    p.add_argument("--max-line-bytes", type=int, default=MAX_LINE_BYTES, metavar="N",
-                   help=f"reject longer lines (default {MAX_LINE_BYTES})")
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the table (auto: when writing to a terminal and NO_COLOR is unset)",
+    )
+    p.add_argument(
+        "--max-line-bytes",
+        type=int,
+        default=MAX_LINE_BYTES,
+        metavar="N",
+        help=f"reject longer lines (default {MAX_LINE_BYTES})",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..config import default_thresholds_text
+
     if args.print_thresholds:
         sys.stdout.write(default_thresholds_text())
         return 0
@@ -83,11 +117,14 @@ def run(args: argparse.Namespace) -> int:
         print("rlhf-exporter diagnose: '-' (standard input) can be given once", file=sys.stderr)
         return 2
     out = sys.stdout
-    colour = args.color == "always" or (args.color == "auto" and out.isatty()
-                                         and not os.environ.get("NO_COLOR"))
-    writer = {"table": TableWriter(out, Style(colour), args.summary, len(files) > 1),
-              "jsonl": JsonlWriter(out, len(files) > 1),
-              "json": JsonWriter(out)}[args.format]
+    colour = args.color == "always" or (
+        args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
+    )
+    writer = {
+        "table": TableWriter(out, Style(colour), args.summary, len(files) > 1),
+        "jsonl": JsonlWriter(out, len(files) > 1),
+        "json": JsonWriter(out),
+    }[args.format]
     read_any = False
     for path in files:
         stream = _open(path)
@@ -202,8 +239,11 @@ class JsonlWriter:
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
         if rejected:
             total = sum(rejected.values())
-            print(f"rlhf-exporter diagnose: {self.path}: {total} line(s) rejected: "
-                  + ", ".join(f"{n} {r}" for r, n in sorted(rejected.items())), file=sys.stderr)
+            print(
+                f"rlhf-exporter diagnose: {self.path}: {total} line(s) rejected: "
+                + ", ".join(f"{n} {r}" for r, n in sorted(rejected.items())),
+                file=sys.stderr,
+            )
 
     def close(self) -> None:
         self.flush()
@@ -234,7 +274,9 @@ class JsonWriter:
         for run in runs:
             run["summary"] = {k: run.pop(k) for k in list(run) if k not in ("run", "step_list")}
             run["steps"] = run.pop("step_list")
-        self.files.append({"path": self.path, "records": records, "rejected": rejected, "runs": runs})
+        self.files.append(
+            {"path": self.path, "records": records, "rejected": rejected, "runs": runs}
+        )
 
     def close(self) -> None:
         verdicts: dict[str, int] = {}
@@ -244,9 +286,15 @@ class JsonWriter:
                 steps += run["summary"]["steps"]
                 for v, n in run["summary"]["verdicts"].items():
                     verdicts[v] = verdicts.get(v, 0) + n
-        doc = {"files": self.files,
-               "summary": {"files": len(self.files), "steps": steps, "verdicts": verdicts,
-                           "rejected": sum(sum(f["rejected"].values()) for f in self.files)}}
+        doc = {
+            "files": self.files,
+            "summary": {
+                "files": len(self.files),
+                "steps": steps,
+                "verdicts": verdicts,
+                "rejected": sum(sum(f["rejected"].values()) for f in self.files),
+            },
+        }
         self.out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
 
 
@@ -276,7 +324,10 @@ class TableWriter:
             self.summaries.append(self.summary)
             if not self.summary_only:
                 self._print()
-                self._print(f"run {d.run}" + (" (the job restarted: the baseline starts again)" if d.run else ""))
+                self._print(
+                    f"run {d.run}"
+                    + (" (the job restarted: the baseline starts again)" if d.run else "")
+                )
                 for line in table_header():
                     self._print(line)
         self.summary.add(d)

@@ -1,4 +1,5 @@
 """`rlhf-exporter render`: regenerate (or --check) the files built from one source of truth."""
+
 from __future__ import annotations
 
 import argparse
@@ -14,15 +15,28 @@ ORDER = 30
 def register(subparsers) -> None:
     names = list(generators())
     p = subparsers.add_parser(
-        "render", help="regenerate rules, dashboards, docs and chart files from their sources",
+        "render",
+        help="regenerate rules, dashboards, docs and chart files from their sources",
         description="Regenerate the files that are built from one source of truth: the alert "
-                    "rules from the thresholds file, the dashboards from their Python "
-                    "definitions, docs/metrics.md from the metric catalog, and the chart's copies. "
-                    "With --check, change nothing and exit 1 when a committed file is stale.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("targets", nargs="*", metavar="TARGET", help=f"what to render: {', '.join(names)} (default: all)")
-    p.add_argument("--check", action="store_true", help="exit 1 if any file differs from what would be generated")
-    p.add_argument("--root", type=Path, default=None, help="checkout to write into (default: this source tree)")
+        "rules from the thresholds file, the dashboards from their Python "
+        "definitions, docs/metrics.md from the metric catalog, and the chart's copies. "
+        "With --check, change nothing and exit 1 when a committed file is stale.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "targets",
+        nargs="*",
+        metavar="TARGET",
+        help=f"what to render: {', '.join(names)} (default: all)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if any file differs from what would be generated",
+    )
+    p.add_argument(
+        "--root", type=Path, default=None, help="checkout to write into (default: this source tree)"
+    )
     p.add_argument("--config", metavar="FILE", help="thresholds YAML overriding the defaults")
     p.set_defaults(func=run)
 
@@ -31,8 +45,11 @@ def run(args: argparse.Namespace) -> int:
     available = generators()
     unknown = [t for t in args.targets if t not in available]
     if unknown:
-        print(f"rlhf-exporter render: unknown target {', '.join(unknown)}; "
-              f"choose from {', '.join(available)}", file=sys.stderr)
+        print(
+            f"rlhf-exporter render: unknown target {', '.join(unknown)}; "
+            f"choose from {', '.join(available)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         thresholds = load_thresholds(args.config)

@@ -3,6 +3,7 @@
 Wiring in one place: the verl files, the push endpoint, Ray and NVML become sources; their
 snapshot methods feed one exposition; SIGTERM/SIGINT stop everything within a few seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -16,7 +17,8 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from .. import __version__, settings as settings_mod
+from .. import __version__
+from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
 from ..logs import configure
 from ..server import Endpoints, make_server
@@ -52,12 +54,15 @@ Examples:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "serve", help="serve Prometheus metrics for running verl jobs (the sidecar)",
+        "serve",
+        help="serve Prometheus metrics for running verl jobs (the sidecar)",
         description="Watch verl jobs (their file-logger JSONL, pushes, Ray actors, GPUs) and "
-                    "serve each step's diagnosis as Prometheus metrics. Listens on "
-                    f"{settings_mod.DEFAULT_LISTEN} by default (port {settings_mod.DEFAULT_PORT} is outside "
-                    "the 9100-9999 range that Prometheus' default port allocations fill).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "serve each step's diagnosis as Prometheus metrics. Listens on "
+        f"{settings_mod.DEFAULT_LISTEN} by default (port {settings_mod.DEFAULT_PORT} is outside "
+        "the 9100-9999 range that Prometheus' default port allocations fill).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     settings_mod.add_arguments(p)
     p.set_defaults(func=run)
 
@@ -77,7 +82,8 @@ class Sidecar:
     """Every part of one `serve` process, started and stopped together."""
 
     def __init__(self, settings: Any):
-        from ..sources import push as push_mod, verl_files
+        from ..sources import push as push_mod
+        from ..sources import verl_files
 
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
@@ -86,6 +92,7 @@ class Sidecar:
         extra_roots = []
         if settings.demo:
             from ..demo.job import DemoJob
+
             self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
             self.demo = DemoJob(self.tempdir, step_seconds=settings.demo_step_seconds)
             extra_roots.append(self.tempdir)
@@ -96,8 +103,9 @@ class Sidecar:
         self.push = None
         if settings.push:
             claimed = self.verl.has_job if self.verl is not None else None
-            self.push = push_mod.PushSource(self.th, settings.push_max_bytes, settings.push_token,
-                                            settings.job_expiry, claimed)
+            self.push = push_mod.PushSource(
+                self.th, settings.push_max_bytes, settings.push_token, settings.job_expiry, claimed
+            )
             self.sources.append(self.push)
             if self.verl is not None:
                 self.verl.claimed = self.push.has_job
@@ -130,8 +138,12 @@ class Sidecar:
             self.demo.start()
         for source in self.sources:
             source.start()
-        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
-                                        name="http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="http",
+            daemon=True,
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -139,8 +151,10 @@ class Sidecar:
         self.server.server_close()
         if self.demo is not None:
             self.demo.stop()
-        stoppers = [threading.Thread(target=s.stop, kwargs={"timeout": 2.0}, daemon=True)
-                    for s in self.sources]
+        stoppers = [
+            threading.Thread(target=s.stop, kwargs={"timeout": 2.0}, daemon=True)
+            for s in self.sources
+        ]
         for t in stoppers:
             t.start()
         for t in stoppers:
@@ -167,8 +181,12 @@ def run(args: argparse.Namespace) -> int:
         log.error("configuration error: %s", exc)
         return 2
     except OSError as exc:
-        log.error("cannot listen on %s: %s", settings.listen, exc.strerror or exc,
-                  extra={"listen": settings.listen})
+        log.error(
+            "cannot listen on %s: %s",
+            settings.listen,
+            exc.strerror or exc,
+            extra={"listen": settings.listen},
+        )
         return 1
     stop = threading.Event()
 
@@ -181,11 +199,19 @@ def run(args: argparse.Namespace) -> int:
     sidecar.start()
     if sidecar.verl is None and sidecar.push is None:
         log.warning("no verl input: give --verl-root, --verl-file or --demo, or enable --push")
-    log.info("rlhf-exporter %s serving %s/metrics; sources: %s", __version__, sidecar.url,
-             sidecar.endpoints.sources_text, extra={"listen": settings.listen})
+    log.info(
+        "rlhf-exporter %s serving %s/metrics; sources: %s",
+        __version__,
+        sidecar.url,
+        sidecar.endpoints.sources_text,
+        extra={"listen": settings.listen},
+    )
     if settings.demo:
-        log.info("demo: a simulated verl job writes %s; open %s/ to watch its diagnosis change",
-                 sidecar.demo.path, sidecar.url)
+        log.info(
+            "demo: a simulated verl job writes %s; open %s/ to watch its diagnosis change",
+            sidecar.demo.path,
+            sidecar.url,
+        )
     while not stop.wait(1.0):
         pass
     sidecar.stop()

@@ -7,6 +7,7 @@ logger does (one unbuffered write per record). At the end of the plan it starts 
 restarted verl job: the file is truncated and the steps begin again at 0, so the exporter
 shows a new run. The verl source watches the file like any other job.
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,14 @@ EXPERIMENT = "grpo-simulated"
 
 
 class DemoJob:
-    def __init__(self, root: str | Path, step_seconds: float = 0.7, seed: int = 0,
-                 project: str = PROJECT, experiment: str = EXPERIMENT):
+    def __init__(
+        self,
+        root: str | Path,
+        step_seconds: float = 0.7,
+        seed: int = 0,
+        project: str = PROJECT,
+        experiment: str = EXPERIMENT,
+    ):
         self.root = Path(root)
         self.path = self.root / project / f"{experiment}.jsonl"
         self.step_seconds = step_seconds
@@ -62,4 +69,3 @@ class DemoJob:
                 self.written += 1
                 if self._stop.wait(self.step_seconds):
                     return
-

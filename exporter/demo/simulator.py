@@ -5,11 +5,12 @@ step, MFU, agent-loop spread); `records()` adds a few percent of noise and yield
 `{"step", "data"}` dict per step, as verl's FileLogger would. Pure and deterministic for a
 given seed: it does no I/O (the demo job and `write_jsonl` do that).
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Iterator, Mapping
 
 import orjson
 
@@ -32,37 +33,56 @@ class Regime:
     extra: Mapping[str, float] = field(default_factory=dict)  # more data keys, verbatim
 
 
-BASE_COST = {"gen": 8.0, "old_log_prob": 2.4, "ref": 1.6, "adv": 0.3,
-             "update_actor": 4.0, "update_weights": 1.0}
+BASE_COST = {
+    "gen": 8.0,
+    "old_log_prob": 2.4,
+    "ref": 1.6,
+    "adv": 0.3,
+    "update_actor": 4.0,
+    "update_weights": 1.0,
+}
 
 REGIMES: dict[str, Regime] = {
     "rollout_long_tail": Regime("rollout_long_tail", {**BASE_COST, "gen": 22.0}, gen_tail=3.2),
     "rollout_generation": Regime("rollout_generation", {**BASE_COST, "gen": 20.0}, gen_tail=1.2),
-    "update_low_mfu": Regime("update_low_mfu", {**BASE_COST, "gen": 5.0, "update_actor": 16.0},
-                             mfu_actor=0.14),
-    "update_compute_bound": Regime("update_compute_bound", {**BASE_COST, "gen": 5.0, "update_actor": 16.0},
-                                   mfu_actor=0.48),
+    "update_low_mfu": Regime(
+        "update_low_mfu", {**BASE_COST, "gen": 5.0, "update_actor": 16.0}, mfu_actor=0.14
+    ),
+    "update_compute_bound": Regime(
+        "update_compute_bound", {**BASE_COST, "gen": 5.0, "update_actor": 16.0}, mfu_actor=0.48
+    ),
     "sync_bound": Regime("sync_bound", {**BASE_COST, "gen": 4.0, "update_weights": 14.0}),
-    "balanced": Regime("balanced", {**BASE_COST, "gen": 6.0, "old_log_prob": 4.5, "update_actor": 5.0,
-                                    "update_weights": 3.0}, untimed=2.0),
+    "balanced": Regime(
+        "balanced",
+        {**BASE_COST, "gen": 6.0, "old_log_prob": 4.5, "update_actor": 5.0, "update_weights": 3.0},
+        untimed=2.0,
+    ),
     "other_untimed": Regime("other_untimed", {**BASE_COST, "gen": 3.0}, untimed=20.0),
 }
 
 
 def shifted(regime: Regime, factor: float) -> Regime:
     """The same job with `factor` x the tokens per step: a workload shift."""
-    return replace(regime, name=f"{regime.name}+workload", tokens=regime.tokens * factor,
-                   response_mean=regime.response_mean * factor)
+    return replace(
+        regime,
+        name=f"{regime.name}+workload",
+        tokens=regime.tokens * factor,
+        response_mean=regime.response_mean * factor,
+    )
 
 
 def regressed(regime: Regime, timer: str, factor: float) -> Regime:
     """The same job with one timer `factor` x as costly per token: a regression."""
-    return replace(regime, name=f"{regime.name}+slow_{timer}",
-                   cost={**regime.cost, timer: regime.cost[timer] * factor})
+    return replace(
+        regime,
+        name=f"{regime.name}+slow_{timer}",
+        cost={**regime.cost, timer: regime.cost[timer] * factor},
+    )
 
 
 def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03) -> dict:
     """One step's `data`, in verl's key names and nesting quirks."""
+
     def jitter(x: float) -> float:
         return x * (1.0 + rng.uniform(-noise, noise))
 
@@ -98,23 +118,32 @@ def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03
         gmax = gen * 0.96
         gmean = gmax / jitter(regime.gen_tail)
         prefix = "timing_s/agent_loop/"
-        data.update({
-            prefix + "generate_sequences/max": gmax,
-            prefix + "generate_sequences/mean": gmean,
-            prefix + "generate_sequences/min": gmean * 0.3,
-            prefix + "tool_calls/max": 0.0, prefix + "tool_calls/mean": 0.0, prefix + "tool_calls/min": 0.0,
-            prefix + "num_preempted/max": regime.preempted, prefix + "num_preempted/mean": regime.preempted / 4,
-            prefix + "num_preempted/min": 0,
-            prefix + "slowest/generate_sequences": gmax, prefix + "slowest/tool_calls": 0.0,
-            prefix + "slowest/compute_score": 0.02 * gmax, prefix + "slowest/num_preempted": regime.preempted,
-            prefix + "slowest/prompt_length": 512, prefix + "slowest/response_length": data["response_length/max"],
-        })
+        data.update(
+            {
+                prefix + "generate_sequences/max": gmax,
+                prefix + "generate_sequences/mean": gmean,
+                prefix + "generate_sequences/min": gmean * 0.3,
+                prefix + "tool_calls/max": 0.0,
+                prefix + "tool_calls/mean": 0.0,
+                prefix + "tool_calls/min": 0.0,
+                prefix + "num_preempted/max": regime.preempted,
+                prefix + "num_preempted/mean": regime.preempted / 4,
+                prefix + "num_preempted/min": 0,
+                prefix + "slowest/generate_sequences": gmax,
+                prefix + "slowest/tool_calls": 0.0,
+                prefix + "slowest/compute_score": 0.02 * gmax,
+                prefix + "slowest/num_preempted": regime.preempted,
+                prefix + "slowest/prompt_length": 512,
+                prefix + "slowest/response_length": data["response_length/max"],
+            }
+        )
     data.update(regime.extra)
     return data
 
 
-def records(plan: list[tuple[Regime, int]], seed: int = 0, first_step: int = 1,
-            validation: bool = True) -> Iterator[dict]:
+def records(
+    plan: list[tuple[Regime, int]], seed: int = 0, first_step: int = 1, validation: bool = True
+) -> Iterator[dict]:
     """Records for a job that runs each (regime, n_steps) of `plan` in turn.
 
     Step 0 carries only the initial validation, as verl logs it.

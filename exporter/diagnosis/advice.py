@@ -2,9 +2,10 @@
 
 Shown by `diagnose`, the landing page and the runbooks; written once, here.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 VERDICT_MEANING: Mapping[str, str] = {
     "rollout": "the trainer waits for rollout samples (gen)",

@@ -3,11 +3,13 @@
 The baseline is the job's own recent past: per-field medians over the last N usable steps
 of the same run. A fresh `Baseline` belongs to each run.
 """
+
 from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 from .thresholds import GROUPS, Thresholds
 from .windows import Windows

@@ -6,9 +6,11 @@ Two ways to walk a job, one set of rules:
   arrives, with what the step has so far. verl writes a step's timers in that record, so
   both agree on every verl mode.
 """
+
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from .change import Baseline, Change
 from .thresholds import Thresholds
@@ -58,8 +60,9 @@ class StepDiagnosis(NamedTuple):
         }
 
 
-def classify(run: int, step: int, data: Mapping[str, Any], baseline: Baseline,
-             th: Thresholds) -> StepDiagnosis | None:
+def classify(
+    run: int, step: int, data: Mapping[str, Any], baseline: Baseline, th: Thresholds
+) -> StepDiagnosis | None:
     """Diagnose one step from its (merged) data, or None when it has no usable S."""
     step_seconds = positive(data.get(STEP_KEY))
     if step_seconds is None:
@@ -69,8 +72,17 @@ def classify(run: int, step: int, data: Mapping[str, Any], baseline: Baseline,
     verdict: Verdict = decide(windows, data, th)
     tokens = positive(data.get(TOKENS_KEY))
     change = baseline.judge(windows, tokens)
-    return StepDiagnosis(run, step, verdict.verdict, verdict.reason, windows, change,
-                         verdict.evidence, tokens, all_timers)
+    return StepDiagnosis(
+        run,
+        step,
+        verdict.verdict,
+        verdict.reason,
+        windows,
+        change,
+        verdict.evidence,
+        tokens,
+        all_timers,
+    )
 
 
 class _Walker:

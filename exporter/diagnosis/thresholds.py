@@ -3,12 +3,14 @@
 `exporter.config` reads the YAML files; this module checks them against the packaged
 defaults and builds the immutable `Thresholds` that the rest of the diagnosis uses.
 """
+
 from __future__ import annotations
 
 import difflib
 import re
+from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 GROUPS = ("rollout", "reward", "logprob", "update", "sync", "checkpoint", "other")
 """Decision-table groups, in the order used for ties and for display."""
@@ -70,9 +72,7 @@ def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[st
             raise ThresholdsError(f"{where}: unknown key{extra}")
         if key not in defaults:
             if path == "groups.":
-                raise ThresholdsError(
-                    f"{where}: unknown group; groups are {', '.join(GROUPS)}"
-                )
+                raise ThresholdsError(f"{where}: unknown group; groups are {', '.join(GROUPS)}")
             merged[key] = _check_leaf(where, value, "string")
             continue
         base = defaults[key]
@@ -131,7 +131,7 @@ class Thresholds:
         raise AttributeError("Thresholds are immutable; build new ones with from_documents()")
 
     @classmethod
-    def from_documents(cls, defaults: Mapping[str, Any], *overrides: Any) -> "Thresholds":
+    def from_documents(cls, defaults: Mapping[str, Any], *overrides: Any) -> Thresholds:
         """Build from the packaged defaults and any number of user documents (later wins)."""
         doc: dict[str, Any] = dict(defaults)
         for override in overrides:
@@ -141,7 +141,7 @@ class Thresholds:
         return cls._from_doc(doc)
 
     @classmethod
-    def _from_doc(cls, doc: Mapping[str, Any]) -> "Thresholds":
+    def _from_doc(cls, doc: Mapping[str, Any]) -> Thresholds:
         ch = doc["change"]
         for key in ("baseline_steps", "min_baseline_steps"):
             if not isinstance(ch[key], int) or ch[key] < 1:

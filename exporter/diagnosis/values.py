@@ -3,10 +3,12 @@
 A value is usable when it is a finite, non-negative int or float (not a bool). Everything
 else (`null`, booleans, lists, strings, NaN/Inf, negatives) is *missing*, returned as None.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 TIMER_PREFIX = "timing_s/"
 AGENT_LOOP = "agent_loop/"

@@ -1,7 +1,9 @@
 """§3 of the decision table: the verdict (which window the loop waits on) and its reason."""
+
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
 from .values import agent_loop, num

@@ -1,7 +1,9 @@
 """§2 of the decision table: verl timers -> counted windows -> group seconds and shares."""
+
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
 from .values import _INF, AGENT_LOOP, TIMER_PREFIX

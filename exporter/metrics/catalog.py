@@ -8,10 +8,11 @@ Naming follows Prometheus conventions: base units in names, `_total` for counter
 in `*_info` gauges, snake_case labels. `project`/`experiment` identify a verl job; cluster,
 namespace and pod are target labels added by Prometheus, never by the exporter.
 """
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 GAUGE, COUNTER = "gauge", "counter"
 JOB = ("project", "experiment")
@@ -37,74 +38,243 @@ def _job(name: str, type_: str, help_: str, *extra: str) -> Metric:
 VERL = _section(
     "verl steps",
     _job("rlhf_step", GAUGE, "Last step number ingested."),
-    _job("rlhf_run", GAUGE, "0-based run index of the job: a lower step number (restart or resume) starts a new run."),
+    _job(
+        "rlhf_run",
+        GAUGE,
+        "0-based run index of the job: a lower step number (restart or resume) starts a new run.",
+    ),
     _job("rlhf_steps_total", COUNTER, "Steps ingested, classified or not."),
-    _job("rlhf_last_step_timestamp_seconds", GAUGE, "Unix time at which the last step's first record was read."),
+    _job(
+        "rlhf_last_step_timestamp_seconds",
+        GAUGE,
+        "Unix time at which the last step's first record was read.",
+    ),
     _job("rlhf_step_duration_seconds", GAUGE, "Last classified step's timing_s/step."),
     _job("rlhf_step_seconds_total", COUNTER, "Sum of timing_s/step over classified steps."),
-    _job("rlhf_phase_duration_seconds", GAUGE, "Last classified step's timing_s/<phase>, by verl timer name.", "phase"),
-    _job("rlhf_group_seconds_total", COUNTER, "Seconds per decision-table group, including other's untimed remainder.", "group"),
-    _job("rlhf_group_duration_seconds", GAUGE, "Last classified step's seconds per decision-table group.", "group"),
-    _job("rlhf_group_share_ratio", GAUGE, "Last classified step's share of step time per decision-table group.", "group"),
-    _job("rlhf_untimed_duration_seconds", GAUGE, "Last classified step's untimed remainder R (driver time outside any timer)."),
+    _job(
+        "rlhf_phase_duration_seconds",
+        GAUGE,
+        "Last classified step's timing_s/<phase>, by verl timer name.",
+        "phase",
+    ),
+    _job(
+        "rlhf_group_seconds_total",
+        COUNTER,
+        "Seconds per decision-table group, including other's untimed remainder.",
+        "group",
+    ),
+    _job(
+        "rlhf_group_duration_seconds",
+        GAUGE,
+        "Last classified step's seconds per decision-table group.",
+        "group",
+    ),
+    _job(
+        "rlhf_group_share_ratio",
+        GAUGE,
+        "Last classified step's share of step time per decision-table group.",
+        "group",
+    ),
+    _job(
+        "rlhf_untimed_duration_seconds",
+        GAUGE,
+        "Last classified step's untimed remainder R (driver time outside any timer).",
+    ),
     _job("rlhf_untimed_seconds_total", COUNTER, "Sum of the untimed remainder R."),
-    _job("rlhf_bottleneck", GAUGE, "1 for the last classified step's verdict, 0 for the others.", "verdict"),
-    _job("rlhf_bottleneck_reason", GAUGE, "1 for the last classified step's reason, 0 for the verdict's other reasons.", "verdict", "reason"),
+    _job(
+        "rlhf_bottleneck",
+        GAUGE,
+        "1 for the last classified step's verdict, 0 for the others.",
+        "verdict",
+    ),
+    _job(
+        "rlhf_bottleneck_reason",
+        GAUGE,
+        "1 for the last classified step's reason, 0 for the verdict's other reasons.",
+        "verdict",
+        "reason",
+    ),
     _job("rlhf_bottleneck_steps_total", COUNTER, "Classified steps per verdict.", "verdict"),
-    _job("rlhf_bottleneck_reason_steps_total", COUNTER, "Classified steps per verdict and reason.", "verdict", "reason"),
-    _job("rlhf_change", GAUGE, "1 for the last classified step's change against the job's baseline.", "kind"),
+    _job(
+        "rlhf_bottleneck_reason_steps_total",
+        COUNTER,
+        "Classified steps per verdict and reason.",
+        "verdict",
+        "reason",
+    ),
+    _job(
+        "rlhf_change",
+        GAUGE,
+        "1 for the last classified step's change against the job's baseline.",
+        "kind",
+    ),
     _job("rlhf_change_steps_total", COUNTER, "Classified steps per change kind.", "kind"),
-    _job("rlhf_regression_steps_total", COUNTER, "Steps diagnosed as a regression of group.", "group"),
-    _job("rlhf_group_cost_seconds_per_token", GAUGE, "Last step's seconds per token (perf/total_num_tokens) per group.", "group"),
-    _job("rlhf_baseline_group_cost_seconds_per_token", GAUGE, "Baseline (median of recent steps) seconds per token per group.", "group"),
-    _job("rlhf_baseline_step_duration_seconds", GAUGE, "Baseline step time without checkpoint saves (median S')."),
-    _job("rlhf_baseline_tokens_per_second", GAUGE, "Baseline tokens per second of step time (median K/S')."),
+    _job(
+        "rlhf_regression_steps_total", COUNTER, "Steps diagnosed as a regression of group.", "group"
+    ),
+    _job(
+        "rlhf_group_cost_seconds_per_token",
+        GAUGE,
+        "Last step's seconds per token (perf/total_num_tokens) per group.",
+        "group",
+    ),
+    _job(
+        "rlhf_baseline_group_cost_seconds_per_token",
+        GAUGE,
+        "Baseline (median of recent steps) seconds per token per group.",
+        "group",
+    ),
+    _job(
+        "rlhf_baseline_step_duration_seconds",
+        GAUGE,
+        "Baseline step time without checkpoint saves (median S').",
+    ),
+    _job(
+        "rlhf_baseline_tokens_per_second",
+        GAUGE,
+        "Baseline tokens per second of step time (median K/S').",
+    ),
     _job("rlhf_step_tokens", GAUGE, "Last step's perf/total_num_tokens."),
     _job("rlhf_tokens_total", COUNTER, "Sum of perf/total_num_tokens."),
-    _job("rlhf_throughput_tokens_per_gpu_second", GAUGE, "Last perf/throughput (tokens per GPU per second)."),
+    _job(
+        "rlhf_throughput_tokens_per_gpu_second",
+        GAUGE,
+        "Last perf/throughput (tokens per GPU per second).",
+    ),
     _job("rlhf_mfu_ratio", GAUGE, "Model FLOPs utilization: perf/mfu/<stage>.", "stage"),
     _job("rlhf_response_length_tokens", GAUGE, "response_length/<stat> of the last step.", "stat"),
-    _job("rlhf_agent_loop_seconds", GAUGE, "Agent-loop per-sample seconds: agent_loop/<part>/<stat>.", "part", "stat"),
-    _job("rlhf_agent_loop_slowest_seconds", GAUGE, "The slowest sample's seconds per part: agent_loop/slowest/<part>.", "part"),
-    _job("rlhf_agent_loop_slowest_response_length_tokens", GAUGE, "The slowest sample's response length."),
-    _job("rlhf_agent_loop_preempted_max", GAUGE, "agent_loop/num_preempted/max: most preemptions of one sample."),
+    _job(
+        "rlhf_agent_loop_seconds",
+        GAUGE,
+        "Agent-loop per-sample seconds: agent_loop/<part>/<stat>.",
+        "part",
+        "stat",
+    ),
+    _job(
+        "rlhf_agent_loop_slowest_seconds",
+        GAUGE,
+        "The slowest sample's seconds per part: agent_loop/slowest/<part>.",
+        "part",
+    ),
+    _job(
+        "rlhf_agent_loop_slowest_response_length_tokens",
+        GAUGE,
+        "The slowest sample's response length.",
+    ),
+    _job(
+        "rlhf_agent_loop_preempted_max",
+        GAUGE,
+        "agent_loop/num_preempted/max: most preemptions of one sample.",
+    ),
     _job("rlhf_memory_max_allocated_bytes", GAUGE, "actor/perf/max_memory_allocated_gb, in bytes."),
     _job("rlhf_memory_max_reserved_bytes", GAUGE, "actor/perf/max_memory_reserved_gb, in bytes."),
-    _job("rlhf_fully_async_idle_ratio", GAUGE, "fully_async/<component>/idle_ratio (fully-async mode).", "component"),
+    _job(
+        "rlhf_fully_async_idle_ratio",
+        GAUGE,
+        "fully_async/<component>/idle_ratio (fully-async mode).",
+        "component",
+    ),
 )
 
 RAY = _section(
     "Ray actors",
     Metric("rlhf_ray_actors", GAUGE, "Ray actors per role and state.", ("role", "state")),
-    Metric("rlhf_ray_actors_by_class", GAUGE, "Ray actors per class and state (opt-in: ray.per_class).", ("class_name", "state")),
-    Metric("rlhf_ray_actor_restarts_total", COUNTER, "Actor restarts seen (growth of num_restarts).", ("role",)),
-    Metric("rlhf_ray_actor_deaths_total", COUNTER, "Actors seen becoming DEAD, by death reason.", ("role", "reason")),
-    Metric("rlhf_ray_cluster_info", GAUGE, "Identity of the Ray cluster the exporter reads.", ("ray_version", "session_name")),
+    Metric(
+        "rlhf_ray_actors_by_class",
+        GAUGE,
+        "Ray actors per class and state (opt-in: ray.per_class).",
+        ("class_name", "state"),
+    ),
+    Metric(
+        "rlhf_ray_actor_restarts_total",
+        COUNTER,
+        "Actor restarts seen (growth of num_restarts).",
+        ("role",),
+    ),
+    Metric(
+        "rlhf_ray_actor_deaths_total",
+        COUNTER,
+        "Actors seen becoming DEAD, by death reason.",
+        ("role", "reason"),
+    ),
+    Metric(
+        "rlhf_ray_cluster_info",
+        GAUGE,
+        "Identity of the Ray cluster the exporter reads.",
+        ("ray_version", "session_name"),
+    ),
 )
 
 GPU = _section(
     "GPUs (NVML)",
-    Metric("rlhf_gpu_info", GAUGE, "GPU identity; join with dcgm-exporter on uuid.", ("gpu", "uuid", "name", "driver_version")),
-    Metric("rlhf_gpu_utilization_ratio", GAUGE, "GPU utilization, last sample (0-1).", ("gpu", "uuid")),
-    Metric("rlhf_gpu_busy_seconds_total", COUNTER, "Integral of utilization over time; rate() is the exact busy ratio.", ("gpu", "uuid")),
+    Metric(
+        "rlhf_gpu_info",
+        GAUGE,
+        "GPU identity; join with dcgm-exporter on uuid.",
+        ("gpu", "uuid", "name", "driver_version"),
+    ),
+    Metric(
+        "rlhf_gpu_utilization_ratio", GAUGE, "GPU utilization, last sample (0-1).", ("gpu", "uuid")
+    ),
+    Metric(
+        "rlhf_gpu_busy_seconds_total",
+        COUNTER,
+        "Integral of utilization over time; rate() is the exact busy ratio.",
+        ("gpu", "uuid"),
+    ),
     Metric("rlhf_gpu_samples_total", COUNTER, "Utilization samples integrated.", ("gpu", "uuid")),
     Metric("rlhf_gpu_memory_used_bytes", GAUGE, "GPU memory used.", ("gpu", "uuid")),
     Metric("rlhf_gpu_memory_total_bytes", GAUGE, "GPU memory total.", ("gpu", "uuid")),
     Metric("rlhf_gpu_power_watts", GAUGE, "GPU power draw.", ("gpu", "uuid")),
     Metric("rlhf_gpu_temperature_celsius", GAUGE, "GPU temperature.", ("gpu", "uuid")),
     Metric("rlhf_gpu_sm_clock_hertz", GAUGE, "GPU SM clock.", ("gpu", "uuid")),
-    Metric("rlhf_gpu_role_memory_bytes", GAUGE, "GPU memory of processes matched to Ray actors of a role (unknown: unmatched).", ("gpu", "uuid", "role")),
-    Metric("rlhf_gpu_errors_total", COUNTER, "NVML errors per GPU, by reason (gpu_is_lost, ...); a failing GPU's other series are dropped until it answers.", ("gpu", "uuid", "reason")),
+    Metric(
+        "rlhf_gpu_role_memory_bytes",
+        GAUGE,
+        "GPU memory of processes matched to Ray actors of a role (unknown: unmatched).",
+        ("gpu", "uuid", "role"),
+    ),
+    Metric(
+        "rlhf_gpu_errors_total",
+        COUNTER,
+        "NVML errors per GPU, by reason (gpu_is_lost, ...); a failing GPU's other series are dropped until it answers.",
+        ("gpu", "uuid", "reason"),
+    ),
 )
 
 EXPORTER = _section(
     "The exporter itself",
-    Metric("rlhf_exporter_collector_up", GAUGE, "1 when the collector's last collection succeeded.", ("collector",)),
-    Metric("rlhf_exporter_collector_duration_seconds", GAUGE, "Duration of the collector's last collection.", ("collector",)),
-    Metric("rlhf_exporter_collector_last_success_timestamp_seconds", GAUGE, "Unix time of the collector's last successful collection.", ("collector",)),
-    Metric("rlhf_exporter_collector_errors_total", COUNTER, "Failed collections, by reason.", ("collector", "reason")),
+    Metric(
+        "rlhf_exporter_collector_up",
+        GAUGE,
+        "1 when the collector's last collection succeeded.",
+        ("collector",),
+    ),
+    Metric(
+        "rlhf_exporter_collector_duration_seconds",
+        GAUGE,
+        "Duration of the collector's last collection.",
+        ("collector",),
+    ),
+    Metric(
+        "rlhf_exporter_collector_last_success_timestamp_seconds",
+        GAUGE,
+        "Unix time of the collector's last successful collection.",
+        ("collector",),
+    ),
+    Metric(
+        "rlhf_exporter_collector_errors_total",
+        COUNTER,
+        "Failed collections, by reason.",
+        ("collector", "reason"),
+    ),
     Metric("rlhf_exporter_records_total", COUNTER, "Input records ingested.", ("collector",)),
-    Metric("rlhf_exporter_record_errors_total", COUNTER, "Input rejected, by reason.", ("collector", "reason")),
+    Metric(
+        "rlhf_exporter_record_errors_total",
+        COUNTER,
+        "Input rejected, by reason.",
+        ("collector", "reason"),
+    ),
     Metric("rlhf_exporter_jobs", GAUGE, "verl jobs currently exported.", ("collector",)),
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
 )
@@ -112,4 +282,3 @@ EXPORTER = _section(
 CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + EXPORTER)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)
-

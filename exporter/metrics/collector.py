@@ -3,23 +3,26 @@
 In the manner of prometheus_client's custom collectors: each scrape builds new families
 from the immutable snapshots the sources last published.
 """
+
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric as Family
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import Metric as Family
 
 from .. import __version__
-from ..sources.base import Sample, Snapshot
 from .catalog import BY_NAME, COUNTER, Metric
+from .snapshot import Sample, Snapshot
 
 SnapshotFn = Callable[[], Snapshot]
 
 
 def new_family(metric: Metric) -> Family:
     if metric.type == COUNTER:
-        return CounterMetricFamily(metric.name.removesuffix("_total"), metric.help,
-                                   labels=metric.labels)
+        return CounterMetricFamily(
+            metric.name.removesuffix("_total"), metric.help, labels=metric.labels
+        )
     return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
 
 

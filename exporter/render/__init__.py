@@ -4,12 +4,13 @@ Each module here that defines `targets(thresholds) -> dict[relative path, text]`
 target named after the module. `rlhf-exporter render NAME` writes its files; `--check` fails
 (exit 1) when a committed file differs from what the generator produces.
 """
+
 from __future__ import annotations
 
 import pkgutil
+from collections.abc import Callable, Mapping
 from importlib import import_module
 from pathlib import Path
-from typing import Callable, Mapping
 
 from ..diagnosis import Thresholds
 

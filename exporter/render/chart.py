@@ -6,6 +6,7 @@ is an Alertmanager config) and `grafana/*.json` dashboards: one source of truth
 (the repository's files, themselves generated), and `render --check` fails when a copy differs.
 This target runs last (ORDER 90), after the targets that write alerts/ and grafana/.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,4 +1,5 @@
 """docs/metrics.md, generated from the metric catalog."""
+
 from __future__ import annotations
 
 from ..diagnosis import Thresholds
@@ -25,15 +26,23 @@ def metrics_markdown() -> str:
     for m in CATALOG:
         if m.section != section:
             section = m.section
-            lines += ["", f"## {section}", "", "| name | type | labels | meaning |", "|---|---|---|---|"]
+            lines += [
+                "",
+                f"## {section}",
+                "",
+                "| name | type | labels | meaning |",
+                "|---|---|---|---|",
+            ]
         labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
         lines.append(f"| `{m.name}` | {m.type} | {labels} | {m.help} |")
     return "\n".join(lines) + "\n"
 
 
 def targets(thresholds: Thresholds) -> dict[str, str]:
-    return {"docs/metrics.md": metrics_markdown(),
-            "docs/decision-table.md": decision_table_markdown(thresholds)}
+    return {
+        "docs/metrics.md": metrics_markdown(),
+        "docs/decision-table.md": decision_table_markdown(thresholds),
+    }
 
 
 def decision_table_markdown(th: Thresholds) -> str:
@@ -70,7 +79,8 @@ def decision_table_markdown(th: Thresholds) -> str:
         "",
         "Not windows of the step: " + ", ".join(f"`{t}`" for t in doc["ignored_timers"]) + ".",
         "Nested timers (only the outer one counts when both are present): "
-        + ", ".join(f"`{i}` in `{o}`" for i, o in doc["nested_timers"].items()) + ".",
+        + ", ".join(f"`{i}` in `{o}`" for i, o in doc["nested_timers"].items())
+        + ".",
         "`timing_s/timing_s/<timer>` (fully-async) counts as `<timer>`; `timing_s/agent_loop/...` keys",
         "are per-sample statistics, never windows.",
         "",
@@ -94,7 +104,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         "tool_calls": f"the slowest sample's tool_calls ≥ {r['tool_calls_fraction']} × its total",
         "reward_in_loop": f"the slowest sample's compute_score ≥ {r['compute_score_fraction']} × its total",
         "long_tail": f"agent-loop generate max ≥ {r['long_tail_generate_ratio']} × mean; without "
-                     f"agent-loop stats, response_length max ≥ {r['long_tail_response_ratio']} × mean",
+        f"agent-loop stats, response_length max ≥ {r['long_tail_response_ratio']} × mean",
         "generation": "otherwise",
         "compute_bound": f"MFU ≥ {r['mfu_compute_bound']}",
         "low_mfu": f"0 < MFU < {r['mfu_compute_bound']}",
@@ -106,11 +116,15 @@ def decision_table_markdown(th: Thresholds) -> str:
         for reason in reasons:
             condition = when.get(reason, "always")
             if verdict == "update" and reason in ("compute_bound", "low_mfu", "mfu_unknown"):
-                condition += " (`perf/mfu/actor`, or `perf/mfu/critic` when update_critic is longer)"
+                condition += (
+                    " (`perf/mfu/actor`, or `perf/mfu/critic` when update_critic is longer)"
+                )
             if verdict == "logprob" and reason in ("compute_bound", "low_mfu", "mfu_unknown"):
                 condition += " (`perf/mfu/actor_infer`)"
-            out.append(f"| `{verdict}` | `{reason}` — {REASON_MEANING[reason]} | {condition} | "
-                       f"{look_at(verdict, reason)} |")
+            out.append(
+                f"| `{verdict}` | `{reason}` — {REASON_MEANING[reason]} | {condition} | "
+                f"{look_at(verdict, reason)} |"
+            )
     out += [
         "",
         "## Change against the job's own baseline",

@@ -4,6 +4,8 @@ Every source has `start()`, `stop()` and `snapshot()`. Slow work happens in the 
 own background thread; `snapshot()` only returns the last immutable `Snapshot`, so a scrape
 never waits on a source.
 """
-from .base import PollingSource, PollResult, Sample, Snapshot, Source, SourceError
 
-__all__ = ["PollingSource", "PollResult", "Sample", "Snapshot", "Source", "SourceError"]
+from ..metrics.snapshot import Sample, Snapshot
+from .base import PollingSource, PollResult, Source, SourceError
+
+__all__ = ["PollResult", "PollingSource", "Sample", "Snapshot", "Source", "SourceError"]

@@ -1,38 +1,19 @@
 """The interface every source implements, and a background poller most of them share."""
+
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
-from typing import Mapping, NamedTuple, Protocol
+from typing import NamedTuple, Protocol
+
+from ..metrics.snapshot import Sample, Snapshot
 
 log = logging.getLogger(__name__)
 _EMPTY: Mapping[str, int] = MappingProxyType({})
-
-
-class Sample(NamedTuple):
-    """One series: a catalog metric name, its label values in catalog order, a value."""
-
-    name: str
-    labels: tuple[str, ...]
-    value: float
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a source knows right now. Replaced whole, never changed in place."""
-
-    collector: str
-    up: bool = False
-    duration: float = 0.0  # seconds the last collection took
-    last_success: float | None = None  # unix time of the last successful collection
-    errors: Mapping[str, int] = field(default_factory=dict)  # failed collections by reason
-    records: int | None = None  # input records ingested (sources that take records)
-    record_errors: Mapping[str, int] = field(default_factory=dict)  # rejected input by reason
-    samples: tuple[Sample, ...] = ()
-    created: float = field(default_factory=time.time)
 
 
 class Source(Protocol):
@@ -119,8 +100,12 @@ class PollingSource:
             except SourceError as exc:
                 self._failed(exc.reason, str(exc), time.monotonic() - start)
             except Exception as exc:  # a bug or an unexpected library error: keep serving
-                self._failed("exception", f"{type(exc).__name__}: {exc}", time.monotonic() - start,
-                             exc_info=True)
+                self._failed(
+                    "exception",
+                    f"{type(exc).__name__}: {exc}",
+                    time.monotonic() - start,
+                    exc_info=True,
+                )
             else:
                 self._succeeded(result, time.monotonic() - start)
             finally:
@@ -132,7 +117,11 @@ class PollingSource:
             log.info("%s source recovered", self.name, extra={"collector": self.name})
             self._problem = None
         self._snapshot = Snapshot(
-            self.name, True, duration, time.time(), MappingProxyType(dict(self._errors)),
+            self.name,
+            True,
+            duration,
+            time.time(),
+            MappingProxyType(dict(self._errors)),
             result.records,
             MappingProxyType(dict(result.record_errors)) if result.record_errors else _EMPTY,
             tuple(result.samples),
@@ -141,12 +130,24 @@ class PollingSource:
     def _failed(self, reason: str, message: str, duration: float, exc_info: bool = False) -> None:
         self._errors[reason] = self._errors.get(reason, 0) + 1
         if self._problem != reason:
-            log.warning("%s source failed (%s): %s", self.name, reason, message,
-                        exc_info=exc_info, extra={"collector": self.name, "reason": reason})
+            log.warning(
+                "%s source failed (%s): %s",
+                self.name,
+                reason,
+                message,
+                exc_info=exc_info,
+                extra={"collector": self.name, "reason": reason},
+            )
             self._problem = reason
         old = self._snapshot
-        self._snapshot = replace(old, up=False, duration=duration, samples=(),
-                                 errors=MappingProxyType(dict(self._errors)), created=time.time())
+        self._snapshot = replace(
+            old,
+            up=False,
+            duration=duration,
+            samples=(),
+            errors=MappingProxyType(dict(self._errors)),
+            created=time.time(),
+        )
 
     # -- scrape path: no waiting ----------------------------------------------------------
     def snapshot(self) -> Snapshot:

@@ -22,15 +22,18 @@ RLHF (weight sync, the rollout's long tail). This source samples every --nvml-in
   `ray::<ActorClass>` as Ray names actor processes. Anything else is role `unknown`: memory
   is never given to a wrong role.
 """
+
 from __future__ import annotations
 
 import importlib
 import logging
 import re
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from .base import PollingSource, PollResult, Sample, SourceError
+from ..metrics.snapshot import Sample
+from .base import PollingSource, PollResult, SourceError
 from .roles import short_name
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ def error_reason(exc: BaseException) -> str:
     """NVMLError_GpuIsLost -> gpu_is_lost; NVMLError_LibraryNotFound -> library_not_found."""
     name = type(exc).__name__
     if name.startswith("NVMLError_"):
-        return _CAMEL.sub("_", name[len("NVMLError_"):]).lower()
+        return _CAMEL.sub("_", name[len("NVMLError_") :]).lower()
     return "nvml_error"
 
 
@@ -80,9 +83,17 @@ class Gpu:
 
 
 class NvmlSource(PollingSource):
-    def __init__(self, interval: float = 1.0, *, ray: Any = None, roles: bool = True,
-                 clock: Callable[[], float] = time.monotonic, stale_after: float | None = None,
-                 retry_after: float = 30.0, proc_root: str = "/proc"):
+    def __init__(
+        self,
+        interval: float = 1.0,
+        *,
+        ray: Any = None,
+        roles: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        stale_after: float | None = None,
+        retry_after: float = 30.0,
+        proc_root: str = "/proc",
+    ):
         super().__init__("nvml", interval, stale_after)
         self.ray = ray
         self.roles = roles
@@ -96,13 +107,15 @@ class NvmlSource(PollingSource):
         self._role_cache: tuple[int, dict[int, str]] = (0, {})
 
     @classmethod
-    def from_settings(cls, settings: Any, ray: Any = None) -> "NvmlSource | None":
+    def from_settings(cls, settings: Any, ray: Any = None) -> NvmlSource | None:
         if not settings.nvml:
             return None
         roles = settings.gpu_roles if settings.gpu_roles is not None else ray is not None
         if roles and ray is None:
-            log.warning("gpu_roles is on but the Ray source is off: all GPU memory goes to role "
-                        "'unknown'", extra={"collector": "nvml"})
+            log.warning(
+                "gpu_roles is on but the Ray source is off: all GPU memory goes to role 'unknown'",
+                extra={"collector": "nvml"},
+            )
         return cls(settings.nvml_interval, ray=ray, roles=roles)
 
     def describe(self) -> str:
@@ -119,17 +132,28 @@ class NvmlSource(PollingSource):
         try:
             nv = importlib.import_module("pynvml")
         except ImportError:
-            self._fail_init(SourceError("library_not_found", "the nvidia-ml-py package (module "
-                                        "pynvml) is not installed: no GPU metrics"))
+            self._fail_init(
+                SourceError(
+                    "library_not_found",
+                    "the nvidia-ml-py package (module pynvml) is not installed: no GPU metrics",
+                )
+            )
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
             reason = error_reason(exc)
-            hint = {"library_not_found": "no NVIDIA driver library (libnvidia-ml.so.1) on this host",
-                    "driver_not_loaded": "the NVIDIA kernel driver is not loaded",
-                    "no_permission": "no permission to open the GPU devices"}.get(reason, "NVML failed")
-            self._fail_init(SourceError(reason, f"NVML unavailable: {hint} ({exc}); GPU metrics off, "
-                                        f"retrying every {self.retry_after:g}s"))
+            hint = {
+                "library_not_found": "no NVIDIA driver library (libnvidia-ml.so.1) on this host",
+                "driver_not_loaded": "the NVIDIA kernel driver is not loaded",
+                "no_permission": "no permission to open the GPU devices",
+            }.get(reason, "NVML failed")
+            self._fail_init(
+                SourceError(
+                    reason,
+                    f"NVML unavailable: {hint} ({exc}); GPU metrics off, "
+                    f"retrying every {self.retry_after:g}s",
+                )
+            )
         try:
             count = nv.nvmlDeviceGetCount()
             try:
@@ -193,9 +217,14 @@ class NvmlSource(PollingSource):
         gpu.errors[reason] = gpu.errors.get(reason, 0) + 1
         gpu.last_ts = gpu.last_time = None  # integrate again from the next good sample
         if gpu.failing != reason:
-            log.warning("GPU %s (%s) failed (%s): %s; its series are dropped until it answers",
-                        gpu.label, gpu.uuid or "uuid unknown", reason, exc,
-                        extra={"collector": self.name, "reason": reason})
+            log.warning(
+                "GPU %s (%s) failed (%s): %s; its series are dropped until it answers",
+                gpu.label,
+                gpu.uuid or "uuid unknown",
+                reason,
+                exc,
+                extra={"collector": self.name, "reason": reason},
+            )
             gpu.failing = reason
 
     def _sample_gpu(self, nv: Any, gpu: Gpu, actors: Mapping[int, Any]) -> list[Sample]:
@@ -219,8 +248,9 @@ class NvmlSource(PollingSource):
         power = self._optional(nv, gpu, "power", nv.nvmlDeviceGetPowerUsage, h)
         if power is not None:
             out.append(Sample("rlhf_gpu_power_watts", key, power / 1000.0))  # milliwatts
-        temp = self._optional(nv, gpu, "temperature", nv.nvmlDeviceGetTemperature, h,
-                              nv.NVML_TEMPERATURE_GPU)
+        temp = self._optional(
+            nv, gpu, "temperature", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU
+        )
         if temp is not None:
             out.append(Sample("rlhf_gpu_temperature_celsius", key, float(temp)))
         clock = self._optional(nv, gpu, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM)
@@ -233,8 +263,10 @@ class NvmlSource(PollingSource):
                 for proc in procs:
                     role = self._role_of(int(proc.pid), actors)
                     by_role[role] = by_role.get(role, 0.0) + float(proc.usedGpuMemory or 0)
-                out += [Sample("rlhf_gpu_role_memory_bytes", (*key, role), v)
-                        for role, v in sorted(by_role.items())]
+                out += [
+                    Sample("rlhf_gpu_role_memory_bytes", (*key, role), v)
+                    for role, v in sorted(by_role.items())
+                ]
         return out
 
     def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable, *args: Any) -> Any:
@@ -255,19 +287,26 @@ class NvmlSource(PollingSource):
         if gpu.use_samples:
             try:
                 value_type, samples = nv.nvmlDeviceGetSamples(
-                    gpu.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, gpu.last_ts or 0)
+                    gpu.handle, nv.NVML_GPU_UTILIZATION_SAMPLES, gpu.last_ts or 0
+                )
             except nv.NVMLError_NotFound:  # no sample newer than last_ts yet
                 return
             except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
                 gpu.use_samples = False
-                log.info("GPU %s has no utilization sample buffer: integrating utilization x "
-                         "elapsed time instead", gpu.label, extra={"collector": self.name})
+                log.info(
+                    "GPU %s has no utilization sample buffer: integrating utilization x "
+                    "elapsed time instead",
+                    gpu.label,
+                    extra={"collector": self.name},
+                )
             else:
                 for sample in sorted(samples, key=lambda s: s.timeStamp):
                     ts = int(sample.timeStamp)
                     if gpu.last_ts is not None and ts <= gpu.last_ts:
                         continue
-                    ratio = min(max(_sample_value(value_type, sample.sampleValue) / 100.0, 0.0), 1.0)
+                    ratio = min(
+                        max(_sample_value(value_type, sample.sampleValue) / 100.0, 0.0), 1.0
+                    )
                     if gpu.last_ts is not None and ts - gpu.last_ts <= MAX_GAP_US:
                         gpu.busy += ratio * (ts - gpu.last_ts) / 1e6
                         gpu.samples += 1
@@ -319,7 +358,12 @@ class NvmlSource(PollingSource):
         except OSError:
             return False
         want = b"ray::" + short_name(class_name).encode()
-        return title.startswith(want) and title[len(want):len(want) + 1] in (b"", b".", b"\0", b" ")
+        return title.startswith(want) and title[len(want) : len(want) + 1] in (
+            b"",
+            b".",
+            b"\0",
+            b" ",
+        )
 
     def _parent(self, pid: int) -> int:
         try:

@@ -18,6 +18,7 @@ over the limit, 429 too many pushed jobs. Every rejection is all-or-nothing: it 
 and is counted in `rlhf_exporter_record_errors_total{collector="push",reason}`.
 A pushed job that receives nothing for `job_expiry` seconds stops being exported.
 """
+
 from __future__ import annotations
 
 import hmac
@@ -25,15 +26,16 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 
 from ..diagnosis import Record, Thresholds
 from ..jobs import Job
-from .base import Sample, Snapshot
+from ..metrics.snapshot import Sample, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +87,14 @@ def _label(body: dict, key: str) -> str:
 
 def _record(obj: Any, where: str) -> Record:
     if not isinstance(obj, dict):
-        raise Rejected(400, BAD_SCHEMA, f"{where}: a record must be an object with 'step' and 'data'")
+        raise Rejected(
+            400, BAD_SCHEMA, f"{where}: a record must be an object with 'step' and 'data'"
+        )
     extra = set(obj) - RECORD_KEYS
     if extra:
-        raise Rejected(400, BAD_SCHEMA, f"{where}: unknown key(s) {', '.join(sorted(map(str, extra)))}")
+        raise Rejected(
+            400, BAD_SCHEMA, f"{where}: unknown key(s) {', '.join(sorted(map(str, extra)))}"
+        )
     step = obj.get("step")
     if type(step) is not int or step < 0:
         raise Rejected(400, BAD_SCHEMA, f"{where}: 'step' must be an integer >= 0")
@@ -105,23 +111,35 @@ def parse_body(raw: bytes) -> tuple[str, str, list[Record]]:
     except orjson.JSONDecodeError as exc:
         raise Rejected(400, INVALID_JSON, f"body is not valid JSON (UTF-8): {exc}") from None
     if not isinstance(body, dict):
-        raise Rejected(400, BAD_SCHEMA, "body must be a JSON object with project, experiment and records")
+        raise Rejected(
+            400, BAD_SCHEMA, "body must be a JSON object with project, experiment and records"
+        )
     extra = set(body) - BODY_KEYS
     if extra:
-        raise Rejected(400, BAD_SCHEMA, f"unknown key(s) {', '.join(sorted(map(str, extra)))}; "
-                                        f"expected project, experiment and records (or step and data)")
+        raise Rejected(
+            400,
+            BAD_SCHEMA,
+            f"unknown key(s) {', '.join(sorted(map(str, extra)))}; "
+            f"expected project, experiment and records (or step and data)",
+        )
     project, experiment = _label(body, "project"), _label(body, "experiment")
     if "records" in body:
         if "step" in body or "data" in body:
-            raise Rejected(400, BAD_SCHEMA, "give either 'records' or one record's 'step' and 'data', not both")
+            raise Rejected(
+                400, BAD_SCHEMA, "give either 'records' or one record's 'step' and 'data', not both"
+            )
         items = body["records"]
         if not isinstance(items, list) or not items:
-            raise Rejected(400, BAD_SCHEMA, "'records' must be a non-empty list of {step, data} objects")
+            raise Rejected(
+                400, BAD_SCHEMA, "'records' must be a non-empty list of {step, data} objects"
+            )
         records = [_record(item, f"records[{i}]") for i, item in enumerate(items)]
     elif "step" in body or "data" in body:
         records = [_record({"step": body.get("step"), "data": body.get("data")}, "body")]
     else:
-        raise Rejected(400, BAD_SCHEMA, "missing 'records' (or a single record's 'step' and 'data')")
+        raise Rejected(
+            400, BAD_SCHEMA, "missing 'records' (or a single record's 'step' and 'data')"
+        )
     return project, experiment, records
 
 
@@ -130,8 +148,14 @@ class PushSource:
 
     name = NAME
 
-    def __init__(self, th: Thresholds, max_bytes: int = 1 << 20, token: str | None = None,
-                 job_expiry: float = 86400.0, claimed: Callable[[str, str], bool] | None = None):
+    def __init__(
+        self,
+        th: Thresholds,
+        max_bytes: int = 1 << 20,
+        token: str | None = None,
+        job_expiry: float = 86400.0,
+        claimed: Callable[[str, str], bool] | None = None,
+    ):
         self.th = th
         self.max_bytes = max_bytes
         self._token = token.encode() if token else None
@@ -170,8 +194,9 @@ class PushSource:
         return (project, experiment) in self._jobs
 
     # -- the endpoint ---------------------------------------------------------------------
-    def handle(self, authorization: str | None, content_length: str | None,
-               read: Callable[[int], bytes]) -> Answer:
+    def handle(
+        self, authorization: str | None, content_length: str | None, read: Callable[[int], bytes]
+    ) -> Answer:
         """One POST: check the token, then the size, then the body; apply it all or nothing."""
         try:
             self._authorize(authorization)
@@ -206,13 +231,19 @@ class PushSource:
         if length < 0:
             raise Rejected(400, INVALID_JSON, f"bad Content-Length {content_length!r}")
         if length > self.max_bytes:
-            raise Rejected(413, TOO_LARGE, f"body of {length} bytes is over the limit of {self.max_bytes} "
-                                           f"(push_max_bytes); send fewer records per request")
+            raise Rejected(
+                413,
+                TOO_LARGE,
+                f"body of {length} bytes is over the limit of {self.max_bytes} "
+                f"(push_max_bytes); send fewer records per request",
+            )
         return length
 
     def _apply(self, project: str, experiment: str, records: list[Record]) -> Answer:
         if self._claimed(project, experiment):
-            raise Rejected(409, CONFLICT, f"job {project}/{experiment} is already read from a verl file")
+            raise Rejected(
+                409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
+            )
         now = time.time()
         key = (project, experiment)
         with self._lock:
@@ -221,15 +252,28 @@ class PushSource:
                 if len(self._jobs) >= MAX_JOBS:
                     raise Rejected(429, TOO_MANY_JOBS, f"already {MAX_JOBS} pushed jobs")
                 pushed = self._jobs[key] = _Pushed(Job(project, experiment, self.th), now)
-                log.info("new pushed job %s/%s", project, experiment,
-                         extra={"project": project, "experiment": experiment})
+                log.info(
+                    "new pushed job %s/%s",
+                    project,
+                    experiment,
+                    extra={"project": project, "experiment": experiment},
+                )
             pushed.job.feed(records, now)
             pushed.last_push = now
             self._records += len(records)
             self._publish()
             job = pushed.job
-            return Answer(200, {"accepted": len(records), "project": project, "experiment": experiment,
-                                "step": job.step, "run": job.run, "verdict": job.verdict})
+            return Answer(
+                200,
+                {
+                    "accepted": len(records),
+                    "project": project,
+                    "experiment": experiment,
+                    "step": job.step,
+                    "run": job.run,
+                    "verdict": job.verdict,
+                },
+            )
 
     # -- snapshots ------------------------------------------------------------------------
     def _live(self, now: float) -> list[_Pushed]:
@@ -246,10 +290,20 @@ class PushSource:
         for p in self._jobs.values():
             samples.extend(p.job.samples())
         samples.append(Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))))
-        self._next_expiry = min((p.last_push + self.job_expiry for p in self._jobs.values()),
-                                default=float("inf"))
-        return Snapshot(NAME, True, 0.0, self._started, MappingProxyType({}), self._records,
-                        MappingProxyType(dict(self._rejected)), tuple(samples), now)
+        self._next_expiry = min(
+            (p.last_push + self.job_expiry for p in self._jobs.values()), default=float("inf")
+        )
+        return Snapshot(
+            NAME,
+            True,
+            0.0,
+            self._started,
+            MappingProxyType({}),
+            self._records,
+            MappingProxyType(dict(self._rejected)),
+            tuple(samples),
+            now,
+        )
 
     def describe(self) -> str:
         auth = "token required" if self._token else "no token"

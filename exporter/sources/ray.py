@@ -22,21 +22,25 @@ what was already dead or restarted then is not counted, but its series start at 
 With `--no-ray-actors` (GPU worker pods) only this node's ALIVE actors are read, for the
 NVML source's PID -> role match, and no actor series are exported (no double counting).
 """
+
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import re
 import socket
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, NamedTuple
 
 import orjson
 import requests
 
-from .base import PollingSource, PollResult, Sample, SourceError
+from ..metrics.snapshot import Sample
+from .base import PollingSource, PollResult, SourceError
 from .roles import ROLES, RoleMap
 
 log = logging.getLogger(__name__)
@@ -50,10 +54,22 @@ LISTED = ("ALIVE", "RESTARTING")  # rows with detail: restarts and PIDs
 MAX_CLASSES = 500  # per-class series kept at most (opt-in breakdown)
 MAX_DEAD_REMEMBERED = 120_000  # Ray keeps up to 100,000 dead actors
 FORGET_AFTER_POLLS = 40  # a live actor unseen this long leaves the restart bookkeeping
-KNOWN_REASONS = frozenset({
-    "WORKER_DIED", "OWNER_DIED", "NODE_DIED", "RAY_KILL", "OUT_OF_SCOPE", "REF_DELETED",
-    "UNSPECIFIED", "OUT_OF_MEMORY", "CREATION_TASK_FAILED", "RUNTIME_ENV_FAILED",
-    "UNSCHEDULABLE", "UNKNOWN"})
+KNOWN_REASONS = frozenset(
+    {
+        "WORKER_DIED",
+        "OWNER_DIED",
+        "NODE_DIED",
+        "RAY_KILL",
+        "OUT_OF_SCOPE",
+        "REF_DELETED",
+        "UNSPECIFIED",
+        "OUT_OF_MEMORY",
+        "CREATION_TASK_FAILED",
+        "RUNTIME_ENV_FAILED",
+        "UNSCHEDULABLE",
+        "UNKNOWN",
+    }
+)
 _REASON_SHAPE = re.compile(r"[A-Z][A-Z0-9_]{0,39}")
 _CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason enum
     ("oom_context", "OUT_OF_MEMORY"),
@@ -75,8 +91,11 @@ def resolve_address(setting: str | None, environ: Mapping[str, str] | None = Non
     (Ray's job CLI convention; a bare GCS `host:6379`, `auto` or `ray://` is not the
     dashboard), else http://127.0.0.1:8265."""
     environ = os.environ if environ is None else environ
-    for value, strict in ((setting, False), (environ.get("RAY_DASHBOARD_ADDRESS"), False),
-                          (environ.get("RAY_ADDRESS"), True)):
+    for value, strict in (
+        (setting, False),
+        (environ.get("RAY_DASHBOARD_ADDRESS"), False),
+        (environ.get("RAY_ADDRESS"), True),
+    ):
         if not value:
             continue
         value = value.strip().rstrip("/")
@@ -122,7 +141,7 @@ def local_addresses() -> frozenset[str]:
     found = {"127.0.0.1"}
     try:
         lines = open("/proc/net/fib_trie", encoding="ascii", errors="replace").read().splitlines()
-        for previous, line in zip(lines, lines[1:]):
+        for previous, line in itertools.pairwise(lines):
             if "/32 host LOCAL" in line:
                 found.add(previous.split()[-1])
     except OSError:
@@ -135,10 +154,18 @@ def local_addresses() -> frozenset[str]:
 
 
 class RaySource(PollingSource):
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, interval: float = 15.0,
-                 timeout: float = 5.0, actors: bool = True, per_class: bool = False,
-                 roles: RoleMap | None = None, node_ips: Iterable[str] | None = None,
-                 stale_after: float | None = None):
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        interval: float = 15.0,
+        timeout: float = 5.0,
+        actors: bool = True,
+        per_class: bool = False,
+        roles: RoleMap | None = None,
+        node_ips: Iterable[str] | None = None,
+        stale_after: float | None = None,
+    ):
         super().__init__("ray", interval, stale_after)
         self.address = address.rstrip("/")
         self.timeout = timeout
@@ -164,14 +191,19 @@ class RaySource(PollingSource):
         self._pids_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Any) -> "RaySource | None":
+    def from_settings(cls, settings: Any) -> RaySource | None:
         if not settings.ray:
             return None
         node_ip = getattr(settings, "ray_node_ip", None)
-        return cls(resolve_address(settings.ray_address), interval=settings.ray_interval,
-                   timeout=settings.ray_timeout, actors=settings.ray_actors,
-                   per_class=settings.ray_per_class, roles=RoleMap.from_file(settings.ray_roles),
-                   node_ips=[node_ip] if node_ip else None)
+        return cls(
+            resolve_address(settings.ray_address),
+            interval=settings.ray_interval,
+            timeout=settings.ray_timeout,
+            actors=settings.ray_actors,
+            per_class=settings.ray_per_class,
+            roles=RoleMap.from_file(settings.ray_roles),
+            node_ips=[node_ip] if node_ip else None,
+        )
 
     def describe(self) -> str:
         mode = "actors" if self.actors else "PIDs only"
@@ -201,20 +233,28 @@ class RaySource(PollingSource):
         try:
             with self._http.get(url, params=params, timeout=self.timeout, stream=True) as resp:
                 if resp.status_code != 200:
-                    raise SourceError(f"http_{resp.status_code}", f"GET {path}: HTTP {resp.status_code}")
+                    raise SourceError(
+                        f"http_{resp.status_code}", f"GET {path}: HTTP {resp.status_code}"
+                    )
                 chunks, size = [], 0
                 for chunk in resp.iter_content(1 << 16):
                     size += len(chunk)
                     if size > MAX_BODY:
-                        raise SourceError("too_large", f"GET {path}: answer larger than {MAX_BODY} bytes")
+                        raise SourceError(
+                            "too_large", f"GET {path}: answer larger than {MAX_BODY} bytes"
+                        )
                     if time.monotonic() > deadline:
-                        raise SourceError("timeout", f"GET {path}: no full answer within {self.timeout:g}s")
+                        raise SourceError(
+                            "timeout", f"GET {path}: no full answer within {self.timeout:g}s"
+                        )
                     chunks.append(chunk)
         except requests.Timeout:
             raise SourceError("timeout", f"GET {url}: no answer within {self.timeout:g}s") from None
         except requests.ConnectionError as exc:
             if "timed out" in str(exc).lower():
-                raise SourceError("timeout", f"GET {url}: no answer within {self.timeout:g}s") from None
+                raise SourceError(
+                    "timeout", f"GET {url}: no answer within {self.timeout:g}s"
+                ) from None
             raise SourceError("connection", f"GET {url}: cannot connect ({_short(exc)})") from None
         except requests.RequestException as exc:
             raise SourceError("http", f"GET {url}: {_short(exc)}") from None
@@ -228,7 +268,9 @@ class RaySource(PollingSource):
         body = self._get(path, params)
         try:
             if body.get("result") is False:
-                raise SourceError("ray_error", f"GET {path}: Ray says: {str(body.get('msg'))[:200]}")
+                raise SourceError(
+                    "ray_error", f"GET {path}: Ray says: {str(body.get('msg'))[:200]}"
+                )
             inner = body["data"]["result"]
             if not isinstance(inner, Mapping):
                 raise TypeError
@@ -236,15 +278,26 @@ class RaySource(PollingSource):
             raise SourceError("bad_response", f"GET {path}: not a state API answer") from None
         if _truncated(inner):
             what = path + "".join(f" {v}" for k, v in params if k == "filter_values")
-            self._warn_once(f"truncated {what}",
-                            "Ray answered %s with %s of %s rows (the state API's limit is %d): "
-                            "counts are lower bounds", what, inner.get("num_after_truncation"),
-                            inner.get("total"), LIMIT)
+            self._warn_once(
+                f"truncated {what}",
+                "Ray answered %s with %s of %s rows (the state API's limit is %d): "
+                "counts are lower bounds",
+                what,
+                inner.get("num_after_truncation"),
+                inner.get("total"),
+                LIMIT,
+            )
         return inner
 
-    def _list(self, resource: str, state: str, detail: bool, extra: list[tuple[str, str]] = ()) -> tuple[list, bool]:
-        params = [("limit", str(LIMIT)), ("filter_keys", "state"), ("filter_predicates", "="),
-                  ("filter_values", state)]
+    def _list(
+        self, resource: str, state: str, detail: bool, extra: list[tuple[str, str]] = ()
+    ) -> tuple[list, bool]:
+        params = [
+            ("limit", str(LIMIT)),
+            ("filter_keys", "state"),
+            ("filter_predicates", "="),
+            ("filter_values", state),
+        ]
         for key, value in extra:
             params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
         if detail:
@@ -266,7 +319,9 @@ class RaySource(PollingSource):
                 name = str(entry.get("class_name") or key)
                 counts[name] = counts.get(name, 0) + _int(entry.get("state_counts", {}).get(state))
         except (AttributeError, KeyError, TypeError):
-            raise SourceError("bad_response", "/api/v0/actors/summarize: unexpected shape") from None
+            raise SourceError(
+                "bad_response", "/api/v0/actors/summarize: unexpected shape"
+            ) from None
         return counts, _truncated(inner)
 
     # -- one poll ---------------------------------------------------------------------------
@@ -277,8 +332,12 @@ class RaySource(PollingSource):
         ray_version = str(version.get("ray_version") or "unknown")
         session = str(version.get("session_name") or "unknown")
         if self._session is not None and session != self._session:
-            log.info("Ray session changed from %s to %s: a new cluster", self._session, session,
-                     extra={"collector": self.name})
+            log.info(
+                "Ray session changed from %s to %s: a new cluster",
+                self._session,
+                session,
+                extra={"collector": self.name},
+            )
             self._restarts.clear()
             self._dead_seen.clear()
             self._dead_counts = None
@@ -288,7 +347,9 @@ class RaySource(PollingSource):
             samples += self._poll_actors(local_nodes)
         else:
             rows = []
-            for node in sorted(local_nodes):  # node_id is filtered in the dashboard, state in the GCS
+            for node in sorted(
+                local_nodes
+            ):  # node_id is filtered in the dashboard, state in the GCS
                 rows += self._list("actors", "ALIVE", False, [("node_id", node)])[0]
             self._publish_pids(rows, local_nodes)
         self._session = session
@@ -300,9 +361,12 @@ class RaySource(PollingSource):
         rows, _ = self._list("nodes", "ALIVE", False)
         nodes = {str(r.get("node_id")) for r in rows if r.get("node_ip") in self.node_ips}
         if not nodes:
-            self._warn_once("no local node", "no ALIVE Ray node has one of this host's addresses "
-                            "(%s): GPU memory cannot be matched to actors (role unknown)",
-                            ", ".join(sorted(self.node_ips)))
+            self._warn_once(
+                "no local node",
+                "no ALIVE Ray node has one of this host's addresses "
+                "(%s): GPU memory cannot be matched to actors (role unknown)",
+                ", ".join(sorted(self.node_ips)),
+            )
         return nodes
 
     def _publish_pids(self, rows: Iterable[Mapping[str, Any]], local_nodes: set[str]) -> None:
@@ -346,15 +410,23 @@ class RaySource(PollingSource):
         if self.per_class:
             kept = sorted(by_class.items())
             if len({name for name, _ in by_class}) > MAX_CLASSES:
-                self._warn_once("classes", "more than %d actor classes: the per-class breakdown "
-                                "keeps the first %d", MAX_CLASSES, MAX_CLASSES)
+                self._warn_once(
+                    "classes",
+                    "more than %d actor classes: the per-class breakdown keeps the first %d",
+                    MAX_CLASSES,
+                    MAX_CLASSES,
+                )
                 names = sorted({name for name, _ in by_class})[:MAX_CLASSES]
                 kept = [kv for kv in kept if kv[0][0] in set(names)]
             samples += [Sample("rlhf_ray_actors_by_class", key, float(n)) for key, n in kept]
-        samples += [Sample("rlhf_ray_actor_restarts_total", (role,), float(n))
-                    for role, n in self._restarts_total.items()]
-        samples += [Sample("rlhf_ray_actor_deaths_total", key, float(n))
-                    for key, n in sorted(self._deaths_total.items())]
+        samples += [
+            Sample("rlhf_ray_actor_restarts_total", (role,), float(n))
+            for role, n in self._restarts_total.items()
+        ]
+        samples += [
+            Sample("rlhf_ray_actor_deaths_total", key, float(n))
+            for key, n in sorted(self._deaths_total.items())
+        ]
         return samples
 
     def _count_restarts(self, rows: list[Mapping[str, Any]]) -> None:
@@ -407,4 +479,3 @@ def _short(exc: BaseException) -> str:
     if found:
         return found.group(0).strip()
     return text if len(text) <= 160 else text[:157] + "..."
-

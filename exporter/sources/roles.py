@@ -14,11 +14,13 @@ dot. The defaults cover the classes verl creates (see
 
 (or the same list under a top-level `roles:` key).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..config import ConfigError, read_yaml
 
@@ -36,11 +38,17 @@ DEFAULT_RULES: tuple[tuple[str, str], ...] = (
     # the driver: verl's main_ppo TaskRunner (V1 trainer: TaskRunnerV1)
     ("driver", r"TaskRunner(V\d+)?"),
     # training workers: the colocated fused worker, split workers, fully-async trainer
-    ("trainer", r"WorkerDict|ActorRolloutRefWorker|AsyncActorRolloutRefWorker|TrainingWorker"
-                r"|DetachActorWorker|DetachAsyncRolloutWorker|CriticWorker|RefWorker|FullyAsyncTrainer"),
+    (
+        "trainer",
+        r"WorkerDict|ActorRolloutRefWorker|AsyncActorRolloutRefWorker|TrainingWorker"
+        r"|DetachActorWorker|DetachAsyncRolloutWorker|CriticWorker|RefWorker|FullyAsyncTrainer",
+    ),
     # rollout servers (vLLM, SGLang, TensorRT-LLM) and the weight-transfer engine
-    ("rollout", r"vLLMHttpServer\w*|SGLangHttpServer\w*|TRTLLMHttpServer\w*|AsyncvLLMServer\w*"
-                r"|AsyncSglangServer\w*|CheckpointEngineWorker|FullyAsyncRollouter"),
+    (
+        "rollout",
+        r"vLLMHttpServer\w*|SGLangHttpServer\w*|TRTLLMHttpServer\w*|AsyncvLLMServer\w*"
+        r"|AsyncSglangServer\w*|CheckpointEngineWorker|FullyAsyncRollouter",
+    ),
     ("agent_loop", r"AgentLoopWorker\w*|AgentLoopManager"),
     ("reward", r"RewardLoopWorker|RewardModelWorker|RewardManagerWorker\w*"),
     # fully-async's queue between rollouter and trainer, and anything else
@@ -56,11 +64,11 @@ class RoleMap:
         self._cache: dict[str, str] = {}
 
     @classmethod
-    def default(cls) -> "RoleMap":
+    def default(cls) -> RoleMap:
         return cls(_compile(DEFAULT_RULES, "built-in roles"))
 
     @classmethod
-    def from_file(cls, path: str | None) -> "RoleMap":
+    def from_file(cls, path: str | None) -> RoleMap:
         """The file's rules first, then the defaults. None: the defaults alone."""
         if path is None:
             return cls.default()
@@ -91,11 +99,15 @@ def parse_rules(doc: Any, where: str) -> tuple[Rule, ...]:
     if isinstance(doc, Mapping):
         extra = set(doc) - {"roles"}
         if extra or "roles" not in doc:
-            raise ConfigError(f"{where}: expected a list of {{role, pattern}} "
-                              f"(or one under 'roles:'), got keys {sorted(map(str, doc))}")
+            raise ConfigError(
+                f"{where}: expected a list of {{role, pattern}} "
+                f"(or one under 'roles:'), got keys {sorted(map(str, doc))}"
+            )
         doc = doc["roles"]
     if not isinstance(doc, list):
-        raise ConfigError(f"{where}: expected a list of {{role, pattern}}, got {type(doc).__name__}")
+        raise ConfigError(
+            f"{where}: expected a list of {{role, pattern}}, got {type(doc).__name__}"
+        )
     pairs = []
     for i, item in enumerate(doc):
         at = f"{where}: rule {i + 1}"
@@ -103,8 +115,10 @@ def parse_rules(doc: Any, where: str) -> tuple[Rule, ...]:
             raise ConfigError(f"{at}: expected a mapping with 'role' and 'pattern', got {item!r}")
         unknown = set(item) - {"role", "pattern"}
         if unknown:
-            raise ConfigError(f"{at}: unknown key(s) {sorted(map(str, unknown))}; "
-                              "a rule has only 'role' and 'pattern'")
+            raise ConfigError(
+                f"{at}: unknown key(s) {sorted(map(str, unknown))}; "
+                "a rule has only 'role' and 'pattern'"
+            )
         if "role" not in item or "pattern" not in item:
             raise ConfigError(f"{at}: needs both 'role' and 'pattern'")
         pairs.append((item["role"], item["pattern"]))

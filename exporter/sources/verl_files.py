@@ -14,6 +14,7 @@
   all, so a huge backlog or a 50 MiB line is read over several polls without stalling.
 - A job whose file has not changed for `job_expiry` seconds is no longer exported.
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,14 +22,16 @@ import os
 import stat
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from ..diagnosis import Thresholds
 from ..jobs import Job
+from ..metrics.snapshot import Sample
 from ..reader import RecordReader
-from .base import PollingSource, PollResult, Sample
+from .base import PollingSource, PollResult
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +78,17 @@ def labels_from_path(path: Path) -> tuple[str, str]:
 
 
 class VerlFileSource(PollingSource):
-    def __init__(self, th: Thresholds, roots: Sequence[str | Path] = (),
-                 files: Sequence[tuple[str | Path, str | None, str | None]] = (),
-                 interval: float = 1.0, job_expiry: float = 86400.0,
-                 max_line: int = 1 << 20, file_budget: int = 8 << 20, poll_budget: int = 64 << 20):
+    def __init__(
+        self,
+        th: Thresholds,
+        roots: Sequence[str | Path] = (),
+        files: Sequence[tuple[str | Path, str | None, str | None]] = (),
+        interval: float = 1.0,
+        job_expiry: float = 86400.0,
+        max_line: int = 1 << 20,
+        file_budget: int = 8 << 20,
+        poll_budget: int = 64 << 20,
+    ):
         super().__init__(NAME, interval)
         self.th = th
         self.roots = [Path(r) for r in roots]
@@ -132,8 +142,12 @@ class VerlFileSource(PollingSource):
             self._root_problems[root] = reason
             if reason == PERMISSION_DENIED:
                 self._rejected[reason] += 1
-            log.warning("cannot list verl root %s: %s (jobs there are found once it is readable)",
-                        root, exc.strerror or exc, extra={"path": str(root), "reason": reason})
+            log.warning(
+                "cannot list verl root %s: %s (jobs there are found once it is readable)",
+                root,
+                exc.strerror or exc,
+                extra={"path": str(root), "reason": reason},
+            )
 
     def _watch(self, path: Path, project: str, experiment: str) -> None:
         key = (project, experiment)
@@ -141,38 +155,70 @@ class VerlFileSource(PollingSource):
             if key not in self._duplicates:
                 self._duplicates.add(key)
                 self._rejected[DUPLICATE_JOB] += 1
-                log.warning("%s: project=%s experiment=%s is already a pushed job; this file is read "
-                            "once that job expires", path, project, experiment,
-                            extra={"path": str(path), "reason": DUPLICATE_JOB})
+                log.warning(
+                    "%s: project=%s experiment=%s is already a pushed job; this file is read "
+                    "once that job expires",
+                    path,
+                    project,
+                    experiment,
+                    extra={"path": str(path), "reason": DUPLICATE_JOB},
+                )
             return
         if key in self._jobs:
             if key not in self._duplicates:
                 self._duplicates.add(key)
                 self._rejected[DUPLICATE_JOB] += 1
-                log.warning("%s: project=%s experiment=%s is already read from %s; ignoring this file",
-                            path, project, experiment, self._jobs[key],
-                            extra={"path": str(path), "reason": DUPLICATE_JOB})
+                log.warning(
+                    "%s: project=%s experiment=%s is already read from %s; ignoring this file",
+                    path,
+                    project,
+                    experiment,
+                    self._jobs[key],
+                    extra={"path": str(path), "reason": DUPLICATE_JOB},
+                )
             return
         if len(self._watched) >= MAX_FILES:
             if TOO_MANY_FILES not in self._rejected:
                 self._rejected[TOO_MANY_FILES] += 1
-                log.warning("watching %d files already; ignoring %s and any further files",
-                            MAX_FILES, path, extra={"path": str(path), "reason": TOO_MANY_FILES})
+                log.warning(
+                    "watching %d files already; ignoring %s and any further files",
+                    MAX_FILES,
+                    path,
+                    extra={"path": str(path), "reason": TOO_MANY_FILES},
+                )
             return
         self._jobs[key] = path
-        self._watched[path] = Watched(path, project, experiment, Job(project, experiment, self.th),
-                                      RecordReader(self.max_line))
-        log.info("watching verl job %s/%s in %s", project, experiment, path,
-                 extra={"project": project, "experiment": experiment, "path": str(path)})
+        self._watched[path] = Watched(
+            path,
+            project,
+            experiment,
+            Job(project, experiment, self.th),
+            RecordReader(self.max_line),
+        )
+        log.info(
+            "watching verl job %s/%s in %s",
+            project,
+            experiment,
+            path,
+            extra={"project": project, "experiment": experiment, "path": str(path)},
+        )
 
     # -- reading --------------------------------------------------------------------------
     def _file_problem(self, w: Watched, reason: str, message: str) -> None:
         if w.problem != reason:
             w.problem = reason
             self._rejected[reason] += 1
-            log.warning("%s: %s", w.path, message,
-                        extra={"path": str(w.path), "reason": reason, "project": w.project,
-                               "experiment": w.experiment})
+            log.warning(
+                "%s: %s",
+                w.path,
+                message,
+                extra={
+                    "path": str(w.path),
+                    "reason": reason,
+                    "project": w.project,
+                    "experiment": w.experiment,
+                },
+            )
 
     def _restart(self, w: Watched, why: str) -> None:
         w.reader.finish()  # an unfinished last line is counted as incomplete_line
@@ -181,8 +227,12 @@ class VerlFileSource(PollingSource):
         w.offset = 0
         w.head = b""
         w.job.new_run()
-        log.info("%s was %s: reading it again from the start as a new run", w.path, why,
-                 extra={"path": str(w.path), "project": w.project, "experiment": w.experiment})
+        log.info(
+            "%s was %s: reading it again from the start as a new run",
+            w.path,
+            why,
+            extra={"path": str(w.path), "project": w.project, "experiment": w.experiment},
+        )
 
     def _count_rejections(self, w: Watched) -> None:
         for reason, n in w.reader.rejected.items():
@@ -192,10 +242,18 @@ class VerlFileSource(PollingSource):
                 w.rejected_seen[reason] = n
                 if reason not in w.logged:
                     w.logged.add(reason)
-                    log.warning("%s: rejected %d line(s): %s (counted, logged once per file and reason)",
-                                w.path, new, reason,
-                                extra={"path": str(w.path), "reason": reason, "project": w.project,
-                                       "experiment": w.experiment})
+                    log.warning(
+                        "%s: rejected %d line(s): %s (counted, logged once per file and reason)",
+                        w.path,
+                        new,
+                        reason,
+                        extra={
+                            "path": str(w.path),
+                            "reason": reason,
+                            "project": w.project,
+                            "experiment": w.experiment,
+                        },
+                    )
 
     def _read(self, w: Watched, budget: int, now: float) -> int:
         """Read what is new in one file; returns the bytes read."""
@@ -203,7 +261,9 @@ class VerlFileSource(PollingSource):
             st = os.stat(w.path)
         except FileNotFoundError:
             if w.identity is not None:
-                self._file_problem(w, FILE_DELETED, "file deleted (a recreated file is read as a new run)")
+                self._file_problem(
+                    w, FILE_DELETED, "file deleted (a recreated file is read as a new run)"
+                )
             else:
                 self._file_problem(w, FILE_MISSING, "file does not exist (yet)")
             return 0
@@ -214,8 +274,12 @@ class VerlFileSource(PollingSource):
         if not stat.S_ISREG(st.st_mode):
             self._file_problem(w, NOT_A_FILE, "not a regular file")
             return 0
-        if st.st_size == w.offset and st.st_mtime_ns == w.mtime_ns and w.problem is None \
-                and (st.st_dev, st.st_ino) == w.identity:
+        if (
+            st.st_size == w.offset
+            and st.st_mtime_ns == w.mtime_ns
+            and w.problem is None
+            and (st.st_dev, st.st_ino) == w.identity
+        ):
             return 0  # nothing new: the common case, no open()
         try:  # O_NONBLOCK: a FIFO named *.jsonl must not hang the poll
             fd = os.open(w.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -295,8 +359,11 @@ class VerlFileSource(PollingSource):
             # something changed: a new samples tuple (an unchanged one lets scrapes reuse bytes)
             self._parts = parts
             self._samples = tuple(x for part in parts for x in part) + (
-                Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
-            self._summaries = tuple({**job.summary(), "source": str(self._jobs[job.labels])} for job in jobs)
+                Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),
+            )
+            self._summaries = tuple(
+                {**job.summary(), "source": str(self._jobs[job.labels])} for job in jobs
+            )
         return PollResult(self._samples, self._records, dict(self._rejected))
 
     def _forget(self, w: Watched) -> None:
@@ -317,10 +384,18 @@ class VerlFileSource(PollingSource):
         return f"verl ({', '.join(parts) or 'nothing to watch'}; every {self.interval:g}s)"
 
 
-def from_settings(settings: Any, th: Thresholds, extra_roots: Iterable[Path] = ()) -> VerlFileSource | None:
+def from_settings(
+    settings: Any, th: Thresholds, extra_roots: Iterable[Path] = ()
+) -> VerlFileSource | None:
     roots = list(settings.verl_root or []) + [str(r) for r in extra_roots]
     files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
     if not roots and not files:
         return None
-    return VerlFileSource(th, roots, files, interval=settings.verl_interval,
-                          job_expiry=settings.job_expiry, max_line=settings.max_line_bytes)
+    return VerlFileSource(
+        th,
+        roots,
+        files,
+        interval=settings.verl_interval,
+        job_expiry=settings.job_expiry,
+        max_line=settings.max_line_bytes,
+    )

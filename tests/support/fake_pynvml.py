@@ -19,6 +19,7 @@ of the fake clock (real GPUs: 1/6 to 1 s), value = the scripted utilization at t
 the newest `buffer` samples kept; `nvmlDeviceGetSamples(h, type, last_seen_us)` returns the
 newer ones or raises NVMLError_NotFound.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -26,20 +27,34 @@ import string
 import threading
 import time
 import types
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 # -- constants, with the real module's names and values ------------------------------------
 NVML_SUCCESS = 0
 ERRORS = {
-    "NVML_ERROR_UNINITIALIZED": 1, "NVML_ERROR_INVALID_ARGUMENT": 2, "NVML_ERROR_NOT_SUPPORTED": 3,
-    "NVML_ERROR_NO_PERMISSION": 4, "NVML_ERROR_ALREADY_INITIALIZED": 5, "NVML_ERROR_NOT_FOUND": 6,
-    "NVML_ERROR_INSUFFICIENT_SIZE": 7, "NVML_ERROR_INSUFFICIENT_POWER": 8,
-    "NVML_ERROR_DRIVER_NOT_LOADED": 9, "NVML_ERROR_TIMEOUT": 10, "NVML_ERROR_IRQ_ISSUE": 11,
-    "NVML_ERROR_LIBRARY_NOT_FOUND": 12, "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
-    "NVML_ERROR_CORRUPTED_INFOROM": 14, "NVML_ERROR_GPU_IS_LOST": 15, "NVML_ERROR_RESET_REQUIRED": 16,
-    "NVML_ERROR_OPERATING_SYSTEM": 17, "NVML_ERROR_LIB_RM_VERSION_MISMATCH": 18, "NVML_ERROR_IN_USE": 19,
-    "NVML_ERROR_MEMORY": 20, "NVML_ERROR_NO_DATA": 21, "NVML_ERROR_UNKNOWN": 999,
+    "NVML_ERROR_UNINITIALIZED": 1,
+    "NVML_ERROR_INVALID_ARGUMENT": 2,
+    "NVML_ERROR_NOT_SUPPORTED": 3,
+    "NVML_ERROR_NO_PERMISSION": 4,
+    "NVML_ERROR_ALREADY_INITIALIZED": 5,
+    "NVML_ERROR_NOT_FOUND": 6,
+    "NVML_ERROR_INSUFFICIENT_SIZE": 7,
+    "NVML_ERROR_INSUFFICIENT_POWER": 8,
+    "NVML_ERROR_DRIVER_NOT_LOADED": 9,
+    "NVML_ERROR_TIMEOUT": 10,
+    "NVML_ERROR_IRQ_ISSUE": 11,
+    "NVML_ERROR_LIBRARY_NOT_FOUND": 12,
+    "NVML_ERROR_FUNCTION_NOT_FOUND": 13,
+    "NVML_ERROR_CORRUPTED_INFOROM": 14,
+    "NVML_ERROR_GPU_IS_LOST": 15,
+    "NVML_ERROR_RESET_REQUIRED": 16,
+    "NVML_ERROR_OPERATING_SYSTEM": 17,
+    "NVML_ERROR_LIB_RM_VERSION_MISMATCH": 18,
+    "NVML_ERROR_IN_USE": 19,
+    "NVML_ERROR_MEMORY": 20,
+    "NVML_ERROR_NO_DATA": 21,
+    "NVML_ERROR_UNKNOWN": 999,
 }
 NVML_ERROR_UNINITIALIZED = ERRORS["NVML_ERROR_UNINITIALIZED"]
 NVML_ERROR_INVALID_ARGUMENT = ERRORS["NVML_ERROR_INVALID_ARGUMENT"]
@@ -49,11 +64,22 @@ NVML_ERROR_DRIVER_NOT_LOADED = ERRORS["NVML_ERROR_DRIVER_NOT_LOADED"]
 NVML_ERROR_LIBRARY_NOT_FOUND = ERRORS["NVML_ERROR_LIBRARY_NOT_FOUND"]
 NVML_ERROR_GPU_IS_LOST = ERRORS["NVML_ERROR_GPU_IS_LOST"]
 CONSTANTS = {
-    "NVML_SUCCESS": 0, "NVML_GPU_UTILIZATION_SAMPLES": 1, "NVML_TEMPERATURE_GPU": 0,
-    "NVML_CLOCK_SM": 1, "NVML_VALUE_TYPE_DOUBLE": 0, "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
+    "NVML_SUCCESS": 0,
+    "NVML_GPU_UTILIZATION_SAMPLES": 1,
+    "NVML_TEMPERATURE_GPU": 0,
+    "NVML_CLOCK_SM": 1,
+    "NVML_VALUE_TYPE_DOUBLE": 0,
+    "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
 }
-MESSAGES = {1: "Uninitialized", 3: "Not Supported", 6: "Not Found", 9: "Driver Not Loaded",
-            12: "NVML Shared Library Not Found", 15: "GPU is lost", 999: "Unknown Error"}
+MESSAGES = {
+    1: "Uninitialized",
+    3: "Not Supported",
+    6: "Not Found",
+    9: "Driver Not Loaded",
+    12: "NVML Shared Library Not Found",
+    15: "GPU is lost",
+    999: "Unknown Error",
+}
 
 
 def _error_classes() -> dict[str, type]:
@@ -81,7 +107,9 @@ def _error_classes() -> dict[str, type]:
     NVMLError.__module__ = "pynvml"
     classes: dict[str, type] = {"NVMLError": NVMLError}
     for name, value in ERRORS.items():
-        cls_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        cls_name = "NVMLError_" + string.capwords(name.replace("NVML_ERROR_", ""), "_").replace(
+            "_", ""
+        )
 
         def new(cls, *args, _value=value):
             return NVMLError.__new__(cls, _value)
@@ -139,9 +167,14 @@ class FakeGpu:
         return float(self.util[max(i, 0)][1])
 
 
-def make_module(gpus: Sequence[FakeGpu], clock: Callable[[], float] | None = None, *,
-                library: bool = True, driver_loaded: bool = True,
-                driver: str = "550.54.15") -> types.ModuleType:
+def make_module(
+    gpus: Sequence[FakeGpu],
+    clock: Callable[[], float] | None = None,
+    *,
+    library: bool = True,
+    driver_loaded: bool = True,
+    driver: str = "550.54.15",
+) -> types.ModuleType:
     clock = clock or FakeClock()
     mod = types.ModuleType("pynvml")
     mod.__file__ = __file__
@@ -196,6 +229,7 @@ def make_module(gpus: Sequence[FakeGpu], clock: Callable[[], float] | None = Non
             initialised()
             check(handle, name)
             return result(handle, *args)
+
         call.__name__ = name
         return call
 
@@ -213,7 +247,7 @@ def make_module(gpus: Sequence[FakeGpu], clock: Callable[[], float] | None = Non
         out = []
         for k in range(oldest, newest + 1):
             t = gpu.start + k * period
-            ts = int(round(t * 1e6))
+            ts = round(t * 1e6)
             if ts > last_seen:
                 # a sample at t covers (t - period, t]: the utilization just before t
                 value = types.SimpleNamespace(uiVal=int(gpu.percent(t - period / 2)))
@@ -227,20 +261,30 @@ def make_module(gpus: Sequence[FakeGpu], clock: Callable[[], float] | None = Non
         "nvmlDeviceGetName": lambda g: g.name,
         "nvmlDeviceGetSamples": samples,
         "nvmlDeviceGetUtilizationRates": lambda g: types.SimpleNamespace(
-            gpu=int(g.percent(clock())), memory=0),
+            gpu=int(g.percent(clock())), memory=0
+        ),
         "nvmlDeviceGetMemoryInfo": lambda g, version=None: types.SimpleNamespace(
-            total=g.memory_total, used=g.memory_used, free=g.memory_total - g.memory_used),
+            total=g.memory_total, used=g.memory_used, free=g.memory_total - g.memory_used
+        ),
         "nvmlDeviceGetPowerUsage": lambda g: g.power_mw,
         "nvmlDeviceGetTemperature": lambda g, sensor: g.temperature,
         "nvmlDeviceGetClockInfo": lambda g, kind: g.sm_mhz,
         "nvmlDeviceGetComputeRunningProcesses": lambda g: [
-            types.SimpleNamespace(pid=pid, usedGpuMemory=mem, gpuInstanceId=0xFFFFFFFF,
-                                  computeInstanceId=0xFFFFFFFF) for pid, mem in g.processes],
+            types.SimpleNamespace(
+                pid=pid, usedGpuMemory=mem, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF
+            )
+            for pid, mem in g.processes
+        ],
     }
     for name, result in funcs.items():
         setattr(mod, name, device(name, result))
-    for fn in (nvmlInit, nvmlShutdown, nvmlDeviceGetCount, nvmlSystemGetDriverVersion,
-               nvmlDeviceGetHandleByIndex):
+    for fn in (
+        nvmlInit,
+        nvmlShutdown,
+        nvmlDeviceGetCount,
+        nvmlSystemGetDriverVersion,
+        nvmlDeviceGetHandleByIndex,
+    ):
         setattr(mod, fn.__name__, fn)
     mod.nvmlInitWithFlags = lambda flags: nvmlInit()
     return mod

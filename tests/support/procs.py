@@ -1,4 +1,5 @@
 """Start real processes on 127.0.0.1 for tests, and always stop them."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -22,8 +24,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_until(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.1,
-               what: str = "condition") -> T:
+def wait_until(
+    fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.1, what: str = "condition"
+) -> T:
     """Poll `fn` until it returns something truthy; fail with `what` after `timeout` s."""
     deadline = time.monotonic() + timeout
     last_exc: Exception | None = None
@@ -35,20 +38,29 @@ def wait_until(fn: Callable[[], T], timeout: float = 30.0, interval: float = 0.1
         except Exception as exc:  # not ready yet
             last_exc = exc
         time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}"
-                       + (f" (last error: {last_exc!r})" if last_exc else ""))
+    raise TimeoutError(
+        f"timed out after {timeout}s waiting for {what}"
+        + (f" (last error: {last_exc!r})" if last_exc else "")
+    )
 
 
 class Proc:
     """A subprocess in its own session, killed with its children on exit."""
 
-    def __init__(self, args: Sequence[str], log: Path, env: dict | None = None, cwd: Path | None = None):
+    def __init__(
+        self, args: Sequence[str], log: Path, env: dict | None = None, cwd: Path | None = None
+    ):
         self.args = list(args)
         self.log_path = log
         self._log = open(log, "wb")
         self.popen = subprocess.Popen(
-            self.args, stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd,
-            env={**os.environ, **(env or {})}, start_new_session=True)
+            self.args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -72,7 +84,7 @@ class Proc:
         self._log.close()
         return self.popen.returncode
 
-    def __enter__(self) -> "Proc":
+    def __enter__(self) -> Proc:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,9 +1,11 @@
 """A real Prometheus (and Alertmanager) on 127.0.0.1, from Debian's packages."""
+
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 import requests
@@ -22,28 +24,44 @@ def binary(name: str) -> str:
 class Prometheus(Proc):
     """Scrapes `targets` every `scrape_interval` and evaluates `rule_files`."""
 
-    def __init__(self, workdir: Path, targets: Sequence[str], rule_files: Sequence[Path] = (),
-                 scrape_interval: str = "1s", alertmanagers: Sequence[str] = (),
-                 extra_args: Sequence[str] = ()):
+    def __init__(
+        self,
+        workdir: Path,
+        targets: Sequence[str],
+        rule_files: Sequence[Path] = (),
+        scrape_interval: str = "1s",
+        alertmanagers: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{"job_name": "rlhf-exporter",
-                                "static_configs": [{"targets": list(targets)}]}],
+            "scrape_configs": [
+                {"job_name": "rlhf-exporter", "static_configs": [{"targets": list(targets)}]}
+            ],
         }
         if alertmanagers:
-            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]}
+            config["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": list(alertmanagers)}]}]
+            }
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / "prometheus.yml"
         cfg.write_text(yaml.safe_dump(config))
-        super().__init__([binary("prometheus"), f"--config.file={cfg}",
-                          f"--storage.tsdb.path={workdir / 'data'}",
-                          f"--web.listen-address=127.0.0.1:{self.port}",
-                          *extra_args], workdir / "prometheus.log")
-        wait_until(lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60,
-                   what="prometheus ready")
+        super().__init__(
+            [
+                binary("prometheus"),
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                *extra_args,
+            ],
+            workdir / "prometheus.log",
+        )
+        wait_until(
+            lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60, what="prometheus ready"
+        )
 
     def query(self, promql: str) -> list[dict]:
         r = requests.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10)
@@ -65,10 +83,16 @@ class Alertmanager(Proc):
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / "alertmanager.yml"
         cfg.write_text(yaml.safe_dump(config))
-        super().__init__([binary("prometheus-alertmanager"), f"--config.file={cfg}",
-                          f"--storage.path={workdir / 'am-data'}",
-                          f"--web.listen-address=127.0.0.1:{self.port}",
-                          f"--cluster.listen-address=127.0.0.1:{cluster_port}"],
-                         workdir / "alertmanager.log")
-        wait_until(lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60,
-                   what="alertmanager ready")
+        super().__init__(
+            [
+                binary("prometheus-alertmanager"),
+                f"--config.file={cfg}",
+                f"--storage.path={workdir / 'am-data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                f"--cluster.listen-address=127.0.0.1:{cluster_port}",
+            ],
+            workdir / "alertmanager.log",
+        )
+        wait_until(
+            lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60, what="alertmanager ready"
+        )

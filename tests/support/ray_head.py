@@ -9,6 +9,7 @@ heads included), so `stop()` ends exactly the processes of this head: `ray start
 new session, every daemon and worker it spawns stays in that session, and stop() signals
 that session's processes (SIGTERM, then SIGKILL after a grace period).
 """
+
 from __future__ import annotations
 
 import os
@@ -63,8 +64,13 @@ def _zombie(pid: int) -> bool:
 class RayHead:
     """`ray start --head` with a short temp dir (unix sockets need a short path)."""
 
-    def __init__(self, tag: str | None = None, num_cpus: int = 2, dashboard_port: int | None = None,
-                 timeout: float = 90.0):
+    def __init__(
+        self,
+        tag: str | None = None,
+        num_cpus: int = 2,
+        dashboard_port: int | None = None,
+        timeout: float = 90.0,
+    ):
         self.tag = tag or uuid.uuid4().hex[:6]
         self.temp_dir = Path(f"/tmp/rlhf-ray-{self.tag}")
         self.gcs_port = free_port()
@@ -72,10 +78,18 @@ class RayHead:
         self.gcs_address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.log_path = Path(f"/tmp/rlhf-ray-{self.tag}.start.log")
-        ports = {f"--{name}": str(free_port()) for name in (
-            "ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-            "metrics-export-port", "runtime-env-agent-port", "node-manager-port",
-            "object-manager-port")}
+        ports = {
+            f"--{name}": str(free_port())
+            for name in (
+                "ray-client-server-port",
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "metrics-export-port",
+                "runtime-env-agent-port",
+                "node-manager-port",
+                "object-manager-port",
+            )
+        }
         # workers listen below the kernel's ephemeral range, where free_port() picks from
         try:
             ephemeral = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
@@ -83,17 +97,28 @@ class RayHead:
             ephemeral = 32768
         span = max(1000, ephemeral - 401 - 12000)
         worker_base = 12000 + (os.getpid() * 37 + self.dashboard_port) % span
-        args = [ray_binary(), "start", "--head", "--disable-usage-stats",
-                "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1",
-                f"--port={self.gcs_port}", f"--dashboard-port={self.dashboard_port}",
-                "--include-dashboard=true", f"--num-cpus={num_cpus}",
-                "--object-store-memory=100000000", f"--temp-dir={self.temp_dir}",
-                f"--min-worker-port={worker_base}", f"--max-worker-port={worker_base + 400}",
-                *[f"{k}={v}" for k, v in ports.items()]]
+        args = [
+            ray_binary(),
+            "start",
+            "--head",
+            "--disable-usage-stats",
+            "--node-ip-address=127.0.0.1",
+            "--dashboard-host=127.0.0.1",
+            f"--port={self.gcs_port}",
+            f"--dashboard-port={self.dashboard_port}",
+            "--include-dashboard=true",
+            f"--num-cpus={num_cpus}",
+            "--object-store-memory=100000000",
+            f"--temp-dir={self.temp_dir}",
+            f"--min-worker-port={worker_base}",
+            f"--max-worker-port={worker_base + 400}",
+            *[f"{k}={v}" for k, v in ports.items()],
+        ]
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         with open(self.log_path, "wb") as log:
-            starter = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)
+            starter = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.sid = starter.pid  # the session every process of this head belongs to
         try:
             rc = starter.wait(timeout)

@@ -11,18 +11,20 @@ Defaults added unless the extra arguments set them: `--verl-root <workdir>/verl`
 /readyz answers 200 (or raises with the process's log). `prefix` runs the command under a
 wrapper (e.g. `setpriv ...`).
 """
+
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping, TypeVar
+from typing import TypeVar
 
 import requests
 
 from .procs import Proc, exporter_cmd, free_port, wait_until
 
 T = TypeVar("T")
-_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)(?: \S+)?$')
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)(?: \S+)?$")
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 _UNESCAPE = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 
@@ -39,8 +41,10 @@ def parse_samples(text: str) -> dict[tuple[str, frozenset], float]:
         if m is None:
             raise ValueError(f"unreadable exposition line: {line!r}")
         name, labels, value = m.groups()
-        items = frozenset((k, re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v))
-                          for k, v in _LABEL.findall(labels or ""))
+        items = frozenset(
+            (k, re.sub(r'\\[\\"n]', lambda e: _UNESCAPE[e.group()], v))
+            for k, v in _LABEL.findall(labels or "")
+        )
         out[name, items] = float(value)
     return out
 
@@ -50,8 +54,15 @@ def _given(args: tuple[str, ...], *flags: str) -> bool:
 
 
 class Exporter(Proc):
-    def __init__(self, workdir: Path, *extra_args: str, env: Mapping[str, str] | None = None,
-                 ready: bool = True, timeout: float = 30.0, prefix: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        workdir: Path,
+        *extra_args: str,
+        env: Mapping[str, str] | None = None,
+        ready: bool = True,
+        timeout: float = 30.0,
+        prefix: tuple[str, ...] = (),
+    ):
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -88,7 +99,9 @@ class Exporter(Proc):
     def wait_ready(self, timeout: float = 30.0) -> None:
         def ready() -> bool:
             if not self.alive():
-                raise RuntimeError(f"exporter exited with {self.popen.returncode}:\n{self.output()}")
+                raise RuntimeError(
+                    f"exporter exited with {self.popen.returncode}:\n{self.output()}"
+                )
             return self.get("/readyz").status_code == 200
 
         try:
@@ -113,9 +126,16 @@ class Exporter(Proc):
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         if isinstance(body, (bytes, bytearray)):
-            return requests.post(self.url + "/api/v1/records", data=bytes(body), headers=headers,
-                                 timeout=10, **kwargs)
-        return requests.post(self.url + "/api/v1/records", json=body, headers=headers, timeout=10, **kwargs)
+            return requests.post(
+                self.url + "/api/v1/records",
+                data=bytes(body),
+                headers=headers,
+                timeout=10,
+                **kwargs,
+            )
+        return requests.post(
+            self.url + "/api/v1/records", json=body, headers=headers, timeout=10, **kwargs
+        )
 
     def metrics_text(self) -> str:
         r = self.get("/metrics")

@@ -4,6 +4,7 @@ The definitions are small Python modules (`job`, `fleet`) on shared helpers (`pa
 `queries`, `style`). grafana-foundation-sdk (pinned in the `dashboards` extra) is imported
 only when rendering, never by `serve` or `diagnose`.
 """
+
 from __future__ import annotations
 
 from ...diagnosis import Thresholds
@@ -22,5 +23,6 @@ def targets(thresholds: Thresholds) -> dict[str, str]:
         raise SystemExit(
             "rlhf-exporter render dashboards needs grafana-foundation-sdk: "
             "pip install 'rlhf-exporter[dashboards]' "
-            f"(grafana-foundation-sdk==1769699379!11.6.0) ({exc})") from exc
+            f"(grafana-foundation-sdk==1769699379!11.6.0) ({exc})"
+        ) from exc
     return {JOB_PATH: job.render(thresholds), FLEET_PATH: fleet.render(thresholds)}

@@ -4,6 +4,7 @@ Every verl job at a glance (a table whose rows open the job dashboard), how many
 on each window, where the fleet's GPU time goes by decision-table group, and which jobs are
 stalled or regressed. Verdict colours are the job dashboard's (`style.VERDICT_COLOURS`).
 """
+
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.common import TableSortByFieldState
@@ -14,31 +15,67 @@ from ...diagnosis.advice import CHANGE_MEANING
 from ..rules import Rules
 from . import FLEET_UID, JOB_UID, style
 from .job import JOB_LEGEND
-from .panels import (BigValueColorMode, Board, Q, bar_gauge, colour_by_name, prop, said, stat_panel,
-                     state_timeline, table_panel, threshold_line, thresholds, time_series,
-                     value_mappings, variables)
-from .queries import (BY_JOB, RANGE, RATE, TARGET, change_code, eq, gpus_per_job, per_job_from_exporter,
-                      reason_code, sel, seconds, since_last_step, stall_limit, verdict_code)
+from .panels import (
+    BigValueColorMode,
+    Board,
+    Q,
+    bar_gauge,
+    colour_by_name,
+    prop,
+    said,
+    stat_panel,
+    state_timeline,
+    table_panel,
+    threshold_line,
+    thresholds,
+    time_series,
+    value_mappings,
+    variables,
+)
+from .queries import (
+    BY_JOB,
+    RANGE,
+    RATE,
+    TARGET,
+    change_code,
+    eq,
+    gpus_per_job,
+    per_job_from_exporter,
+    reason_code,
+    seconds,
+    sel,
+    since_last_step,
+    stall_limit,
+    verdict_code,
+)
 from .style import change_mappings, reason_mappings, verdict_mappings
 
 TITLE = "RLHF fleet"
 
-JOB_LINK = (f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
-            "&${namespace:queryparam}&var-project=${__data.fields.project}"
-            "&var-experiment=${__data.fields.experiment}&${__url_time_range}")
+JOB_LINK = (
+    f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
+    "&${namespace:queryparam}&var-project=${__data.fields.project}"
+    "&var-experiment=${__data.fields.experiment}&${__url_time_range}"
+)
 
 
 def build(th: Thresholds) -> Board:
     alerts = th.alerts
     rules = Rules(th)
     stall = seconds(alerts["stall_min"])
-    b = Board(FLEET_UID, TITLE,
-              "Every verl job's decision-table verdict at a glance, where the fleet's GPU time "
-              "goes, and the jobs that stalled or regressed. Click a job to open its dashboard.",
-              ["rlhf", "verl", "rlhf-exporter"])
+    b = Board(
+        FLEET_UID,
+        TITLE,
+        "Every verl job's decision-table verdict at a glance, where the fleet's GPU time "
+        "goes, and the jobs that stalled or regressed. Click a job to open its dashboard.",
+        ["rlhf", "verl", "rlhf-exporter"],
+    )
     b.variables(variables())
-    b.link("RLHF job", f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
-           "&${namespace:queryparam}&${project:queryparam}&${experiment:queryparam}")
+    b.link(
+        "RLHF job",
+        f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
+        "&${namespace:queryparam}&${project:queryparam}&${experiment:queryparam}",
+    )
 
     # -- the jobs table -----------------------------------------------------------------
     b.row(100, "Jobs now")
@@ -46,13 +83,35 @@ def build(th: Thresholds) -> Board:
         ("verdict", Q(verdict_code(), table=True, instant=True)),
         ("reason", Q(reason_code(), table=True, instant=True)),
         ("change", Q(change_code(), table=True, instant=True)),
-        ("throughput", Q(f"max by ({BY_JOB}) ({sel('rlhf_throughput_tokens_per_gpu_second')})",
-                         table=True, instant=True)),
-        ("step time", Q(f"max by ({BY_JOB}) ({sel('rlhf_step_duration_seconds')})", table=True, instant=True)),
-        ("since last step", Q(f"max by ({BY_JOB}) ({since_last_step()})", table=True, instant=True)),
-        ("GPU busy", Q(per_job_from_exporter(sel(rules.gpus_busy, scope=TARGET)), table=True, instant=True)),
-        ("firing alerts", Q(f'count by ({BY_JOB}) ({sel("ALERTS", eq("alertstate", "firing"))})\n'
-                            f"or max by ({BY_JOB}) ({sel('rlhf_step')}) * 0", table=True, instant=True)),
+        (
+            "throughput",
+            Q(
+                f"max by ({BY_JOB}) ({sel('rlhf_throughput_tokens_per_gpu_second')})",
+                table=True,
+                instant=True,
+            ),
+        ),
+        (
+            "step time",
+            Q(f"max by ({BY_JOB}) ({sel('rlhf_step_duration_seconds')})", table=True, instant=True),
+        ),
+        (
+            "since last step",
+            Q(f"max by ({BY_JOB}) ({since_last_step()})", table=True, instant=True),
+        ),
+        (
+            "GPU busy",
+            Q(per_job_from_exporter(sel(rules.gpus_busy, scope=TARGET)), table=True, instant=True),
+        ),
+        (
+            "firing alerts",
+            Q(
+                f"count by ({BY_JOB}) ({sel('ALERTS', eq('alertstate', 'firing'))})\n"
+                f"or max by ({BY_JOB}) ({sel('rlhf_step')}) * 0",
+                table=True,
+                instant=True,
+            ),
+        ),
     ]
     refs = [chr(ord("A") + i) for i in range(len(columns))]
     t = table_panel(
@@ -64,137 +123,335 @@ def build(th: Thresholds) -> Board:
         f"the GPUs on the job's exporters (red below {alerts['gpu_idle_ratio']:g}); firing alerts: alerts from "
         "the rlhf-exporter rules that carry the job's labels. Click a job's experiment to open "
         "the job dashboard.",
-        [q for _, q in columns])
+        [q for _, q in columns],
+    )
     t = t.with_transformation(_transformation("merge", {}))
-    t = t.with_transformation(_transformation("organize", {
-        "excludeByName": {"Time": True},
-        "indexByName": {"project": 0, "experiment": 1, **{name: i + 2 for i, (name, _) in enumerate(columns)}},
-        "renameByName": {f"Value #{ref}": name for ref, (name, _) in zip(refs, columns)},
-    }))
+    t = t.with_transformation(
+        _transformation(
+            "organize",
+            {
+                "excludeByName": {"Time": True},
+                "indexByName": {
+                    "project": 0,
+                    "experiment": 1,
+                    **{name: i + 2 for i, (name, _) in enumerate(columns)},
+                },
+                "renameByName": {f"Value #{ref}": name for ref, (name, _) in zip(refs, columns)},
+            },
+        )
+    )
     coloured_cell = {"type": "color-background", "mode": "basic"}
-    t = t.override_by_name("verdict", [prop("mappings", _mappings_json(verdict_mappings())),
-                                       prop("custom.cellOptions", coloured_cell)])
-    t = t.override_by_name("reason", [prop("mappings", _mappings_json(reason_mappings())),
-                                      prop("custom.cellOptions", {"type": "color-text"})])
-    t = t.override_by_name("change", [prop("mappings", _mappings_json(change_mappings())),
-                                      prop("custom.cellOptions", {"type": "color-text"})])
+    t = t.override_by_name(
+        "verdict",
+        [
+            prop("mappings", _mappings_json(verdict_mappings())),
+            prop("custom.cellOptions", coloured_cell),
+        ],
+    )
+    t = t.override_by_name(
+        "reason",
+        [
+            prop("mappings", _mappings_json(reason_mappings())),
+            prop("custom.cellOptions", {"type": "color-text"}),
+        ],
+    )
+    t = t.override_by_name(
+        "change",
+        [
+            prop("mappings", _mappings_json(change_mappings())),
+            prop("custom.cellOptions", {"type": "color-text"}),
+        ],
+    )
     t = t.override_by_name("throughput", [prop("unit", "short"), prop("decimals", 0)])
     t = t.override_by_name("step time", [prop("unit", style.SECONDS)])
-    t = t.override_by_name("since last step", [
-        prop("unit", style.SECONDS), prop("custom.cellOptions", {"type": "color-text"}),
-        prop("thresholds", _thresholds_json(style.OK, (stall / 2, style.WARN), (stall, style.BAD)))])
-    t = t.override_by_name("GPU busy", [
-        prop("unit", style.RATIO), prop("custom.cellOptions", {"type": "color-text"}),
-        prop("thresholds", _thresholds_json(style.BAD, (alerts["gpu_idle_ratio"], style.OK)))])
-    t = t.override_by_name("firing alerts", [
-        prop("custom.cellOptions", {"type": "color-background", "mode": "basic"}),
-        prop("thresholds", _thresholds_json("transparent", (1, style.BAD)))])
-    t = t.override_by_name("experiment", [prop("links", [{
-        "title": "Open the job dashboard", "url": JOB_LINK, "targetBlank": False}])])
+    t = t.override_by_name(
+        "since last step",
+        [
+            prop("unit", style.SECONDS),
+            prop("custom.cellOptions", {"type": "color-text"}),
+            prop(
+                "thresholds",
+                _thresholds_json(style.OK, (stall / 2, style.WARN), (stall, style.BAD)),
+            ),
+        ],
+    )
+    t = t.override_by_name(
+        "GPU busy",
+        [
+            prop("unit", style.RATIO),
+            prop("custom.cellOptions", {"type": "color-text"}),
+            prop("thresholds", _thresholds_json(style.BAD, (alerts["gpu_idle_ratio"], style.OK))),
+        ],
+    )
+    t = t.override_by_name(
+        "firing alerts",
+        [
+            prop("custom.cellOptions", {"type": "color-background", "mode": "basic"}),
+            prop("thresholds", _thresholds_json("transparent", (1, style.BAD))),
+        ],
+    )
+    t = t.override_by_name(
+        "experiment",
+        [
+            prop(
+                "links",
+                [{"title": "Open the job dashboard", "url": JOB_LINK, "targetBlank": False}],
+            )
+        ],
+    )
     t = t.sort_by([_sort("since last step")])
 
-    b.add(102, stat_panel(
-        "Jobs", "verl jobs exported (series of rlhf_step), per the filters above.",
-        [Q(f"count({sel('rlhf_step')}) or vector(0)")], style.PLAIN)
-        .color_mode(BigValueColorMode.NONE), w=6, h=4)
-    b.add(103, stat_panel(
-        "Stalled jobs",
-        "Jobs without a new step for longer than max(stall_factor x baseline step time, "
-        f"stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}).",
-        [Q(f"count(({since_last_step()}) > {stall_limit(alerts)}) or vector(0)")], style.PLAIN)
-        .thresholds(thresholds(style.OK, (1, style.BAD))), w=6, h=4)
-    b.add(104, stat_panel(
-        "Jobs in regression",
-        "Jobs whose last step the decision table (§4) called a regression: a window costs more "
-        "per token than the job's own baseline.",
-        [Q(f"sum({sel('rlhf_change', eq('kind', 'regression'))}) or vector(0)")], style.PLAIN)
-        .thresholds(thresholds(style.OK, (1, style.BAD))), w=6, h=4)
-    b.add(105, stat_panel(
-        "Firing alerts",
-        "Alerts now firing that carry a job's project and experiment labels.",
-        [Q(f'count({sel("ALERTS", eq("alertstate", "firing"))}) or vector(0)')], style.PLAIN)
-        .thresholds(thresholds(style.OK, (1, style.BAD))), w=6, h=4)
+    b.add(
+        102,
+        stat_panel(
+            "Jobs",
+            "verl jobs exported (series of rlhf_step), per the filters above.",
+            [Q(f"count({sel('rlhf_step')}) or vector(0)")],
+            style.PLAIN,
+        ).color_mode(BigValueColorMode.NONE),
+        w=6,
+        h=4,
+    )
+    b.add(
+        103,
+        stat_panel(
+            "Stalled jobs",
+            "Jobs without a new step for longer than max(stall_factor x baseline step time, "
+            f"stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}).",
+            [Q(f"count(({since_last_step()}) > {stall_limit(alerts)}) or vector(0)")],
+            style.PLAIN,
+        ).thresholds(thresholds(style.OK, (1, style.BAD))),
+        w=6,
+        h=4,
+    )
+    b.add(
+        104,
+        stat_panel(
+            "Jobs in regression",
+            "Jobs whose last step the decision table (§4) called a regression: a window costs more "
+            "per token than the job's own baseline.",
+            [Q(f"sum({sel('rlhf_change', eq('kind', 'regression'))}) or vector(0)")],
+            style.PLAIN,
+        ).thresholds(thresholds(style.OK, (1, style.BAD))),
+        w=6,
+        h=4,
+    )
+    b.add(
+        105,
+        stat_panel(
+            "Firing alerts",
+            "Alerts now firing that carry a job's project and experiment labels.",
+            [Q(f"count({sel('ALERTS', eq('alertstate', 'firing'))}) or vector(0)")],
+            style.PLAIN,
+        ).thresholds(thresholds(style.OK, (1, style.BAD))),
+        w=6,
+        h=4,
+    )
 
     b.add(101, t, w=24, h=10)
 
     # -- verdicts across the fleet ------------------------------------------------------
     b.row(200, "Verdicts across the fleet")
-    b.add(201, colour_by_name(time_series(
-        "Jobs per verdict",
-        "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
-        "time. Colours are the verdict colours of the job dashboard.",
-        [Q(f"sum by (verdict) ({sel('rlhf_bottleneck')})", "{{verdict}}")],
-        style.PLAIN, stacked=True).decimals(0), style.VERDICT_COLOURS), w=12, h=8)
-    b.add(202, colour_by_name(bar_gauge(
-        "Steps per verdict in the time range",
-        "Classified steps of all selected jobs per verdict during the dashboard's time range.",
-        [Q(f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))", "{{verdict}}",
-           instant=True)], style.PLAIN).decimals(0), style.VERDICT_COLOURS), w=12, h=8)
-    b.add(203, state_timeline(
-        "Verdict per job",
-        "The verdict of each job's last classified step over time, one band per job.",
-        [Q(verdict_code(), JOB_LEGEND)], verdict_mappings(), row_height=0.9), w=24, h=8)
+    b.add(
+        201,
+        colour_by_name(
+            time_series(
+                "Jobs per verdict",
+                "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
+                "time. Colours are the verdict colours of the job dashboard.",
+                [Q(f"sum by (verdict) ({sel('rlhf_bottleneck')})", "{{verdict}}")],
+                style.PLAIN,
+                stacked=True,
+            ).decimals(0),
+            style.VERDICT_COLOURS,
+        ),
+        w=12,
+        h=8,
+    )
+    b.add(
+        202,
+        colour_by_name(
+            bar_gauge(
+                "Steps per verdict in the time range",
+                "Classified steps of all selected jobs per verdict during the dashboard's time range.",
+                [
+                    Q(
+                        f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
+                        "{{verdict}}",
+                        instant=True,
+                    )
+                ],
+                style.PLAIN,
+            ).decimals(0),
+            style.VERDICT_COLOURS,
+        ),
+        w=12,
+        h=8,
+    )
+    b.add(
+        203,
+        state_timeline(
+            "Verdict per job",
+            "The verdict of each job's last classified step over time, one band per job.",
+            [Q(verdict_code(), JOB_LEGEND)],
+            verdict_mappings(),
+            row_height=0.9,
+        ),
+        w=24,
+        h=8,
+    )
 
     # -- GPU time -----------------------------------------------------------------------
     b.row(300, "Where the fleet's GPU time goes")
-    b.add(301, colour_by_name(bar_gauge(
-        "GPU-hours per group in the time range",
-        "Step seconds per decision-table group times each job's GPU count, summed over the "
-        "fleet: where the fleet's GPU-hours went while the loop waited on each window. The GPU "
-        "count is verl's own: total_num_tokens / (timing_s/step x throughput).",
-        [Q(f"sum by (group) (\n  increase({sel('rlhf_group_seconds_total')}[{RANGE}])\n"
-           f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n) / 3600", "{{group}}",
-           instant=True)], "h").decimals(1), style.group_colours()), w=8, h=9)
-    b.add(302, colour_by_name(time_series(
-        "GPUs waiting in each group",
-        "Rate of step seconds per group times each job's GPU count, stacked: how many GPUs "
-        "of the fleet, on average, sat in each window. The total is the fleet's GPUs in "
-        "training loops.",
-        [Q(f"sum by (group) (\n  rate({sel('rlhf_group_seconds_total')}[{RATE}])\n"
-           f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n)", "{{group}}")],
-        "short", stacked=True).axis_label("GPUs"), style.group_colours()), w=16, h=9)
+    b.add(
+        301,
+        colour_by_name(
+            bar_gauge(
+                "GPU-hours per group in the time range",
+                "Step seconds per decision-table group times each job's GPU count, summed over the "
+                "fleet: where the fleet's GPU-hours went while the loop waited on each window. The GPU "
+                "count is verl's own: total_num_tokens / (timing_s/step x throughput).",
+                [
+                    Q(
+                        f"sum by (group) (\n  increase({sel('rlhf_group_seconds_total')}[{RANGE}])\n"
+                        f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n) / 3600",
+                        "{{group}}",
+                        instant=True,
+                    )
+                ],
+                "h",
+            ).decimals(1),
+            style.group_colours(),
+        ),
+        w=8,
+        h=9,
+    )
+    b.add(
+        302,
+        colour_by_name(
+            time_series(
+                "GPUs waiting in each group",
+                "Rate of step seconds per group times each job's GPU count, stacked: how many GPUs "
+                "of the fleet, on average, sat in each window. The total is the fleet's GPUs in "
+                "training loops.",
+                [
+                    Q(
+                        f"sum by (group) (\n  rate({sel('rlhf_group_seconds_total')}[{RATE}])\n"
+                        f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n)",
+                        "{{group}}",
+                    )
+                ],
+                "short",
+                stacked=True,
+            ).axis_label("GPUs"),
+            style.group_colours(),
+        ),
+        w=16,
+        h=9,
+    )
 
     # -- stalls and regressions ---------------------------------------------------------
     b.row(400, "Stalled jobs and regressions")
-    b.add(401, threshold_line(time_series(
-        "Stall budget used",
-        "Seconds since each job's last step divided by its stall limit, max(stall_factor x "
-        f"baseline step time, stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}). "
-        "Above 1 (dashed line) the job is stalled" +
-        said(alerts, "; the stall alert fires after {stall_for} there") + ".",
-        [Q(f"({since_last_step()})\n/ {stall_limit(alerts)}", JOB_LEGEND)], style.RATIO, fill=0).min(0),
-        1.0), w=12, h=8)
-    b.add(402, state_timeline(
-        "Change against the baseline per job",
-        "Each job's last-step change (§4). " + "; ".join(f"{c}: {CHANGE_MEANING[c]}" for c in CHANGES) + ".",
-        [Q(change_code(), JOB_LEGEND)], change_mappings(), row_height=0.9), w=12, h=8)
-    b.add(405, threshold_line(time_series(
-        f"Regressed steps in the last {rules.window}, per job and group",
-        f"Steps of each job that were a regression of a group over the last {rules.window} (the "
-        "recording rule of the regression alert; only jobs and groups with at least one)."
-        + said(alerts, " At {regression_min_steps} (dashed line) for {regression_for} the regression "
-                       "alert fires."),
-        [Q(f"{sel(rules.regressions)} > 0", JOB_LEGEND + " {{group}}")], style.PLAIN, fill=0).min(0),
-        alerts["regression_min_steps"], style.BAD), w=12, h=8)
-    b.add(403, colour_by_name(bar_gauge(
-        "Regressed steps per group in the time range",
-        "Steps of all selected jobs diagnosed as a regression of each group during the time "
-        "range: which window gets slower per token across the fleet.",
-        [Q(f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RANGE}]))", "{{group}}",
-           instant=True)], style.PLAIN).decimals(0), style.group_colours()), w=12, h=8)
+    b.add(
+        401,
+        threshold_line(
+            time_series(
+                "Stall budget used",
+                "Seconds since each job's last step divided by its stall limit, max(stall_factor x "
+                f"baseline step time, stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}). "
+                "Above 1 (dashed line) the job is stalled"
+                + said(alerts, "; the stall alert fires after {stall_for} there")
+                + ".",
+                [Q(f"({since_last_step()})\n/ {stall_limit(alerts)}", JOB_LEGEND)],
+                style.RATIO,
+                fill=0,
+            ).min(0),
+            1.0,
+        ),
+        w=12,
+        h=8,
+    )
+    b.add(
+        402,
+        state_timeline(
+            "Change against the baseline per job",
+            "Each job's last-step change (§4). "
+            + "; ".join(f"{c}: {CHANGE_MEANING[c]}" for c in CHANGES)
+            + ".",
+            [Q(change_code(), JOB_LEGEND)],
+            change_mappings(),
+            row_height=0.9,
+        ),
+        w=12,
+        h=8,
+    )
+    b.add(
+        405,
+        threshold_line(
+            time_series(
+                f"Regressed steps in the last {rules.window}, per job and group",
+                f"Steps of each job that were a regression of a group over the last {rules.window} (the "
+                "recording rule of the regression alert; only jobs and groups with at least one)."
+                + said(
+                    alerts,
+                    " At {regression_min_steps} (dashed line) for {regression_for} the regression "
+                    "alert fires.",
+                ),
+                [Q(f"{sel(rules.regressions)} > 0", JOB_LEGEND + " {{group}}")],
+                style.PLAIN,
+                fill=0,
+            ).min(0),
+            alerts["regression_min_steps"],
+            style.BAD,
+        ),
+        w=12,
+        h=8,
+    )
+    b.add(
+        403,
+        colour_by_name(
+            bar_gauge(
+                "Regressed steps per group in the time range",
+                "Steps of all selected jobs diagnosed as a regression of each group during the time "
+                "range: which window gets slower per token across the fleet.",
+                [
+                    Q(
+                        f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RANGE}]))",
+                        "{{group}}",
+                        instant=True,
+                    )
+                ],
+                style.PLAIN,
+            ).decimals(0),
+            style.group_colours(),
+        ),
+        w=12,
+        h=8,
+    )
     if "throughput_reference" in alerts:
         reference = f"max_over_time({sel('rlhf_baseline_tokens_per_second')}[{alerts['throughput_reference']}])"
         reference_text = f"its best baseline over {alerts['throughput_reference']}"
     else:
         reference = sel("rlhf_baseline_tokens_per_second")
         reference_text = "its baseline (the median of recent steps)"
-    b.add(404, threshold_line(time_series(
-        "Tokens per second ÷ baseline",
-        f"Each job's tokens per second of step time over the last {rules.window} (recording rule) "
-        f"divided by {reference_text}. Below {alerts['throughput_drop_ratio']:g} (dashed line) "
-        "the throughput alert fires unless a workload shift (more tokens per step) explains it.",
-        [Q(f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)", JOB_LEGEND)],
-        "suffix:×", fill=0).min(0), alerts["throughput_drop_ratio"], style.BAD), w=24, h=8)
+    b.add(
+        404,
+        threshold_line(
+            time_series(
+                "Tokens per second ÷ baseline",
+                f"Each job's tokens per second of step time over the last {rules.window} (recording rule) "
+                f"divided by {reference_text}. Below {alerts['throughput_drop_ratio']:g} (dashed line) "
+                "the throughput alert fires unless a workload shift (more tokens per step) explains it.",
+                [Q(f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)", JOB_LEGEND)],
+                "suffix:×",
+                fill=0,
+            ).min(0),
+            alerts["throughput_drop_ratio"],
+            style.BAD,
+        ),
+        w=24,
+        h=8,
+    )
     return b
 
 

@@ -4,9 +4,10 @@ Every job-scoped query filters on the same four variables. `cluster` and `namesp
 Prometheus target labels that may be absent: their "All" value is `.*`, which also matches a
 missing label, so the filters do nothing on a single-cluster setup.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
@@ -18,6 +19,7 @@ TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
 JOB = TARGET + ', project=~"$project", experiment=~"$experiment"'
 RATE = "$__rate_interval"
 RANGE = "$__range"
+
 
 def sel(metric: str, *extra: str, scope: str = JOB) -> str:
     """`metric{<job filters>, extra...}`."""
@@ -66,15 +68,19 @@ def on_job_exporters(expr: str) -> str:
 
 def per_job_from_exporter(expr_by_instance: str) -> str:
     """A per-(job, instance) value copied onto every verl job that exporter exports."""
-    return (f"max by ({BY_JOB}) (\n  {sel('rlhf_step')} * 0\n"
-            f"  + on (job, instance) group_left ()\n  {expr_by_instance}\n)")
+    return (
+        f"max by ({BY_JOB}) (\n  {sel('rlhf_step')} * 0\n"
+        f"  + on (job, instance) group_left ()\n  {expr_by_instance}\n)"
+    )
 
 
 def gpus_per_job() -> str:
     """GPUs of each job, from verl's own definition of throughput:
     perf/throughput = total_num_tokens / (timing_s/step x n_gpus)."""
-    return (f"round({sel('rlhf_step_tokens')}\n  / ({sel('rlhf_step_duration_seconds')}"
-            f" * ({sel('rlhf_throughput_tokens_per_gpu_second')} > 0)))")
+    return (
+        f"round({sel('rlhf_step_tokens')}\n  / ({sel('rlhf_step_duration_seconds')}"
+        f" * ({sel('rlhf_throughput_tokens_per_gpu_second')} > 0)))"
+    )
 
 
 def stall_limit(alerts: Mapping) -> str:
@@ -82,14 +88,35 @@ def stall_limit(alerts: Mapping) -> str:
     max(stall_factor x baseline step time, stall_min); stall_min alone before a baseline."""
     factor = alerts["stall_factor"]
     floor = seconds(alerts["stall_min"])
-    return (f"(clamp_min({factor} * {sel('rlhf_baseline_step_duration_seconds')}, {floor:g})"
-            f"\n  or 0 * {sel('rlhf_last_step_timestamp_seconds')} + {floor:g})")
+    return (
+        f"(clamp_min({factor} * {sel('rlhf_baseline_step_duration_seconds')}, {floor:g})"
+        f"\n  or 0 * {sel('rlhf_last_step_timestamp_seconds')} + {floor:g})"
+    )
 
 
 def since_last_step() -> str:
     return f"time() - {sel('rlhf_last_step_timestamp_seconds')}"
 
 
-__all__ = ["BY_JOB", "CHANGES", "JOB", "RANGE", "RATE", "REASONS", "TARGET", "VERDICTS",
-           "change_code", "eq", "match", "gpus_per_job", "on_job_exporters", "per_job_from_exporter",
-           "reason_code", "sel", "seconds", "since_last_step", "stall_limit", "verdict_code"]
+__all__ = [
+    "BY_JOB",
+    "CHANGES",
+    "JOB",
+    "RANGE",
+    "RATE",
+    "REASONS",
+    "TARGET",
+    "VERDICTS",
+    "change_code",
+    "eq",
+    "gpus_per_job",
+    "match",
+    "on_job_exporters",
+    "per_job_from_exporter",
+    "reason_code",
+    "seconds",
+    "sel",
+    "since_last_step",
+    "stall_limit",
+    "verdict_code",
+]

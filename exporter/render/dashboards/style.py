@@ -4,29 +4,30 @@ Pure data (no Grafana SDK), so tests and other renderers can import it. A decisi
 group and the verdict of the same name share a colour, so a stacked step-time panel and the
 verdict timeline read alike: blue is rollout wherever it appears.
 """
+
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ...diagnosis import BALANCED, CHANGES, GROUPS, REASONS, UNKNOWN, VERDICTS
 
 VERDICT_COLOURS: Mapping[str, str] = {
-    "rollout": "#3274D9",     # blue: the trainer waits for samples
-    "reward": "#A352CC",      # purple: a reward model scores the batch
-    "logprob": "#37B5B5",     # teal: training-side inference
-    "update": "#FF9830",      # orange: the optimizer
-    "sync": "#E02F44",        # red: weights going back to the rollout engines
+    "rollout": "#3274D9",  # blue: the trainer waits for samples
+    "reward": "#A352CC",  # purple: a reward model scores the batch
+    "logprob": "#37B5B5",  # teal: training-side inference
+    "update": "#FF9830",  # orange: the optimizer
+    "sync": "#E02F44",  # red: weights going back to the rollout engines
     "checkpoint": "#8C6D46",  # brown: saving
-    "other": "#FADE2A",       # yellow: driver work and the untimed remainder
-    BALANCED: "#73BF69",      # green: no window dominates, nothing to chase
-    UNKNOWN: "#8E8E8E",       # grey: the step had no usable timing_s/step
+    "other": "#FADE2A",  # yellow: driver work and the untimed remainder
+    BALANCED: "#73BF69",  # green: no window dominates, nothing to chase
+    UNKNOWN: "#8E8E8E",  # grey: the step had no usable timing_s/step
 }
 """The one verdict -> colour map. Groups use the colour of the verdict of the same name."""
 
 CHANGE_COLOURS: Mapping[str, str] = {
-    "none": "#73BF69",            # green: in line with the job's baseline
+    "none": "#73BF69",  # green: in line with the job's baseline
     "workload_shift": "#5794F2",  # blue: more tokens, every window's cost per token held
-    "regression": "#E02F44",      # red: some window costs more per token
+    "regression": "#E02F44",  # red: some window costs more per token
 }
 
 NO_VALUE_COLOUR = "#8E8E8E"

@@ -27,6 +27,7 @@ scrape targets (they use `without`), so the target labels survive for routing an
 `rule_groups(thresholds, scale)` scales every window and `for:` by `scale` (and the stall
 test's step-time term with them): the live test runs the same rules 200 times faster.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -34,17 +35,44 @@ from typing import Any
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
 from .decision import DecisionAlerts
-from .model import (BOUND_ALERTS, DECISION_FILE, OPERATIONS_FILE, RECORDING_FILE, RUNBOOKS_FILE,
-                    SEVERITIES, Alert, Runbook, anchor, duration, runbook_url)
+from .model import (
+    BOUND_ALERTS,
+    DECISION_FILE,
+    OPERATIONS_FILE,
+    RECORDING_FILE,
+    RUNBOOKS_FILE,
+    SEVERITIES,
+    Alert,
+    Runbook,
+    anchor,
+    duration,
+    runbook_url,
+)
 from .operations import OperationsAlerts
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files
 from .recording import RecordingRules
 
 ORDER = 20
-__all__ = ["BOUND_ALERTS", "DECISION_FILE", "OPERATIONS_FILE", "RECORDING_FILE", "RUNBOOKS_FILE",
-           "SEVERITIES", "Alert", "Rules", "Runbook", "anchor", "dump", "duration", "rule_files",
-           "rule_groups", "runbook_url", "seconds", "targets"]
+__all__ = [
+    "BOUND_ALERTS",
+    "DECISION_FILE",
+    "OPERATIONS_FILE",
+    "RECORDING_FILE",
+    "RUNBOOKS_FILE",
+    "SEVERITIES",
+    "Alert",
+    "Rules",
+    "Runbook",
+    "anchor",
+    "dump",
+    "duration",
+    "rule_files",
+    "rule_groups",
+    "runbook_url",
+    "seconds",
+    "targets",
+]
 
 
 class Rules(RecordingRules, DecisionAlerts, OperationsAlerts):
@@ -60,7 +88,9 @@ class Rules(RecordingRules, DecisionAlerts, OperationsAlerts):
         w = self.window
         self.share = f"project_experiment_group:rlhf_group_share:ratio_rate{w}"
         self.verdicts = f"project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate{w}"
-        self.reasons = f"project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:ratio_rate{w}"
+        self.reasons = (
+            f"project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:ratio_rate{w}"
+        )
         self.step_rate = f"project_experiment:rlhf_steps:rate{w}"
         self.regressions = f"project_experiment_group:rlhf_regression_steps:increase{w}"
         self.changes = f"project_experiment_kind:rlhf_change_steps:ratio_rate{w}"
@@ -73,6 +103,7 @@ class Rules(RecordingRules, DecisionAlerts, OperationsAlerts):
 
     def secs(self, key: str) -> float:
         return seconds(self.a[key]) * self.scale
+
     def alerts(self) -> list[Alert]:
         return self.decision_alerts() + self.operations_alerts()
 
@@ -80,12 +111,19 @@ class Rules(RecordingRules, DecisionAlerts, OperationsAlerts):
         base = self.a["runbook_url"]
         return {
             RECORDING_FILE: [{"name": "rlhf-exporter.recording", "rules": self.recording()}],
-            DECISION_FILE: [{"name": "rlhf-exporter.decision-table",
-                             "rules": [a.rule(base) for a in self.decision_alerts()]}],
-            OPERATIONS_FILE: [{"name": "rlhf-exporter.operations",
-                               "rules": [a.rule(base) for a in self.operations_alerts()]}],
+            DECISION_FILE: [
+                {
+                    "name": "rlhf-exporter.decision-table",
+                    "rules": [a.rule(base) for a in self.decision_alerts()],
+                }
+            ],
+            OPERATIONS_FILE: [
+                {
+                    "name": "rlhf-exporter.operations",
+                    "rules": [a.rule(base) for a in self.operations_alerts()],
+                }
+            ],
         }
-
 
 
 def rule_groups(thresholds: Thresholds, scale: float = 1.0) -> dict[str, list[dict[str, Any]]]:

@@ -1,9 +1,11 @@
 """The pieces every rule is made of: files, alert names, durations, annotation templates,
 and the Alert and Runbook records."""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ...diagnosis import GROUPS
 
@@ -51,14 +53,17 @@ JOB_ARGS = "$labels.project $labels.experiment"
 
 def _tq(expr: str, fmt: str, args: str = JOB_ARGS, default: str = "n/a") -> str:
     """The first value of PromQL `expr` (its %s filled from `args`), formatted, or `default`."""
-    return ("{{ with query (printf `" + expr + "` " + args + ") }}"
-            "{{ . | first | value | " + fmt + " }}{{ else }}" + default + "{{ end }}")
+    return (
+        "{{ with query (printf `" + expr + "` " + args + ") }}"
+        "{{ . | first | value | " + fmt + " }}{{ else }}" + default + "{{ end }}"
+    )
 
 
 JOB_NAME = "{{ $labels.project }}/{{ $labels.experiment }}"
 
 
 # ---------------------------------------------------------------------------------------------
+
 
 @dataclass
 class Runbook:
@@ -88,8 +93,12 @@ class Alert:
             "expr": self.expr,
             "for": self.for_,
             "labels": {"severity": self.severity, "category": self.category, **self.labels},
-            "annotations": {"summary": self.summary, "description": self.description,
-                            **self.annotations, "runbook_url": runbook_url(runbook_base, self.name)},
+            "annotations": {
+                "summary": self.summary,
+                "description": self.description,
+                **self.annotations,
+                "runbook_url": runbook_url(runbook_base, self.name),
+            },
         }
 
 

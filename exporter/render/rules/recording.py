@@ -1,4 +1,5 @@
 """Recording rules in `level:metric:operations` form (the table is in the package docstring)."""
+
 from __future__ import annotations
 
 
@@ -9,23 +10,37 @@ class RecordingRules:
         w = self.window
 
         def ratio(numerator: str, label: str) -> str:
-            return (f"{numerator}\n/ ignoring ({label}) group_left ()\n"
-                    f"(sum without ({label}) ({numerator}) > 0)")
+            return (
+                f"{numerator}\n/ ignoring ({label}) group_left ()\n"
+                f"(sum without ({label}) ({numerator}) > 0)"
+            )
 
         return [
-            {"record": self.share,
-             "expr": ratio(f"increase(rlhf_group_seconds_total[{w}])", "group")},
-            {"record": self.verdicts,
-             "expr": ratio(f"increase(rlhf_bottleneck_steps_total[{w}])", "verdict")},
-            {"record": self.reasons,
-             "expr": ratio(f"increase(rlhf_bottleneck_reason_steps_total[{w}])", "reason")},
+            {
+                "record": self.share,
+                "expr": ratio(f"increase(rlhf_group_seconds_total[{w}])", "group"),
+            },
+            {
+                "record": self.verdicts,
+                "expr": ratio(f"increase(rlhf_bottleneck_steps_total[{w}])", "verdict"),
+            },
+            {
+                "record": self.reasons,
+                "expr": ratio(f"increase(rlhf_bottleneck_reason_steps_total[{w}])", "reason"),
+            },
             {"record": self.step_rate, "expr": f"rate(rlhf_steps_total[{w}])"},
             {"record": self.regressions, "expr": f"increase(rlhf_regression_steps_total[{w}])"},
-            {"record": self.changes,
-             "expr": ratio(f"increase(rlhf_change_steps_total[{w}])", "kind")},
-            {"record": self.tokens_rate,
-             "expr": f"rate(rlhf_tokens_total[{w}])\n/ (rate(rlhf_step_seconds_total[{w}]) > 0)"},
+            {
+                "record": self.changes,
+                "expr": ratio(f"increase(rlhf_change_steps_total[{w}])", "kind"),
+            },
+            {
+                "record": self.tokens_rate,
+                "expr": f"rate(rlhf_tokens_total[{w}])\n/ (rate(rlhf_step_seconds_total[{w}]) > 0)",
+            },
             {"record": self.gpu_busy, "expr": f"rate(rlhf_gpu_busy_seconds_total[{w}])"},
-            {"record": self.gpus_busy,
-             "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))"},
+            {
+                "record": self.gpus_busy,
+                "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))",
+            },
         ]
