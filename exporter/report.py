@@ -201,11 +201,11 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
     if s.regressions:
         for group, steps in s.regressions.items():
             lines.append(
-                f"    regression:  {group} costs more per token than the baseline at steps {ranges(steps)}"
+                f"    regression:  {group} costs more than its work explains at steps {ranges(steps)}"
             )
     if s.workload_shifts:
         lines.append(
-            f"    workload:    more tokens per step (not a regression) at steps {ranges(s.workload_shifts)}"
+            f"    workload:    more work per step (not a regression) at steps {ranges(s.workload_shifts)}"
         )
     if not s.regressions and not s.workload_shifts:
         lines.append(

@@ -59,7 +59,6 @@ def diag(data: dict, th: Thresholds = TH):
         ("param_sync", "sync"),
         ("switch_to_trainer", "sync"),
         ("switch_to_rollout", "sync"),
-        ("save_checkpoint", "checkpoint"),
         ("adv", "other"),
         ("dump_rollout_generations", "other"),
         ("some_new_timer", "other"),
@@ -280,7 +279,6 @@ def test_logprob_reason_from_actor_infer_mfu_and_v1_has_none():
     [
         ("update_weights", "sync", "weight_sync"),
         ("reward", "reward", "reward_model"),
-        ("save_checkpoint", "checkpoint", "checkpoint"),
     ],
 )
 def test_fixed_reasons(timer, verdict, reason):
@@ -358,8 +356,11 @@ def test_insignificant_groups_do_not_block_a_workload_shift():
 
 
 def test_checkpoint_saves_are_not_a_change():
-    out = run_job(job(10) + job(1, ckpt=30.0))
-    assert out[-1].verdict == "checkpoint"
+    steps = job(10) + job(1, ckpt=30.0)
+    steps[-1]["timing_s/update_weights"] = 0.0  # legacy >= 0.7.1 / V1: saves inside the step
+    out = run_job(steps)
+    assert (out[-1].verdict, out[-1].reason) == ("checkpoint", "checkpoint")
+    assert out[-1].windows.busy_seconds == pytest.approx(10.0)  # S' = S - save_checkpoint
     assert out[-1].change.change == "none"
 
 
@@ -392,8 +393,11 @@ def test_step_time_and_cost_ratios_are_separate_keys(tmp_path):
     cfg = tmp_path / "t.yaml"
     cfg.write_text("change:\n  step_time_ratio: 5.0\n  throughput_ratio: 0.1\n")
     loose = load_thresholds(cfg)
-    datas = job(10) + job(1, upd=9.0)
-    assert run_job(datas, loose)[-1].change.change == "none"
+    shifted = job(10) + job(1, tokens=2e6, gen=12.0, upd=6.0, untimed=2.0)
+    assert run_job(shifted, TH)[-1].change.change == "workload_shift"
+    assert run_job(shifted, loose)[-1].change.change == "none"
+    regressed = job(10) + job(1, upd=9.0)
+    assert run_job(regressed, loose)[-1].change.change == "regression"  # cost test unchanged
     assert loose.cost_ratio == TH.cost_ratio == 1.2
 
 
@@ -488,3 +492,219 @@ def test_baseline_medians_are_the_medians_of_the_last_n_usable_steps(steps_and_t
                 statistics.median(0.7 * s / k for s, k in last)
             )
         seen.append((seconds, tokens))
+
+
+# -- §2 v2: where save_checkpoint ran -------------------------------------------------------
+
+INSIDE = dict(step=100.0, gen=20.0, update_actor=15.0, update_weights=5.0, save_checkpoint=60.0)
+
+
+def test_checkpoint_inside_the_step_needs_all_three_conditions():
+    d = diag(step(**INSIDE))  # legacy >= 0.7.1 or V1: update_weights, no marker, fits
+    assert d.windows.counted["save_checkpoint"] == 60.0
+    assert (d.verdict, d.windows.busy_seconds) == ("checkpoint", 40.0)
+
+
+def test_checkpoint_without_update_weights_ran_after_the_step():
+    # 1. verl 0.6 has no update_weights timer and saves after `step`
+    data = step(**{k: v for k, v in INSIDE.items() if k != "update_weights"})
+    d = diag(data)
+    assert "save_checkpoint" not in d.windows.counted
+    assert d.windows.busy_seconds == 100.0 and d.verdict != "checkpoint"
+    assert d.windows.shares["checkpoint"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [
+        {"timing_s/sync_rollout_weights": 4.0},  # one-step-off
+        {"timing_s/generate_async": 80.0},  # one-step-off's background rollout
+        {"timing_s/param_sync": 4.0},  # fully-async, one spelling
+        {"timing_s/timing_s/param_sync": 4.0},  # ... and the other
+        {"fully_async/trainer/idle_ratio": None},  # a fully_async/ key needs no usable value
+    ],
+)
+def test_checkpoint_with_a_separated_trainer_marker_ran_after_the_step(marker):
+    d = diag({**step(**INSIDE), **marker})
+    assert "save_checkpoint" not in d.windows.counted
+    assert d.windows.busy_seconds == 100.0
+
+
+@pytest.mark.parametrize("unusable", [None, -1.0, "4", float("nan")])
+def test_an_unusable_timer_is_no_marker_and_no_update_weights(unusable):
+    assert (
+        "save_checkpoint"
+        in diag({**step(**INSIDE), "timing_s/sync_rollout_weights": unusable}).windows.counted
+    )
+    no_uw = {**step(**INSIDE), "timing_s/update_weights": unusable}
+    assert "save_checkpoint" not in diag(no_uw).windows.counted
+
+
+def test_checkpoint_must_fit_in_the_step_within_the_tolerance():
+    # C = 40; S - C = 60; tol = 0.01 x 100 = 1
+    assert "save_checkpoint" in diag(step(**{**INSIDE, "save_checkpoint": 61.0})).windows.counted
+    too_long = diag(step(**{**INSIDE, "save_checkpoint": 61.5}))
+    assert "save_checkpoint" not in too_long.windows.counted
+    assert too_long.windows.busy_seconds == 100.0  # S' = S: nothing subtracted
+
+
+def test_a_checkpoint_longer_than_the_step_no_longer_drops_the_step():
+    records = [Record(i + 1, d) for i, d in enumerate(job(10))]
+    late = job(1)[0]
+    late["timing_s/save_checkpoint"] = 60.0  # after `step` (verl 0.6: no update_weights)
+    records.append(Record(11, late))
+    out = list(BatchDiagnoser(TH).diagnose(records))
+    assert out[-1].step == 11 and out[-1].verdict == "rollout"
+    assert out[-1].change.point is not None  # it entered the baseline: S' = S = 10
+
+
+def test_checkpoint_tolerance_is_a_key(tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("checkpoint:\n  tolerance: 0.02\n")
+    loose = load_thresholds(cfg)
+    assert (
+        "save_checkpoint"
+        in diag(step(**{**INSIDE, "save_checkpoint": 61.5}), loose).windows.counted
+    )
+
+
+# -- §4 v2: per-group change with work measures ----------------------------------------------
+
+
+def rec(*, tokens=1e6, gen=6.0, upd=3.0, lp=0.0, sync=0.0, untimed=1.0, lmax=None, lens=None):
+    """One step: `lmax` = response_length/max, `lens` = (prompt mean, response mean)."""
+    timers = dict(gen=gen, update_actor=upd)
+    if lp:
+        timers["old_log_prob"] = lp
+    if sync:
+        timers["update_weights"] = sync
+    data = step(step=sum(timers.values()) + untimed, **timers)
+    data["perf/total_num_tokens"] = tokens
+    if lmax is not None:
+        data["response_length/max"] = lmax
+    if lens is not None:
+        data["prompt_length/mean"], data["response_length/mean"] = lens
+    return data
+
+
+def last_change(datas, th=TH):
+    c = run_job(datas, th)[-1].change
+    return c.change, c.regressed
+
+
+def test_a_longer_longest_response_explains_a_slower_rollout():
+    base = [rec(lmax=1000.0) for _ in range(10)]
+    assert last_change(base + [rec(gen=12.0, lmax=2000.0)]) == ("workload_shift", None)
+    # the same slowdown without a longer tail is a rollout regression
+    assert last_change(base + [rec(gen=12.0, lmax=1000.0)]) == ("regression", "rollout")
+
+
+def test_weight_sync_is_judged_per_step_not_per_token():
+    base = [rec(sync=2.0) for _ in range(10)]
+    # half the batch: every per-token cost doubles, sync seconds stay the same
+    half = rec(tokens=5e5, gen=3.0, upd=1.5, sync=2.0, untimed=0.5)
+    assert last_change(base + [half]) == ("none", None)
+    assert last_change(base + [rec(sync=4.0)]) == ("regression", "sync")
+
+
+def test_longer_sequences_explain_a_slower_update():
+    base = [rec(upd=3.0, lens=(500.0, 500.0)) for _ in range(10)]
+    longer = rec(upd=6.0, lens=(1000.0, 1000.0))  # same K, twice the sequence length
+    assert last_change(base + [longer]) == ("workload_shift", None)  # S' 1.3x
+    assert last_change(base + [rec(upd=6.0, lens=(500.0, 500.0))]) == ("regression", "update")
+
+
+def test_a_regression_hides_behind_no_earlier_slowdown():
+    # rollout slowed for a while (raising the baseline step time), then update regresses
+    slowed = [rec(gen=6.0) for _ in range(10)] + [rec(gen=12.0) for _ in range(10)]
+    assert last_change(slowed + [rec(gen=12.0, upd=7.8)]) == ("regression", "update")
+
+
+def test_a_regression_of_one_window_while_another_gets_faster():
+    base = [rec() for _ in range(10)]
+    out = run_job(base + [rec(gen=3.0, upd=6.0)])  # S' unchanged: v1 said `none`
+    assert (out[-1].change.change, out[-1].change.regressed) == ("regression", "update")
+    assert out[-1].change.excess["update"] == pytest.approx(3.0)
+
+
+def test_a_measure_unusable_in_this_step_is_not_used():
+    base = [rec(lmax=1000.0) for _ in range(10)]
+    # no response_length/max in this step: only K judges rollout
+    assert last_change(base + [rec(gen=12.0)]) == ("regression", "rollout")
+    # a zero measure is unusable too
+    assert last_change(base + [rec(gen=12.0, lmax=0.0)]) == ("regression", "rollout")
+
+
+def test_a_measure_needs_min_baseline_steps_that_had_it():
+    few = [rec() for _ in range(6)] + [rec(lmax=1000.0) for _ in range(4)]
+    # Lmax doubled, but only 4 baseline steps had Lmax: it is not used, K decides
+    assert last_change(few + [rec(gen=12.0, lmax=2000.0)]) == ("regression", "rollout")
+    enough = [rec() for _ in range(5)] + [rec(lmax=1000.0) for _ in range(5)]
+    assert last_change(enough + [rec(gen=12.0, lmax=2000.0)]) == ("workload_shift", None)
+
+
+def test_token_length_needs_both_means_usable():
+    base = [rec(upd=3.0, lens=(500.0, 500.0)) for _ in range(10)]
+    no_prompt = rec(upd=6.0, lens=(500.0, 500.0))
+    del no_prompt["prompt_length/mean"]
+    assert last_change(base + [no_prompt]) == ("regression", "update")
+
+
+def test_the_minimum_excess_is_a_fraction_of_the_baseline_step():
+    base = [rec(gen=6.0, upd=0.6, untimed=3.4) for _ in range(10)]  # S' = 10
+    # update doubled (+100 % cost) but adds 0.45 s < 0.05 x 10: not a regression
+    small = rec(gen=6.0, upd=1.05, untimed=3.4)
+    assert last_change(base + [small])[0] != "regression"
+    big = rec(gen=6.0, upd=1.15, untimed=3.4)  # + 0.55 s
+    assert last_change(base + [big]) == ("regression", "update")
+
+
+def test_min_excess_is_a_key(tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("change:\n  min_excess: 0.5\n")
+    strict = load_thresholds(cfg)
+    datas = [rec() for _ in range(10)] + [rec(upd=6.0)]  # excess 3 s < 0.5 x 10
+    assert last_change(datas) == ("regression", "update")
+    assert last_change(datas, strict)[0] != "regression"
+
+
+def test_the_largest_excess_wins_and_ties_go_in_table_order():
+    base = [rec(lp=2.0, sync=1.0) for _ in range(10)]
+    both = rec(gen=9.0, upd=6.0, lp=2.0, sync=1.0)  # +3 s rollout, +3 s update
+    assert last_change(base + [both]) == ("regression", "rollout")
+    more = rec(gen=9.0, upd=7.0, lp=2.0, sync=1.0)
+    assert last_change(base + [more]) == ("regression", "update")
+    tie = rec(lp=4.0, sync=3.0)  # +2 s logprob, +2 s sync
+    assert last_change(base + [tie]) == ("regression", "logprob")
+
+
+def test_an_insignificant_group_never_regresses():
+    base = [rec(sync=0.1) for _ in range(10)]
+    # sync x5 but 0.5 s < 0.05 x S' (10.5): no regression, and S' is within 1.2x
+    assert last_change(base + [rec(sync=0.5)]) == ("none", None)
+
+
+def test_regression_is_judged_before_workload_shift():
+    base = [rec() for _ in range(10)]
+    # twice the tokens explain rollout and other, but update tripled
+    out = rec(tokens=2e6, gen=12.0, upd=9.0, untimed=2.0)
+    assert last_change(base + [out]) == ("regression", "update")
+
+
+def test_plan_memo_is_keyed_by_thresholds(tmp_path):
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text("groups:\n  update: [update_actor, update_critic, my_timer]\n")
+    custom = load_thresholds(cfg)
+    data = step(step=10.0, my_timer=8.0)
+    assert diag(data).verdict == "other"  # memoized for TH first ...
+    assert diag(data, custom).verdict == "update"  # ... and not reused for other thresholds
+
+
+def test_memos_stay_bounded():
+    from exporter.diagnosis import windows
+
+    for i in range(3 * windows.MEMO_SIZE):
+        diag(step(step=10.0, **{f"t{i}": 1.0}))
+    assert len(windows._KEYSETS) <= windows.MEMO_SIZE
+    assert len(windows._PLANS) <= windows.MEMO_SIZE
+    assert len(windows._PREFIXED) <= windows.MEMO_SIZE

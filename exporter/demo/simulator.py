@@ -15,6 +15,10 @@ from dataclasses import dataclass, field, replace
 import orjson
 
 N_GPUS = 16
+REFERENCE_TOKENS = 3.0e6
+PER_STEP_TIMERS = frozenset({"update_weights"})
+"""Timers whose seconds do not grow with the batch: weight sync moves the model, not tokens.
+Their `cost` is seconds per million tokens of a REFERENCE_TOKENS batch."""
 
 
 @dataclass(frozen=True)
@@ -22,7 +26,7 @@ class Regime:
     name: str
     # seconds per million tokens, per verl timer (gen, old_log_prob, ref, adv, update_actor, ...)
     cost: Mapping[str, float]
-    tokens: float = 3.0e6  # perf/total_num_tokens per step
+    tokens: float = REFERENCE_TOKENS  # perf/total_num_tokens per step
     untimed: float = 0.6  # seconds per million tokens outside any timer
     mfu_actor: float = 0.42
     mfu_infer: float = 0.35
@@ -72,7 +76,7 @@ def shifted(regime: Regime, factor: float) -> Regime:
 
 
 def regressed(regime: Regime, timer: str, factor: float) -> Regime:
-    """The same job with one timer `factor` x as costly per token: a regression."""
+    """The same job with one timer `factor` x as costly for the same work: a regression."""
     return replace(
         regime,
         name=f"{regime.name}+slow_{timer}",
@@ -91,7 +95,8 @@ def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03
     data: dict = {}
     total = 0.0
     for timer, per_m in regime.cost.items():
-        seconds = jitter(per_m * millions)
+        scale = REFERENCE_TOKENS / 1e6 if timer in PER_STEP_TIMERS else millions
+        seconds = jitter(per_m * scale)
         data[f"timing_s/{timer}"] = seconds
         total += seconds
     step_s = total + jitter(regime.untimed * millions)

@@ -56,8 +56,9 @@ LOOK_AT: Mapping[tuple[str, str], str] = {
 
 CHANGE_MEANING: Mapping[str, str] = {
     "none": "in line with the job's recent steps",
-    "workload_shift": "slower because there were more tokens; every window's cost per token held",
-    "regression": "a window costs more per token than the job's baseline",
+    "workload_shift": "slower because the work grew (tokens, sequence length, longest response); "
+    "no window costs more than its work explains",
+    "regression": "a window costs more than its work explains, against the job's own baseline",
 }
 
 

@@ -16,7 +16,7 @@ from .change import Baseline, Change
 from .thresholds import Thresholds
 from .values import positive
 from .verdict import Verdict, decide
-from .windows import Windows, split, timers
+from .windows import Windows, separated_trainer, split, timers
 
 STEP_KEY = "timing_s/step"
 TOKENS_KEY = "perf/total_num_tokens"
@@ -68,10 +68,10 @@ def classify(
     if step_seconds is None:
         return None
     all_timers = timers(data)
-    windows = split(step_seconds, all_timers, th)
+    windows = split(step_seconds, all_timers, th, separated_trainer(all_timers, data, th))
     verdict: Verdict = decide(windows, data, th)
     tokens = positive(data.get(TOKENS_KEY))
-    change = baseline.judge(windows, tokens)
+    change = baseline.judge(windows, tokens, data)
     return StepDiagnosis(
         run,
         step,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -95,9 +96,11 @@ def _check_leaf(where: str, value: Any, want: str) -> Any:
     return value
 
 
+@dataclass(
+    frozen=True, eq=False
+)  # eq=False: hashed by identity (windows.py memoizes per Thresholds)
 class Thresholds:
-    """Every number of the decision table, plus the timer-to-group map. Immutable, and
-    hashed by identity (windows.py memoizes per Thresholds)."""
+    """Every number of the decision table, plus the timer-to-group map. Immutable."""
 
     min_share: float
     min_margin: float
@@ -114,21 +117,17 @@ class Thresholds:
     throughput_ratio: float
     cost_ratio: float
     significant_share: float
+    min_excess: float
+    checkpoint_timer: str
+    checkpoint_tolerance: float
+    checkpoint_needs: frozenset[str]
+    separated_timers: frozenset[str]
+    separated_key_prefix: str
     timer_groups: Mapping[str, str]
     ignored_timers: frozenset[str]
     nested_timers: Mapping[str, str]
     alerts: Mapping[str, Any]
     document: Mapping[str, Any]  # the merged document, for renderers
-
-    def __init__(self, **fields: Any):
-        # a plain class, not a dataclass: `diagnose` starts faster without dataclasses' imports
-        for name in self.__annotations__:
-            object.__setattr__(self, name, fields.pop(name))
-        if fields:
-            raise TypeError(f"unknown thresholds fields: {', '.join(fields)}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Thresholds are immutable; build new ones with from_documents()")
 
     @classmethod
     def from_documents(cls, defaults: Mapping[str, Any], *overrides: Any) -> Thresholds:
@@ -159,7 +158,7 @@ class Thresholds:
                         f"groups.{group}: timer '{timer}' is already in groups.{timer_groups[timer]}"
                     )
                 timer_groups[timer] = group
-        v, r = doc["verdict"], doc["reason"]
+        v, r, ck = doc["verdict"], doc["reason"], doc["checkpoint"]
         return cls(
             min_share=float(v["min_share"]),
             min_margin=float(v["min_margin"]),
@@ -176,6 +175,12 @@ class Thresholds:
             throughput_ratio=float(ch["throughput_ratio"]),
             cost_ratio=float(ch["cost_ratio"]),
             significant_share=float(ch["significant_share"]),
+            min_excess=float(ch["min_excess"]),
+            checkpoint_timer=ck["timer"],
+            checkpoint_tolerance=float(ck["tolerance"]),
+            checkpoint_needs=frozenset(ck["inside_needs"]),
+            separated_timers=frozenset(ck["separated_timers"]),
+            separated_key_prefix=ck["separated_key_prefix"],
             timer_groups=MappingProxyType(timer_groups),
             ignored_timers=frozenset(doc["ignored_timers"]),
             nested_timers=MappingProxyType(dict(doc["nested_timers"])),

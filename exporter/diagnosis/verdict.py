@@ -80,9 +80,13 @@ def _rollout(w: Windows, data: Mapping[str, Any], th: Thresholds):
     rmax = num(data.get("response_length/max"))
     rmean = num(data.get("response_length/mean"))
     ev.update(response_length_max=rmax, response_length_mean=rmean)
-    if rmax is not None and rmean is not None and rmean > 0:
-        if rmax >= th.long_tail_response_ratio * rmean:
-            return "long_tail", ev
+    if (
+        rmax is not None
+        and rmean is not None
+        and rmean > 0
+        and rmax >= th.long_tail_response_ratio * rmean
+    ):
+        return "long_tail", ev
     return "generation", ev
 
 

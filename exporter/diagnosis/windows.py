@@ -10,6 +10,9 @@ from .values import _INF, AGENT_LOOP, TIMER_PREFIX
 
 _PREFIX_LEN = len(TIMER_PREFIX)
 _ZERO = dict.fromkeys(GROUPS, 0.0)
+MEMO_SIZE = 256
+"""Entries each memo below keeps. A job writes the same keys step after step, so a few
+shapes cover a fleet; a flood of shapes only costs a recomputation."""
 
 
 class Windows(NamedTuple):
@@ -20,6 +23,12 @@ class Windows(NamedTuple):
     group_seconds: Mapping[str, float]  # every group; `other` includes the untimed remainder
     untimed_seconds: float  # R
     shares: Mapping[str, float]  # every group, unrounded
+    checkpoint_seconds: float = 0.0  # save_checkpoint when it ran inside the step (§2), else 0
+
+    @property
+    def busy_seconds(self) -> float:
+        """S' (§4): the step time without a checkpoint saved inside it."""
+        return self.step_seconds - self.checkpoint_seconds
 
 
 def timer_name(key: str) -> str | None:
@@ -40,6 +49,14 @@ _KEYSETS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
 """(key, timer) pairs by key set: a job writes the same keys step after step."""
 
 
+def _remember(memo: dict, key: Any, value: Any) -> None:
+    """Store in a bounded memo: when full, the oldest half goes (dicts keep insertion order)."""
+    if len(memo) >= MEMO_SIZE:
+        for old in list(memo)[: MEMO_SIZE // 2]:
+            del memo[old]
+    memo[key] = value
+
+
 def timers(data: Mapping[str, Any]) -> dict[str, float]:
     """Every usable timer value of a step's data. A timer under both spellings keeps the
     larger value."""
@@ -47,9 +64,7 @@ def timers(data: Mapping[str, Any]) -> dict[str, float]:
     pairs = _KEYSETS.get(keys)
     if pairs is None:
         pairs = tuple((k, n) for k in keys if (n := timer_name(k)) is not None)
-        if len(_KEYSETS) > 256:  # many different shapes: keep the memo bounded
-            _KEYSETS.clear()
-        _KEYSETS[keys] = pairs
+        _remember(_KEYSETS, keys, pairs)
     out: dict[str, float] = {}
     for key, name in pairs:
         x = data[key]
@@ -69,32 +84,89 @@ def timers(data: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-def split(step_seconds: float, all_timers: Mapping[str, float], th: Thresholds) -> Windows:
-    """Group the counted timers of one step whose `timing_s/step` is `step_seconds` (> 0)."""
+_PREFIXED: dict[tuple[tuple[str, ...], str], bool] = {}
+
+
+def has_key_prefix(data: Mapping[str, Any], prefix: str) -> bool:
+    """Whether any key of `data` starts with `prefix` (memoized by key set)."""
+    memo_key = (tuple(data), prefix)
+    found = _PREFIXED.get(memo_key)
+    if found is None:
+        found = any(k.startswith(prefix) for k in data)
+        _remember(_PREFIXED, memo_key, found)
+    return found
+
+
+def separated_trainer(
+    all_timers: Mapping[str, float], data: Mapping[str, Any], th: Thresholds
+) -> bool:
+    """§2 condition 2: the step carries a marker of a separated trainer (one-step-off,
+    fully-async, separation), which saves its checkpoint after `step`."""
+    if any(name in all_timers for name in th.separated_timers):
+        return True
+    return has_key_prefix(data, th.separated_key_prefix)
+
+
+def split(
+    step_seconds: float, all_timers: Mapping[str, float], th: Thresholds, separated: bool = False
+) -> Windows:
+    """Group the counted timers of one step whose `timing_s/step` is `step_seconds` (> 0).
+
+    `separated`: the step carries a separated trainer's marker (`separated_trainer()`).
+    """
     counted: dict[str, float] = {}
     group_seconds = _ZERO.copy()
-    total = 0.0
+    total = 0.0  # C: every counted timer but the checkpoint
+    checkpoint: tuple[float, str] | None = None
     for name, group in _plan(tuple(all_timers), th):
         value = all_timers[name]
+        if name == th.checkpoint_timer:
+            checkpoint = (value, group)
+            continue
         counted[name] = value
         group_seconds[group] += value
         total += value
+    checkpoint_seconds = 0.0
+    if checkpoint is not None and _checkpoint_inside(
+        checkpoint[0], step_seconds, total, all_timers, separated, th
+    ):
+        checkpoint_seconds, group = checkpoint
+        counted[th.checkpoint_timer] = checkpoint_seconds
+        group_seconds[group] += checkpoint_seconds
+        total += checkpoint_seconds
     untimed = step_seconds - total
     if untimed < 0.0:
         untimed = 0.0
     group_seconds["other"] += untimed
     scale = 1.0 / (step_seconds if step_seconds > total else total)
     shares = {g: t * scale for g, t in group_seconds.items()}
-    return Windows(step_seconds, counted, group_seconds, untimed, shares)
+    return Windows(step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds)
 
 
-_PLANS: dict[tuple, tuple[tuple[str, str], ...]] = {}
+def _checkpoint_inside(
+    seconds: float,
+    step_seconds: float,
+    others: float,
+    all_timers: Mapping[str, float],
+    separated: bool,
+    th: Thresholds,
+) -> bool:
+    """§2: `save_checkpoint` is a window of the step only when all three conditions hold."""
+    return (
+        all(name in all_timers for name in th.checkpoint_needs)  # 1. e.g. update_weights
+        and not separated  # 2. no marker of a separated trainer
+        and seconds <= step_seconds - others + th.checkpoint_tolerance * step_seconds  # 3. fits
+    )
+
+
+_PLANS: dict[tuple[tuple[str, ...], Thresholds], tuple[tuple[str, str], ...]] = {}
 
 
 def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str], ...]:
-    """(timer, group) for the timers that count, given which timers the step has.
+    """(timer, group) for the timers that may count, given which timers the step has.
 
-    Not windows: ignored timers, and a nested timer whose outer timer is present.
+    Not windows: ignored timers, and a nested timer whose outer timer is present. The
+    checkpoint timer is in the plan; `split` decides whether it ran inside the step.
     Memoized by (names, thresholds): a job logs the same timers step after step.
     """
     key = (names, th)
@@ -106,7 +178,5 @@ def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str], ...]
             for name in names
             if name not in ignored and not (name in nested and nested[name] in names)
         )
-        if len(_PLANS) > 256:
-            _PLANS.clear()
-        _PLANS[key] = plan
+        _remember(_PLANS, key, plan)
     return plan

@@ -48,10 +48,11 @@ def targets(thresholds: Thresholds) -> dict[str, str]:
 def decision_table_markdown(th: Thresholds) -> str:
     """docs/decision-table.md: the table as this version implements it, numbers included."""
     from ..diagnosis import GROUPS, REASONS
+    from ..diagnosis.change import MEASURE_MEANING, MEASURES
     from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 
     doc = th.document
-    v, r, c = doc["verdict"], doc["reason"], doc["change"]
+    v, r, c, ck = doc["verdict"], doc["reason"], doc["change"], doc["checkpoint"]
     out = [
         "# The decision table",
         "",
@@ -83,6 +84,23 @@ def decision_table_markdown(th: Thresholds) -> str:
         + ".",
         "`timing_s/timing_s/<timer>` (fully-async) counts as `<timer>`; `timing_s/agent_loop/...` keys",
         "are per-sample statistics, never windows.",
+        "",
+        "### Where `save_checkpoint` ran",
+        "",
+        f"verl saves inside `step` in the legacy trainer since 0.7.1 and in the V1 trainer, and after",
+        "`step` in verl 0.6 and in the separated trainers (one-step-off, fully-async, separation).",
+        f"Let C = Σ of the counted timers other than `{ck['timer']}`. `{ck['timer']}` is a window of",
+        "the step (group `checkpoint`) only when all three hold, and is ignored like `step` otherwise:",
+        "",
+        "1. the step has " + ", ".join(f"a `{t}`" for t in ck["inside_needs"]) + " timer"
+        " (`checkpoint.inside_needs`; verl 0.6 has none);",
+        "2. it has no marker of a separated trainer: no "
+        + ", ".join(f"`{t}`" for t in ck["separated_timers"])
+        + f" timer (either spelling; `checkpoint.separated_timers`) and no key that starts with "
+        f"`{ck['separated_key_prefix']}` (`checkpoint.separated_key_prefix`);",
+        f"3. it fits: `{ck['timer']}` ≤ S − C + **{ck['tolerance']}** × S (`checkpoint.tolerance`).",
+        "",
+        "A timer counts as present only when its value is usable; the key prefix needs the key alone.",
         "",
         "R = max(0, S − Σ counted timers), the time the driver spent outside any timer, is part of",
         "`other`. share(g) = T(g) / max(S, Σ counted timers), where S is `timing_s/step`.",
@@ -129,20 +147,45 @@ def decision_table_markdown(th: Thresholds) -> str:
         "",
         "## Change against the job's own baseline",
         "",
-        "S' = S − `save_checkpoint`, K = `perf/total_num_tokens`, cost(g) = T(g) / K. The baseline is",
-        f"the per-field median over the last **{c['baseline_steps']}** earlier steps of the same run",
-        f"(`change.baseline_steps`); with fewer than **{c['min_baseline_steps']}** "
-        "(`change.min_baseline_steps`) the change is `none`. A lower step number (a restart or",
-        "resume) starts a new run with an empty baseline.",
+        "A slower step is either a **workload shift** (the work grew: more tokens, longer sequences,",
+        "a longer longest response) or a **regression** (some window costs more than its work",
+        "explains). Each group is judged on its own, so a regression is seen even when another",
+        "window got faster or an earlier slowdown raised the baseline step time.",
+        "",
+        "S' = S − `save_checkpoint` when it is a window of the step, else S. K = `perf/total_num_tokens`.",
+        "A group's time is explained when it grew no faster than at least one of its work measures m;",
+        "cost_m(g) = T(g) / m.",
+        "",
+        "| group | work measures m |",
+        "|---|---|",
+        *(f"| `{g}` | {'; '.join(MEASURE_MEANING[m] for m in ms)} |" for g, ms in MEASURES.items()),
+        "",
+        "A measure is usable in a step when all its inputs are usable and it is > 0.",
+        f"The **baseline** is the last **{c['baseline_steps']}** (`change.baseline_steps`) earlier",
+        "steps of the same run that had S, K and S' > 0: the median S', the median K/S', and for",
+        "each group and measure the median cost over the baseline steps where the measure was",
+        f"usable. With fewer than **{c['min_baseline_steps']}** (`change.min_baseline_steps`)",
+        "baseline steps the change is `none`; a measure is *used* for a group when it is usable in",
+        "this step and in at least that many baseline steps (K always is). A lower step number (a",
+        "restart or resume) starts a new run with an empty baseline.",
+        "",
+        "A group g (any but `checkpoint`) **regressed** when all hold:",
+        "",
+        f"- T(g) ≥ **{c['significant_share']}** × S' (`change.significant_share`);",
+        f"- for every used m: cost_m(g) > **{c['cost_ratio']}** × its baseline (`change.cost_ratio`;"
+        " a baseline of 0 counts as exceeded);",
+        f"- excess(g) ≥ **{c['min_excess']}** × baseline S' (`change.min_excess`), where excess(g) ="
+        " min over used m of (T(g) − baseline cost_m(g) × m): the seconds no measure explains.",
         "",
         "| change | when | meaning |",
         "|---|---|---|",
-        f"| `none` | S' < {c['step_time_ratio']} × baseline S' and K/S' > {c['throughput_ratio']} × "
-        f"baseline K/S' | {CHANGE_MEANING['none']} |",
-        f"| `workload_shift` | otherwise, when every group with T(g) ≥ {c['significant_share']} × S' has "
-        f"cost(g) ≤ {c['cost_ratio']} × its baseline cost | {CHANGE_MEANING['workload_shift']} |",
-        f"| `regression` | otherwise; `regressed` is the group that added the most seconds | "
+        "| `regression` | at least one group regressed; `regressed` is the one with the largest "
+        "excess (ties: rollout, reward, logprob, update, sync, other) | "
         f"{CHANGE_MEANING['regression']} |",
+        f"| `workload_shift` | otherwise, when S' ≥ {c['step_time_ratio']} × baseline S' "
+        f"(`change.step_time_ratio`) or K/S' ≤ {c['throughput_ratio']} × baseline K/S' "
+        f"(`change.throughput_ratio`) | {CHANGE_MEANING['workload_shift']} |",
+        f"| `none` | otherwise | {CHANGE_MEANING['none']} |",
         "",
     ]
     return "\n".join(out)
