@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
@@ -42,32 +42,33 @@ MEASURE_MEANING: Mapping[str, str] = {
 }
 
 
-class Work(NamedTuple):
-    """A step's work measures; None where a measure is not usable (§4)."""
+PAIRS: tuple[tuple[str, str], ...] = tuple((g, m) for g, ms in MEASURES.items() for m in ms)
+"""Every (group, measure) whose cost the baseline tracks."""
+_GROUP_PAIRS: Mapping[str, tuple[tuple[int, str], ...]] = {
+    g: tuple((i, m) for i, (pg, m) in enumerate(PAIRS) if pg == g) for g in COST_GROUPS
+}
+_TOKEN_PAIR = {g: PAIRS.index((g, TOKENS)) for g in COST_GROUPS if (g, TOKENS) in PAIRS}
 
-    tokens: float
-    longest_response: float | None
-    token_length: float | None
-    step: float = 1.0
 
-
-def work_of(tokens: float, data: Mapping[str, Any]) -> Work:
-    """The work measures of a step whose K is `tokens` (> 0)."""
+def work_of(tokens: float, data: Mapping[str, Any]) -> dict[str, float | None]:
+    """The work measures of a step whose K is `tokens` (> 0); None where one is unusable
+    (an input missing, or a value that is not > 0)."""
     longest = num(data.get("response_length/max"))
     prompt = num(data.get("prompt_length/mean"))
     response = num(data.get("response_length/mean"))
     token_length = None
     if prompt is not None and response is not None:
         token_length = tokens * (prompt + response)
-    return Work(
-        tokens,
-        longest if longest else None,  # > 0 to be usable
-        token_length if token_length else None,
-    )
+    return {
+        TOKENS: tokens,
+        LONGEST_RESPONSE: longest or None,
+        TOKEN_LENGTH: token_length or None,
+        STEP: 1.0,
+    }
 
 
 class Point(NamedTuple):
-    """One step, as the baseline sees it."""
+    """One step, or the baseline's medians, as the sidecar exports them."""
 
     busy_seconds: float  # S' = S - save_checkpoint (when it ran inside the step)
     tokens_per_second: float  # K / S'
@@ -87,49 +88,23 @@ class _Step(NamedTuple):
 
     busy_seconds: float  # S'
     tokens_per_second: float  # K / S'
-    seconds: Mapping[str, float]  # T(g) for every group
-    work: Work
-
-
-def point_of(windows: Windows, tokens: float | None) -> Point | None:
-    """The step as a baseline point, or None when it has no K or no positive S'."""
-    if tokens is None:
-        return None
-    busy = windows.busy_seconds
-    if busy <= 0:
-        return None
-    return Point(busy, tokens / busy, _Costs(windows.group_seconds, tokens))
-
-
-class _Costs(Mapping[str, float]):
-    """A step's seconds per token by group, computed when read."""
-
-    __slots__ = ("_seconds", "_tokens")
-
-    def __init__(self, group_seconds: Mapping[str, float], tokens: float):
-        self._seconds = group_seconds
-        self._tokens = tokens
-
-    def __getitem__(self, group: str) -> float:
-        if group == "checkpoint":
-            raise KeyError(group)
-        return self._seconds[group] / self._tokens
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(COST_GROUPS)
-
-    def __len__(self) -> int:
-        return len(COST_GROUPS)
+    costs: tuple[float | None, ...]  # cost per PAIRS entry; None where the measure is unusable
 
 
 class Baseline:
-    """The last `th.baseline_steps` usable steps of one run."""
+    """The last `th.baseline_steps` usable steps of one run.
+
+    Every field the table takes a median of (S', K/S', each group's cost per measure) is
+    kept in a sorted list, updated as a step enters and the oldest leaves: a median is an
+    index, not a sort.
+    """
 
     def __init__(self, th: Thresholds):
         self._th = th
         self._steps: deque[_Step] = deque(maxlen=th.baseline_steps)
-        self._busy: list[float] = []  # the same steps' S' and K/S', kept sorted,
-        self._tps: list[float] = []  # so a median is an index, not a sort
+        self._busy: list[float] = []
+        self._tps: list[float] = []
+        self._costs: list[list[float]] = [[] for _ in PAIRS]
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -141,134 +116,102 @@ class Baseline:
 
         `data` is the step's record data, for the work measures other than K.
         """
-        point = point_of(windows, tokens)
-        if point is None or tokens is None:
+        busy = windows.busy_seconds
+        if tokens is None or busy <= 0:
             return Change(NONE, None, None, None)
+        seconds = windows.group_seconds
+        work = work_of(tokens, data or {})
         step = _Step(
-            point.busy_seconds,
-            point.tokens_per_second,
-            windows.group_seconds,
-            work_of(tokens, data or {}),
+            busy,
+            tokens / busy,
+            tuple(None if (m := work[measure]) is None else seconds[g] / m for g, measure in PAIRS),
         )
+        point = Point(busy, step.tokens_per_second, {g: seconds[g] / tokens for g in COST_GROUPS})
         base = self.medians()
-        if base is None:
-            self._add(step)
-            return Change(NONE, None, point, None)
-        excess = _regressed(step, point.busy_seconds, base.busy_seconds, self._steps, self._th)
+        excess = None if base is None else self._regressed(seconds, work, busy, base.busy_seconds)
         self._add(step)
         th = self._th
+        if base is None:
+            return Change(NONE, None, point, None)
         if excess:
             regressed = max(COST_GROUPS, key=lambda g: excess.get(g, -1.0))  # first of ties
             return Change(REGRESSION, regressed, point, base, excess)
         if (
-            point.busy_seconds >= th.step_time_ratio * base.busy_seconds
-            or point.tokens_per_second <= th.throughput_ratio * base.tokens_per_second
+            busy >= th.step_time_ratio * base.busy_seconds
+            or step.tokens_per_second <= th.throughput_ratio * base.tokens_per_second
         ):
             return Change(WORKLOAD_SHIFT, None, point, base)
         return Change(NONE, None, point, base)
+
+    def medians(self) -> Point | None:
+        """The baseline now, or None with fewer than `min_baseline_steps` steps."""
+        if len(self._steps) < self._th.min_baseline_steps:
+            return None
+        costs = {g: _middle(self._costs[i]) for g, i in _TOKEN_PAIR.items()}
+        return Point(_middle(self._busy), _middle(self._tps), costs)
+
+    def cost(self, group: str, measure: str) -> float | None:
+        """The baseline cost of `group` per `measure`: the median over the baseline steps
+        where the measure was usable, or None when fewer than `min_baseline_steps` had it
+        (then the measure is not used)."""
+        values = self._costs[PAIRS.index((group, measure))]
+        return _middle(values) if len(values) >= self._th.min_baseline_steps else None
+
+    def _regressed(
+        self,
+        seconds: Mapping[str, float],
+        work: Mapping[str, float | None],
+        busy: float,
+        base_busy: float,
+    ) -> dict[str, float]:
+        """Every regressed group (§4) with its excess: the seconds no used measure explains."""
+        th = self._th
+        out: dict[str, float] = {}
+        significant = th.significant_share * busy
+        min_excess = th.min_excess * base_busy
+        for group in COST_GROUPS:
+            t = seconds[group]
+            if t < significant:
+                continue
+            excess: float | None = None
+            for i, measure in _GROUP_PAIRS[group]:
+                m = work[measure]
+                values = self._costs[i]
+                if m is None or len(values) < th.min_baseline_steps:
+                    continue  # not used: unusable in this step or in too few baseline steps
+                base = _middle(values)
+                if not t / m > th.cost_ratio * base:  # a baseline of 0 counts as exceeded
+                    excess = None
+                    break  # this measure explains the time
+                unexplained = t - base * m
+                if excess is None or unexplained < excess:
+                    excess = unexplained
+            if excess is not None and excess >= min_excess:
+                out[group] = excess
+        return out
 
     def _add(self, step: _Step) -> None:
         steps = self._steps
         if len(steps) == steps.maxlen:  # the oldest step leaves the window
             oldest = steps[0]
-            del self._busy[bisect_left(self._busy, oldest.busy_seconds)]
-            del self._tps[bisect_left(self._tps, oldest.tokens_per_second)]
+            _remove(self._busy, oldest.busy_seconds)
+            _remove(self._tps, oldest.tokens_per_second)
+            for values, c in zip(self._costs, oldest.costs):
+                if c is not None:
+                    _remove(values, c)
         steps.append(step)
         insort(self._busy, step.busy_seconds)
         insort(self._tps, step.tokens_per_second)
-
-    def medians(self) -> Point | None:
-        """The baseline now, or None with fewer than `min_baseline_steps` steps."""
-        steps = self._steps
-        if len(steps) < self._th.min_baseline_steps:
-            return None
-        return Point(_middle(self._busy), _middle(self._tps), _MedianCosts(tuple(steps)))
+        for values, c in zip(self._costs, step.costs):
+            if c is not None:
+                insort(values, c)
 
 
-class _MedianCosts(Mapping[str, float]):
-    """Per-group median seconds per token, computed on first use."""
-
-    def __init__(self, steps: tuple[_Step, ...]):
-        self._steps = steps
-        self._costs: dict[str, float] | None = None
-
-    def _get(self) -> dict[str, float]:
-        if self._costs is None:
-            steps = self._steps
-            self._costs = {
-                g: _median([s.seconds[g] / s.work.tokens for s in steps]) for g in COST_GROUPS
-            }
-        return self._costs
-
-    def __getitem__(self, group: str) -> float:
-        return self._get()[group]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._get())
-
-    def __len__(self) -> int:
-        return len(COST_GROUPS)
-
-
-def baseline_cost(
-    steps: tuple[_Step, ...] | deque[_Step], group: str, measure: str, min_steps: int
-) -> float | None:
-    """The median of T(group) / measure over the baseline steps where the measure was
-    usable, or None when fewer than `min_steps` had it (the measure is not used)."""
-    values = []
-    for s in steps:
-        m = getattr(s.work, measure)
-        if m is not None:
-            values.append(s.seconds[group] / m)
-    if len(values) < min_steps:
-        return None
-    return _median(values)
-
-
-def _regressed(
-    step: _Step, busy: float, base_busy: float, steps: deque[_Step], th: Thresholds
-) -> dict[str, float]:
-    """Every regressed group (§4) with its excess: the seconds that no used measure explains."""
-    out: dict[str, float] = {}
-    significant = th.significant_share * busy
-    min_excess = th.min_excess * base_busy
-    for group in COST_GROUPS:
-        seconds = step.seconds[group]
-        if seconds < significant:
-            continue
-        excess = _excess(group, seconds, step.work, steps, th)
-        if excess is not None and excess >= min_excess:
-            out[group] = excess
-    return out
-
-
-def _excess(
-    group: str, seconds: float, work: Work, steps: deque[_Step], th: Thresholds
-) -> float | None:
-    """min over used measures of T(g) - baseline cost x m, or None when some used measure
-    explains the time (the cost did not exceed cost_ratio x its baseline)."""
-    excess: float | None = None
-    for measure in MEASURES[group]:
-        m = getattr(work, measure)
-        if m is None:
-            continue  # not usable in this step
-        base = baseline_cost(steps, group, measure, th.min_baseline_steps)
-        if base is None:
-            continue  # not usable in enough baseline steps
-        if not seconds / m > th.cost_ratio * base:  # a baseline of 0 counts as exceeded
-            return None
-        unexplained = seconds - base * m
-        if excess is None or unexplained < excess:
-            excess = unexplained
-    return excess
-
-
-def _median(values: list[float]) -> float:
-    """The median; the mean of the middle two for an even count."""
-    return _middle(sorted(values))
+def _remove(values: list[float], x: float) -> None:
+    del values[bisect_left(values, x)]
 
 
 def _middle(s: list[float]) -> float:
-    """The median of an already sorted list."""
+    """The median of a sorted list; the mean of the middle two for an even count."""
     mid = len(s) // 2
     return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
