@@ -88,6 +88,8 @@ def step_json(d: StepDiagnosis) -> dict[str, Any]:
     out["tokens"] = d.tokens
     out["evidence"] = dict(d.evidence)
     out["look_at"] = look_at(d.verdict, d.reason) or None
+    if d.change.excess:
+        out["excess_seconds"] = {g: round(x, 6) for g, x in d.change.excess.items()}
     base = d.change.baseline
     if base is not None:
         out["baseline"] = {

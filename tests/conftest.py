@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from exporter.config import load_thresholds
@@ -11,6 +13,16 @@ from tests.support.procs import TRACES
 @pytest.fixture(scope="session")
 def thresholds():
     return load_thresholds()
+
+
+VENDORED_TRACES = Path(__file__).parent / "fixtures" / "traces"
+
+
+@pytest.fixture(scope="session")
+def sample_traces():
+    """Every sample verl log: ../shared/traces where it exists, else the ones vendored in
+    tests/fixtures/traces (a user's clone)."""
+    return TRACES if TRACES.is_dir() else VENDORED_TRACES
 
 
 @pytest.fixture(scope="session")

@@ -29,11 +29,11 @@ def write_slowly(path, lines: list[bytes]) -> None:
                 f.write(line)
 
 
-def test_sample_traces_written_line_by_line(tmp_path, shared_traces, thresholds):
+def test_sample_traces_written_line_by_line(tmp_path, sample_traces, thresholds):
     with Exporter(tmp_path) as exp:
         expected_records = 0
         offline = {}
-        for trace in sorted(shared_traces.glob("*.jsonl")):
+        for trace in sorted(sample_traces.glob("*.jsonl")):
             if trace.name.endswith(".expected.jsonl"):
                 continue
             data = trace.read_bytes()
@@ -63,7 +63,7 @@ def test_sample_traces_written_line_by_line(tmp_path, shared_traces, thresholds)
             assert exp.value("rlhf_step", **labels) == last.step
             expected = [
                 json.loads(l)
-                for l in (shared_traces / f"{name}.expected.jsonl").read_text().splitlines()
+                for l in (sample_traces / f"{name}.expected.jsonl").read_text().splitlines()
             ]
             final = expected[-1]
             if final["scored_verdict"]:

@@ -42,12 +42,17 @@ MEASURE_MEANING: Mapping[str, str] = {
 }
 
 
-PAIRS: tuple[tuple[str, str], ...] = tuple((g, m) for g, ms in MEASURES.items() for m in ms)
-"""Every (group, measure) whose cost the baseline tracks."""
+PAIRS: tuple[tuple[str, str], ...] = tuple(
+    dict.fromkeys(
+        [(g, m) for g, ms in MEASURES.items() for m in ms] + [(g, TOKENS) for g in COST_GROUPS]
+    )
+)
+"""Every (group, measure) whose cost the baseline tracks: the measures of the table, plus
+seconds per token for every group (exported as rlhf_*_cost_seconds_per_token)."""
 _GROUP_PAIRS: Mapping[str, tuple[tuple[int, str], ...]] = {
-    g: tuple((i, m) for i, (pg, m) in enumerate(PAIRS) if pg == g) for g in COST_GROUPS
+    g: tuple((PAIRS.index((g, m)), m) for m in MEASURES[g]) for g in COST_GROUPS
 }
-_TOKEN_PAIR = {g: PAIRS.index((g, TOKENS)) for g in COST_GROUPS if (g, TOKENS) in PAIRS}
+_TOKEN_PAIR = {g: PAIRS.index((g, TOKENS)) for g in COST_GROUPS}
 
 
 def work_of(tokens: float, data: Mapping[str, Any]) -> dict[str, float | None]:
