@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
@@ -26,6 +26,11 @@ REASONS: Mapping[str, tuple[str, ...]] = {
     UNKNOWN: (),
 }
 """The reasons each verdict can carry, in the order the table tests them."""
+
+
+Evidence = dict[str, float | None]
+Reasoned = tuple[str, Evidence]
+"""A reason and the numbers it was decided on."""
 
 
 class Verdict(NamedTuple):
@@ -55,7 +60,7 @@ def _top_two(shares: Mapping[str, float]) -> tuple[str, float, float]:
     return best, top, second
 
 
-def _rollout(w: Windows, data: Mapping[str, Any], th: Thresholds):
+def _rollout(w: Windows, data: Mapping[str, Any], th: Thresholds) -> Reasoned:
     preempted = agent_loop(data, "num_preempted/max")
     ev: dict[str, float | None] = {"num_preempted_max": preempted}
     if preempted is not None and preempted > th.preempted_max:
@@ -90,7 +95,7 @@ def _rollout(w: Windows, data: Mapping[str, Any], th: Thresholds):
     return "generation", ev
 
 
-def _mfu_reason(mfu: float | None, th: Thresholds):
+def _mfu_reason(mfu: float | None, th: Thresholds) -> Reasoned:
     if mfu is None or mfu == 0:
         return "mfu_unknown", {"mfu": mfu}
     if mfu >= th.mfu_compute_bound:
@@ -98,29 +103,32 @@ def _mfu_reason(mfu: float | None, th: Thresholds):
     return "low_mfu", {"mfu": mfu}
 
 
-def _update(w: Windows, data: Mapping[str, Any], th: Thresholds):
+def _update(w: Windows, data: Mapping[str, Any], th: Thresholds) -> Reasoned:
     critic_heavier = w.counted.get("update_critic", 0.0) > w.counted.get("update_actor", 0.0)
     key = "perf/mfu/critic" if critic_heavier else "perf/mfu/actor"
     return _mfu_reason(num(data.get(key)), th)
 
 
-def _logprob(w: Windows, data: Mapping[str, Any], th: Thresholds):
+def _logprob(w: Windows, data: Mapping[str, Any], th: Thresholds) -> Reasoned:
     return _mfu_reason(num(data.get("perf/mfu/actor_infer")), th)
 
 
-def _other(w: Windows, data: Mapping[str, Any], th: Thresholds):
+def _other(w: Windows, data: Mapping[str, Any], th: Thresholds) -> Reasoned:
     other = w.group_seconds["other"]
-    ev = {"untimed_seconds": w.untimed_seconds, "other_seconds": other}
+    ev: Evidence = {"untimed_seconds": w.untimed_seconds, "other_seconds": other}
     if w.untimed_seconds >= th.untimed_fraction * other:
         return "untimed", ev
     return "driver_compute", ev
 
 
-def _fixed(reason: str):
+Reasoner = Callable[[Windows, Mapping[str, Any], Thresholds], Reasoned]
+
+
+def _fixed(reason: str) -> Reasoner:
     return lambda w, data, th: (reason, {})
 
 
-_REASONERS = {
+_REASONERS: Mapping[str, Reasoner] = {
     "rollout": _rollout,
     "reward": _fixed("reward_model"),
     "logprob": _logprob,
