@@ -258,7 +258,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML file with any of the settings below, by their key "
         "(the flag without dashes, e.g. ray_address: http://head:8265)",
     )
-    groups = {}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for option in OPTIONS:
         group = groups.get(option.group)
         if group is None:

@@ -13,6 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -361,9 +363,8 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
 
 def test_from_settings():
     def s(**kw):
-        return SimpleNamespace(
-            **{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw}
-        )
+        return SimpleNamespace(**{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw})
+
     assert NvmlSource.from_settings(s(nvml=False)) is None
     assert NvmlSource.from_settings(s()).roles is False  # no Ray: roles off by default
     with_ray = NvmlSource.from_settings(s(), ray=FakeRay({}))
@@ -373,8 +374,6 @@ def test_from_settings():
 
 
 # -- property: whatever the poll timing, every NVML sample is integrated exactly once ----------
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)

@@ -62,8 +62,8 @@ def test_sample_traces_written_line_by_line(tmp_path, shared_traces, thresholds)
             assert exp.value("rlhf_bottleneck", **labels) == 1.0  # exactly one verdict set
             assert exp.value("rlhf_step", **labels) == last.step
             expected = [
-                json.loads(l)
-                for l in (shared_traces / f"{name}.expected.jsonl").read_text().splitlines()
+                json.loads(line)
+                for line in (shared_traces / f"{name}.expected.jsonl").read_text().splitlines()
             ]
             final = expected[-1]
             if final["scored_verdict"]:
