@@ -8,6 +8,7 @@ environment variables < command-line flags. The flag `--ray-address` is the YAML
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -44,9 +45,10 @@ def _positive(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    """Bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
+    """A positive number of bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
     s = str(text).strip()
-    for suffix, factor in (
+    number, factor = s, 1
+    for suffix, f in (
         ("KiB", 1 << 10),
         ("MiB", 1 << 20),
         ("GiB", 1 << 30),
@@ -55,11 +57,18 @@ def _size(text: str) -> int:
         ("G", 1 << 30),
     ):
         if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * factor)
-    value = int(s)
-    if value <= 0:
-        raise ValueError(f"must be > 0, got {text!r}")
-    return value
+            number, factor = s[: -len(suffix)], f
+            break
+    try:
+        value = float(number) * factor
+        ok = math.isfinite(value) and int(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"expected a size of at least 1 byte (e.g. 4096, 512K, 1MiB), got {text!r}"
+        )
+    return int(value)
 
 
 def _str_list(text: Any) -> list[str]:
