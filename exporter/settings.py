@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ConfigError, read_yaml
+from .logs import LEVELS
 
 DEFAULT_PORT = 19839  # outside 9100-9999, which the Prometheus port registry has fully allocated
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -71,6 +72,13 @@ def _size(text: str) -> int:
     return int(value)
 
 
+def _log_level(text: str) -> str:
+    level = str(text).strip().lower()
+    if level not in LEVELS:
+        raise ValueError(f"expected one of {', '.join(LEVELS)}, got {text!r}")
+    return level
+
+
 def _str_list(text: Any) -> list[str]:
     if isinstance(text, list):
         return [str(t) for t in text]
@@ -105,7 +113,9 @@ OPTIONS: tuple[Option, ...] = (
         metavar="FILE",
     ),
     Option("log_format", str, "text", "log format: text or json", metavar="FORMAT"),
-    Option("log_level", str, "info", "log level: debug, info, warning or error", metavar="LEVEL"),
+    Option(
+        "log_level", _log_level, "info", "log level: debug, info, warning or error", metavar="LEVEL"
+    ),
     Option(
         "demo",
         _bool,

@@ -6,8 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..config import ConfigError, load_thresholds
-from ..render import generators, repo_root, stale, write
+from ..config import load_thresholds
+from ..render import generators, is_checkout, repo_root, stale, write
 
 ORDER = 30
 
@@ -51,12 +51,20 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        thresholds = load_thresholds(args.config)
-    except ConfigError as exc:
-        print(f"rlhf-exporter render: {exc}", file=sys.stderr)
-        return 2
+    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
     root = args.root or repo_root()
+    if args.root is None and not is_checkout(root):
+        if args.check:
+            what = "compares the generated files committed in a checkout"
+        else:
+            what = "writes into a checkout"
+        print(
+            f"rlhf-exporter render: not run from a source checkout: this package is installed "
+            f"in {root}, which is not one. render {what}: run it from a clone "
+            "(python -m exporter render), or pass --root DIR.",
+            file=sys.stderr,
+        )
+        return 2
     bad = []
     for name in args.targets or available:
         files = available[name](thresholds)
@@ -66,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             for rel in write(root, files):
                 print(f"wrote {rel}")
     if args.check:
+        if bad and args.root is not None and not is_checkout(root):
+            print(f"rlhf-exporter render: note: {root} is not a source checkout", file=sys.stderr)
         if bad:
             print("stale (run `rlhf-exporter render`):\n  " + "\n  ".join(bad), file=sys.stderr)
             return 1
