@@ -305,8 +305,15 @@ def test_hung_nvml_call_blocks_neither_scrape_nor_threads(install):
         up = [s.value for f in fams for s in f.samples if s.name == "rlhf_exporter_collector_up"]
         assert up == [0.0]
         assert not [f for f in fams if f.name.startswith("rlhf_gpu")]  # no stale series
-        time.sleep(0.5)  # several intervals pass while hung: no new thread is started
-        assert threading.active_count() == threads
+        # for ten intervals while hung, checked every half interval: no new thread is started
+        # and no other poll reaches the GPU (the hung call is its last one). An absence has
+        # no event to wait for, so this window is counted in poll intervals.
+        calls = gpus[1].calls
+        for _ in range(20):
+            assert threading.active_count() == threads
+            assert gpus[1].calls == calls
+            assert not src.snapshot().up
+            time.sleep(src.interval / 2)
         gpus[1].hang.set()
         gpus[1].hang = None
         wait_until(lambda: src.snapshot().up, 5, 0.02, what="recovery after the hang")
