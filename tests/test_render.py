@@ -44,6 +44,15 @@ def test_render_check_command_exits_0_and_flags_a_stale_file(tmp_path):
     assert bad_config.returncode == 2 and "absent.yaml: cannot read" in bad_config.stderr
 
 
+def test_one_render_into_an_empty_root_is_complete(tmp_path):
+    """Every target written into an empty folder gives a tree that --check accepts."""
+    wrote = render("--root", str(tmp_path))
+    assert wrote.returncode == 0, wrote.stderr
+    assert (tmp_path / "helm/rlhf-exporter/files/grafana/rlhf-job.json").is_file()
+    ok = render("--check", "--root", str(tmp_path))
+    assert ok.returncode == 0, ok.stderr
+
+
 def test_render_outside_a_checkout_says_so(tmp_path):
     """Installed (site-packages has no pyproject.toml): say so plainly, and neither report
     every file as stale nor write generated files into site-packages."""
