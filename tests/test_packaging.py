@@ -35,3 +35,22 @@ def test_license_file_matches_the_declared_license():
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in text and "Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text  # the whole text, not a one-line pointer
+
+
+def test_every_file_the_dockerfile_copies_passes_dockerignore():
+    """.dockerignore ignores everything (`*`) and lets named paths back in (`!path`): a COPY
+    of a path it does not let in fails the image build."""
+    allowed = {
+        line[1:].strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    copied = []
+    for line in (ROOT / "Dockerfile").read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            copied += words[1:-1]
+    assert "LICENSE" in copied and "exporter" in copied
+    assert set(copied) <= allowed, set(copied) - allowed
+    for path in copied:
+        assert (ROOT / path).exists(), path
