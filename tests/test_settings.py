@@ -39,3 +39,20 @@ def test_env_name_is_the_documented_one():
     from exporter.settings import BY_NAME
 
     assert env_name(BY_NAME["max_line_bytes"]) == MAX_LINE
+
+
+def test_log_level_is_checked_with_the_other_settings():
+    assert resolve(environ={"RLHF_EXPORTER_LOG_LEVEL": " WARNING "}).log_level == "warning"
+    with pytest.raises(ConfigError, match="RLHF_EXPORTER_LOG_LEVEL: expected one of debug"):
+        resolve(environ={"RLHF_EXPORTER_LOG_LEVEL": "loud"})
+
+
+@pytest.mark.parametrize("command", ["diagnose", "render", "serve"])
+def test_a_config_error_exits_2_naming_the_command(command, tmp_path, capsys):
+    """One handler (cli.main) for every command: the message, then exit status 2."""
+    from exporter import cli
+
+    missing = tmp_path / "absent.yaml"
+    assert cli.main([command, "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlhf-exporter {command}: {missing}: cannot read"), err
