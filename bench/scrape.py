@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.demo.simulator import (
+from exporter.demo.simulator import (  # noqa: E402
     DEMO_PLAN,
     REGIMES,
     encode,

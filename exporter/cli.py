@@ -8,6 +8,7 @@ from importlib import import_module
 from pathlib import Path
 
 from . import __version__, commands
+from .config import ConfigError
 
 
 def _command_modules(argv: list[str]):
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except ConfigError as exc:  # a settings or thresholds file, a flag, an environment variable
+        print(f"rlhf-exporter {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `diagnose ... | head`

@@ -12,14 +12,14 @@ from typing import Any
 
 import yaml
 
+from .diagnosis import Thresholds, ThresholdsError
+
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 10x faster
 
 
 def _load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # a safe loader either way
 
-
-from .diagnosis import Thresholds, ThresholdsError
 
 DEFAULT_THRESHOLDS = Path(__file__).with_name("thresholds.yaml")  # shipped as package data
 

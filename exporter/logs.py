@@ -44,7 +44,7 @@ class TextFormatter(logging.Formatter):
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        obj = {
+        obj: dict[str, object] = {
             "ts": _timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,

@@ -96,26 +96,23 @@ class RecordReader:
         lines = chunk.split(b"\n")
         tail = lines.pop()  # after the last newline: the start of an unfinished line
         if lines:
-            first = lines[0]
             if self._skipping:  # the rest of a line already counted as too long
                 self._skipping = False
-                lines[0] = None
+                del lines[0]
             elif self._partial:
-                if len(self._partial) + len(first) > self.max_line:
+                if len(self._partial) + len(lines[0]) > self.max_line:
                     self._reject(TOO_LONG)
-                    lines[0] = None
+                    del lines[0]
                 else:
-                    lines[0] = bytes(self._partial) + first
+                    lines[0] = bytes(self._partial) + lines[0]
                 self._partial.clear()
             max_line = self.max_line
             for line in lines:
-                if line is None:
-                    continue
                 if len(line) > max_line:
                     self._reject(TOO_LONG)
                     continue
                 result = parse_line(line)
-                if type(result) is str:
+                if isinstance(result, str):
                     self._reject(result)
                 else:
                     self.records += 1

@@ -8,12 +8,14 @@ environment variables < command-line flags. The flag `--ray-address` is the YAML
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .config import ConfigError, read_yaml
+from .logs import LEVELS
 
 DEFAULT_PORT = 19839  # outside 9100-9999, which the Prometheus port registry has fully allocated
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
@@ -44,9 +46,10 @@ def _positive(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    """Bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
+    """A positive number of bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
     s = str(text).strip()
-    for suffix, factor in (
+    number, factor = s, 1
+    for suffix, f in (
         ("KiB", 1 << 10),
         ("MiB", 1 << 20),
         ("GiB", 1 << 30),
@@ -55,11 +58,25 @@ def _size(text: str) -> int:
         ("G", 1 << 30),
     ):
         if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * factor)
-    value = int(s)
-    if value <= 0:
-        raise ValueError(f"must be > 0, got {text!r}")
-    return value
+            number, factor = s[: -len(suffix)], f
+            break
+    try:
+        value = float(number) * factor
+        ok = math.isfinite(value) and int(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"expected a size of at least 1 byte (e.g. 4096, 512K, 1MiB), got {text!r}"
+        )
+    return int(value)
+
+
+def _log_level(text: str) -> str:
+    level = str(text).strip().lower()
+    if level not in LEVELS:
+        raise ValueError(f"expected one of {', '.join(LEVELS)}, got {text!r}")
+    return level
 
 
 def _str_list(text: Any) -> list[str]:
@@ -96,7 +113,9 @@ OPTIONS: tuple[Option, ...] = (
         metavar="FILE",
     ),
     Option("log_format", str, "text", "log format: text or json", metavar="FORMAT"),
-    Option("log_level", str, "info", "log level: debug, info, warning or error", metavar="LEVEL"),
+    Option(
+        "log_level", _log_level, "info", "log level: debug, info, warning or error", metavar="LEVEL"
+    ),
     Option(
         "demo",
         _bool,
@@ -258,7 +277,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="YAML file with any of the settings below, by their key "
         "(the flag without dashes, e.g. ray_address: http://head:8265)",
     )
-    groups = {}
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for option in OPTIONS:
         group = groups.get(option.group)
         if group is None:

@@ -22,6 +22,14 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 
+# Lint, format and type checks first (configured in pyproject.toml); SKIP_LINT=1 skips them
+# when re-running a few tests.
+if [ "${SKIP_LINT:-0}" != 1 ]; then
+  .venv/bin/ruff check .
+  .venv/bin/ruff format --check .
+  .venv/bin/mypy
+fi
+
 # Ray's tests start their own head (`ray start --head`) and always stop it.
 export PATH="$PWD/.venv/bin:$PATH"
 exec .venv/bin/python -m pytest "$@"

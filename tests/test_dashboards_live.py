@@ -186,7 +186,7 @@ def live(tmp_path_factory):
         last = {name: json.loads(stream[-1])["step"] for name, stream in streams.items()}
         for name, step in last.items():
             wait_until(
-                lambda: prom.query(
+                lambda name=name, step=step: prom.query(
                     f'rlhf_step{{project="{PROJECT}",experiment="{name}"}} == {step}'
                 ),
                 30,

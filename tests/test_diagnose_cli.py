@@ -84,7 +84,10 @@ def test_json_document_has_files_runs_steps_and_summary(log):
     assert run["summary"]["dominant"]["verdict"] == "sync"
     # sync regressed at the switch to the sync-bound regime (3 s -> 42 s a step, while the
     # step got faster: v2 judges each group on its own), then update at 23-25
-    assert run["summary"]["regressions"] == {"sync": [9, 10, 11, 12, 13, 14], "update": [23, 24, 25]}
+    assert run["summary"]["regressions"] == {
+        "sync": [9, 10, 11, 12, 13, 14],
+        "update": [23, 24, 25],
+    }
     assert run["steps"][0]["evidence"]["generate_sequences_max"] > 0
     regressed = run["steps"][22]  # update 3x: most of its seconds are unexplained
     assert regressed["regressed"] == "update" and regressed["excess_seconds"]["update"] > 10

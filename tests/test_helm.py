@@ -26,7 +26,6 @@ prometheus_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.
 import exporter  # noqa: E402
 from exporter import cli, settings  # noqa: E402
 from exporter.render import chart as chart_render  # noqa: E402
-from exporter.render import stale  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rlhf-exporter"
@@ -300,15 +299,32 @@ def test_chart_metadata_matches_the_package():
     assert schema["additionalProperties"] is False
 
 
-def test_chart_files_are_verbatim_copies_of_alerts_and_grafana():
-    files = chart_render.copies(ROOT)
-    for source in RULE_FILES + DASHBOARD_FILES:
-        dest = "files/alerts" if source.suffix == ".yaml" else "files/grafana"
-        rel = f"helm/rlhf-exporter/{dest}/{source.name}"
-        assert files[rel] == source.read_text(encoding="utf-8")
-    assert stale(ROOT, files) == [], "run `rlhf-exporter render chart`"
+def test_chart_copies_rule_files_and_dashboards_only(tmp_path):
+    """copies() of a made-up checkout: rule files and dashboards, verbatim, nothing else.
+    (Whether the committed copies are current is test_render's one staleness check.)"""
+    (tmp_path / "alerts").mkdir()
+    (tmp_path / "grafana").mkdir()
+    (tmp_path / "alerts" / "x.rules.yaml").write_text("groups: []  # x\n")
+    (tmp_path / "alerts" / "alertmanager.example.yaml").write_text("route: {}\n")  # not rules
+    (tmp_path / "grafana" / "d.json").write_text('{"title": "d"}\n')
+    (tmp_path / "grafana" / "notes.md").write_text("not a dashboard\n")
+    assert chart_render.copies(tmp_path) == {
+        "helm/rlhf-exporter/files/alerts/x.rules.yaml": "groups: []  # x\n",
+        "helm/rlhf-exporter/files/grafana/d.json": '{"title": "d"}\n',
+    }
+    assert chart_render.orphans(tmp_path) == []
+    orphan = tmp_path / "helm" / "rlhf-exporter" / "files" / "grafana" / "gone.json"
+    orphan.parent.mkdir(parents=True)
+    orphan.write_text("{}\n")
+    assert chart_render.orphans(tmp_path) == ["helm/rlhf-exporter/files/grafana/gone.json"]
+
+
+def test_the_chart_has_one_copy_per_rule_file_and_dashboard():
+    assert RULE_FILES and DASHBOARD_FILES
+    want = {f"helm/rlhf-exporter/files/alerts/{p.name}" for p in RULE_FILES}
+    want |= {f"helm/rlhf-exporter/files/grafana/{p.name}" for p in DASHBOARD_FILES}
+    assert set(chart_render.targets(None)) == want
     assert chart_render.orphans(ROOT) == [], "chart files whose source is gone: delete them"
-    assert set(chart_render.targets(None)) == set(files)
 
 
 def test_render_check_detects_a_drifted_copy(tmp_path, capsys):

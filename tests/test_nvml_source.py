@@ -13,6 +13,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -303,8 +305,15 @@ def test_hung_nvml_call_blocks_neither_scrape_nor_threads(install):
         up = [s.value for f in fams for s in f.samples if s.name == "rlhf_exporter_collector_up"]
         assert up == [0.0]
         assert not [f for f in fams if f.name.startswith("rlhf_gpu")]  # no stale series
-        time.sleep(0.5)  # several intervals pass while hung: no new thread is started
-        assert threading.active_count() == threads
+        # for ten intervals while hung, checked every half interval: no new thread is started
+        # and no other poll reaches the GPU (the hung call is its last one). An absence has
+        # no event to wait for, so this window is counted in poll intervals.
+        calls = gpus[1].calls
+        for _ in range(20):
+            assert threading.active_count() == threads
+            assert gpus[1].calls == calls
+            assert not src.snapshot().up
+            time.sleep(src.interval / 2)
         gpus[1].hang.set()
         gpus[1].hang = None
         wait_until(lambda: src.snapshot().up, 5, 0.02, what="recovery after the hang")
@@ -361,9 +370,8 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
 
 def test_from_settings():
     def s(**kw):
-        return SimpleNamespace(
-            **{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw}
-        )
+        return SimpleNamespace(**{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw})
+
     assert NvmlSource.from_settings(s(nvml=False)) is None
     assert NvmlSource.from_settings(s()).roles is False  # no Ray: roles off by default
     with_ray = NvmlSource.from_settings(s(), ray=FakeRay({}))
@@ -373,8 +381,6 @@ def test_from_settings():
 
 
 # -- property: whatever the poll timing, every NVML sample is integrated exactly once ----------
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st
 
 
 @settings(max_examples=40, deadline=None)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -163,13 +161,17 @@ def test_reading_a_whole_real_file_in_small_chunks_equals_one_read(tmp_path):
 
     path = tmp_path / "demo.jsonl"
     write_jsonl(path, DEMO_PLAN)
-    whole = list(RecordReader().feed(path.read_bytes()))
-    reader, pieces = RecordReader(), []
-    with open(path, "rb") as f:
-        while chunk := f.read(777):
-            pieces += list(reader.feed(chunk))
-    assert pieces == whole and len(whole) == sum(n for _, n in DEMO_PLAN) + 1
-    assert os.path.getsize(path) > 0
+    data = path.read_bytes()
+    whole = list(RecordReader().feed(data))
+    assert len(whole) == sum(n for _, n in DEMO_PLAN) + 1
+    for size in (7, 777):
+        chunks = [data[i : i + size] for i in range(0, len(data), size)]
+        assert any(not c.endswith(b"\n") for c in chunks[:-1])  # lines do straddle chunks
+        reader = RecordReader()
+        pieces = [r for c in chunks for r in reader.feed(c)]
+        reader.finish()
+        assert pieces == whole, size
+        assert (reader.records, reader.pending_bytes) == (len(whole), 0)
 
 
 def test_a_byte_order_mark_does_not_cost_the_first_record():

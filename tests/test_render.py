@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -11,25 +13,63 @@ from exporter.render import generators, repo_root, stale
 
 
 def test_every_generated_file_is_current(thresholds):
-    """`rlhf-exporter render --check`: committed rules, dashboards, docs, chart copies."""
+    """`rlhf-exporter render --check`: committed rules, dashboards, docs, chart copies.
+
+    The one staleness check of the suite: other tests render into a temporary root.
+    """
     bad = {name: stale(repo_root(), gen(thresholds)) for name, gen in generators().items()}
     assert not any(bad.values()), f"stale; run `rlhf-exporter render`: {bad}"
 
 
+def render(*args, **kw):
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", "render", *args], capture_output=True, text=True, **kw
+    )
+
+
 def test_render_check_command_exits_0_and_flags_a_stale_file(tmp_path):
-    ok = subprocess.run(
-        [sys.executable, "-m", "exporter", "render", "--check"], capture_output=True
-    )
+    root = str(tmp_path)
+    missing = render("--check", "docs", "--root", root)
+    assert missing.returncode == 1 and "docs/metrics.md" in missing.stderr
+    assert "not a source checkout" in missing.stderr  # an empty folder is named as such
+    wrote = render("docs", "--root", root)
+    assert wrote.returncode == 0 and "wrote docs/metrics.md" in wrote.stdout
+    ok = render("--check", "docs", "--root", root)
+    assert ok.returncode == 0 and "up to date" in ok.stdout, ok.stderr
+    (tmp_path / "docs" / "metrics.md").write_text("edited by hand\n")
+    edited = render("--check", "docs", "--root", root)
+    assert edited.returncode == 1 and "docs/metrics.md" in edited.stderr
+    assert render("nope").returncode == 2
+    bad_config = render("--check", "--config", str(tmp_path / "absent.yaml"))
+    assert bad_config.returncode == 2 and "absent.yaml: cannot read" in bad_config.stderr
+
+
+def test_one_render_into_an_empty_root_is_complete(tmp_path):
+    """Every target written into an empty folder gives a tree that --check accepts."""
+    wrote = render("--root", str(tmp_path))
+    assert wrote.returncode == 0, wrote.stderr
+    assert (tmp_path / "helm/rlhf-exporter/files/grafana/rlhf-job.json").is_file()
+    ok = render("--check", "--root", str(tmp_path))
     assert ok.returncode == 0, ok.stderr
-    stale_root = subprocess.run(
-        [sys.executable, "-m", "exporter", "render", "--check", "docs", "--root", str(tmp_path)],
-        capture_output=True,
+
+
+def test_render_outside_a_checkout_says_so(tmp_path):
+    """Installed (site-packages has no pyproject.toml): say so plainly, and neither report
+    every file as stale nor write generated files into site-packages."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(
+        repo_root() / "exporter", site / "exporter", ignore=shutil.ignore_patterns("__pycache__")
     )
-    assert stale_root.returncode == 1 and b"docs/metrics.md" in stale_root.stderr
-    unknown = subprocess.run(
-        [sys.executable, "-m", "exporter", "render", "nope"], capture_output=True
-    )
-    assert unknown.returncode == 2
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    for args in (["--check"], []):
+        out = render(*args, env=env, cwd=tmp_path)
+        assert out.returncode == 2, (args, out.stdout, out.stderr)
+        assert "not run from a source checkout" in out.stderr and str(site) in out.stderr
+        assert "stale" not in out.stderr and "up to date" not in out.stdout
+    assert sorted(p.name for p in site.iterdir()) == ["exporter"]  # nothing written
+    # --root still works from an installed package
+    out = render("docs", "--root", str(tmp_path / "out"), env=env, cwd=tmp_path)
+    assert out.returncode == 0 and (tmp_path / "out" / "docs" / "metrics.md").is_file()
 
 
 def test_catalog_names_follow_prometheus_conventions():

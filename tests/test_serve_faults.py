@@ -30,6 +30,19 @@ def err(exp, reason):
     return exp.value("rlhf_exporter_record_errors_total", collector="verl", reason=reason)
 
 
+def wait_for_polls(exp, n: int) -> None:
+    """Return once the verl collector has finished at least `n` more successful polls (each
+    one moves its last-success timestamp), rather than sleeping for a guess of n intervals."""
+    name = "rlhf_exporter_collector_last_success_timestamp_seconds"
+    seen = {exp.value(name, collector="verl")}
+
+    def passed() -> bool:
+        seen.add(exp.value(name, collector="verl"))
+        return len(seen) > n
+
+    exp.wait_for(passed, what=f"{n} more polls of the verl collector")
+
+
 @pytest.mark.slow
 def test_faults_are_counted_and_healthy_jobs_served(tmp_path):
     root = tmp_path / "verl"
@@ -109,7 +122,7 @@ def test_faults_are_counted_and_healthy_jobs_served(tmp_path):
         # delete, wait several polls, recreate
         (root / "ok" / "flaky.jsonl").unlink()
         exp.wait_for(lambda: err(exp, "file_deleted") == 1)
-        time.sleep(1.0)  # five polls: still counted once
+        wait_for_polls(exp, 5)  # still counted once
         assert err(exp, "file_deleted") == 1
         assert exp.value("rlhf_steps_total", project="ok", experiment="flaky") == 3  # still served
         (root / "ok" / "flaky.jsonl").write_bytes(b"".join(good))

@@ -9,7 +9,6 @@ import time
 from collections import Counter
 
 import pytest
-import requests
 
 from exporter.demo.simulator import DEMO_PLAN, encode, records
 from exporter.diagnosis import VERDICTS, BatchDiagnoser
@@ -62,8 +61,8 @@ def test_sample_traces_written_line_by_line(tmp_path, sample_traces, thresholds)
             assert exp.value("rlhf_bottleneck", **labels) == 1.0  # exactly one verdict set
             assert exp.value("rlhf_step", **labels) == last.step
             expected = [
-                json.loads(l)
-                for l in (sample_traces / f"{name}.expected.jsonl").read_text().splitlines()
+                json.loads(line)
+                for line in (sample_traces / f"{name}.expected.jsonl").read_text().splitlines()
             ]
             final = expected[-1]
             if final["scored_verdict"]:
@@ -152,13 +151,11 @@ def test_health_landing_page_and_jobs(demo_exporter):
     assert exp.get("/api/v1/records").status_code == 405
 
 
-def test_scrape_is_cached_until_a_snapshot_changes(demo_exporter):
+def test_a_new_record_reaches_the_next_scrape(demo_exporter):
+    """Whatever /metrics caches, a new record is in the body once its poll has run.
+    (That the cache is used at all is tested beside the collector; equal bodies from a
+    server whose data did not change prove nothing about a cache.)"""
     exp = demo_exporter
-    # between two polls the body is served from cache: byte-identical
-    s = requests.Session()
-    bodies = [s.get(exp.url + "/metrics", timeout=5).content for _ in range(5)]
-    assert len(set(bodies)) <= 2  # at most one poll happened in between
-    # a new record changes the body
     before = exp.value("rlhf_steps_total", project="proj", experiment="exp-a")
     with open(exp.path, "ab") as f:
         f.write(b'ep": null}}\n')  # completes step 999 (S missing: counted, not classified)

@@ -54,7 +54,7 @@ def test_truncate_and_rewrite_20_times_while_scraping(tmp_path):
                     written += 1
                     steps += 1
                     exp.wait_for(
-                        lambda: (
+                        lambda written=written: (
                             exp.value("rlhf_exporter_records_total", collector="verl") == written
                         ),
                         what=f"run {run}: first line",
@@ -65,7 +65,9 @@ def test_truncate_and_rewrite_20_times_while_scraping(tmp_path):
                 written += len(lines) - 1
                 steps += len(lines) - 1
                 exp.wait_for(
-                    lambda: exp.value("rlhf_exporter_records_total", collector="verl") == written,
+                    lambda written=written: (
+                        exp.value("rlhf_exporter_records_total", collector="verl") == written
+                    ),
                     what=f"run {run}: all lines",
                 )
                 assert exp.value("rlhf_run", **LAB) == run

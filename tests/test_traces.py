@@ -15,7 +15,6 @@ import pytest
 from exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
 from exporter.reader import RecordReader
 
-
 VENDORED = Path(__file__).parent / "fixtures" / "traces"
 
 

@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import orjson
 
-from ..config import ConfigError, load_thresholds
+from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..reader import MAX_LINE_BYTES, RecordReader
 from ..report import (
@@ -107,11 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_thresholds:
         sys.stdout.write(default_thresholds_text())
         return 0
-    try:
-        thresholds = load_thresholds(args.config)
-    except ConfigError as exc:
-        print(f"rlhf-exporter diagnose: {exc}", file=sys.stderr)
-        return 2
+    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
     files = args.files or [_bundled_example()]
     if files.count("-") > 1:
         print("rlhf-exporter diagnose: '-' (standard input) can be given once", file=sys.stderr)

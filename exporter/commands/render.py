@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from ..config import ConfigError, load_thresholds
-from ..render import generators, repo_root, stale, write
+from ..config import load_thresholds
+from ..render import generators, is_checkout, repo_root, stale, write
 
 ORDER = 30
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction) -> None:
     names = list(generators())
     p = subparsers.add_parser(
         "render",
@@ -51,23 +52,46 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    try:
-        thresholds = load_thresholds(args.config)
-    except ConfigError as exc:
-        print(f"rlhf-exporter render: {exc}", file=sys.stderr)
-        return 2
+    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
     root = args.root or repo_root()
-    bad = []
-    for name in args.targets or available:
-        files = available[name](thresholds)
-        if args.check:
-            bad += stale(root, files)
-        else:
-            for rel in write(root, files):
-                print(f"wrote {rel}")
+    if args.root is None and not is_checkout(root):
+        print(outside_checkout(root, args.check), file=sys.stderr)
+        return 2
+    # generated one target at a time, in ORDER: the chart copies what rules and dashboards
+    # have just written
+    files = (available[name](thresholds) for name in args.targets or available)
     if args.check:
-        if bad:
-            print("stale (run `rlhf-exporter render`):\n  " + "\n  ".join(bad), file=sys.stderr)
-            return 1
+        return check(root, files, explicit_root=args.root is not None)
+    return write_all(root, files)
+
+
+def outside_checkout(root: Path, checking: bool) -> str:
+    """Installed from a wheel, the package's parent (site-packages) is no checkout: say so,
+    rather than call every file stale or write alerts/ and grafana/ into site-packages."""
+    if checking:
+        what = "compares the generated files committed in a checkout"
+    else:
+        what = "writes into a checkout"
+    return (
+        f"rlhf-exporter render: not run from a source checkout: this package is installed in "
+        f"{root}, which is not one. render {what}: run it from a clone "
+        "(python -m exporter render), or pass --root DIR."
+    )
+
+
+def check(root: Path, files: Iterable[Mapping[str, str]], explicit_root: bool) -> int:
+    bad = [rel for target in files for rel in stale(root, target)]
+    if not bad:
         print("all generated files are up to date")
+        return 0
+    if explicit_root and not is_checkout(root):
+        print(f"rlhf-exporter render: note: {root} is not a source checkout", file=sys.stderr)
+    print("stale (run `rlhf-exporter render`):\n  " + "\n  ".join(bad), file=sys.stderr)
+    return 1
+
+
+def write_all(root: Path, files: Iterable[Mapping[str, str]]) -> int:
+    for target in files:
+        for rel in write(root, target):
+            print(f"wrote {rel}")
     return 0

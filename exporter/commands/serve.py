@@ -10,7 +10,6 @@ import argparse
 import logging
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 from importlib import import_module
@@ -169,12 +168,8 @@ def _describe(source: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        settings = settings_mod.resolve(args)
-        configure(settings.log_format, settings.log_level)
-    except (ConfigError, ValueError) as exc:
-        print(f"rlhf-exporter serve: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_mod.resolve(args)  # a ConfigError exits 2 (cli.main)
+    configure(settings.log_format, settings.log_level)
     try:
         sidecar = Sidecar(settings)
     except ConfigError as exc:

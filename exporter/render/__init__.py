@@ -32,6 +32,11 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def is_checkout(root: Path) -> bool:
+    """Whether `root` is a source checkout of this project, not e.g. site-packages."""
+    return (root / "pyproject.toml").is_file() and (root / "exporter" / "__init__.py").is_file()
+
+
 def stale(root: Path, files: Mapping[str, str]) -> list[str]:
     """Relative paths whose committed content differs from `files` (or that are missing)."""
     out = []

@@ -48,8 +48,8 @@ def targets(thresholds: Thresholds) -> dict[str, str]:
 def decision_table_markdown(th: Thresholds) -> str:
     """docs/decision-table.md: the table as this version implements it, numbers included."""
     from ..diagnosis import GROUPS, REASONS
-    from ..diagnosis.change import MEASURE_MEANING, MEASURES
     from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
+    from ..diagnosis.change import MEASURE_MEANING, MEASURES
 
     doc = th.document
     v, r, c, ck = doc["verdict"], doc["reason"], doc["change"], doc["checkpoint"]
@@ -87,7 +87,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         "",
         "### Where `save_checkpoint` ran",
         "",
-        f"verl saves inside `step` in the legacy trainer since 0.7.1 and in the V1 trainer, and after",
+        "verl saves inside `step` in the legacy trainer since 0.7.1 and in the V1 trainer, and after",
         "`step` in verl 0.6 and in the separated trainers (one-step-off, fully-async, separation).",
         f"Let C = Σ of the counted timers other than `{ck['timer']}`. `{ck['timer']}` is a window of",
         "the step (group `checkpoint`) only when all three hold, and is ignored like `step` otherwise:",

@@ -1,7 +1,10 @@
 """Grafana dashboards as code: `rlhf-exporter render dashboards` writes grafana/*.json.
 
-The definitions are small Python modules (`job`, `fleet`) on shared helpers (`panels`,
-`queries`, `style`). grafana-foundation-sdk (pinned in the `dashboards` extra) is imported
+The definitions are small Python modules (`job`, `fleet`): one function per panel taking a
+frozen `context.Context`, one function per row placing those panels (`layout.Row`), and a
+`build` that puts the shared header (`layout.header`) above the rows, in the style of
+grafana-foundation-sdk's examples. Shared helpers: `panels` (panel kinds), `queries`
+(PromQL), `style` (colours and units). grafana-foundation-sdk (pinned in the `dashboards` extra) is imported
 only when rendering, never by `serve` or `diagnose`.
 """
 

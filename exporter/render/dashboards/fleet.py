@@ -7,17 +7,22 @@ stalled or regressed. Verdict colours are the job dashboard's (`style.VERDICT_CO
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.builders.common import TableSortByFieldState
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 
 from ...diagnosis import CHANGES, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING
-from ..rules import Rules
 from . import FLEET_UID, JOB_UID, style
+from .context import Context
 from .job import JOB_LEGEND
+from .layout import Board, Cell, Row, header
 from .panels import (
     BigValueColorMode,
-    Board,
+    PanelBuilder,
     Q,
     bar_gauge,
     colour_by_name,
@@ -30,7 +35,6 @@ from .panels import (
     thresholds,
     time_series,
     value_mappings,
-    variables,
 )
 from .queries import (
     BY_JOB,
@@ -51,6 +55,14 @@ from .queries import (
 from .style import change_mappings, reason_mappings, verdict_mappings
 
 TITLE = "RLHF fleet"
+DESCRIPTION = (
+    "Every verl job's decision-table verdict at a glance, where the fleet's GPU time "
+    "goes, and the jobs that stalled or regressed. Click a job to open its dashboard."
+)
+JOB_DASHBOARD_LINK = (
+    f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
+    "&${namespace:queryparam}&${project:queryparam}&${experiment:queryparam}"
+)
 
 JOB_LINK = (
     f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
@@ -59,27 +71,49 @@ JOB_LINK = (
 )
 
 
-def build(th: Thresholds) -> Board:
-    alerts = th.alerts
-    rules = Rules(th)
-    stall = seconds(alerts["stall_min"])
-    b = Board(
-        FLEET_UID,
-        TITLE,
-        "Every verl job's decision-table verdict at a glance, where the fleet's GPU time "
-        "goes, and the jobs that stalled or regressed. Click a job to open its dashboard.",
-        ["rlhf", "verl", "rlhf-exporter"],
-    )
-    b.variables(variables())
-    b.link(
-        "RLHF job",
-        f"/d/{JOB_UID}/rlhf-job?${{datasource:queryparam}}&${{cluster:queryparam}}"
-        "&${namespace:queryparam}&${project:queryparam}&${experiment:queryparam}",
-    )
+def jobs_count(c: Context) -> PanelBuilder:
+    return stat_panel(
+        "Jobs",
+        "verl jobs exported (series of rlhf_step), per the filters above.",
+        [Q(f"count({sel('rlhf_step')}) or vector(0)")],
+        style.PLAIN,
+    ).color_mode(BigValueColorMode.NONE)
 
-    # -- the jobs table -----------------------------------------------------------------
-    b.row(100, "Jobs now")
-    columns = [
+
+def stalled_jobs(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return stat_panel(
+        "Stalled jobs",
+        "Jobs without a new step for longer than max(stall_factor x baseline step time, "
+        f"stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}).",
+        [Q(f"count(({since_last_step()}) > {stall_limit(alerts)}) or vector(0)")],
+        style.PLAIN,
+    ).thresholds(thresholds(style.OK, (1, style.BAD)))
+
+
+def jobs_in_regression(c: Context) -> PanelBuilder:
+    return stat_panel(
+        "Jobs in regression",
+        "Jobs whose last step the decision table (§4) called a regression: a window costs more "
+        "per token than the job's own baseline.",
+        [Q(f"sum({sel('rlhf_change', eq('kind', 'regression'))}) or vector(0)")],
+        style.PLAIN,
+    ).thresholds(thresholds(style.OK, (1, style.BAD)))
+
+
+def firing_alerts(c: Context) -> PanelBuilder:
+    return stat_panel(
+        "Firing alerts",
+        "Alerts now firing that carry a job's project and experiment labels.",
+        [Q(f"count({sel('ALERTS', eq('alertstate', 'firing'))}) or vector(0)")],
+        style.PLAIN,
+    ).thresholds(thresholds(style.OK, (1, style.BAD)))
+
+
+def job_columns(c: Context) -> list[tuple[str, Q]]:
+    """The jobs table's columns after project and experiment: (name, instant table query)."""
+    rules = c.rules
+    return [
         ("verdict", Q(verdict_code(), table=True, instant=True)),
         ("reason", Q(reason_code(), table=True, instant=True)),
         ("change", Q(change_code(), table=True, instant=True)),
@@ -113,6 +147,11 @@ def build(th: Thresholds) -> Board:
             ),
         ),
     ]
+
+
+def jobs_table(c: Context) -> table.Panel:
+    alerts, rules = c.alerts, c.rules
+    columns = job_columns(c)
     refs = [chr(ord("A") + i) for i in range(len(columns))]
     t = table_panel(
         "Every job: verdict, throughput, health",
@@ -140,6 +179,12 @@ def build(th: Thresholds) -> Board:
             },
         )
     )
+    return style_job_columns(t, c).sort_by([_sort("since last step")])
+
+
+def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
+    """Units, colours and the job-dashboard link of the jobs table, by column name."""
+    stall = seconds(c.alerts["stall_min"])
     coloured_cell = {"type": "color-background", "mode": "basic"}
     t = t.override_by_name(
         "verdict",
@@ -180,7 +225,7 @@ def build(th: Thresholds) -> Board:
         [
             prop("unit", style.RATIO),
             prop("custom.cellOptions", {"type": "color-text"}),
-            prop("thresholds", _thresholds_json(style.BAD, (alerts["gpu_idle_ratio"], style.OK))),
+            prop("thresholds", _thresholds_json(style.BAD, (c.alerts["gpu_idle_ratio"], style.OK))),
         ],
     )
     t = t.override_by_name(
@@ -199,275 +244,266 @@ def build(th: Thresholds) -> Board:
             )
         ],
     )
-    t = t.sort_by([_sort("since last step")])
+    return t
 
-    b.add(
-        102,
-        stat_panel(
-            "Jobs",
-            "verl jobs exported (series of rlhf_step), per the filters above.",
-            [Q(f"count({sel('rlhf_step')}) or vector(0)")],
+
+def jobs_per_verdict(c: Context) -> PanelBuilder:
+    return colour_by_name(
+        time_series(
+            "Jobs per verdict",
+            "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
+            "time. Colours are the verdict colours of the job dashboard.",
+            [Q(f"sum by (verdict) ({sel('rlhf_bottleneck')})", "{{verdict}}")],
             style.PLAIN,
-        ).color_mode(BigValueColorMode.NONE),
-        w=6,
-        h=4,
+            stacked=True,
+        ).decimals(0),
+        style.VERDICT_COLOURS,
     )
-    b.add(
-        103,
-        stat_panel(
-            "Stalled jobs",
-            "Jobs without a new step for longer than max(stall_factor x baseline step time, "
-            f"stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}).",
-            [Q(f"count(({since_last_step()}) > {stall_limit(alerts)}) or vector(0)")],
+
+
+def steps_per_verdict(c: Context) -> PanelBuilder:
+    return colour_by_name(
+        bar_gauge(
+            "Steps per verdict in the time range",
+            "Classified steps of all selected jobs per verdict during the dashboard's time range.",
+            [
+                Q(
+                    f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
+                    "{{verdict}}",
+                    instant=True,
+                )
+            ],
             style.PLAIN,
-        ).thresholds(thresholds(style.OK, (1, style.BAD))),
-        w=6,
-        h=4,
-    )
-    b.add(
-        104,
-        stat_panel(
-            "Jobs in regression",
-            "Jobs whose last step the decision table (§4) called a regression: a window costs more "
-            "per token than the job's own baseline.",
-            [Q(f"sum({sel('rlhf_change', eq('kind', 'regression'))}) or vector(0)")],
-            style.PLAIN,
-        ).thresholds(thresholds(style.OK, (1, style.BAD))),
-        w=6,
-        h=4,
-    )
-    b.add(
-        105,
-        stat_panel(
-            "Firing alerts",
-            "Alerts now firing that carry a job's project and experiment labels.",
-            [Q(f"count({sel('ALERTS', eq('alertstate', 'firing'))}) or vector(0)")],
-            style.PLAIN,
-        ).thresholds(thresholds(style.OK, (1, style.BAD))),
-        w=6,
-        h=4,
+        ).decimals(0),
+        style.VERDICT_COLOURS,
     )
 
-    b.add(101, t, w=24, h=10)
 
-    # -- verdicts across the fleet ------------------------------------------------------
-    b.row(200, "Verdicts across the fleet")
-    b.add(
-        201,
-        colour_by_name(
-            time_series(
-                "Jobs per verdict",
-                "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
-                "time. Colours are the verdict colours of the job dashboard.",
-                [Q(f"sum by (verdict) ({sel('rlhf_bottleneck')})", "{{verdict}}")],
-                style.PLAIN,
-                stacked=True,
-            ).decimals(0),
-            style.VERDICT_COLOURS,
-        ),
-        w=12,
-        h=8,
-    )
-    b.add(
-        202,
-        colour_by_name(
-            bar_gauge(
-                "Steps per verdict in the time range",
-                "Classified steps of all selected jobs per verdict during the dashboard's time range.",
-                [
-                    Q(
-                        f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
-                        "{{verdict}}",
-                        instant=True,
-                    )
-                ],
-                style.PLAIN,
-            ).decimals(0),
-            style.VERDICT_COLOURS,
-        ),
-        w=12,
-        h=8,
-    )
-    b.add(
-        203,
-        state_timeline(
-            "Verdict per job",
-            "The verdict of each job's last classified step over time, one band per job.",
-            [Q(verdict_code(), JOB_LEGEND)],
-            verdict_mappings(),
-            row_height=0.9,
-        ),
-        w=24,
-        h=8,
+def verdict_per_job(c: Context) -> PanelBuilder:
+    return state_timeline(
+        "Verdict per job",
+        "The verdict of each job's last classified step over time, one band per job.",
+        [Q(verdict_code(), JOB_LEGEND)],
+        verdict_mappings(),
+        row_height=0.9,
     )
 
-    # -- GPU time -----------------------------------------------------------------------
-    b.row(300, "Where the fleet's GPU time goes")
-    b.add(
-        301,
-        colour_by_name(
-            bar_gauge(
-                "GPU-hours per group in the time range",
-                "Step seconds per decision-table group times each job's GPU count, summed over the "
-                "fleet: where the fleet's GPU-hours went while the loop waited on each window. The GPU "
-                "count is verl's own: total_num_tokens / (timing_s/step x throughput).",
-                [
-                    Q(
-                        f"sum by (group) (\n  increase({sel('rlhf_group_seconds_total')}[{RANGE}])\n"
-                        f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n) / 3600",
-                        "{{group}}",
-                        instant=True,
-                    )
-                ],
-                "h",
-            ).decimals(1),
-            style.group_colours(),
-        ),
-        w=8,
-        h=9,
-    )
-    b.add(
-        302,
-        colour_by_name(
-            time_series(
-                "GPUs waiting in each group",
-                "Rate of step seconds per group times each job's GPU count, stacked: how many GPUs "
-                "of the fleet, on average, sat in each window. The total is the fleet's GPUs in "
-                "training loops.",
-                [
-                    Q(
-                        f"sum by (group) (\n  rate({sel('rlhf_group_seconds_total')}[{RATE}])\n"
-                        f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n)",
-                        "{{group}}",
-                    )
-                ],
-                "short",
-                stacked=True,
-            ).axis_label("GPUs"),
-            style.group_colours(),
-        ),
-        w=16,
-        h=9,
+
+def gpu_hours_per_group(c: Context) -> PanelBuilder:
+    return colour_by_name(
+        bar_gauge(
+            "GPU-hours per group in the time range",
+            "Step seconds per decision-table group times each job's GPU count, summed over the "
+            "fleet: where the fleet's GPU-hours went while the loop waited on each window. The GPU "
+            "count is verl's own: total_num_tokens / (timing_s/step x throughput).",
+            [
+                Q(
+                    f"sum by (group) (\n  increase({sel('rlhf_group_seconds_total')}[{RANGE}])\n"
+                    f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n) / 3600",
+                    "{{group}}",
+                    instant=True,
+                )
+            ],
+            "h",
+        ).decimals(1),
+        style.group_colours(),
     )
 
-    # -- stalls and regressions ---------------------------------------------------------
-    b.row(400, "Stalled jobs and regressions")
-    b.add(
-        401,
-        threshold_line(
-            time_series(
-                "Stall budget used",
-                "Seconds since each job's last step divided by its stall limit, max(stall_factor x "
-                f"baseline step time, stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}). "
-                "Above 1 (dashed line) the job is stalled"
-                + said(alerts, "; the stall alert fires after {stall_for} there")
-                + ".",
-                [Q(f"({since_last_step()})\n/ {stall_limit(alerts)}", JOB_LEGEND)],
-                style.RATIO,
-                fill=0,
-            ).min(0),
-            1.0,
-        ),
-        w=12,
-        h=8,
+
+def gpus_waiting_per_group(c: Context) -> PanelBuilder:
+    return colour_by_name(
+        time_series(
+            "GPUs waiting in each group",
+            "Rate of step seconds per group times each job's GPU count, stacked: how many GPUs "
+            "of the fleet, on average, sat in each window. The total is the fleet's GPUs in "
+            "training loops.",
+            [
+                Q(
+                    f"sum by (group) (\n  rate({sel('rlhf_group_seconds_total')}[{RATE}])\n"
+                    f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n)",
+                    "{{group}}",
+                )
+            ],
+            "short",
+            stacked=True,
+        ).axis_label("GPUs"),
+        style.group_colours(),
     )
-    b.add(
-        402,
-        state_timeline(
-            "Change against the baseline per job",
-            "Each job's last-step change (§4). "
-            + "; ".join(f"{c}: {CHANGE_MEANING[c]}" for c in CHANGES)
+
+
+def stall_budget_used(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return threshold_line(
+        time_series(
+            "Stall budget used",
+            "Seconds since each job's last step divided by its stall limit, max(stall_factor x "
+            f"baseline step time, stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}). "
+            "Above 1 (dashed line) the job is stalled"
+            + said(alerts, "; the stall alert fires after {stall_for} there")
             + ".",
-            [Q(change_code(), JOB_LEGEND)],
-            change_mappings(),
-            row_height=0.9,
-        ),
-        w=12,
-        h=8,
+            [Q(f"({since_last_step()})\n/ {stall_limit(alerts)}", JOB_LEGEND)],
+            style.RATIO,
+            fill=0,
+        ).min(0),
+        1.0,
     )
-    b.add(
-        405,
-        threshold_line(
-            time_series(
-                f"Regressed steps in the last {rules.window}, per job and group",
-                f"Steps of each job that were a regression of a group over the last {rules.window} (the "
-                "recording rule of the regression alert; only jobs and groups with at least one)."
-                + said(
-                    alerts,
-                    " At {regression_min_steps} (dashed line) for {regression_for} the regression "
-                    "alert fires.",
-                ),
-                [Q(f"{sel(rules.regressions)} > 0", JOB_LEGEND + " {{group}}")],
-                style.PLAIN,
-                fill=0,
-            ).min(0),
-            alerts["regression_min_steps"],
-            style.BAD,
-        ),
-        w=12,
-        h=8,
+
+
+def change_per_job(c: Context) -> PanelBuilder:
+    return state_timeline(
+        "Change against the baseline per job",
+        "Each job's last-step change (§4). "
+        + "; ".join(f"{kind}: {CHANGE_MEANING[kind]}" for kind in CHANGES)
+        + ".",
+        [Q(change_code(), JOB_LEGEND)],
+        change_mappings(),
+        row_height=0.9,
     )
-    b.add(
-        403,
-        colour_by_name(
-            bar_gauge(
-                "Regressed steps per group in the time range",
-                "Steps of all selected jobs diagnosed as a regression of each group during the time "
-                "range: which window gets slower per token across the fleet.",
-                [
-                    Q(
-                        f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RANGE}]))",
-                        "{{group}}",
-                        instant=True,
-                    )
-                ],
-                style.PLAIN,
-            ).decimals(0),
-            style.group_colours(),
-        ),
-        w=12,
-        h=8,
+
+
+def regressed_steps_per_job(c: Context) -> PanelBuilder:
+    alerts, rules = c.alerts, c.rules
+    return threshold_line(
+        time_series(
+            f"Regressed steps in the last {rules.window}, per job and group",
+            f"Steps of each job that were a regression of a group over the last {rules.window} (the "
+            "recording rule of the regression alert; only jobs and groups with at least one)."
+            + said(
+                alerts,
+                " At {regression_min_steps} (dashed line) for {regression_for} the regression "
+                "alert fires.",
+            ),
+            [Q(f"{sel(rules.regressions)} > 0", JOB_LEGEND + " {{group}}")],
+            style.PLAIN,
+            fill=0,
+        ).min(0),
+        alerts["regression_min_steps"],
+        style.BAD,
     )
+
+
+def regressed_steps_per_group(c: Context) -> PanelBuilder:
+    return colour_by_name(
+        bar_gauge(
+            "Regressed steps per group in the time range",
+            "Steps of all selected jobs diagnosed as a regression of each group during the time "
+            "range: which window gets slower per token across the fleet.",
+            [
+                Q(
+                    f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RANGE}]))",
+                    "{{group}}",
+                    instant=True,
+                )
+            ],
+            style.PLAIN,
+        ).decimals(0),
+        style.group_colours(),
+    )
+
+
+def throughput_against_baseline(c: Context) -> PanelBuilder:
+    alerts, rules = c.alerts, c.rules
     if "throughput_reference" in alerts:
         reference = f"max_over_time({sel('rlhf_baseline_tokens_per_second')}[{alerts['throughput_reference']}])"
         reference_text = f"its best baseline over {alerts['throughput_reference']}"
     else:
         reference = sel("rlhf_baseline_tokens_per_second")
         reference_text = "its baseline (the median of recent steps)"
-    b.add(
-        404,
-        threshold_line(
-            time_series(
-                "Tokens per second ÷ baseline",
-                f"Each job's tokens per second of step time over the last {rules.window} (recording rule) "
-                f"divided by {reference_text}. Below {alerts['throughput_drop_ratio']:g} (dashed line) "
-                "the throughput alert fires unless a workload shift (more tokens per step) explains it.",
-                [Q(f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)", JOB_LEGEND)],
-                "suffix:×",
-                fill=0,
-            ).min(0),
-            alerts["throughput_drop_ratio"],
-            style.BAD,
-        ),
-        w=24,
-        h=8,
+    return threshold_line(
+        time_series(
+            "Tokens per second ÷ baseline",
+            f"Each job's tokens per second of step time over the last {rules.window} (recording rule) "
+            f"divided by {reference_text}. Below {alerts['throughput_drop_ratio']:g} (dashed line) "
+            "the throughput alert fires unless a workload shift (more tokens per step) explains it.",
+            [Q(f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)", JOB_LEGEND)],
+            "suffix:×",
+            fill=0,
+        ).min(0),
+        alerts["throughput_drop_ratio"],
+        style.BAD,
     )
+
+
+def jobs_row(c: Context) -> Row:
+    return Row(
+        100,
+        "Jobs now",
+        [
+            Cell(102, jobs_count(c), w=6, h=4),
+            Cell(103, stalled_jobs(c), w=6, h=4),
+            Cell(104, jobs_in_regression(c), w=6, h=4),
+            Cell(105, firing_alerts(c), w=6, h=4),
+            Cell(101, jobs_table(c), w=24, h=10),
+        ],
+    )
+
+
+def verdicts_row(c: Context) -> Row:
+    return Row(
+        200,
+        "Verdicts across the fleet",
+        [
+            Cell(201, jobs_per_verdict(c), w=12, h=8),
+            Cell(202, steps_per_verdict(c), w=12, h=8),
+            Cell(203, verdict_per_job(c), w=24, h=8),
+        ],
+    )
+
+
+def gpu_time_row(c: Context) -> Row:
+    return Row(
+        300,
+        "Where the fleet's GPU time goes",
+        [
+            Cell(301, gpu_hours_per_group(c), w=8, h=9),
+            Cell(302, gpus_waiting_per_group(c), w=16, h=9),
+        ],
+    )
+
+
+def stalls_row(c: Context) -> Row:
+    return Row(
+        400,
+        "Stalled jobs and regressions",
+        [
+            Cell(401, stall_budget_used(c), w=12, h=8),
+            Cell(402, change_per_job(c), w=12, h=8),
+            Cell(405, regressed_steps_per_job(c), w=12, h=8),
+            Cell(403, regressed_steps_per_group(c), w=12, h=8),
+            Cell(404, throughput_against_baseline(c), w=24, h=8),
+        ],
+    )
+
+
+ROWS = (
+    jobs_row,
+    verdicts_row,
+    gpu_time_row,
+    stalls_row,
+)
+
+
+def build(th: Thresholds) -> Board:
+    c = Context.of(th)
+    b = header(FLEET_UID, TITLE, DESCRIPTION, "RLHF job", JOB_DASHBOARD_LINK)
+    for row in ROWS:
+        b.add_row(row(c))
     return b
 
 
-def _transformation(id_: str, options: dict):
+def _transformation(id_: str, options: dict[str, Any]) -> DataTransformerConfig:
     return DataTransformerConfig(id_val=id_, options=options)
 
 
-def _mappings_json(mappings) -> list:
+def _mappings_json(mappings: Mapping[int, tuple[str, str]]) -> list[Any]:
     return [m.to_json() for m in value_mappings(mappings)]
 
 
-def _thresholds_json(base: str, *steps) -> dict:
+def _thresholds_json(base: str, *steps: tuple[float, str]) -> dict[str, Any]:
     return thresholds(base, *steps).build().to_json()
 
 
-def _sort(name: str):
+def _sort(name: str) -> TableSortByFieldState:
     return TableSortByFieldState().display_name(name).desc(True)
 
 

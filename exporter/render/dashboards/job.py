@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING, LOOK_AT, VERDICT_MEANING
-from ..rules import Rules
 from . import FLEET_UID, JOB_UID, style
+from .context import Context
+from .layout import Board, Cell, Row, header
 from .panels import (
     BigValueColorMode,
-    Board,
+    P,
+    PanelBuilder,
     Q,
     bar_gauge,
     colour_by_name,
@@ -26,7 +28,6 @@ from .panels import (
     thresholds,
     time_series,
     value_mappings,
-    variables,
 )
 from .queries import (
     RANGE,
@@ -46,6 +47,14 @@ from .style import change_mappings, reason_mappings, verdict_mappings
 
 TITLE = "RLHF job: where the step time goes"
 JOB_LEGEND = "{{project}}/{{experiment}}"
+DESCRIPTION = (
+    "Where one verl job's step time goes, step by step: the decision-table verdict, "
+    "the windows behind it, and whether a slowdown is a workload shift or a regression."
+)
+FLEET_LINK = (
+    f"/d/{FLEET_UID}/rlhf-fleet?${{datasource:queryparam}}"
+    "&${cluster:queryparam}&${namespace:queryparam}"
+)
 
 
 def _verdict_legend() -> str:
@@ -58,7 +67,7 @@ def _reason_legend() -> str:
     )
 
 
-def _dashed(panel, name_regex: str):
+def _dashed(panel: P, name_regex: str) -> P:
     """Series whose name matches `name_regex` drawn as a dashed line, outside the stack."""
     return panel.override_by_regexp(
         name_regex,
@@ -71,23 +80,792 @@ def _dashed(panel, name_regex: str):
     )
 
 
-def build(th: Thresholds) -> Board:
-    alerts = th.alerts
-    rules = Rules(th)
+def verdict_timeline(c: Context) -> PanelBuilder:
+    return state_timeline(
+        "Verdict and reason over time",
+        "One band per job and line: the upper band is the verdict of the last classified step "
+        "(the decision table's §3 row that won), the lower its reason, the evidence that says "
+        "where to look next. Colours are the verdict's and are the same on the fleet "
+        "dashboard. Verdicts: "
+        + _verdict_legend()
+        + ". Where to look next: "
+        + _reason_legend()
+        + ".",
+        [Q(verdict_code(), JOB_LEGEND + " verdict"), Q(reason_code(), JOB_LEGEND + " reason")],
+        {**verdict_mappings(), **reason_mappings()},
+    )
+
+
+def steps_per_verdict(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return colour_by_name(
+        bar_gauge(
+            "Steps per verdict in the time range",
+            "How many steps of the selected jobs got each verdict during the dashboard's time "
+            "range (rlhf_bottleneck_steps_total). A long bar is the window that made the loop wait "
+            "most often."
+            + said(
+                alerts,
+                " The bound alerts fire when one verdict holds "
+                "{bound_fraction:.0%} of the steps in {window}.",
+            ),
+            [
+                Q(
+                    f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
+                    "{{verdict}}",
+                    instant=True,
+                )
+            ],
+            style.PLAIN,
+        ).decimals(0),
+        style.VERDICT_COLOURS,
+    )
+
+
+def time_since_last_step(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    stall = seconds(alerts["stall_min"])
+    return stat_panel(
+        "Time since the last step",
+        "Seconds since the exporter read the last step of each job. Orange past half the "
+        f"stall floor, red past the floor ({alerts['stall_min']}); the stall alert also "
+        f"allows {alerts['stall_factor']}x the job's baseline step time.",
+        [Q(f"max by (project, experiment) ({since_last_step()})", JOB_LEGEND)],
+        style.SECONDS,
+    ).thresholds(thresholds(style.OK, (stall / 2, style.WARN), (stall, style.BAD)))
+
+
+def step_and_run(c: Context) -> PanelBuilder:
+    return stat_panel(
+        "Step",
+        "The last step number ingested (rlhf_step) and the job's 0-based run (rlhf_run): a "
+        "lower step number (restart or resume) starts a new run and an empty baseline.",
+        [
+            Q(f"max by (project, experiment) ({sel('rlhf_step')})", JOB_LEGEND + " step"),
+            Q(f"max by (project, experiment) ({sel('rlhf_run')})", JOB_LEGEND + " run"),
+        ],
+        style.PLAIN,
+    ).color_mode(BigValueColorMode.NONE)
+
+
+def change_now(c: Context) -> PanelBuilder:
+    return stat_panel(
+        "Change against the baseline now",
+        "The last step's change (§4): "
+        + "; ".join(f"{kind}: {CHANGE_MEANING[kind]}" for kind in CHANGES)
+        + ".",
+        [Q(change_code(), JOB_LEGEND)],
+    ).mappings(value_mappings(change_mappings()))
+
+
+def verdict_mix(c: Context) -> PanelBuilder:
+    alerts, rules = c.alerts, c.rules
+    return colour_by_name(
+        threshold_line(
+            time_series(
+                f"Verdict mix over the last {rules.window}",
+                f"Fraction of each job's classified steps per verdict over the last {rules.window} (the "
+                "recording rule the bound alerts use; with several jobs selected, the highest job's "
+                f"fraction). Above {alerts['bound_fraction']:g} (dashed line) for {alerts.get('bound_for', 'a while')} "
+                "the job's bound alert for that row of the decision table fires.",
+                [Q(f"max by (verdict) ({sel(rules.verdicts)})", "{{verdict}}")],
+                style.RATIO,
+                fill=0,
+            )
+            .min(0)
+            .max(1),
+            alerts["bound_fraction"],
+            style.WARN,
+        ),
+        style.VERDICT_COLOURS,
+    )
+
+
+def step_time_by_group(c: Context) -> PanelBuilder:
+    return _dashed(
+        colour_by_name(
+            time_series(
+                "Step time by decision-table group",
+                "Seconds of the last classified step per group, stacked (rlhf_group_duration_seconds; "
+                "other includes the untimed remainder), against timing_s/step (dashed). The tallest "
+                "band is the verdict's group. With several jobs selected the bands add up the jobs.",
+                [
+                    Q(f"sum by (group) ({sel('rlhf_group_duration_seconds')})", "{{group}}"),
+                    Q(f"sum({sel('rlhf_step_duration_seconds')})", "timing_s/step"),
+                ],
+                style.SECONDS,
+                stacked=True,
+            ),
+            style.group_colours(),
+        ),
+        "^timing_s/step$",
+    )
+
+
+def share_per_group(c: Context) -> PanelBuilder:
+    th = c.th
+    return colour_by_name(
+        threshold_line(
+            time_series(
+                "Share of the step per group",
+                "Each group's share of the last step (rlhf_group_share_ratio, averaged over the "
+                f"selected jobs). Decision table §3: the top group is the verdict when its share is at "
+                f"least {th.min_share:g} (dashed line) and {th.min_margin:g} ahead of the runner-up; "
+                "otherwise the step is balanced.",
+                [Q(f"avg by (group) ({sel('rlhf_group_share_ratio')})", "{{group}}")],
+                style.RATIO,
+                fill=0,
+            )
+            .min(0)
+            .max(1),
+            th.min_share,
+            style.WARN,
+        ),
+        style.group_colours(),
+    )
+
+
+def untimed_remainder(c: Context) -> PanelBuilder:
+    return time_series(
+        "Untimed remainder",
+        "R = timing_s/step minus every counted timer: driver time outside any timer (data "
+        "movement, batching, serialization). It is part of the `other` group.",
+        [Q(sel("rlhf_untimed_duration_seconds"), JOB_LEGEND)],
+        style.SECONDS,
+    )
+
+
+def untimed_share(c: Context) -> PanelBuilder:
+    th = c.th
+    return threshold_line(
+        time_series(
+            "Untimed share of `other`",
+            "R divided by the `other` group's seconds. Decision table, row `other`: at or above "
+            f"{th.untimed_fraction:g} (dashed line) the reason is `untimed` (look at data "
+            "movement and the controller), below it `driver_compute` (timed driver work such as adv).",
+            [
+                Q(
+                    f"{sel('rlhf_untimed_duration_seconds')}\n/ ignoring (group) "
+                    f"({sel('rlhf_group_duration_seconds', eq('group', 'other'))} > 0)",
+                    JOB_LEGEND,
+                )
+            ],
+            style.RATIO,
+            fill=0,
+        ).min(0),
+        th.untimed_fraction,
+        style.WARN,
+    )
+
+
+def weight_sync_time(c: Context) -> PanelBuilder:
+    th = c.th
     sync_timers = th.document["groups"]["sync"]
-    b = Board(
-        JOB_UID,
-        TITLE,
-        "Where one verl job's step time goes, step by step: the decision-table verdict, "
-        "the windows behind it, and whether a slowdown is a workload shift or a regression.",
-        ["rlhf", "verl", "rlhf-exporter"],
+    return time_series(
+        "Weight-sync time",
+        "Seconds per step spent pushing new weights to the rollout engines, per verl timer "
+        f"({', '.join(sync_timers)}) and for the whole `sync` group. Decision table, row "
+        "`sync`/`weight_sync`: look at the checkpoint-engine backend and "
+        "update_weights_bucket_megabytes.",
+        [
+            Q(
+                f"sum by (phase) ({sel('rlhf_phase_duration_seconds', match('phase', '|'.join(sync_timers)))})",
+                "{{phase}}",
+            ),
+            Q(f"sum({sel('rlhf_group_duration_seconds', eq('group', 'sync'))})", "sync group"),
+        ],
+        style.SECONDS,
+        fill=0,
     )
-    b.variables(variables())
-    b.link(
-        "RLHF fleet",
-        f"/d/{FLEET_UID}/rlhf-fleet?${{datasource:queryparam}}"
-        "&${cluster:queryparam}&${namespace:queryparam}",
+
+
+def throughput(c: Context) -> PanelBuilder:
+    return (
+        time_series(
+            "Throughput",
+            "perf/throughput: tokens per GPU per second of step time. Annotations mark steps that "
+            "the decision table (§4) called a regression (red) or a workload shift (blue): a "
+            "shift is slower because there were more tokens, a regression is a window that costs "
+            "more per token.",
+            [Q(sel("rlhf_throughput_tokens_per_gpu_second"), JOB_LEGEND)],
+            "short",
+            fill=0,
+        )
+        .axis_label("tokens / GPU / s")
+        .min(0)
     )
+
+
+def tokens_per_step(c: Context) -> PanelBuilder:
+    return time_series(
+        "Tokens per step",
+        "perf/total_num_tokens of the last step (K). A step that is slower because K grew, "
+        "with every window's cost per token unchanged, is a workload shift, not a regression.",
+        [Q(sel("rlhf_step_tokens"), JOB_LEGEND)],
+        "short",
+        fill=0,
+    ).min(0)
+
+
+def change_timeline(c: Context) -> PanelBuilder:
+    th = c.th
+    return state_timeline(
+        "Change against the baseline",
+        "The last step's change (§4), per job. "
+        + "; ".join(f"{kind}: {CHANGE_MEANING[kind]}" for kind in CHANGES)
+        + f". The baseline is the median of the last {th.baseline_steps} usable steps of the run; "
+        f"with fewer than {th.min_baseline_steps} the change is none.",
+        [Q(change_code(), JOB_LEGEND)],
+        change_mappings(),
+        row_height=0.9,
+    )
+
+
+def step_time_against_baseline(c: Context) -> PanelBuilder:
+    th = c.th
+    return _dashed(
+        time_series(
+            "Step time against the baseline",
+            "timing_s/step of the last step and the job's baseline step time (dashed: the median "
+            f"of recent steps without checkpoint saves). §4: the change is none while the step "
+            f"stays under {th.step_time_ratio:g}x the baseline and tokens per second above "
+            f"{th.throughput_ratio:g}x.",
+            [
+                Q(sel("rlhf_step_duration_seconds"), JOB_LEGEND),
+                Q(sel("rlhf_baseline_step_duration_seconds"), JOB_LEGEND + " baseline"),
+            ],
+            style.SECONDS,
+            fill=0,
+        ),
+        " baseline$",
+    )
+
+
+def cost_per_token_against_baseline(c: Context) -> PanelBuilder:
+    return _dashed(
+        colour_by_name(
+            time_series(
+                "Cost per token by group against the baseline",
+                "Seconds per token (T(g)/K) per group for the last step, and the job's baseline "
+                "(dashed). A group above its baseline costs more per token than the job used to.",
+                [
+                    Q(
+                        f"sum by (group) ({sel('rlhf_group_cost_seconds_per_token')})",
+                        "{{group}}",
+                    ),
+                    Q(
+                        f"sum by (group) ({sel('rlhf_baseline_group_cost_seconds_per_token')})",
+                        "{{group}} baseline",
+                    ),
+                ],
+                style.SECONDS,
+                fill=0,
+            ),
+            style.group_colours(),
+        ),
+        " baseline$",
+    )
+
+
+def cost_ratio(c: Context) -> PanelBuilder:
+    th = c.th
+    return colour_by_name(
+        threshold_line(
+            time_series(
+                "Cost per token ÷ baseline",
+                "Each group's cost per token divided by its baseline (groups with a zero baseline are "
+                f"left out). §4: a slow step is a workload shift only while every significant group "
+                f"stays at or under {th.cost_ratio:g}x (dashed line); a group above it makes the step a "
+                "regression, and the group that added the most seconds is `regressed`.",
+                [
+                    Q(
+                        f"max by (group) (\n  {sel('rlhf_group_cost_seconds_per_token')}\n  / "
+                        f"({sel('rlhf_baseline_group_cost_seconds_per_token')} > 0)\n)",
+                        "{{group}}",
+                    )
+                ],
+                "suffix:×",
+                fill=0,
+            ),
+            th.cost_ratio,
+        ),
+        style.group_colours(),
+    )
+
+
+def regressed_steps(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return colour_by_name(
+        time_series(
+            "Regressed steps per group",
+            "Steps diagnosed as a regression of each group (rlhf_regression_steps_total, per "
+            "interval)."
+            + said(
+                alerts,
+                " The regression alert fires when {regression_min_steps} steps "
+                "in {window} regressed one group.",
+            ),
+            [
+                Q(
+                    f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RATE}]))",
+                    "{{group}}",
+                )
+            ],
+            style.PLAIN,
+            bars=True,
+            calcs=("sum",),
+        ),
+        style.group_colours(),
+    )
+
+
+def mfu_by_stage(c: Context) -> PanelBuilder:
+    th = c.th
+    return threshold_line(
+        time_series(
+            "MFU by stage",
+            "perf/mfu/<stage>: actor (update), actor_infer (log-prob; v0 trainer only), critic. "
+            f"Decision table rows `update` and `logprob`: at or above {th.mfu_compute_bound:g} "
+            "(dashed line) the window is compute_bound (more GPUs or fewer tokens), below it "
+            "low_mfu (micro-batch size, dynamic bsz, offload, communication); 0 or missing is "
+            "mfu_unknown.",
+            [
+                Q(
+                    sel("rlhf_mfu_ratio", 'stage=~"actor|actor_infer|critic"'),
+                    JOB_LEGEND + " {{stage}}",
+                )
+            ],
+            style.RATIO,
+            fill=0,
+        ).min(0),
+        th.mfu_compute_bound,
+        style.OK,
+    )
+
+
+def actor_memory_peak(c: Context) -> PanelBuilder:
+    return time_series(
+        "Actor memory peak",
+        "actor/perf/max_memory_allocated_gb and max_memory_reserved_gb of the last step, in "
+        "bytes: how close the update is to the GPU's memory (offload and micro-batch choices).",
+        [
+            Q(sel("rlhf_memory_max_allocated_bytes"), JOB_LEGEND + " allocated"),
+            Q(sel("rlhf_memory_max_reserved_bytes"), JOB_LEGEND + " reserved"),
+        ],
+        style.BYTES,
+        fill=0,
+    )
+
+
+def generate_max_and_mean(c: Context) -> PanelBuilder:
+    return time_series(
+        "Agent loop: generate_sequences max and mean",
+        "Per-sample generate_sequences seconds of the last step: the slowest sample (max) "
+        "against the average (mean). Far apart means a few long samples hold the batch.",
+        [
+            Q(
+                sel("rlhf_agent_loop_seconds", 'part="generate_sequences"', 'stat=~"max|mean"'),
+                JOB_LEGEND + " {{stat}}",
+            )
+        ],
+        style.SECONDS,
+        fill=0,
+    )
+
+
+def long_tail_ratio(c: Context) -> PanelBuilder:
+    th = c.th
+    return threshold_line(
+        time_series(
+            "Long tail: generate max ÷ mean",
+            "generate_sequences max divided by mean. Decision table, row `rollout`: at or above "
+            f"{th.long_tail_generate_ratio:g} (dashed line) the reason is long_tail (response length "
+            "cap, partial rollout, over-sampling). Without agent-loop statistics the table falls "
+            f"back to response_length max ≥ {th.long_tail_response_ratio:g}x mean (next panel).",
+            [
+                Q(
+                    f"{sel('rlhf_agent_loop_seconds', eq('part', 'generate_sequences'), eq('stat', 'max'))}\n/ ignoring (stat) "
+                    f"({sel('rlhf_agent_loop_seconds', eq('part', 'generate_sequences'), eq('stat', 'mean'))} > 0)",
+                    JOB_LEGEND,
+                )
+            ],
+            "suffix:×",
+            fill=0,
+        ).min(0),
+        th.long_tail_generate_ratio,
+        style.WARN,
+    )
+
+
+def response_length(c: Context) -> PanelBuilder:
+    return time_series(
+        "Response length: slowest sample, mean and max",
+        "Response tokens of the slowest agent-loop sample against response_length mean and "
+        "max of the batch. The slowest sample being the longest one points at the length cap.",
+        [
+            Q(
+                sel("rlhf_agent_loop_slowest_response_length_tokens"),
+                JOB_LEGEND + " slowest sample",
+            ),
+            Q(sel("rlhf_response_length_tokens", 'stat=~"mean|max"'), JOB_LEGEND + " {{stat}}"),
+        ],
+        "short",
+        fill=0,
+    ).axis_label("tokens")
+
+
+def preemptions(c: Context) -> PanelBuilder:
+    th = c.th
+    return (
+        time_series(
+            "Preemptions",
+            "agent_loop/num_preempted/max: the most preemptions any one sample suffered. Decision "
+            f"table, row `rollout`: above {th.preempted_max:g} the reason is preemption (KV-cache "
+            "pressure: rollout gpu_memory_utilization, max_num_seqs).",
+            [Q(sel("rlhf_agent_loop_preempted_max"), JOB_LEGEND)],
+            style.PLAIN,
+            bars=True,
+        )
+        .thresholds(thresholds(style.OK, (th.preempted_max + 1, style.BAD)))
+        .color_scheme(colour_by_thresholds())
+        .min(0)
+    )
+
+
+def slowest_sample_shares(c: Context) -> PanelBuilder:
+    th = c.th
+    return threshold_line(
+        time_series(
+            "Slowest sample: share in tool calls and scoring",
+            "The slowest sample's tool_calls and compute_score seconds as a share of its "
+            "generate_sequences + tool_calls + compute_score. Decision table, row `rollout`: at or "
+            f"above {th.tool_calls_fraction:g} (dashed line) for tool_calls the reason is tool_calls "
+            f"(tool latency and concurrency); at or above {th.compute_score_fraction:g} for "
+            "compute_score it is reward_in_loop (reward function / reward workers).",
+            [
+                Q(
+                    f"{sel('rlhf_agent_loop_slowest_seconds', match('part', 'tool_calls|compute_score'))}\n"
+                    f"/ ignoring (part) group_left ()\n(sum without (part) "
+                    f"({sel('rlhf_agent_loop_slowest_seconds', match('part', 'generate_sequences|tool_calls|compute_score'))}) > 0)",
+                    JOB_LEGEND + " {{part}}",
+                )
+            ],
+            style.RATIO,
+            fill=0,
+        )
+        .min(0)
+        .max(1),
+        th.tool_calls_fraction,
+        style.WARN,
+    )
+
+
+def tool_and_score_time(c: Context) -> PanelBuilder:
+    return time_series(
+        "Tool and score time per sample",
+        "Per-sample seconds in tool calls and in compute_score (agent_loop/<part>/mean and "
+        "max) of the last step. Growing tool or score time with a rollout verdict points at "
+        "tools or the reward function rather than generation.",
+        [
+            Q(
+                sel(
+                    "rlhf_agent_loop_seconds",
+                    'part=~"tool_calls|compute_score"',
+                    'stat=~"mean|max"',
+                ),
+                JOB_LEGEND + " {{part}} {{stat}}",
+            )
+        ],
+        style.SECONDS,
+        fill=0,
+    )
+
+
+def gpu_busy(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return threshold_line(
+        time_series(
+            "GPU busy ratio",
+            "rate(rlhf_gpu_busy_seconds_total): the exact fraction of time each GPU was busy, on "
+            "the exporters (nodes) that export the selected jobs. Busy below "
+            f"{alerts['gpu_idle_ratio']:g} (dashed line) while steps progress means the loop waits "
+            "on something that is not GPU work."
+            + said(alerts, " The GPU-idle alert fires after {gpu_idle_for}."),
+            [
+                Q(
+                    on_job_exporters(
+                        f"rate({sel('rlhf_gpu_busy_seconds_total', scope=TARGET)}[{RATE}])"
+                    ),
+                    "{{instance}} GPU {{gpu}}",
+                )
+            ],
+            style.RATIO,
+            fill=0,
+        )
+        .min(0)
+        .max(1),
+        alerts["gpu_idle_ratio"],
+        style.WARN,
+    )
+
+
+def gpu_memory(c: Context) -> PanelBuilder:
+    return time_series(
+        "GPU memory used per GPU",
+        "Memory used on each GPU of the exporters of the selected jobs (NVML), and each GPU's "
+        "total (dashed).",
+        [
+            Q(
+                on_job_exporters(sel("rlhf_gpu_memory_used_bytes", scope=TARGET)),
+                "{{instance}} GPU {{gpu}}",
+            ),
+            Q(
+                on_job_exporters(sel("rlhf_gpu_memory_total_bytes", scope=TARGET)),
+                "{{instance}} GPU {{gpu}} total",
+            ),
+        ],
+        style.BYTES,
+        fill=0,
+    ).min(0)
+
+
+def gpu_memory_by_role(c: Context) -> PanelBuilder:
+    return time_series(
+        "GPU memory by role",
+        "GPU memory of processes matched to Ray actors of each role (unknown: not matched), "
+        "stacked: which part of the job (rollout engines, actor, critic, reward) holds the memory.",
+        [
+            Q(
+                f"sum by (role) ({on_job_exporters(sel('rlhf_gpu_role_memory_bytes', scope=TARGET))})",
+                "{{role}}",
+            )
+        ],
+        style.BYTES,
+        stacked=True,
+    )
+
+
+def ray_actors(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return time_series(
+        "Ray actors by role and state",
+        "Actors of the Ray cluster the exporter reads, per role and state (ALIVE, "
+        "PENDING_CREATION, RESTARTING, DEAD)."
+        + said(
+            alerts,
+            " Actors stuck in PENDING_CREATION "
+            "for {pending_for} fire an alert: the cluster cannot place them.",
+        ),
+        [
+            Q(
+                f"sum by (role, state) ({on_job_exporters(sel('rlhf_ray_actors', scope=TARGET))})",
+                "{{role}} {{state}}",
+            )
+        ],
+        style.PLAIN,
+        stacked=True,
+    )
+
+
+def actor_restarts_and_deaths(c: Context) -> PanelBuilder:
+    restarts = f"increase({sel('rlhf_ray_actor_restarts_total', scope=TARGET)}[{RATE}])"
+    deaths = f"increase({sel('rlhf_ray_actor_deaths_total', scope=TARGET)}[{RATE}])"
+    return time_series(
+        "Actor restarts and deaths",
+        "Restarts seen (growth of num_restarts) and actors that became DEAD, by role and "
+        "death reason, per interval; a role without deaths shows a line at 0.",
+        [
+            Q(f"sum by (role) ({on_job_exporters(restarts)})", "{{role}} restarts"),
+            Q(
+                f"sum by (role, reason) ({on_job_exporters(deaths)})\n"
+                f"or 0 * sum by (role) ({on_job_exporters(restarts)})",
+                "{{role}} died {{reason}}",
+            ),
+        ],
+        style.PLAIN,
+        bars=True,
+        calcs=("sum",),
+    )
+
+
+def collector_up(c: Context) -> PanelBuilder:
+    alerts = c.alerts
+    return state_timeline(
+        "Collector up",
+        "1 (green) when each collector's last collection succeeded, per exporter."
+        + said(alerts, " A collector down for {collector_down_for} fires an alert.")
+        + " A failing collector's series are dropped, so gaps on the other panels start here.",
+        [Q(sel("rlhf_exporter_collector_up", scope=TARGET), "{{instance}} {{collector}}")],
+        {0: ("down", style.BAD), 1: ("up", style.OK)},
+    )
+
+
+def collection_duration(c: Context) -> PanelBuilder:
+    return time_series(
+        "Collection duration",
+        "Seconds each collector's last collection took. Slow collections happen in the "
+        "background and never hold a scrape.",
+        [
+            Q(
+                sel("rlhf_exporter_collector_duration_seconds", scope=TARGET),
+                "{{instance}} {{collector}}",
+            )
+        ],
+        style.SECONDS,
+        fill=0,
+    )
+
+
+def records_ingested(c: Context) -> PanelBuilder:
+    zero_per_collector = (
+        f"0 * sum by (instance, collector) ({sel('rlhf_exporter_collector_up', scope=TARGET)})"
+    )
+    return time_series(
+        "Records ingested and rejected",
+        "Input records ingested per second, rejected input by reason (bad input is counted, "
+        "never fatal) and failed collections by reason. A collector without any rejection or "
+        "failure shows a line at 0.",
+        [
+            Q(
+                f"sum by (instance, collector) (rate({sel('rlhf_exporter_records_total', scope=TARGET)}[{RATE}]))",
+                "{{instance}} {{collector}} ingested",
+            ),
+            Q(
+                f"sum by (instance, collector, reason) (rate({sel('rlhf_exporter_record_errors_total', scope=TARGET)}[{RATE}]))"
+                f"\nor {zero_per_collector}",
+                "{{instance}} {{collector}} rejected {{reason}}",
+            ),
+            Q(
+                f"sum by (instance, collector, reason) (rate({sel('rlhf_exporter_collector_errors_total', scope=TARGET)}[{RATE}]))"
+                f"\nor {zero_per_collector}",
+                "{{instance}} {{collector}} failed {{reason}}",
+            ),
+        ],
+        "reqps",
+        fill=0,
+    )
+
+
+def verdict_row(c: Context) -> Row:
+    return Row(
+        100,
+        "Verdict: which window made the loop wait",
+        [
+            Cell(101, verdict_timeline(c), w=16, h=8),
+            Cell(102, steps_per_verdict(c), w=8, h=8),
+            Cell(103, time_since_last_step(c), w=8, h=4),
+            Cell(104, step_and_run(c), w=8, h=4),
+            Cell(105, change_now(c), w=8, h=4),
+            Cell(106, verdict_mix(c), w=24, h=7),
+        ],
+    )
+
+
+def anatomy_row(c: Context) -> Row:
+    return Row(
+        200,
+        "Step anatomy: where the step time goes",
+        [
+            Cell(201, step_time_by_group(c), w=12, h=9),
+            Cell(202, share_per_group(c), w=12, h=9),
+            Cell(203, untimed_remainder(c), w=8, h=8),
+            Cell(204, untimed_share(c), w=8, h=8),
+            Cell(205, weight_sync_time(c), w=8, h=8),
+        ],
+    )
+
+
+def change_row(c: Context) -> Row:
+    return Row(
+        300,
+        "Throughput and change against the job's own baseline",
+        [
+            Cell(301, throughput(c), w=12, h=8),
+            Cell(302, tokens_per_step(c), w=12, h=8),
+            Cell(303, change_timeline(c), w=24, h=4),
+            Cell(304, step_time_against_baseline(c), w=8, h=8),
+            Cell(305, cost_per_token_against_baseline(c), w=8, h=8),
+            Cell(306, cost_ratio(c), w=8, h=8),
+            Cell(307, regressed_steps(c), w=24, h=6),
+        ],
+    )
+
+
+def efficiency_row(c: Context) -> Row:
+    return Row(
+        400,
+        "Efficiency: model FLOPs utilization and memory",
+        [
+            Cell(401, mfu_by_stage(c), w=12, h=8),
+            Cell(402, actor_memory_peak(c), w=12, h=8),
+        ],
+    )
+
+
+def rollout_row(c: Context) -> Row:
+    return Row(
+        500,
+        "Rollout evidence: why the trainer waits for samples",
+        [
+            Cell(501, generate_max_and_mean(c), w=8, h=8),
+            Cell(502, long_tail_ratio(c), w=8, h=8),
+            Cell(503, response_length(c), w=8, h=8),
+            Cell(504, preemptions(c), w=8, h=8),
+            Cell(505, slowest_sample_shares(c), w=8, h=8),
+            Cell(506, tool_and_score_time(c), w=8, h=8),
+        ],
+    )
+
+
+def gpu_row(c: Context) -> Row:
+    return Row(
+        600,
+        "GPUs (NVML) on the exporters of the selected jobs",
+        [
+            Cell(601, gpu_busy(c), w=8, h=8),
+            Cell(602, gpu_memory(c), w=8, h=8),
+            Cell(603, gpu_memory_by_role(c), w=8, h=8),
+        ],
+    )
+
+
+def ray_row(c: Context) -> Row:
+    return Row(
+        700,
+        "Ray actors",
+        [
+            Cell(701, ray_actors(c), w=16, h=8),
+            Cell(702, actor_restarts_and_deaths(c), w=8, h=8),
+        ],
+    )
+
+
+def health_row(c: Context) -> Row:
+    return Row(
+        800,
+        "Exporter health",
+        [
+            Cell(801, collector_up(c), w=12, h=7),
+            Cell(802, collection_duration(c), w=6, h=7),
+            Cell(803, records_ingested(c), w=6, h=7),
+        ],
+    )
+
+
+ROWS = (
+    verdict_row,
+    anatomy_row,
+    change_row,
+    efficiency_row,
+    rollout_row,
+    gpu_row,
+    ray_row,
+    health_row,
+)
+
+
+def change_annotations(b: Board) -> None:
+    """Regressions and workload shifts (decision table §4) marked on every time series."""
     b.annotate(
         "Regression",
         f"max by (project, experiment) ({sel('rlhf_change', eq('kind', 'regression'))}) == 1",
@@ -101,742 +879,13 @@ def build(th: Thresholds) -> Board:
         "workload shift: " + JOB_LEGEND,
     )
 
-    # -- the verdict ---------------------------------------------------------------------
-    b.row(100, "Verdict: which window made the loop wait")
-    b.add(
-        101,
-        state_timeline(
-            "Verdict and reason over time",
-            "One band per job and line: the upper band is the verdict of the last classified step "
-            "(the decision table's §3 row that won), the lower its reason, the evidence that says "
-            "where to look next. Colours are the verdict's and are the same on the fleet "
-            "dashboard. Verdicts: "
-            + _verdict_legend()
-            + ". Where to look next: "
-            + _reason_legend()
-            + ".",
-            [Q(verdict_code(), JOB_LEGEND + " verdict"), Q(reason_code(), JOB_LEGEND + " reason")],
-            {**verdict_mappings(), **reason_mappings()},
-        ),
-        w=16,
-        h=8,
-    )
-    b.add(
-        102,
-        colour_by_name(
-            bar_gauge(
-                "Steps per verdict in the time range",
-                "How many steps of the selected jobs got each verdict during the dashboard's time "
-                "range (rlhf_bottleneck_steps_total). A long bar is the window that made the loop wait "
-                "most often."
-                + said(
-                    alerts,
-                    " The bound alerts fire when one verdict holds "
-                    "{bound_fraction:.0%} of the steps in {window}.",
-                ),
-                [
-                    Q(
-                        f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
-                        "{{verdict}}",
-                        instant=True,
-                    )
-                ],
-                style.PLAIN,
-            ).decimals(0),
-            style.VERDICT_COLOURS,
-        ),
-        w=8,
-        h=8,
-    )
-    stall = seconds(alerts["stall_min"])
-    b.add(
-        103,
-        stat_panel(
-            "Time since the last step",
-            "Seconds since the exporter read the last step of each job. Orange past half the "
-            f"stall floor, red past the floor ({alerts['stall_min']}); the stall alert also "
-            f"allows {alerts['stall_factor']}x the job's baseline step time.",
-            [Q(f"max by (project, experiment) ({since_last_step()})", JOB_LEGEND)],
-            style.SECONDS,
-        ).thresholds(thresholds(style.OK, (stall / 2, style.WARN), (stall, style.BAD))),
-        w=8,
-        h=4,
-    )
-    b.add(
-        104,
-        stat_panel(
-            "Step",
-            "The last step number ingested (rlhf_step) and the job's 0-based run (rlhf_run): a "
-            "lower step number (restart or resume) starts a new run and an empty baseline.",
-            [
-                Q(f"max by (project, experiment) ({sel('rlhf_step')})", JOB_LEGEND + " step"),
-                Q(f"max by (project, experiment) ({sel('rlhf_run')})", JOB_LEGEND + " run"),
-            ],
-            style.PLAIN,
-        ).color_mode(BigValueColorMode.NONE),
-        w=8,
-        h=4,
-    )
-    b.add(
-        105,
-        stat_panel(
-            "Change against the baseline now",
-            "The last step's change (§4): "
-            + "; ".join(f"{c}: {CHANGE_MEANING[c]}" for c in CHANGES)
-            + ".",
-            [Q(change_code(), JOB_LEGEND)],
-        ).mappings(value_mappings(change_mappings())),
-        w=8,
-        h=4,
-    )
 
-    b.add(
-        106,
-        colour_by_name(
-            threshold_line(
-                time_series(
-                    f"Verdict mix over the last {rules.window}",
-                    f"Fraction of each job's classified steps per verdict over the last {rules.window} (the "
-                    "recording rule the bound alerts use; with several jobs selected, the highest job's "
-                    f"fraction). Above {alerts['bound_fraction']:g} (dashed line) for {alerts.get('bound_for', 'a while')} "
-                    "the job's bound alert for that row of the decision table fires.",
-                    [Q(f"max by (verdict) ({sel(rules.verdicts)})", "{{verdict}}")],
-                    style.RATIO,
-                    fill=0,
-                )
-                .min(0)
-                .max(1),
-                alerts["bound_fraction"],
-                style.WARN,
-            ),
-            style.VERDICT_COLOURS,
-        ),
-        w=24,
-        h=7,
-    )
-
-    # -- the step's anatomy -------------------------------------------------------------
-    b.row(200, "Step anatomy: where the step time goes")
-    b.add(
-        201,
-        _dashed(
-            colour_by_name(
-                time_series(
-                    "Step time by decision-table group",
-                    "Seconds of the last classified step per group, stacked (rlhf_group_duration_seconds; "
-                    "other includes the untimed remainder), against timing_s/step (dashed). The tallest "
-                    "band is the verdict's group. With several jobs selected the bands add up the jobs.",
-                    [
-                        Q(f"sum by (group) ({sel('rlhf_group_duration_seconds')})", "{{group}}"),
-                        Q(f"sum({sel('rlhf_step_duration_seconds')})", "timing_s/step"),
-                    ],
-                    style.SECONDS,
-                    stacked=True,
-                ),
-                style.group_colours(),
-            ),
-            "^timing_s/step$",
-        ),
-        w=12,
-        h=9,
-    )
-    b.add(
-        202,
-        colour_by_name(
-            threshold_line(
-                time_series(
-                    "Share of the step per group",
-                    "Each group's share of the last step (rlhf_group_share_ratio, averaged over the "
-                    f"selected jobs). Decision table §3: the top group is the verdict when its share is at "
-                    f"least {th.min_share:g} (dashed line) and {th.min_margin:g} ahead of the runner-up; "
-                    "otherwise the step is balanced.",
-                    [Q(f"avg by (group) ({sel('rlhf_group_share_ratio')})", "{{group}}")],
-                    style.RATIO,
-                    fill=0,
-                )
-                .min(0)
-                .max(1),
-                th.min_share,
-                style.WARN,
-            ),
-            style.group_colours(),
-        ),
-        w=12,
-        h=9,
-    )
-    b.add(
-        203,
-        time_series(
-            "Untimed remainder",
-            "R = timing_s/step minus every counted timer: driver time outside any timer (data "
-            "movement, batching, serialization). It is part of the `other` group.",
-            [Q(sel("rlhf_untimed_duration_seconds"), JOB_LEGEND)],
-            style.SECONDS,
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        204,
-        threshold_line(
-            time_series(
-                "Untimed share of `other`",
-                "R divided by the `other` group's seconds. Decision table, row `other`: at or above "
-                f"{th.untimed_fraction:g} (dashed line) the reason is `untimed` (look at data "
-                "movement and the controller), below it `driver_compute` (timed driver work such as adv).",
-                [
-                    Q(
-                        f"{sel('rlhf_untimed_duration_seconds')}\n/ ignoring (group) "
-                        f"({sel('rlhf_group_duration_seconds', eq('group', 'other'))} > 0)",
-                        JOB_LEGEND,
-                    )
-                ],
-                style.RATIO,
-                fill=0,
-            ).min(0),
-            th.untimed_fraction,
-            style.WARN,
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        205,
-        time_series(
-            "Weight-sync time",
-            "Seconds per step spent pushing new weights to the rollout engines, per verl timer "
-            f"({', '.join(sync_timers)}) and for the whole `sync` group. Decision table, row "
-            "`sync`/`weight_sync`: look at the checkpoint-engine backend and "
-            "update_weights_bucket_megabytes.",
-            [
-                Q(
-                    f"sum by (phase) ({sel('rlhf_phase_duration_seconds', match('phase', '|'.join(sync_timers)))})",
-                    "{{phase}}",
-                ),
-                Q(f"sum({sel('rlhf_group_duration_seconds', eq('group', 'sync'))})", "sync group"),
-            ],
-            style.SECONDS,
-            fill=0,
-        ),
-        w=8,
-        h=8,
-    )
-
-    # -- throughput and change ----------------------------------------------------------
-    b.row(300, "Throughput and change against the job's own baseline")
-    b.add(
-        301,
-        time_series(
-            "Throughput",
-            "perf/throughput: tokens per GPU per second of step time. Annotations mark steps that "
-            "the decision table (§4) called a regression (red) or a workload shift (blue): a "
-            "shift is slower because there were more tokens, a regression is a window that costs "
-            "more per token.",
-            [Q(sel("rlhf_throughput_tokens_per_gpu_second"), JOB_LEGEND)],
-            "short",
-            fill=0,
-        )
-        .axis_label("tokens / GPU / s")
-        .min(0),
-        w=12,
-        h=8,
-    )
-    b.add(
-        302,
-        time_series(
-            "Tokens per step",
-            "perf/total_num_tokens of the last step (K). A step that is slower because K grew, "
-            "with every window's cost per token unchanged, is a workload shift, not a regression.",
-            [Q(sel("rlhf_step_tokens"), JOB_LEGEND)],
-            "short",
-            fill=0,
-        ).min(0),
-        w=12,
-        h=8,
-    )
-    b.add(
-        303,
-        state_timeline(
-            "Change against the baseline",
-            "The last step's change (§4), per job. "
-            + "; ".join(f"{c}: {CHANGE_MEANING[c]}" for c in CHANGES)
-            + f". The baseline is the median of the last {th.baseline_steps} usable steps of the run; "
-            f"with fewer than {th.min_baseline_steps} the change is none.",
-            [Q(change_code(), JOB_LEGEND)],
-            change_mappings(),
-            row_height=0.9,
-        ),
-        w=24,
-        h=4,
-    )
-    b.add(
-        304,
-        _dashed(
-            time_series(
-                "Step time against the baseline",
-                "timing_s/step of the last step and the job's baseline step time (dashed: the median "
-                f"of recent steps without checkpoint saves). §4: the change is none while the step "
-                f"stays under {th.step_time_ratio:g}x the baseline and tokens per second above "
-                f"{th.throughput_ratio:g}x.",
-                [
-                    Q(sel("rlhf_step_duration_seconds"), JOB_LEGEND),
-                    Q(sel("rlhf_baseline_step_duration_seconds"), JOB_LEGEND + " baseline"),
-                ],
-                style.SECONDS,
-                fill=0,
-            ),
-            " baseline$",
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        305,
-        _dashed(
-            colour_by_name(
-                time_series(
-                    "Cost per token by group against the baseline",
-                    "Seconds per token (T(g)/K) per group for the last step, and the job's baseline "
-                    "(dashed). A group above its baseline costs more per token than the job used to.",
-                    [
-                        Q(
-                            f"sum by (group) ({sel('rlhf_group_cost_seconds_per_token')})",
-                            "{{group}}",
-                        ),
-                        Q(
-                            f"sum by (group) ({sel('rlhf_baseline_group_cost_seconds_per_token')})",
-                            "{{group}} baseline",
-                        ),
-                    ],
-                    style.SECONDS,
-                    fill=0,
-                ),
-                style.group_colours(),
-            ),
-            " baseline$",
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        306,
-        colour_by_name(
-            threshold_line(
-                time_series(
-                    "Cost per token ÷ baseline",
-                    "Each group's cost per token divided by its baseline (groups with a zero baseline are "
-                    f"left out). §4: a slow step is a workload shift only while every significant group "
-                    f"stays at or under {th.cost_ratio:g}x (dashed line); a group above it makes the step a "
-                    "regression, and the group that added the most seconds is `regressed`.",
-                    [
-                        Q(
-                            f"max by (group) (\n  {sel('rlhf_group_cost_seconds_per_token')}\n  / "
-                            f"({sel('rlhf_baseline_group_cost_seconds_per_token')} > 0)\n)",
-                            "{{group}}",
-                        )
-                    ],
-                    "suffix:×",
-                    fill=0,
-                ),
-                th.cost_ratio,
-            ),
-            style.group_colours(),
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        307,
-        colour_by_name(
-            time_series(
-                "Regressed steps per group",
-                "Steps diagnosed as a regression of each group (rlhf_regression_steps_total, per "
-                "interval)."
-                + said(
-                    alerts,
-                    " The regression alert fires when {regression_min_steps} steps "
-                    "in {window} regressed one group.",
-                ),
-                [
-                    Q(
-                        f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RATE}]))",
-                        "{{group}}",
-                    )
-                ],
-                style.PLAIN,
-                bars=True,
-                calcs=("sum",),
-            ),
-            style.group_colours(),
-        ),
-        w=24,
-        h=6,
-    )
-
-    # -- efficiency ---------------------------------------------------------------------
-    b.row(400, "Efficiency: model FLOPs utilization and memory")
-    b.add(
-        401,
-        threshold_line(
-            time_series(
-                "MFU by stage",
-                "perf/mfu/<stage>: actor (update), actor_infer (log-prob; v0 trainer only), critic. "
-                f"Decision table rows `update` and `logprob`: at or above {th.mfu_compute_bound:g} "
-                "(dashed line) the window is compute_bound (more GPUs or fewer tokens), below it "
-                "low_mfu (micro-batch size, dynamic bsz, offload, communication); 0 or missing is "
-                "mfu_unknown.",
-                [
-                    Q(
-                        sel("rlhf_mfu_ratio", 'stage=~"actor|actor_infer|critic"'),
-                        JOB_LEGEND + " {{stage}}",
-                    )
-                ],
-                style.RATIO,
-                fill=0,
-            ).min(0),
-            th.mfu_compute_bound,
-            style.OK,
-        ),
-        w=12,
-        h=8,
-    )
-    b.add(
-        402,
-        time_series(
-            "Actor memory peak",
-            "actor/perf/max_memory_allocated_gb and max_memory_reserved_gb of the last step, in "
-            "bytes: how close the update is to the GPU's memory (offload and micro-batch choices).",
-            [
-                Q(sel("rlhf_memory_max_allocated_bytes"), JOB_LEGEND + " allocated"),
-                Q(sel("rlhf_memory_max_reserved_bytes"), JOB_LEGEND + " reserved"),
-            ],
-            style.BYTES,
-            fill=0,
-        ),
-        w=12,
-        h=8,
-    )
-
-    # -- rollout evidence ---------------------------------------------------------------
-    b.row(500, "Rollout evidence: why the trainer waits for samples")
-    b.add(
-        501,
-        time_series(
-            "Agent loop: generate_sequences max and mean",
-            "Per-sample generate_sequences seconds of the last step: the slowest sample (max) "
-            "against the average (mean). Far apart means a few long samples hold the batch.",
-            [
-                Q(
-                    sel("rlhf_agent_loop_seconds", 'part="generate_sequences"', 'stat=~"max|mean"'),
-                    JOB_LEGEND + " {{stat}}",
-                )
-            ],
-            style.SECONDS,
-            fill=0,
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        502,
-        threshold_line(
-            time_series(
-                "Long tail: generate max ÷ mean",
-                "generate_sequences max divided by mean. Decision table, row `rollout`: at or above "
-                f"{th.long_tail_generate_ratio:g} (dashed line) the reason is long_tail (response length "
-                "cap, partial rollout, over-sampling). Without agent-loop statistics the table falls "
-                f"back to response_length max ≥ {th.long_tail_response_ratio:g}x mean (next panel).",
-                [
-                    Q(
-                        f"{sel('rlhf_agent_loop_seconds', eq('part', 'generate_sequences'), eq('stat', 'max'))}\n/ ignoring (stat) "
-                        f"({sel('rlhf_agent_loop_seconds', eq('part', 'generate_sequences'), eq('stat', 'mean'))} > 0)",
-                        JOB_LEGEND,
-                    )
-                ],
-                "suffix:×",
-                fill=0,
-            ).min(0),
-            th.long_tail_generate_ratio,
-            style.WARN,
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        503,
-        time_series(
-            "Response length: slowest sample, mean and max",
-            "Response tokens of the slowest agent-loop sample against response_length mean and "
-            "max of the batch. The slowest sample being the longest one points at the length cap.",
-            [
-                Q(
-                    sel("rlhf_agent_loop_slowest_response_length_tokens"),
-                    JOB_LEGEND + " slowest sample",
-                ),
-                Q(sel("rlhf_response_length_tokens", 'stat=~"mean|max"'), JOB_LEGEND + " {{stat}}"),
-            ],
-            "short",
-            fill=0,
-        ).axis_label("tokens"),
-        w=8,
-        h=8,
-    )
-    b.add(
-        504,
-        time_series(
-            "Preemptions",
-            "agent_loop/num_preempted/max: the most preemptions any one sample suffered. Decision "
-            f"table, row `rollout`: above {th.preempted_max:g} the reason is preemption (KV-cache "
-            "pressure: rollout gpu_memory_utilization, max_num_seqs).",
-            [Q(sel("rlhf_agent_loop_preempted_max"), JOB_LEGEND)],
-            style.PLAIN,
-            bars=True,
-        )
-        .thresholds(thresholds(style.OK, (th.preempted_max + 1, style.BAD)))
-        .color_scheme(colour_by_thresholds())
-        .min(0),
-        w=8,
-        h=8,
-    )
-    b.add(
-        505,
-        threshold_line(
-            time_series(
-                "Slowest sample: share in tool calls and scoring",
-                "The slowest sample's tool_calls and compute_score seconds as a share of its "
-                "generate_sequences + tool_calls + compute_score. Decision table, row `rollout`: at or "
-                f"above {th.tool_calls_fraction:g} (dashed line) for tool_calls the reason is tool_calls "
-                f"(tool latency and concurrency); at or above {th.compute_score_fraction:g} for "
-                "compute_score it is reward_in_loop (reward function / reward workers).",
-                [
-                    Q(
-                        f"{sel('rlhf_agent_loop_slowest_seconds', match('part', 'tool_calls|compute_score'))}\n"
-                        f"/ ignoring (part) group_left ()\n(sum without (part) "
-                        f"({sel('rlhf_agent_loop_slowest_seconds', match('part', 'generate_sequences|tool_calls|compute_score'))}) > 0)",
-                        JOB_LEGEND + " {{part}}",
-                    )
-                ],
-                style.RATIO,
-                fill=0,
-            )
-            .min(0)
-            .max(1),
-            th.tool_calls_fraction,
-            style.WARN,
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        506,
-        time_series(
-            "Tool and score time per sample",
-            "Per-sample seconds in tool calls and in compute_score (agent_loop/<part>/mean and "
-            "max) of the last step. Growing tool or score time with a rollout verdict points at "
-            "tools or the reward function rather than generation.",
-            [
-                Q(
-                    sel(
-                        "rlhf_agent_loop_seconds",
-                        'part=~"tool_calls|compute_score"',
-                        'stat=~"mean|max"',
-                    ),
-                    JOB_LEGEND + " {{part}} {{stat}}",
-                )
-            ],
-            style.SECONDS,
-            fill=0,
-        ),
-        w=8,
-        h=8,
-    )
-
-    # -- GPUs ---------------------------------------------------------------------------
-    b.row(600, "GPUs (NVML) on the exporters of the selected jobs")
-    b.add(
-        601,
-        threshold_line(
-            time_series(
-                "GPU busy ratio",
-                "rate(rlhf_gpu_busy_seconds_total): the exact fraction of time each GPU was busy, on "
-                "the exporters (nodes) that export the selected jobs. Busy below "
-                f"{alerts['gpu_idle_ratio']:g} (dashed line) while steps progress means the loop waits "
-                "on something that is not GPU work."
-                + said(alerts, " The GPU-idle alert fires after {gpu_idle_for}."),
-                [
-                    Q(
-                        on_job_exporters(
-                            f"rate({sel('rlhf_gpu_busy_seconds_total', scope=TARGET)}[{RATE}])"
-                        ),
-                        "{{instance}} GPU {{gpu}}",
-                    )
-                ],
-                style.RATIO,
-                fill=0,
-            )
-            .min(0)
-            .max(1),
-            alerts["gpu_idle_ratio"],
-            style.WARN,
-        ),
-        w=8,
-        h=8,
-    )
-    b.add(
-        602,
-        time_series(
-            "GPU memory used per GPU",
-            "Memory used on each GPU of the exporters of the selected jobs (NVML), and each GPU's "
-            "total (dashed).",
-            [
-                Q(
-                    on_job_exporters(sel("rlhf_gpu_memory_used_bytes", scope=TARGET)),
-                    "{{instance}} GPU {{gpu}}",
-                ),
-                Q(
-                    on_job_exporters(sel("rlhf_gpu_memory_total_bytes", scope=TARGET)),
-                    "{{instance}} GPU {{gpu}} total",
-                ),
-            ],
-            style.BYTES,
-            fill=0,
-        ).min(0),
-        w=8,
-        h=8,
-    )
-    b.add(
-        603,
-        time_series(
-            "GPU memory by role",
-            "GPU memory of processes matched to Ray actors of each role (unknown: not matched), "
-            "stacked: which part of the job (rollout engines, actor, critic, reward) holds the memory.",
-            [
-                Q(
-                    f"sum by (role) ({on_job_exporters(sel('rlhf_gpu_role_memory_bytes', scope=TARGET))})",
-                    "{{role}}",
-                )
-            ],
-            style.BYTES,
-            stacked=True,
-        ),
-        w=8,
-        h=8,
-    )
-
-    # -- Ray ----------------------------------------------------------------------------
-    b.row(700, "Ray actors")
-    b.add(
-        701,
-        time_series(
-            "Ray actors by role and state",
-            "Actors of the Ray cluster the exporter reads, per role and state (ALIVE, "
-            "PENDING_CREATION, RESTARTING, DEAD)."
-            + said(
-                alerts,
-                " Actors stuck in PENDING_CREATION "
-                "for {pending_for} fire an alert: the cluster cannot place them.",
-            ),
-            [
-                Q(
-                    f"sum by (role, state) ({on_job_exporters(sel('rlhf_ray_actors', scope=TARGET))})",
-                    "{{role}} {{state}}",
-                )
-            ],
-            style.PLAIN,
-            stacked=True,
-        ),
-        w=16,
-        h=8,
-    )
-    restarts = f"increase({sel('rlhf_ray_actor_restarts_total', scope=TARGET)}[{RATE}])"
-    deaths = f"increase({sel('rlhf_ray_actor_deaths_total', scope=TARGET)}[{RATE}])"
-    b.add(
-        702,
-        time_series(
-            "Actor restarts and deaths",
-            "Restarts seen (growth of num_restarts) and actors that became DEAD, by role and "
-            "death reason, per interval; a role without deaths shows a line at 0.",
-            [
-                Q(f"sum by (role) ({on_job_exporters(restarts)})", "{{role}} restarts"),
-                Q(
-                    f"sum by (role, reason) ({on_job_exporters(deaths)})\n"
-                    f"or 0 * sum by (role) ({on_job_exporters(restarts)})",
-                    "{{role}} died {{reason}}",
-                ),
-            ],
-            style.PLAIN,
-            bars=True,
-            calcs=("sum",),
-        ),
-        w=8,
-        h=8,
-    )
-
-    # -- exporter health ----------------------------------------------------------------
-    b.row(800, "Exporter health")
-    b.add(
-        801,
-        state_timeline(
-            "Collector up",
-            "1 (green) when each collector's last collection succeeded, per exporter."
-            + said(alerts, " A collector down for {collector_down_for} fires an alert.")
-            + " A failing collector's series are dropped, so gaps on the other panels start here.",
-            [Q(sel("rlhf_exporter_collector_up", scope=TARGET), "{{instance}} {{collector}}")],
-            {0: ("down", style.BAD), 1: ("up", style.OK)},
-        ),
-        w=12,
-        h=7,
-    )
-    b.add(
-        802,
-        time_series(
-            "Collection duration",
-            "Seconds each collector's last collection took. Slow collections happen in the "
-            "background and never hold a scrape.",
-            [
-                Q(
-                    sel("rlhf_exporter_collector_duration_seconds", scope=TARGET),
-                    "{{instance}} {{collector}}",
-                )
-            ],
-            style.SECONDS,
-            fill=0,
-        ),
-        w=6,
-        h=7,
-    )
-    zero_per_collector = (
-        f"0 * sum by (instance, collector) ({sel('rlhf_exporter_collector_up', scope=TARGET)})"
-    )
-    b.add(
-        803,
-        time_series(
-            "Records ingested and rejected",
-            "Input records ingested per second, rejected input by reason (bad input is counted, "
-            "never fatal) and failed collections by reason. A collector without any rejection or "
-            "failure shows a line at 0.",
-            [
-                Q(
-                    f"sum by (instance, collector) (rate({sel('rlhf_exporter_records_total', scope=TARGET)}[{RATE}]))",
-                    "{{instance}} {{collector}} ingested",
-                ),
-                Q(
-                    f"sum by (instance, collector, reason) (rate({sel('rlhf_exporter_record_errors_total', scope=TARGET)}[{RATE}]))"
-                    f"\nor {zero_per_collector}",
-                    "{{instance}} {{collector}} rejected {{reason}}",
-                ),
-                Q(
-                    f"sum by (instance, collector, reason) (rate({sel('rlhf_exporter_collector_errors_total', scope=TARGET)}[{RATE}]))"
-                    f"\nor {zero_per_collector}",
-                    "{{instance}} {{collector}} failed {{reason}}",
-                ),
-            ],
-            "reqps",
-            fill=0,
-        ),
-        w=6,
-        h=7,
-    )
+def build(th: Thresholds) -> Board:
+    c = Context.of(th)
+    b = header(JOB_UID, TITLE, DESCRIPTION, "RLHF fleet", FLEET_LINK)
+    change_annotations(b)
+    for row in ROWS:
+        b.add_row(row(c))
     return b
 
 

@@ -1,16 +1,14 @@
-"""Panel helpers on top of grafana-foundation-sdk: one place for layout, queries and colours.
+"""Panel helpers on top of grafana-foundation-sdk: queries, panel kinds, colours, variables.
 
 Only `rlhf-exporter render` imports this module (the SDK is a rendering dependency, never a
-run-time one). Every panel id is given by the dashboard definition, so ids stay stable when
-panels are added; the layout is computed here, left to right in rows of 24 columns.
+run-time one). Where panels go on a dashboard is `layout`'s job.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from grafana_foundation_sdk.builders import (
     bargauge,
@@ -24,7 +22,6 @@ from grafana_foundation_sdk.builders import (
     common as cb,
 )
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as dm
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
@@ -35,6 +32,9 @@ BigValueColorMode = cm.BigValueColorMode
 DATASOURCE_VAR = "datasource"
 DS = dm.DataSourceRef(type_val="prometheus", uid=f"${{{DATASOURCE_VAR}}}")
 WIDTH = 24
+# The SDK's panel builders share no base class that has their methods (id, grid_pos, ...).
+PanelBuilder = timeseries.Panel | stat.Panel | statetimeline.Panel | bargauge.Panel | table.Panel
+P = TypeVar("P", timeseries.Panel, stat.Panel, statetimeline.Panel, bargauge.Panel, table.Panel)
 
 
 @dataclass(frozen=True)
@@ -69,14 +69,14 @@ def prop(id_: str, value: Any) -> dm.DynamicConfigValue:
     return dm.DynamicConfigValue(id_val=id_, value=value)
 
 
-def colour_by_name(panel, colours: Mapping[str, str]):
+def colour_by_name(panel: P, colours: Mapping[str, str]) -> P:
     """Fixed colours for series whose display name is a key of `colours` (a verdict, a group)."""
     for name, colour in colours.items():
         panel = panel.override_by_name(name, [_colour(colour)])
     return panel
 
 
-def value_mappings(texts: Mapping[int, tuple[str, str]]) -> list[dm.ValueMap]:
+def value_mappings(texts: Mapping[int, tuple[str, str]]) -> list[dm.ValueMapping]:
     """code -> (text, colour), as one Grafana value map."""
     return [
         dm.ValueMap(
@@ -100,14 +100,16 @@ def thresholds(base: str, *steps: tuple[float, str]) -> db.ThresholdsConfig:
     )
 
 
-def threshold_line(panel, value: float, colour: str = style.BAD, below: str = "transparent"):
+def threshold_line(
+    panel: timeseries.Panel, value: float, colour: str = style.BAD, below: str = "transparent"
+) -> timeseries.Panel:
     """Draw a dashed line at `value` (a number from the thresholds file) on a time series."""
     return panel.thresholds(thresholds(below, (value, colour))).thresholds_style(
         cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode.DASHED)
     )
 
 
-def _common(panel, title: str, description: str, queries: Sequence[Q], unit: str | None):
+def _common(panel: P, title: str, description: str, queries: Sequence[Q], unit: str | None) -> P:
     panel = panel.title(title).description(description).datasource(DS)
     for i, q in enumerate(queries):
         panel = panel.with_target(query(q, chr(ord("A") + i)))
@@ -117,8 +119,10 @@ def _common(panel, title: str, description: str, queries: Sequence[Q], unit: str
 
 
 def _legend(
-    placement=cm.LegendPlacement.BOTTOM, mode=cm.LegendDisplayMode.LIST, calcs: Iterable[str] = ()
-):
+    placement: cm.LegendPlacement = cm.LegendPlacement.BOTTOM,
+    mode: cm.LegendDisplayMode = cm.LegendDisplayMode.LIST,
+    calcs: Iterable[str] = (),
+) -> cb.VizLegendOptions:
     return (
         cb.VizLegendOptions()
         .show_legend(True)
@@ -138,7 +142,7 @@ def time_series(
     bars: bool = False,
     fill: int = 10,
     calcs: Iterable[str] = ("lastNotNull", "max"),
-):
+) -> timeseries.Panel:
     p = _common(timeseries.Panel(), title, description, queries, unit)
     p = (
         p.line_width(1)
@@ -166,7 +170,7 @@ def state_timeline(
     queries: Sequence[Q],
     mappings: Mapping[int, tuple[str, str]],
     row_height: float = 0.8,
-):
+) -> statetimeline.Panel:
     p = _common(statetimeline.Panel(), title, description, queries, None)
     return (
         p.mappings(value_mappings(mappings))
@@ -182,7 +186,9 @@ def state_timeline(
     )
 
 
-def bar_gauge(title: str, description: str, queries: Sequence[Q], unit: str | None = None):
+def bar_gauge(
+    title: str, description: str, queries: Sequence[Q], unit: str | None = None
+) -> bargauge.Panel:
     p = _common(bargauge.Panel(), title, description, queries, unit)
     return (
         p.display_mode(cm.BarGaugeDisplayMode.BASIC)
@@ -193,7 +199,9 @@ def bar_gauge(title: str, description: str, queries: Sequence[Q], unit: str | No
     )
 
 
-def stat_panel(title: str, description: str, queries: Sequence[Q], unit: str | None = None):
+def stat_panel(
+    title: str, description: str, queries: Sequence[Q], unit: str | None = None
+) -> stat.Panel:
     p = _common(stat.Panel(), title, description, queries, unit)
     return (
         p.color_mode(cm.BigValueColorMode.BACKGROUND)
@@ -203,7 +211,7 @@ def stat_panel(title: str, description: str, queries: Sequence[Q], unit: str | N
     )
 
 
-def table_panel(title: str, description: str, queries: Sequence[Q]):
+def table_panel(title: str, description: str, queries: Sequence[Q]) -> table.Panel:
     return (
         _common(table.Panel(), title, description, queries, None)
         .align(cm.FieldTextAlignment.AUTO)
@@ -214,17 +222,7 @@ def table_panel(title: str, description: str, queries: Sequence[Q]):
     )
 
 
-def link(title: str, url: str) -> db.DashboardLink:
-    return (
-        db.DashboardLink(title)
-        .type(dm.DashboardLinkType.LINK)
-        .url(url)
-        .keep_time(True)
-        .include_vars(False)
-    )
-
-
-def said(alerts, template: str) -> str:
+def said(alerts: Mapping[str, Any], template: str) -> str:
     """`template` filled from the thresholds file's alerts section, or '' when a key is absent."""
     try:
         return template.format_map(alerts)
@@ -232,91 +230,14 @@ def said(alerts, template: str) -> str:
         return ""
 
 
-class Board:
-    """A dashboard under construction: rows and panels, laid out in reading order."""
-
-    def __init__(self, uid: str, title: str, description: str, tags: Sequence[str]):
-        self.builder = (
-            db.Dashboard(title)
-            .uid(uid)
-            .description(description)
-            .tags(list(tags))
-            .editable()
-            .tooltip(dm.DashboardCursorSync.CROSSHAIR)
-            .time("now-6h", "now")
-            .refresh("30s")
-            .timezone("browser")
-        )
-        self._x = self._y = self._line = 0
-        self._ids: set[int] = set()
-        self._annotation_titles: dict[str, str] = {}
-
-    def _id(self, pid: int) -> int:
-        if pid in self._ids or pid < 1:
-            raise ValueError(f"panel id {pid} is used twice (or < 1)")
-        self._ids.add(pid)
-        return pid
-
-    def _newline(self) -> None:
-        if self._x:
-            self._x, self._y, self._line = 0, self._y + self._line, 0
-
-    def row(self, pid: int, title: str) -> None:
-        self._newline()
-        self.builder = self.builder.with_row(
-            db.Row(title).id(self._id(pid)).grid_pos(dm.GridPos(h=1, w=WIDTH, x=0, y=self._y))
-        )
-        self._y += 1
-
-    def add(self, pid: int, panel, w: int, h: int) -> None:
-        if self._x + w > WIDTH:
-            self._newline()
-        panel = panel.id(self._id(pid)).grid_pos(dm.GridPos(h=h, w=w, x=self._x, y=self._y))
-        self.builder = self.builder.with_panel(panel)
-        self._x += w
-        self._line = max(self._line, h)
-        if self._x >= WIDTH:
-            self._newline()
-
-    def variables(self, variables: Sequence[db.QueryVariable]) -> None:
-        for v in variables:
-            self.builder = self.builder.with_variable(v)
-
-    def annotate(self, name: str, expr: str, colour: str, title: str) -> None:
-        a = (
-            db.AnnotationQuery()
-            .name(name)
-            .datasource(DS)
-            .enable(True)
-            .icon_color(colour)
-            .expr(expr)
-        )
-        self.builder = self.builder.annotation(a)
-        self._annotation_titles[name] = title
-
-    def link(self, title: str, url: str) -> None:
-        self.builder = self.builder.link(link(title, url))
-
-    def json(self) -> str:
-        """The dashboard as committed: sorted keys, two-space indent, trailing newline."""
-        doc = json.loads(json.dumps(self.builder.build(), cls=JSONEncoder))
-        doc.setdefault("annotations", {}).setdefault("list", [])
-        for item in doc["annotations"]["list"]:
-            title = self._annotation_titles.get(item.get("name"))
-            if title:
-                item["titleFormat"] = title
-        for var in doc.get("templating", {}).get("list", []):
-            if var.get("type") != "interval":  # the SDK writes interval fields on every variable
-                for key in ("auto", "auto_count", "auto_min"):
-                    var.pop(key, None)
-        doc["id"] = None
-        return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def variables(project_metric: str = "rlhf_step") -> list[db.QueryVariable]:
+def variables(
+    project_metric: str = "rlhf_step",
+) -> list[db.QueryVariable | db.DatasourceVariable]:
     """datasource, then the optional cluster/namespace filters, then project and experiment."""
 
-    def label_var(name: str, label: str, scope: str, all_value: str, description: str):
+    def label_var(
+        name: str, label: str, scope: str, all_value: str, description: str
+    ) -> db.QueryVariable:
         return (
             db.QueryVariable(name)
             .label(label)

@@ -13,7 +13,6 @@ from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
 from .style import change_codes, reason_codes, verdict_codes
 
-JOB_LABELS = ("project", "experiment")
 BY_JOB = "project, experiment"
 TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
 JOB = TARGET + ', project=~"$project", experiment=~"$experiment"'
@@ -34,7 +33,11 @@ def match(label: str, regex: str) -> str:
     return f'{label}=~"{regex}"'
 
 
-def coded(metric: str, codes: Mapping[tuple[str, ...] | str, int], labels: tuple[str, ...]) -> str:
+def coded(
+    metric: str,
+    codes: Mapping[str, int] | Mapping[tuple[str, str], int],
+    labels: tuple[str, ...],
+) -> str:
     """Turn a one-hot gauge into one series per job whose value is the code of the hot label.
 
     `rlhf_bottleneck{verdict="rollout"} * 1 or rlhf_bottleneck{verdict="reward"} * 2 or ...`,

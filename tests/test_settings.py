@@ -1,0 +1,58 @@
+"""Settings parsing: the layering (defaults < file < environment < flags) is exercised end to
+end in test_serve_cli.py; this file pins down how single values are read."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.config import ConfigError
+from exporter.settings import env_name, resolve
+
+MAX_LINE = "RLHF_EXPORTER_MAX_LINE_BYTES"
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("4096", 4096),
+        (" 512K ", 512 << 10),
+        ("1MiB", 1 << 20),
+        ("1.5M", 3 << 19),
+        ("2G", 2 << 30),
+        ("1GiB", 1 << 30),
+    ],
+)
+def test_sizes(text, size):
+    assert resolve(environ={MAX_LINE: text}).max_line_bytes == size
+
+
+@pytest.mark.parametrize("text", ["0", "0K", "-1M", "-5", "0.0001K", "nanK", "infM", "1T", "", "K"])
+def test_sizes_below_one_byte_or_unreadable_are_rejected(text):
+    with pytest.raises(ConfigError) as err:
+        resolve(environ={MAX_LINE: text})
+    message = str(err.value)
+    assert message.startswith(MAX_LINE + ":"), message  # names where the value came from
+    assert "at least 1 byte" in message and repr(text) in message
+
+
+def test_env_name_is_the_documented_one():
+    from exporter.settings import BY_NAME
+
+    assert env_name(BY_NAME["max_line_bytes"]) == MAX_LINE
+
+
+def test_log_level_is_checked_with_the_other_settings():
+    assert resolve(environ={"RLHF_EXPORTER_LOG_LEVEL": " WARNING "}).log_level == "warning"
+    with pytest.raises(ConfigError, match="RLHF_EXPORTER_LOG_LEVEL: expected one of debug"):
+        resolve(environ={"RLHF_EXPORTER_LOG_LEVEL": "loud"})
+
+
+@pytest.mark.parametrize("command", ["diagnose", "render", "serve"])
+def test_a_config_error_exits_2_naming_the_command(command, tmp_path, capsys):
+    """One handler (cli.main) for every command: the message, then exit status 2."""
+    from exporter import cli
+
+    missing = tmp_path / "absent.yaml"
+    assert cli.main([command, "--config", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rlhf-exporter {command}: {missing}: cannot read"), err
