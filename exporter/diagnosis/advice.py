@@ -38,17 +38,34 @@ REASON_MEANING: Mapping[str, str] = {
 LOOK_AT: Mapping[tuple[str, str], str] = {
     ("rollout", "preemption"): "KV-cache pressure: rollout gpu_memory_utilization, max_num_seqs",
     ("rollout", "tool_calls"): "tool latency and concurrency",
-    ("rollout", "reward_in_loop"): "reward function / reward workers",
-    ("rollout", "long_tail"): "response length cap, partial rollout, over-sampling",
+    (
+        "rollout",
+        "reward_in_loop",
+    ): "reward function / reward workers (reward.*, not reward_model.*)",
+    ("rollout", "long_tail"): "response length cap; partial rollout (fully-async only)",
     ("rollout", "generation"): "rollout engine throughput, TP size, concurrency",
     ("update", "compute_bound"): "more GPUs or fewer tokens",
-    ("update", "low_mfu"): "micro-batch size, dynamic bsz, offload, communication",
+    ("update", "low_mfu"): (
+        "micro-batch size, dynamic bsz, offload (FSDP: fsdp_config.*_offload; "
+        "Megatron: megatron.*_offload), communication"
+    ),
     ("update", "mfu_unknown"): "actor MFU (perf/mfu/actor) unknown: profile update_actor",
     ("logprob", "compute_bound"): "log-prob micro-batch size; more GPUs or fewer tokens",
-    ("logprob", "low_mfu"): "log-prob micro-batch size",
-    ("logprob", "mfu_unknown"): "log-prob micro-batch size",
-    ("sync", "weight_sync"): "checkpoint-engine backend, update_weights_bucket_megabytes",
-    ("reward", "reward_model"): "reward model placement / batch",
+    ("logprob", "low_mfu"): (
+        "log-prob micro-batch size; rollout.log_prob_use_dynamic_bsz must equal "
+        "actor.use_dynamic_bsz"
+    ),
+    ("logprob", "mfu_unknown"): (
+        "log-prob micro-batch size (the V1 trainer never logs perf/mfu/actor_infer)"
+    ),
+    ("sync", "weight_sync"): (
+        "checkpoint-engine backend and bucket size (verl 0.7.1+: rollout.checkpoint_engine.*; "
+        "verl 0.6: actor_rollout_ref.rollout.update_weights_bucket_megabytes)"
+    ),
+    (
+        "reward",
+        "reward_model",
+    ): "reward model servers: placement, batch, TP (reward.reward_model.*)",
     ("checkpoint", "checkpoint"): "save frequency, async checkpointing",
     ("other", "untimed"): "data movement, controller",
     ("other", "driver_compute"): "driver work such as adv",
