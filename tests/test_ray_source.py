@@ -53,6 +53,7 @@ def test_address_resolution():
 def test_death_reasons():
     def ctx(reason):
         return {"death_cause": {"actor_died_error_context": {"reason": reason}}}
+
     assert death_reason(ctx("RAY_KILL")) == "RAY_KILL"
     assert death_reason(ctx("NODE_DIED")) == "NODE_DIED"
     assert death_reason(ctx("SOME_FUTURE_REASON")) == "SOME_FUTURE_REASON"
@@ -107,7 +108,7 @@ def test_roles_defaults_and_override_file(tmp_path):
     for text, message in [
         ("- {role: trainers, pattern: X}\n", "unknown role 'trainers'"),
         ("- {role: trainer, pattern: '('}\n", "invalid regular expression"),
-        ("- {role: trainer}\n", "needs both 'role' and 'pattern'"),
+        ("- {role: trainer}\n", "needs 'role' and one of 'pattern'"),
         ("- {role: trainer, pattern: X, colour: red}\n", "unknown key(s) ['colour']"),
         ("role: trainer\n", "expected a list"),
         ("- [a, b]\n", "rule 1: expected a mapping"),
@@ -298,6 +299,7 @@ def test_connection_refused_is_down_not_a_crash():
 
 def test_restart_and_death_bookkeeping(fake_state):
     s = fake_state
+
     def row(aid, cls, state, restarts="0", pid=0):
         return {
             "actor_id": aid,
@@ -307,6 +309,7 @@ def test_restart_and_death_bookkeeping(fake_state):
             "pid": pid,
             "node_id": "n1",
         }
+
     s.live = [
         row("a1", "WorkerDict", "ALIVE", "2", 11),
         row("a2", "vLLMHttpServer", "ALIVE", "0", 12),
@@ -318,13 +321,14 @@ def test_restart_and_death_bookkeeping(fake_state):
     snap = src.poll_once()
     # the first poll is the baseline: what happened before is not counted, series start at 0
     assert values(snap, "rlhf_ray_actor_restarts_total") == {
-        (r,): 0.0 for r in ("trainer", "rollout", "agent_loop", "reward", "driver", "other")
+        (r,): 0.0
+        for r in ("trainer", "rollout", "agent_loop", "reward", "teacher", "driver", "other")
     }
     assert values(snap, "rlhf_ray_actor_deaths_total") == {("driver", "UNKNOWN"): 0.0}
     gauge = actors_gauge(snap)
     assert gauge[("trainer", "ALIVE")] == 1 and gauge[("rollout", "PENDING_CREATION")] == 3
     assert gauge[("agent_loop", "RESTARTING")] == 1 and gauge[("driver", "DEAD")] == 1
-    assert gauge[("reward", "ALIVE")] == 0 and len(gauge) == 6 * 5
+    assert gauge[("reward", "ALIVE")] == 0 and len(gauge) == 7 * 5
     assert values(snap, "rlhf_ray_actors_by_class")[("vLLMHttpServer", "PENDING_CREATION")] == 3
     assert src.pid_roles() == {11: "trainer", 12: "rollout"}
     assert values(snap, "rlhf_ray_cluster_info") == {("2.60.0", "session_fake_1"): 1.0}
