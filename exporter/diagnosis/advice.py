@@ -59,13 +59,10 @@ LOOK_AT: Mapping[tuple[str, str], str] = {
         "log-prob micro-batch size (the V1 trainer never logs perf/mfu/actor_infer)"
     ),
     ("sync", "weight_sync"): (
-        "checkpoint-engine backend and bucket size (verl 0.7.1+: rollout.checkpoint_engine.*; "
-        "verl 0.6: actor_rollout_ref.rollout.update_weights_bucket_megabytes)"
+        "checkpoint-engine backend and bucket size "
+        "(on verl 0.6: actor_rollout_ref.rollout.update_weights_bucket_megabytes)"
     ),
-    (
-        "reward",
-        "reward_model",
-    ): "reward model servers: placement, batch, TP (reward.reward_model.*)",
+    ("reward", "reward_model"): "reward model servers: placement, batch, TP",
     ("checkpoint", "checkpoint"): "save frequency, async checkpointing",
     ("other", "untimed"): "data movement, controller",
     ("other", "driver_compute"): "driver work such as adv",
