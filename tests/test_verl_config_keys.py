@@ -20,6 +20,7 @@ from tests.support.verl_config import (
     VerlConfig,
     mentions,
     problems,
+    struck,
     verl_dir,
     verl_version,
 )
@@ -144,3 +145,18 @@ def test_the_dead_and_older_key_lists_are_current(config):
         assert key not in config.keys or key in verl_keys.DEAD_KEYS, key
         if "." in instead and " " not in instead:
             assert instead in config.keys, instead
+
+
+def test_a_struck_out_key_is_one_not_to_use(config):
+    """Docs may name a gone or dead key only struck out (~~key~~), and then it must really be
+    gone or dead: a struck-out live key would hide a working setting."""
+    seen = []
+    for where, text in user_texts().items():
+        for key in struck(text, config.roots):
+            seen.append(key)
+            dead = any(key == k or key.startswith(k) for k in verl_keys.DEAD_KEYS)
+            assert dead or key not in config.keys, (where, key)
+    assert "reward_model.micro_batch_size_per_gpu" in seen
+    text = "~~`trainer.save_freq`~~ and ~~reward_model.use_dynamic_bsz~~"
+    assert struck(text, config.roots) == ["trainer.save_freq", "reward_model.use_dynamic_bsz"]
+    assert list(mentions(text, config.roots)) == []

@@ -86,12 +86,23 @@ VERSION_NEAR = re.compile(r"\b0\.[67](?:\.\d+)?\b|\bverl\s*(?:0\.[67]|≤\s*0\.7
 
 
 def mentions(text: str, roots: Iterable[str]) -> Iterator[tuple[str, str]]:
-    """(key, its surroundings) for every verl key named in a text."""
+    """(key, its surroundings) for every verl key named in a text, except struck-out ones
+    (`~~key~~`, how docs name a key not to use: see struck())."""
     for m in key_pattern(roots).finditer(text):
         key = m.group(0)
-        if key.rsplit(".", 1)[-1] in FILE_SUFFIXES:
+        if key.rsplit(".", 1)[-1] in FILE_SUFFIXES or _struck(text, m.start()):
             continue
         yield key, text[max(0, m.start() - 160) : m.end() + 160]
+
+
+def struck(text: str, roots: Iterable[str]) -> list[str]:
+    """The keys a text names struck out (`~~key~~` or ~~`key`~~): keys it says not to use."""
+    return [m.group(0) for m in key_pattern(roots).finditer(text) if _struck(text, m.start())]
+
+
+def _struck(text: str, start: int) -> bool:
+    before = text[max(0, start - 3) : start]
+    return before.endswith("~~") or before.endswith("~~`")
 
 
 def problems(

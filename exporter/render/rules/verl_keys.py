@@ -194,8 +194,9 @@ EVIDENCE_CAVEATS: Mapping[str, str] = {
     ),
     "fully_async_idle_ratio": (
         "fully_async/rollouter/idle_ratio counts only the last pause window (verl issue #6693, "
-        "unfixed in 0.9.1): it is not the rollouter's idle share, and the exporter does not "
-        "use it."
+        "unfixed in 0.9.1): it is not the rollouter's idle share. The decision table never "
+        'reads it; rlhf_fully_async_idle_ratio{component="rollouter"} passes it through as '
+        "verl logs it."
     ),
 }
 
