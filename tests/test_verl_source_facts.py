@@ -116,3 +116,34 @@ def test_caveats_attach_to_the_right_reasons():
         verl_keys.EVIDENCE_CAVEATS["v1_rollout_reasons"],
     )
     assert verl_keys.caveats("update", "low_mfu") == ()
+
+
+def _keys(path: Path) -> set[str]:
+    import json
+
+    keys: set[str] = set()
+    for line in path.read_text().splitlines():
+        try:
+            keys |= set(json.loads(line)["data"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return keys
+
+
+def test_missing_evidence_on_the_sample_traces(shared_traces):
+    """V1 logs neither agent-loop statistics nor actor_infer MFU; the legacy trainer and
+    one-step-off log both; fully-async logs the misleading rollouter idle ratio."""
+    from exporter.diagnosis.advice import EVIDENCE_CAVEATS, REASON_EVIDENCE, missing_evidence
+
+    traces = {p.name: p for p in shared_traces.glob("*.jsonl") if ".expected." not in p.name}
+    v1 = [n for n in traces if n.endswith("_v1.jsonl")]
+    v0 = [n for n in traces if n.endswith("_v0.jsonl") or "one_step_off" in n]
+    assert v1 and v0
+    for name in v1:
+        gaps = missing_evidence(_keys(traces[name]))
+        assert len(gaps) == len(REASON_EVIDENCE), name  # every reason that needs evidence
+        assert all("cannot be seen" in g for g in gaps), name
+    for name in v0:
+        assert missing_evidence(_keys(traces[name])) == (), name
+    gaps = missing_evidence(_keys(traces["fully_async_rollout.jsonl"]))
+    assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in gaps

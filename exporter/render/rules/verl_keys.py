@@ -13,6 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+# The evidence caveats are advice texts (shown by `diagnose`, `/` and the runbooks): they live
+# in diagnosis/advice.py and are re-exported here next to the keys they qualify.
+from ...diagnosis.advice import CAVEATS_BY_VERDICT, EVIDENCE_CAVEATS, caveats
+
+__all__ = [
+    "CAVEATS_BY_VERDICT",
+    "DEAD_KEYS",
+    "ENGINE_VARIANTS",
+    "EVIDENCE_CAVEATS",
+    "MOVE_TOGETHER",
+    "OLDER_KEYS",
+    "VERL_EVIDENCE_KEYS",
+    "VERL_KEYS",
+    "caveats",
+]
+
 # verl configuration keys to change, per verdict and reason (verl 0.9.1). Where FSDP and
 # Megatron differ, both are listed; LOOK_AT (diagnosis/advice.py) says which is which.
 VERL_KEYS: Mapping[tuple[str, str], tuple[str, ...]] = {
@@ -179,40 +195,3 @@ DEAD_KEYS: Mapping[str, str] = {
         "read by nothing in 0.7.1+: only declared in verl/workers/config/rollout.py:179"
     ),
 }
-
-# Evidence a trainer mode does not log: where a reason cannot fire or a metric misleads.
-# Shown by the runbooks (under the verdict's reasons), docs/verl-support.md and `/`.
-EVIDENCE_CAVEATS: Mapping[str, str] = {
-    "v1_rollout_reasons": (
-        "On verl's V1 trainer (the default since 0.9.0) the log has no agent_loop/* metrics: "
-        "the rollout reasons preemption, tool_calls and reward_in_loop cannot fire from the log "
-        "alone, so a V1 rollout step is long_tail or generation."
-    ),
-    "v1_logprob_mfu": (
-        "On verl's V1 trainer the log has no perf/mfu/actor_infer: the logprob reason is "
-        "always mfu_unknown there, which is a missing measurement, not a low MFU."
-    ),
-    "fully_async_idle_ratio": (
-        "fully_async/rollouter/idle_ratio counts only the last pause window (verl issue #6693, "
-        "unfixed in 0.9.1): it is not the rollouter's idle share. The decision table never "
-        'reads it; rlhf_fully_async_idle_ratio{component="rollouter"} passes it through as '
-        "verl logs it."
-    ),
-}
-
-# Which caveat belongs under which verdict and reason (None: every reason of the verdict).
-CAVEATS_BY_VERDICT: Mapping[tuple[str, str | None], tuple[str, ...]] = {
-    ("rollout", "preemption"): ("v1_rollout_reasons",),
-    ("rollout", "tool_calls"): ("v1_rollout_reasons",),
-    ("rollout", "reward_in_loop"): ("v1_rollout_reasons",),
-    ("logprob", "mfu_unknown"): ("v1_logprob_mfu",),
-    ("rollout", None): ("fully_async_idle_ratio",),
-}
-
-
-def caveats(verdict: str, reason: str | None = None) -> tuple[str, ...]:
-    """The caveat texts that apply to a verdict (and reason), in a stable order."""
-    names = [*CAVEATS_BY_VERDICT.get((verdict, None), ())]
-    if reason is not None:
-        names += CAVEATS_BY_VERDICT.get((verdict, reason), ())
-    return tuple(EVIDENCE_CAVEATS[n] for n in dict.fromkeys(names))
