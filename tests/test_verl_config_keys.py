@@ -48,7 +48,8 @@ def user_texts() -> dict[str, str]:
     """Every file a user reads that may name a verl key."""
     paths = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
     paths += sorted((REPO / "alerts").glob("*.yaml"))
-    paths += sorted(p for p in (REPO / "helm").rglob("*") if p.suffix in TEXT_SUFFIXES)
+    for folder in ("helm", "examples"):  # the chart, and the example job that uses it
+        paths += sorted(p for p in (REPO / folder).rglob("*") if p.suffix in TEXT_SUFFIXES)
     return {str(p.relative_to(REPO)): p.read_text() for p in paths if p.is_file()}
 
 
@@ -83,6 +84,8 @@ def test_every_key_the_project_names_exists_in_verl_and_is_alive(config):
     # the collector is not vacuous: it finds the runbooks' keys in the rendered docs
     in_docs = {k for where, k, _ in named if where == "docs/runbooks.md"}
     assert "actor_rollout_ref.rollout.max_num_seqs" in in_docs
+    in_example = {k for where, k, _ in named if where.startswith("examples/")}
+    assert "actor_rollout_ref.rollout.n" in in_example
     assert len({k for _, k, _ in named}) >= 40
     assert problems(named, config, verl_keys.DEAD_KEYS, verl_keys.OLDER_KEYS) == []
 

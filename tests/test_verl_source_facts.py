@@ -133,7 +133,12 @@ def _keys(path: Path) -> set[str]:
 def test_missing_evidence_on_the_sample_traces(shared_traces):
     """V1 logs neither agent-loop statistics nor actor_infer MFU; the legacy trainer and
     one-step-off log both; fully-async logs the misleading rollouter idle ratio."""
-    from exporter.diagnosis.advice import EVIDENCE_CAVEATS, REASON_EVIDENCE, missing_evidence
+    from exporter.diagnosis.advice import (
+        EVIDENCE_CAVEATS,
+        EVIDENCE_KEYS,
+        REASON_EVIDENCE,
+        missing_evidence,
+    )
 
     traces = {p.name: p for p in shared_traces.glob("*.jsonl") if ".expected." not in p.name}
     v1 = [n for n in traces if n.endswith("_v1.jsonl")]
@@ -147,3 +152,7 @@ def test_missing_evidence_on_the_sample_traces(shared_traces):
         assert missing_evidence(_keys(traces[name])) == (), name
     gaps = missing_evidence(_keys(traces["fully_async_rollout.jsonl"]))
     assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in gaps
+    # remembering only the EVIDENCE_KEYS a job has seen gives the same answer
+    for path in traces.values():
+        keys = _keys(path)
+        assert missing_evidence(keys & EVIDENCE_KEYS) == missing_evidence(keys), path.name

@@ -125,6 +125,9 @@ UNRELIABLE_KEYS: Mapping[str, str] = {
     "fully_async/rollouter/idle_ratio": EVIDENCE_CAVEATS["fully_async_idle_ratio"],
 }
 
+# The keys missing_evidence() looks at: a job needs to remember only which of these it has seen.
+EVIDENCE_KEYS: frozenset[str] = frozenset(REASON_EVIDENCE.values()) | frozenset(UNRELIABLE_KEYS)
+
 
 def caveats(verdict: str, reason: str | None = None) -> tuple[str, ...]:
     """The caveat texts that apply to a verdict (and reason), in a stable order."""
