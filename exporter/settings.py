@@ -152,14 +152,16 @@ OPTIONS: tuple[Option, ...] = (
         "project",
         str,
         None,
-        "project label for --verl-file (default: the file's parent directory)",
+        "project label for --verl-file or VERL_FILE_LOGGER_PATH (default for --verl-file: "
+        "the file's parent directory)",
         "verl",
     ),
     Option(
         "experiment",
         str,
         None,
-        "experiment label for --verl-file (default: the file name without .jsonl)",
+        "experiment label for --verl-file or VERL_FILE_LOGGER_PATH (default for --verl-file: "
+        "the file name without .jsonl)",
         "verl",
     ),
     Option(
@@ -328,6 +330,27 @@ def _convert(option: Option, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+VERL_FILE_LOGGER_PATH = "VERL_FILE_LOGGER_PATH"
+
+
+def _verl_file_logger_path(values: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """verl's own `VERL_FILE_LOGGER_PATH` names the one file its `file` logger writes, with no
+    project or experiment in the path. Set, it is the default of --verl-file (as verl prefers
+    it to VERL_FILE_LOGGER_ROOT); the job's labels then come from configuration (--project,
+    --experiment), never from the path."""
+    path = environ.get(VERL_FILE_LOGGER_PATH)
+    if not path or values["verl_file"] or values["demo"]:
+        return
+    if not values["project"] or not values["experiment"]:
+        raise ConfigError(
+            f"{VERL_FILE_LOGGER_PATH}={path} names one file, and its path holds no project or "
+            "experiment: set --project and --experiment (RLHF_EXPORTER_PROJECT, "
+            "RLHF_EXPORTER_EXPERIMENT) to the job's trainer.project_name and "
+            "trainer.experiment_name"
+        )
+    values["verl_file"] = [path]
+
+
 def resolve(
     args: argparse.Namespace | None = None,
     environ: Mapping[str, str] | None = None,
@@ -359,6 +382,7 @@ def resolve(
             raw = getattr(args, option.name, None)
             if raw is not None:
                 values[option.name] = _convert(option, raw, flag(option))
+    _verl_file_logger_path(values, environ)
     if values["log_format"] not in ("text", "json"):
         raise ConfigError(f"log_format: expected text or json, got {values['log_format']!r}")
     return Settings(values)

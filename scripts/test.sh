@@ -21,6 +21,10 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# verl's generated configuration is test data (tests/test_verl_config_keys.py reads its YAML
+# files, never imports it): the wheel is pure Python, installed without its dependencies
+# (torch, vLLM, ...), which pip cannot express in pyproject.toml.
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps 'verl==0.9.1'
 
 # Lint, format and type checks first (configured in pyproject.toml); SKIP_LINT=1 skips them
 # when re-running a few tests.

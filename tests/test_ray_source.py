@@ -108,7 +108,7 @@ def test_roles_defaults_and_override_file(tmp_path):
     for text, message in [
         ("- {role: trainers, pattern: X}\n", "unknown role 'trainers'"),
         ("- {role: trainer, pattern: '('}\n", "invalid regular expression"),
-        ("- {role: trainer}\n", "needs both 'role' and 'pattern'"),
+        ("- {role: trainer}\n", "needs 'role' and one of 'pattern'"),
         ("- {role: trainer, pattern: X, colour: red}\n", "unknown key(s) ['colour']"),
         ("role: trainer\n", "expected a list"),
         ("- [a, b]\n", "rule 1: expected a mapping"),
@@ -321,13 +321,14 @@ def test_restart_and_death_bookkeeping(fake_state):
     snap = src.poll_once()
     # the first poll is the baseline: what happened before is not counted, series start at 0
     assert values(snap, "rlhf_ray_actor_restarts_total") == {
-        (r,): 0.0 for r in ("trainer", "rollout", "agent_loop", "reward", "driver", "other")
+        (r,): 0.0
+        for r in ("trainer", "rollout", "agent_loop", "reward", "teacher", "driver", "other")
     }
     assert values(snap, "rlhf_ray_actor_deaths_total") == {("driver", "UNKNOWN"): 0.0}
     gauge = actors_gauge(snap)
     assert gauge[("trainer", "ALIVE")] == 1 and gauge[("rollout", "PENDING_CREATION")] == 3
     assert gauge[("agent_loop", "RESTARTING")] == 1 and gauge[("driver", "DEAD")] == 1
-    assert gauge[("reward", "ALIVE")] == 0 and len(gauge) == 6 * 5
+    assert gauge[("reward", "ALIVE")] == 0 and len(gauge) == 7 * 5
     assert values(snap, "rlhf_ray_actors_by_class")[("vLLMHttpServer", "PENDING_CREATION")] == 3
     assert src.pid_roles() == {11: "trainer", 12: "rollout"}
     assert values(snap, "rlhf_ray_cluster_info") == {("2.60.0", "session_fake_1"): 1.0}

@@ -726,7 +726,7 @@ def test_promtool_annotations(tmp_path):
             "90% of the classified steps of p/e in the last 30m were rollout-bound: the trainer waits "
             "for rollout samples (gen).\n"
             "Dominant reason: long_tail, in 88.89% of these steps: a few long samples hold the batch "
-            "(max >> mean). Look next at: response length cap, partial rollout, over-sampling.\n"
+            "(max >> mean). Look next at: response length cap; partial rollout (fully-async only).\n"
             "Evidence: the rollout window took 66.67% of step time; agent-loop generate_sequences "
             "max/mean 3.0 (long tail at >= 2); most preemptions of one sample 0."
         ),
@@ -743,7 +743,8 @@ def test_promtool_annotations(tmp_path):
             "80% of the classified steps of p/e in the last 30m were update-bound: the optimizer step "
             "(update_actor, update_critic).\n"
             "Dominant reason: low_mfu, in 100% of these steps: MFU is low: the GPUs are under-used. "
-            "Look next at: micro-batch size, dynamic bsz, offload, communication.\n"
+            "Look next at: micro-batch size, dynamic bsz, offload (FSDP: fsdp_config.*_offload; "
+            "Megatron: megatron.*_offload), communication.\n"
             "Evidence: the update window took n/a of step time; last step's MFU (perf/mfu/actor) 14% "
             "(compute-bound at >= 30%, 0 means unknown)."
         ),
@@ -760,7 +761,8 @@ def test_promtool_annotations(tmp_path):
         "description": (
             "No new step of p/e for 15m 0s (limit: max(3 x its baseline step time of 1m 0s, 10m)) "
             "while its exporter e:9 is up. An NCCL hang ends in ActorDiedError only after "
-            "actor_rollout_ref.nccl_timeout (600 s)."
+            "the NCCL timeout (verl 0.8+: PyTorch's default; verl 0.6-0.7: "
+            "actor_rollout_ref.nccl_timeout, 600 s)."
         ),
         "runbook_url": base + "rlhfjobstalled",
     }

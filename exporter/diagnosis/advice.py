@@ -5,7 +5,7 @@ Shown by `diagnose`, the landing page and the runbooks; written once, here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 VERDICT_MEANING: Mapping[str, str] = {
     "rollout": "the trainer waits for rollout samples (gen)",
@@ -38,17 +38,31 @@ REASON_MEANING: Mapping[str, str] = {
 LOOK_AT: Mapping[tuple[str, str], str] = {
     ("rollout", "preemption"): "KV-cache pressure: rollout gpu_memory_utilization, max_num_seqs",
     ("rollout", "tool_calls"): "tool latency and concurrency",
-    ("rollout", "reward_in_loop"): "reward function / reward workers",
-    ("rollout", "long_tail"): "response length cap, partial rollout, over-sampling",
+    (
+        "rollout",
+        "reward_in_loop",
+    ): "reward function / reward workers (reward.*, not reward_model.*)",
+    ("rollout", "long_tail"): "response length cap; partial rollout (fully-async only)",
     ("rollout", "generation"): "rollout engine throughput, TP size, concurrency",
     ("update", "compute_bound"): "more GPUs or fewer tokens",
-    ("update", "low_mfu"): "micro-batch size, dynamic bsz, offload, communication",
+    ("update", "low_mfu"): (
+        "micro-batch size, dynamic bsz, offload (FSDP: fsdp_config.*_offload; "
+        "Megatron: megatron.*_offload), communication"
+    ),
     ("update", "mfu_unknown"): "actor MFU (perf/mfu/actor) unknown: profile update_actor",
     ("logprob", "compute_bound"): "log-prob micro-batch size; more GPUs or fewer tokens",
-    ("logprob", "low_mfu"): "log-prob micro-batch size",
-    ("logprob", "mfu_unknown"): "log-prob micro-batch size",
-    ("sync", "weight_sync"): "checkpoint-engine backend, update_weights_bucket_megabytes",
-    ("reward", "reward_model"): "reward model placement / batch",
+    ("logprob", "low_mfu"): (
+        "log-prob micro-batch size; rollout.log_prob_use_dynamic_bsz must equal "
+        "actor.use_dynamic_bsz"
+    ),
+    ("logprob", "mfu_unknown"): (
+        "log-prob micro-batch size (the V1 trainer never logs perf/mfu/actor_infer)"
+    ),
+    ("sync", "weight_sync"): (
+        "checkpoint-engine backend and bucket size "
+        "(on verl 0.6: actor_rollout_ref.rollout.update_weights_bucket_megabytes)"
+    ),
+    ("reward", "reward_model"): "reward model servers: placement, batch, TP",
     ("checkpoint", "checkpoint"): "save frequency, async checkpointing",
     ("other", "untimed"): "data movement, controller",
     ("other", "driver_compute"): "driver work such as adv",
@@ -67,3 +81,71 @@ def look_at(verdict: str, reason: str | None) -> str:
     if reason is None:
         return ""
     return LOOK_AT.get((verdict, reason), "")
+
+
+# Evidence a verl version or trainer mode does not log: where a reason cannot fire or a metric
+# misleads (docs/verl-support.md has the table by version and mode). Shown next to a verdict
+# and reason by the runbooks, `/` and `diagnose`; never a guess presented as a measurement.
+EVIDENCE_CAVEATS: Mapping[str, str] = {
+    "v1_rollout_reasons": (
+        "On verl's V1 trainer (the default since 0.9.0) the log has no agent_loop/* metrics: "
+        "the rollout reasons preemption, tool_calls and reward_in_loop cannot fire from the log "
+        "alone, so a V1 rollout step is long_tail or generation."
+    ),
+    "v1_logprob_mfu": (
+        "On verl's V1 trainer the log has no perf/mfu/actor_infer: the logprob reason is "
+        "always mfu_unknown there, which is a missing measurement, not a low MFU."
+    ),
+    "fully_async_idle_ratio": (
+        "fully_async/rollouter/idle_ratio counts only the last pause window (verl issue #6693, "
+        "unfixed in 0.9.1): it is not the rollouter's idle share. The decision table never "
+        'reads it; rlhf_fully_async_idle_ratio{component="rollouter"} passes it through as '
+        "verl logs it."
+    ),
+}
+
+# Which caveat belongs under which verdict and reason (None: every reason of the verdict).
+CAVEATS_BY_VERDICT: Mapping[tuple[str, str | None], tuple[str, ...]] = {
+    ("rollout", "preemption"): ("v1_rollout_reasons",),
+    ("rollout", "tool_calls"): ("v1_rollout_reasons",),
+    ("rollout", "reward_in_loop"): ("v1_rollout_reasons",),
+    ("logprob", "mfu_unknown"): ("v1_logprob_mfu",),
+    ("rollout", None): ("fully_async_idle_ratio",),
+}
+
+# The verl key (in the `file` logger's data) each reason's evidence needs. A job whose log has
+# never shown it cannot get that reason: verl 0.6, the V1 trainer and fully-async lack some.
+REASON_EVIDENCE: Mapping[tuple[str, str], str] = {
+    ("rollout", "preemption"): "timing_s/agent_loop/num_preempted/max",
+    ("rollout", "tool_calls"): "timing_s/agent_loop/slowest/tool_calls",
+    ("rollout", "reward_in_loop"): "timing_s/agent_loop/slowest/compute_score",
+    ("logprob", "compute_bound"): "perf/mfu/actor_infer",
+    ("logprob", "low_mfu"): "perf/mfu/actor_infer",
+}
+UNRELIABLE_KEYS: Mapping[str, str] = {
+    "fully_async/rollouter/idle_ratio": EVIDENCE_CAVEATS["fully_async_idle_ratio"],
+}
+
+# The keys missing_evidence() looks at: a job needs to remember only which of these it has seen.
+EVIDENCE_KEYS: frozenset[str] = frozenset(REASON_EVIDENCE.values()) | frozenset(UNRELIABLE_KEYS)
+
+
+def caveats(verdict: str, reason: str | None = None) -> tuple[str, ...]:
+    """The caveat texts that apply to a verdict (and reason), in a stable order."""
+    names = [*CAVEATS_BY_VERDICT.get((verdict, None), ())]
+    if reason is not None:
+        names += CAVEATS_BY_VERDICT.get((verdict, reason), ())
+    return tuple(EVIDENCE_CAVEATS[n] for n in dict.fromkeys(names))
+
+
+def missing_evidence(keys: Iterable[str]) -> tuple[str, ...]:
+    """For a job whose log has shown the verl `keys` (every key seen so far), one line per
+    reason it cannot get because the evidence is never logged, and per key it logs that
+    misleads. For `/` and `diagnose`: what the job's verdicts cannot say."""
+    seen = set(keys)
+    out = []
+    for (verdict, reason), key in REASON_EVIDENCE.items():
+        if key not in seen:
+            out.append(f"{verdict}/{reason} cannot be seen: this job's log has no {key}")
+    out += [text for key, text in UNRELIABLE_KEYS.items() if key in seen]
+    return tuple(out)

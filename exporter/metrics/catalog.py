@@ -171,7 +171,8 @@ VERL = _section(
     _job(
         "rlhf_fully_async_idle_ratio",
         GAUGE,
-        "fully_async/<component>/idle_ratio (fully-async mode).",
+        "fully_async/<component>/idle_ratio (fully-async mode), as verl logs it; the "
+        "rollouter's counts only its last pause window (verl #6693), not its idle share.",
         "component",
     ),
 )

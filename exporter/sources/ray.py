@@ -375,7 +375,7 @@ class RaySource(PollingSource):
             pid = _int(row.get("pid"))
             if pid > 0 and row.get("node_id") in local_nodes:
                 name = str(row.get("class_name") or "")
-                pids[pid] = ActorProcess(name, self.roles.role(name))
+                pids[pid] = ActorProcess(name, self.roles.role(name, _actor_name(row)))
         with self._pids_lock:
             self._pids = MappingProxyType(pids)
             self._pids_at = time.monotonic()
@@ -389,11 +389,16 @@ class RaySource(PollingSource):
             if state == "DEAD":
                 dead_counts, dead_truncated = counts, truncated
         live_rows = []
+        by_role = {(role, state): 0 for role in ROLES for state in STATES}
         for state in LISTED:
             rows, _ = self._list("actors", state, True)
             for row in rows:
                 name = str(row.get("class_name") or "")
                 by_class[name, state] = by_class.get((name, state), 0) + 1
+                # listed actors carry their name: a reward or teacher server is told apart
+                # from a rollout server of the same class (summarized states cannot be)
+                key = (self.roles.role(name, _actor_name(row)), state)
+                by_role[key] = by_role.get(key, 0) + 1
             live_rows += rows
         self._count_restarts(live_rows)
         if dead_truncated or dead_counts != self._dead_counts:
@@ -402,8 +407,9 @@ class RaySource(PollingSource):
             self._dead_counts = dead_counts
         self._publish_pids((r for r in live_rows if r.get("state") == "ALIVE"), local_nodes)
 
-        by_role = {(role, state): 0 for role in ROLES for state in STATES}
         for (name, state), n in by_class.items():
+            if state in LISTED:
+                continue
             key = (self.roles.role(name), state)
             by_role[key] = by_role.get(key, 0) + n
         samples = [Sample("rlhf_ray_actors", key, float(n)) for key, n in by_role.items()]
@@ -437,7 +443,7 @@ class RaySource(PollingSource):
             previous = self._restarts.get(actor_id)
             seen = previous[0] if previous else 0
             if n > seen and (previous is not None or not self._baseline):
-                role = self.roles.role(str(row.get("class_name") or ""))
+                role = self.roles.role(str(row.get("class_name") or ""), _actor_name(row))
                 self._restarts_total[role] = self._restarts_total.get(role, 0) + n - seen
             self._restarts[actor_id] = (max(n, seen), poll)
         stale = [a for a, (_, at) in self._restarts.items() if poll - at > FORGET_AFTER_POLLS]
@@ -451,7 +457,8 @@ class RaySource(PollingSource):
                 continue
             self._dead_seen[actor_id] = None
             self._restarts.pop(actor_id, None)
-            key = (self.roles.role(str(row.get("class_name") or "")), death_reason(row))
+            role = self.roles.role(str(row.get("class_name") or ""), _actor_name(row))
+            key = (role, death_reason(row))
             self._deaths_total[key] = self._deaths_total.get(key, 0) + (0 if self._baseline else 1)
         excess = len(self._dead_seen) - MAX_DEAD_REMEMBERED
         if excess > 0:
@@ -479,3 +486,9 @@ def _short(exc: BaseException) -> str:
     if found:
         return found.group(0).strip()
     return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _actor_name(row: Mapping[str, Any]) -> str:
+    """The actor's name in a state-API row ('' when unnamed)."""
+    name = row.get("name")
+    return name if isinstance(name, str) else ""

@@ -1,14 +1,18 @@
-"""Which part of a verl job a Ray actor is, from its class name.
+"""Which part of a verl job a Ray actor is, from its actor name and class name.
 
-An ordered list of rules `(role, pattern)`; the first whose regular expression matches the
-whole `class_name` wins (anchored, as in Prometheus relabelling), and a class no rule
-matches is `other`. Ray reports `__qualname__`, so a class defined inside a function
-arrives as `outer.<locals>.Name`: a rule matches the full name or the part after the last
-dot. The defaults cover the classes verl creates (see
-../shared/spec/verl-stream.md). A YAML file adds rules in front of the defaults:
+An ordered list of rules; the first that matches wins, and an actor no rule matches is
+`other`. A rule matches the whole actor `name` (`name:` rules) or the whole `class_name`
+(`pattern:` rules), anchored as in Prometheus relabelling. Name rules come first in the
+defaults because verl reuses its rollout server classes for the reward model and the
+distillation teacher: only the actor name tells `vllm_server_reward_0_0` (reward) from
+`vllm_server_0_0` (rollout). Ray reports `__qualname__`, so a class defined inside a function
+arrives as `outer.<locals>.Name`: a class rule matches the full name or the part after the
+last dot. The defaults cover the classes and names verl 0.6-0.9.1 creates (see
+docs/verl-support.md). A YAML file adds rules in front of the defaults:
 
     - {role: rollout, pattern: 'MyVllmServer.*'}
     - {role: trainer, pattern: 'MegatronWorker'}
+    - {role: reward, name: 'my_judge_.*'}
     # a final catch-all turns the defaults off:
     # - {role: other, pattern: '.*'}
 
@@ -24,48 +28,78 @@ from typing import Any
 
 from ..config import ConfigError, read_yaml
 
-ROLES: tuple[str, ...] = ("trainer", "rollout", "agent_loop", "reward", "driver", "other")
+ROLES: tuple[str, ...] = (
+    "trainer",
+    "rollout",
+    "agent_loop",
+    "reward",
+    "teacher",
+    "driver",
+    "other",
+)
 UNMATCHED = "other"
+ON = ("pattern", "name")  # what a rule matches: the class name, or the actor name
 
 
 @dataclass(frozen=True)
 class Rule:
     role: str
     pattern: re.Pattern[str]
+    on: str = "pattern"
 
+
+# Actor names verl gives the servers and worker groups of a reward model or a distillation
+# teacher, which run the rollout classes (vLLMHttpServer, SGLangHttpServer, TRTLLMHttpServer,
+# CheckpointEngineWorker). verl 0.9.1: vllm_async_server.py:1366-1371 and
+# async_sglang_server.py:839-843 (`<engine>_server_reward_<replica>_<node>`,
+# `<engine>_server_teacher_...`), trtllm_async_server.py:632-636, and replica.py:171-216 for
+# the worker groups (`rollout_reward_colocate_<replica>...`, `rollout_teacher_standalone_...`).
+DEFAULT_NAME_RULES: tuple[tuple[str, str], ...] = (
+    ("reward", r"(?:\w+_)?server_reward_.*|rollout_reward_.*"),
+    ("teacher", r"(?:\w+_)?server_teacher_.*|rollout_teacher_.*"),
+)
 
 DEFAULT_RULES: tuple[tuple[str, str], ...] = (
-    # the driver: verl's main_ppo TaskRunner (V1 trainer: TaskRunnerV1)
-    ("driver", r"TaskRunner(V\d+)?"),
+    # the driver: main_ppo's TaskRunner (V1: TaskRunnerV1), one-step-off's and fully-async's
+    ("driver", r"TaskRunner(V\d+)?|OneStepTaskRunner|FullyAsyncTaskRunner"),
     # training workers: the colocated fused worker, split workers, fully-async trainer
     (
         "trainer",
-        r"WorkerDict|ActorRolloutRefWorker|AsyncActorRolloutRefWorker|TrainingWorker"
+        r"WorkerDict|FusedWorker|ActorRolloutRefWorker|AsyncActorRolloutRefWorker|TrainingWorker"
         r"|DetachActorWorker|DetachAsyncRolloutWorker|CriticWorker|RefWorker|FullyAsyncTrainer",
     ),
-    # rollout servers (vLLM, SGLang, TensorRT-LLM) and the weight-transfer engine
+    # rollout servers (vLLM, SGLang, TensorRT-LLM), the weight-transfer engine, the request
+    # router in front of the servers, and fully-async's rollout controller
     (
         "rollout",
         r"vLLMHttpServer\w*|SGLangHttpServer\w*|TRTLLMHttpServer\w*|AsyncvLLMServer\w*"
-        r"|AsyncSglangServer\w*|CheckpointEngineWorker|FullyAsyncRollouter",
+        r"|AsyncSglangServer\w*|CheckpointEngineWorker|GlobalRequestLoadBalancer"
+        r"|FullyAsyncRollouter",
     ),
     ("agent_loop", r"AgentLoopWorker\w*|AgentLoopManager"),
-    ("reward", r"RewardLoopWorker|RewardModelWorker|RewardManagerWorker\w*"),
+    (
+        "reward",
+        r"RewardLoopWorker|RewardComputeWorker|RewardModelWorker|RewardManagerWorker\w*",
+    ),
     # fully-async's queue between rollouter and trainer, and anything else
     ("other", r"MessageQueue"),
 )
 
 
 class RoleMap:
-    """class_name -> role; results are cached (a cluster has few classes)."""
+    """(class_name, actor name) -> role; results are cached."""
 
     def __init__(self, rules: Sequence[Rule]):
         self.rules = tuple(rules)
-        self._cache: dict[str, str] = {}
+        self._names = any(r.on == "name" for r in self.rules)
+        self._cache: dict[tuple[str, str], str] = {}
 
     @classmethod
     def default(cls) -> RoleMap:
-        return cls(_compile(DEFAULT_RULES, "built-in roles"))
+        return cls(
+            _compile(DEFAULT_NAME_RULES, "built-in roles", on="name")
+            + _compile(DEFAULT_RULES, "built-in roles")
+        )
 
     @classmethod
     def from_file(cls, path: str | None) -> RoleMap:
@@ -74,17 +108,24 @@ class RoleMap:
             return cls.default()
         return cls(parse_rules(read_yaml(path), str(path)) + cls.default().rules)
 
-    def role(self, class_name: str) -> str:
-        role = self._cache.get(class_name)
+    def role(self, class_name: str, name: str = "") -> str:
+        """The role of an actor of class `class_name` named `name` ('' when unnamed or
+        unknown, e.g. in Ray's per-class summaries: then only class rules apply)."""
+        key = (class_name, name if self._names else "")
+        role = self._cache.get(key)
         if role is None:
             role = UNMATCHED
             short = short_name(class_name)
             for rule in self.rules:
-                if rule.pattern.fullmatch(class_name) or rule.pattern.fullmatch(short):
+                if rule.on == "name":
+                    hit = bool(name) and rule.pattern.fullmatch(name) is not None
+                else:
+                    hit = bool(rule.pattern.fullmatch(class_name) or rule.pattern.fullmatch(short))
+                if hit:
                     role = rule.role
                     break
-            if len(self._cache) < 10_000:  # class names are few; bound it anyway
-                self._cache[class_name] = role
+            if len(self._cache) < 10_000:  # bounded: actor names can be many
+                self._cache[key] = role
         return role
 
 
@@ -108,34 +149,39 @@ def parse_rules(doc: Any, where: str) -> tuple[Rule, ...]:
         raise ConfigError(
             f"{where}: expected a list of {{role, pattern}}, got {type(doc).__name__}"
         )
-    pairs = []
+    rules: list[Rule] = []
     for i, item in enumerate(doc):
         at = f"{where}: rule {i + 1}"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{at}: expected a mapping with 'role' and 'pattern', got {item!r}")
-        unknown = set(item) - {"role", "pattern"}
+        unknown = set(item) - {"role", *ON}
         if unknown:
             raise ConfigError(
                 f"{at}: unknown key(s) {sorted(map(str, unknown))}; "
-                "a rule has only 'role' and 'pattern'"
+                "a rule has only 'role' and 'pattern' (class name) or 'name' (actor name)"
             )
-        if "role" not in item or "pattern" not in item:
-            raise ConfigError(f"{at}: needs both 'role' and 'pattern'")
-        pairs.append((item["role"], item["pattern"]))
-    return _compile(pairs, where)
+        on = [k for k in ON if k in item]
+        if "role" not in item or len(on) != 1:
+            raise ConfigError(
+                f"{at}: needs 'role' and one of 'pattern' (class name) or 'name' (actor name)"
+            )
+        rules += _compile([(item["role"], item[on[0]])], where, on=on[0], first=i + 1)
+    return tuple(rules)
 
 
-def _compile(pairs: Iterable[tuple[Any, Any]], where: str) -> tuple[Rule, ...]:
+def _compile(
+    pairs: Iterable[tuple[Any, Any]], where: str, on: str = "pattern", first: int = 1
+) -> tuple[Rule, ...]:
     rules = []
-    for i, (role, pattern) in enumerate(pairs):
-        at = f"{where}: rule {i + 1}"
+    for i, (role, pattern) in enumerate(pairs, start=first):
+        at = f"{where}: rule {i}"
         if role not in ROLES:
             raise ConfigError(f"{at}: unknown role {role!r}; roles are {', '.join(ROLES)}")
         if not isinstance(pattern, str) or not pattern:
-            raise ConfigError(f"{at}: 'pattern' must be a non-empty string, got {pattern!r}")
+            raise ConfigError(f"{at}: '{on}' must be a non-empty string, got {pattern!r}")
         try:
             compiled = re.compile(pattern)
         except re.error as exc:
             raise ConfigError(f"{at}: invalid regular expression {pattern!r}: {exc}") from None
-        rules.append(Rule(role, compiled))
+        rules.append(Rule(role, compiled, on))
     return tuple(rules)

@@ -39,7 +39,8 @@ class OperationsAlerts:
                     default="unknown",
                 )
                 + f", {stall_min})) while its exporter {{{{ $labels.instance }}}} is up. "
-                "An NCCL hang ends in ActorDiedError only after actor_rollout_ref.nccl_timeout (600 s)."
+                "An NCCL hang ends in ActorDiedError only after the NCCL timeout (verl 0.8+: "
+                "PyTorch's default; verl 0.6-0.7: actor_rollout_ref.nccl_timeout, 600 s)."
             ),
             runbook=Runbook(
                 meaning=(
@@ -68,8 +69,9 @@ class OperationsAlerts:
                 change=[
                     "`ray stack` / py-spy dump on the driver and a worker: a frame in an NCCL "
                     "collective or in `ray.get` tells which side waits.",
-                    "`actor_rollout_ref.nccl_timeout` (seconds): lower it so a hung collective "
-                    "fails fast instead of holding the GPUs.",
+                    "verl 0.6-0.7 only: `actor_rollout_ref.nccl_timeout` (seconds): lower it so "
+                    "a hung collective fails fast instead of holding the GPUs. verl 0.8+ reads no "
+                    "such key: its workers use PyTorch's default process-group timeout.",
                     "`trainer.save_freq` and `trainer.resume_mode=auto`: lose less work when the job "
                     "must be restarted.",
                 ],

@@ -1,0 +1,158 @@
+"""What the project says about verl, checked against verl 0.9.1's own source, read as text
+from the installed wheel (`pip install --no-deps verl==0.9.1`; never imported): the actor
+names and classes the role map relies on, and the evidence caveats the docs carry."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from exporter.render.rules import verl_keys
+from exporter.sources.roles import RoleMap
+from tests.support.verl_config import VERL_VERSION, verl_dir, verl_version
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The classes the role map names, where verl 0.9.1 defines them (FusedWorker is made by
+# create_colocated_worker_raw_cls under the name FusedWorkerCLSName).
+CLASSES = {
+    "TaskRunnerV1": "trainer/main_ppo.py",
+    "TaskRunner": "trainer/main_ppo_v0.py",
+    "OneStepTaskRunner": "experimental/one_step_off_policy/main_ppo.py",
+    "FullyAsyncTaskRunner": "experimental/fully_async_policy/fully_async_main.py",
+    "TrainingWorker": "workers/engine_workers.py",
+    "DetachActorWorker": "experimental/separation/engine_workers.py",
+    "FullyAsyncTrainer": "experimental/fully_async_policy/fully_async_trainer.py",
+    "FullyAsyncRollouter": "experimental/fully_async_policy/fully_async_rollouter.py",
+    "MessageQueue": "experimental/fully_async_policy/message_queue.py",
+    "vLLMHttpServer": "workers/rollout/vllm_rollout/vllm_async_server.py",
+    "SGLangHttpServer": "workers/rollout/sglang_rollout/async_sglang_server.py",
+    "TRTLLMHttpServer": "workers/rollout/trtllm_rollout/trtllm_async_server.py",
+    "CheckpointEngineWorker": "checkpoint_engine/base.py",
+    "GlobalRequestLoadBalancer": "workers/rollout/router.py",
+    "AgentLoopWorker": "experimental/agent_loop/agent_loop.py",
+    "AgentLoopWorkerTQ": "trainer/ppo/v1/agent_loop_tq.py",
+    "RewardLoopWorker": "experimental/reward_loop/reward_loop.py",
+    "RewardComputeWorker": "experimental/reward_loop/reward_manager/remote.py",
+}
+NAME_SOURCES = (
+    "workers/rollout/vllm_rollout/vllm_async_server.py",
+    "workers/rollout/sglang_rollout/async_sglang_server.py",
+    "workers/rollout/trtllm_rollout/trtllm_async_server.py",
+    "workers/rollout/replica.py",
+)
+# an f-string that builds a reward or teacher actor name (or a worker-group name prefix)
+NAME_FSTRING = re.compile(r'f"([^"]*(?:server|rollout)_(?:reward|teacher)_[^"]*)"')
+
+
+@pytest.fixture(scope="module")
+def verl() -> Path:
+    root = verl_dir()
+    if root is None or verl_version(root) != VERL_VERSION:
+        pytest.skip(
+            f"verl {VERL_VERSION} is not installed: `pip install --no-deps verl=={VERL_VERSION}` "
+            "(scripts/test.sh does it)"
+        )
+    return root
+
+
+def test_every_class_the_role_map_names_is_defined_in_verl(verl):
+    roles = RoleMap.default()
+    for cls, path in CLASSES.items():
+        text = (verl / path).read_text()
+        assert re.search(rf"^class {cls}\b", text, re.M), f"{cls} is not defined in {path}"
+        assert roles.role(cls) != "other" or cls == "MessageQueue", cls
+    assert (
+        'FusedWorkerCLSName = "FusedWorker"' in (verl / "single_controller/ray/base.py").read_text()
+    )
+    assert RoleMap.default().role("FusedWorker") == "trainer"
+
+
+def test_the_names_verl_builds_for_reward_and_teacher_servers_get_their_role(verl):
+    roles = RoleMap.default()
+    found = []
+    for path in NAME_SOURCES:
+        for template in NAME_FSTRING.findall((verl / path).read_text()):
+            # {prefix} is the engine's name prefix (vllm_); every other field is a number
+            # or a suffix; a worker-group prefix is followed by the worker class and rank
+            name = template.replace("{prefix}", "vllm_")
+            name = re.sub(r"\{[^}]*\}", "0", name)
+            if name.startswith("rollout_"):
+                name += "CheckpointEngineWorker_0:0"
+            want = "teacher" if "_teacher_" in name else "reward"
+            found.append(name)
+            for cls in ("vLLMHttpServer", "SGLangHttpServer", "CheckpointEngineWorker"):
+                assert roles.role(cls, name) == want, (path, template, name)
+    # vLLM, SGLang and TensorRT-LLM servers and both worker-group modes are covered
+    assert {n.split("_server_")[0] for n in found if "_server_" in n} >= {
+        "vllm",
+        "sglang",
+        "trtllm",
+    }
+    assert any(n.startswith("rollout_reward_colocate_") for n in found)
+    assert any(n.startswith("rollout_teacher_standalone_") for n in found)
+    # and a plain rollout server, by the same code, stays rollout
+    assert roles.role("vLLMHttpServer", "vllm_server_0_0") == "rollout"
+
+
+def test_the_docs_state_the_support_and_every_evidence_caveat():
+    support = (REPO / "docs" / "verl-support.md").read_text()
+    for text in verl_keys.EVIDENCE_CAVEATS.values():
+        assert text in support, text
+    assert "verl ≥ 0.6" in support
+    assert "verl ≥ 0.6" in (REPO / "README.md").read_text()
+    assert "verl (≥ 0.6)" in (REPO / "helm" / "rlhf-exporter" / "README.md").read_text()
+
+
+def test_caveats_attach_to_the_right_reasons():
+    assert verl_keys.caveats("logprob", "mfu_unknown") == (
+        verl_keys.EVIDENCE_CAVEATS["v1_logprob_mfu"],
+    )
+    rollout = verl_keys.caveats("rollout", "preemption")
+    assert rollout == (
+        verl_keys.EVIDENCE_CAVEATS["fully_async_idle_ratio"],
+        verl_keys.EVIDENCE_CAVEATS["v1_rollout_reasons"],
+    )
+    assert verl_keys.caveats("update", "low_mfu") == ()
+
+
+def _keys(path: Path) -> set[str]:
+    import json
+
+    keys: set[str] = set()
+    for line in path.read_text().splitlines():
+        try:
+            keys |= set(json.loads(line)["data"])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return keys
+
+
+def test_missing_evidence_on_the_sample_traces(shared_traces):
+    """V1 logs neither agent-loop statistics nor actor_infer MFU; the legacy trainer and
+    one-step-off log both; fully-async logs the misleading rollouter idle ratio."""
+    from exporter.diagnosis.advice import (
+        EVIDENCE_CAVEATS,
+        EVIDENCE_KEYS,
+        REASON_EVIDENCE,
+        missing_evidence,
+    )
+
+    traces = {p.name: p for p in shared_traces.glob("*.jsonl") if ".expected." not in p.name}
+    v1 = [n for n in traces if n.endswith("_v1.jsonl")]
+    v0 = [n for n in traces if n.endswith("_v0.jsonl") or "one_step_off" in n]
+    assert v1 and v0
+    for name in v1:
+        gaps = missing_evidence(_keys(traces[name]))
+        assert len(gaps) == len(REASON_EVIDENCE), name  # every reason that needs evidence
+        assert all("cannot be seen" in g for g in gaps), name
+    for name in v0:
+        assert missing_evidence(_keys(traces[name])) == (), name
+    gaps = missing_evidence(_keys(traces["fully_async_rollout.jsonl"]))
+    assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in gaps
+    # remembering only the EVIDENCE_KEYS a job has seen gives the same answer
+    for path in traces.values():
+        keys = _keys(path)
+        assert missing_evidence(keys & EVIDENCE_KEYS) == missing_evidence(keys), path.name
