@@ -10,6 +10,7 @@ nothing new costs nothing.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,6 +26,7 @@ from .diagnosis import (
     Thresholds,
 )
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
+from .history import HISTORY_STEPS, StepPoint, point
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
 
@@ -127,6 +129,8 @@ class Job:
         self.regression_steps = dict.fromkeys(COST_GROUPS, 0)
         self._extra: dict[tuple[str, tuple[str, ...]], float] = {}
         self._samples: tuple[Sample, ...] | None = None
+        self._history: deque[StepPoint] = deque(maxlen=HISTORY_STEPS)  # for the job view
+        self._history_view: tuple[StepPoint, ...] = ()
 
     @property
     def run(self) -> int:
@@ -181,6 +185,9 @@ class Job:
             self.regression_steps[d.change.regressed] += 1
         if d.tokens is not None:
             self.tokens += d.tokens
+        tpgs = self._extra.get(("rlhf_throughput_tokens_per_gpu_second", ()))
+        self._history.append(point(d, tpgs))
+        self._history_view = tuple(self._history)  # replaced whole: readers never see a change
 
     # -- scrape side ----------------------------------------------------------------------
     def samples(self) -> tuple[Sample, ...]:
@@ -272,6 +279,7 @@ class Job:
             "regressed": d.change.regressed if d else None,
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
+            "history": self._history_view,
         }
 
 

@@ -125,6 +125,8 @@ class Sidecar:
             push=self.push,
             ready_fns=[s.snapshot for s in polled],
             sources_text=", ".join(_describe(s) for s in self.sources) or "none",
+            runbook_base=self.th.alerts["runbook_url"],
+            demo=bool(settings.demo),
         )
         self.server = make_server(settings.listen, self.endpoints)
 
