@@ -11,8 +11,10 @@ from typing import IO, Any
 
 import orjson
 
+from .. import __version__
 from ..config import ConfigError, load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
+from ..history import point
 from ..reader import MAX_LINE_BYTES, RecordReader
 from ..report import (
     RunSummary,
@@ -23,6 +25,7 @@ from ..report import (
     table_header,
     table_row,
 )
+from ..view import Links, ReportFile, ReportRun, report_page
 
 ORDER = 20
 CHUNK = 1 << 20
@@ -46,6 +49,7 @@ examples:
   rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl
   rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
   rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
+  rlhf-exporter diagnose run.jsonl --html report.html   # one self-contained file to attach
 
 exit status: 0 done, 1 no input could be read, 2 usage or configuration error.
 """
@@ -92,6 +96,12 @@ def register(subparsers) -> None:
         help="colour the table (auto: when writing to a terminal and NO_COLOR is unset)",
     )
     p.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="also write the report as one self-contained HTML file (the job view's charts: "
+        "every step's anatomy, verdicts, regressions; no script, nothing fetched)",
+    )
+    p.add_argument(
         "--max-line-bytes",
         type=int,
         default=MAX_LINE_BYTES,
@@ -125,6 +135,10 @@ def run(args: argparse.Namespace) -> int:
         "jsonl": JsonlWriter(out, len(files) > 1),
         "json": JsonWriter(out),
     }[args.format]
+    html = None
+    if args.html:
+        html = HtmlWriter(args.html, thresholds.alerts["runbook_url"])
+        writer = Tee(writer, html)
     read_any = False
     for path in files:
         stream = _open(path)
@@ -134,6 +148,13 @@ def run(args: argparse.Namespace) -> int:
         with stream:
             diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
     writer.close()
+    if html is not None and read_any:
+        try:
+            html.write()
+        except OSError as exc:
+            print(f"rlhf-exporter diagnose: {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"(wrote {args.html})", file=sys.stderr)
     return 0 if read_any else 1
 
 
@@ -160,8 +181,11 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     diagnoser = BatchDiagnoser(th)
     writer.begin_file(path)
     progress = Progress(stream, path)
+    on_record = getattr(writer, "record", None)  # a writer that wants the raw records
     for chunk in iter(lambda: stream.read(CHUNK), b""):
         for record in reader.feed(chunk):
+            if on_record is not None:
+                on_record(record)
             result = diagnoser.feed(record)
             if result is not None:
                 writer.step(result)
@@ -347,3 +371,78 @@ class TableWriter:
 
     def close(self) -> None:
         self.out.flush()
+
+
+class Tee:
+    """Feeds one diagnosis to two writers (the chosen format, and the HTML report)."""
+
+    def __init__(self, first: Any, second: Any):
+        self.writers = (first, second)
+        if any(hasattr(w, "record") for w in self.writers):
+            self.record = self._record
+
+    def _record(self, record: Any) -> None:
+        for w in self.writers:
+            if hasattr(w, "record"):
+                w.record(record)
+
+    def begin_file(self, path: str) -> None:
+        for w in self.writers:
+            w.begin_file(path)
+
+    def step(self, d: StepDiagnosis) -> None:
+        for w in self.writers:
+            w.step(d)
+
+    def flush(self) -> None:
+        for w in self.writers:
+            w.flush()
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        for w in self.writers:
+            w.end_file(records, rejected)
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+
+class HtmlWriter:
+    """`--html`: every step as a `StepPoint`, drawn at the end by exporter/view (the same
+    code as the sidecar's job view) into one self-contained file."""
+
+    def __init__(self, path: str, runbook_base: str):
+        self.path = path
+        self.runbook_base = runbook_base
+        self.files: list = []
+        self._throughput: dict[int, float] = {}  # step -> perf/throughput, until classified
+
+    def begin_file(self, path: str) -> None:
+        self.current = path
+        self.runs: dict[int, tuple[RunSummary, list]] = {}
+        self._throughput.clear()
+
+    def record(self, record: Any) -> None:
+        value = record.data.get("perf/throughput")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            self._throughput[record.step] = float(value)
+
+    def step(self, d: StepDiagnosis) -> None:
+        summary, points = self.runs.setdefault(d.run, (RunSummary(d.run), []))
+        summary.add(d)
+        points.append(point(d, self._throughput.pop(d.step, None)))
+
+    def flush(self) -> None:
+        """Nothing to do: the file is written whole at the end."""
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        runs = [ReportRun(s.to_json(), pts) for s, pts in self.runs.values()]
+        self.files.append(ReportFile(self.current, records, dict(rejected), runs))
+
+    def close(self) -> None:
+        """Nothing to do: `write()` is called once every file is read."""
+
+    def write(self) -> None:
+        page = report_page(self.files, Links(self.runbook_base), __version__)
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write(page)

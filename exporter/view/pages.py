@@ -127,12 +127,12 @@ def verdict_box(
     return f'<div class="verdict-box" style="border-color:{colour}">{"".join(lines)}</div>'
 
 
-def charts(points: Sequence[StepPoint]) -> str:
+def charts(points: Sequence[StepPoint], which: str = "last") -> str:
     """Step anatomy (with verdict strip and markers) and tokens per GPU-second."""
     if not points:
         return '<p class="empty">No classified step yet.</p>'
     return (
-        f"<h3>Where the step time went, step by step (last {len(points)} steps)</h3>"
+        f"<h3>Where the step time went, step by step ({which} {len(points)} steps)</h3>"
         + draw.legend()
         + draw.anatomy(points)
         + '<div class="legend muted">Under the bars: each step\'s verdict (hover for the '
@@ -400,7 +400,7 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                     what="Mostly",
                 )
                 + _summary_html(s)
-                + charts(run.points)
+                + charts(run.points, "all")
                 + (
                     f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
                     + (f" ({escape(last.reason)})" if last.reason else "")
