@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -19,11 +20,11 @@ from ..reader import MAX_LINE_BYTES, RecordReader
 from ..report import (
     RunSummary,
     Style,
+    Table,
     rejected_line,
     step_json,
     summary_lines,
-    table_header,
-    table_row,
+    terminal_width,
 )
 from ..view import Links, ReportFile, ReportRun, report_page
 
@@ -90,6 +91,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--summary", action="store_true", help="table: only the per-run summaries")
     p.add_argument(
+        "--wide",
+        action="store_true",
+        help="table: every column in full (default: fit the terminal's width, dropping or "
+        "abbreviating the least useful columns first)",
+    )
+    p.add_argument(
         "--color",
         choices=("auto", "always", "never"),
         default="auto",
@@ -131,7 +138,13 @@ def run(args: argparse.Namespace) -> int:
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
     )
     writer = {
-        "table": TableWriter(out, Style(colour), args.summary, len(files) > 1),
+        "table": TableWriter(
+            out,
+            Style(colour),
+            args.summary,
+            len(files) > 1,
+            terminal_width(args.wide, out.isatty()),
+        ),
         "jsonl": JsonlWriter(out, len(files) > 1),
         "json": JsonWriter(out),
     }[args.format]
@@ -198,6 +211,19 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     writer.flush()
     progress.done()
     writer.end_file(reader.records, dict(reader.rejected))
+
+
+def fit(line: str, width: int | None) -> list[str]:
+    """A summary line wrapped to the width, continuation lines under its text (a line with
+    colour codes is left whole: it is short)."""
+    if width is None or len(line) <= width or "\033" in line:
+        return [line]
+    text = line.lstrip()
+    label, sep, _rest = text.partition(":  ")
+    indent = len(line) - len(text) + (len(label) + len(sep) if sep else 2)
+    return textwrap.wrap(
+        line, width, subsequent_indent=" " * min(indent, width // 2), break_on_hyphens=False
+    ) or [line]
 
 
 class Progress:
@@ -325,8 +351,12 @@ class JsonWriter:
 class TableWriter:
     """Per-step rows as they come, then each run's summary; for a person at a terminal."""
 
-    def __init__(self, out: IO[str], style: Style, summary_only: bool, many: bool):
+    def __init__(
+        self, out: IO[str], style: Style, summary_only: bool, many: bool, width: int | None = None
+    ):
         self.out, self.style, self.summary_only, self.many = out, style, summary_only, many
+        self.table = Table(width)
+        self.width = width
         self.summary: RunSummary | None = None
         self.summaries: list[RunSummary] = []
 
@@ -352,11 +382,11 @@ class TableWriter:
                     f"run {d.run}"
                     + (" (the job restarted: the baseline starts again)" if d.run else "")
                 )
-                for line in table_header():
+                for line in self.table.header():
                     self._print(line)
         self.summary.add(d)
         if not self.summary_only:
-            self._print(table_row(d, self.style))
+            self._print(self.table.row(d, self.style))
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
         self._print()
@@ -365,7 +395,8 @@ class TableWriter:
             self._print("  no classified steps (no record had a usable timing_s/step)")
         for s in self.summaries:
             for line in summary_lines(s, self.style):
-                self._print(line)
+                for part in fit(line, self.width):
+                    self._print(part)
         self._print(rejected_line(rejected))
         self._print()
 
