@@ -370,7 +370,8 @@ class TableWriter:
         self.path = path
         self.summary = None
         self.summaries = []
-        self._print(self.style.bold(f"== {path}"))
+        for part in fit(f"== {path}", self.width):
+            self._print(self.style.bold(part))
 
     def step(self, d: StepDiagnosis) -> None:
         if self.summary is None or d.run != self.summary.run:
@@ -390,7 +391,8 @@ class TableWriter:
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
         self._print()
-        self._print(self.style.bold(f"summary of {self.path}: {records} records"))
+        for part in fit(f"summary of {self.path}: {records} records", self.width):
+            self._print(self.style.bold(part))
         if not self.summaries:
             self._print("  no classified steps (no record had a usable timing_s/step)")
         for s in self.summaries:

@@ -118,7 +118,7 @@ def anatomy(points: Sequence[StepPoint], width: int = 900, height: int = 240) ->
             what = f"regression: {p.regressed}" if p.change == "regression" else "workload shift"
             shape = "▼" if p.change == "regression" else "◆"
             out.append(
-                f'<text class="marker" data-change="{p.change}" '
+                f'<text class="marker" data-step="{p.step}" data-change="{p.change}" '
                 f'data-regressed="{p.regressed or ""}" x="{_f(cx)}" y="{top - 5}" '
                 f'text-anchor="middle" fill="{CHANGE_COLOURS[p.change]}">{shape}'
                 f"<title>step {p.step}: {escape(what)}</title></text>"
