@@ -21,8 +21,8 @@ from exporter.history import HISTORY_STEPS, point
 from exporter.jobs import Job
 from exporter.metrics.snapshot import Snapshot
 from exporter.reader import RecordReader
-from exporter.report import Table, Style
 from exporter.render.dashboards.style import VERDICT_COLOURS
+from exporter.report import Style, Table
 from exporter.view import Facts, Links, index_page, job_page
 from exporter.view.pages import attention
 from tests.support.browser import Elements
