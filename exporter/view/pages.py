@@ -43,7 +43,7 @@ svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{fon
 svg .run{stroke:#444;stroke-dasharray:3 3}
 .up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
-.empty{color:#777;font-style:italic}.demo{background:#fff4d6;padding:.4em .8em}
+.empty{color:#777;font-style:italic}td.name{white-space:nowrap}.demo{background:#fff4d6;padding:.4em .8em}
 """
 
 
@@ -255,7 +255,7 @@ def index_page(
         url, _ = links.runbook(verdict, change)
         advice = look_at(verdict, reason) if verdict else ""
         rows.append(
-            f'<tr class="job"><td><a href="{job_path(job["project"], job["experiment"])}">'
+            f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
             f"{escape(job['project'])} / {escape(job['experiment'])}</a></td>"
             f"<td>{tag} {escape(reason or '')}</td><td>{change_text}</td>"
             f"<td>{draw.sparkline(history)}</td>"
