@@ -361,8 +361,9 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
 
 def test_from_settings():
     def s(**kw):
-        return SimpleNamespace(**{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw})
-
+        return SimpleNamespace(
+            **{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw}
+        )
     assert NvmlSource.from_settings(s(nvml=False)) is None
     assert NvmlSource.from_settings(s()).roles is False  # no Ray: roles off by default
     with_ray = NvmlSource.from_settings(s(), ray=FakeRay({}))

@@ -53,7 +53,6 @@ def test_address_resolution():
 def test_death_reasons():
     def ctx(reason):
         return {"death_cause": {"actor_died_error_context": {"reason": reason}}}
-
     assert death_reason(ctx("RAY_KILL")) == "RAY_KILL"
     assert death_reason(ctx("NODE_DIED")) == "NODE_DIED"
     assert death_reason(ctx("SOME_FUTURE_REASON")) == "SOME_FUTURE_REASON"
@@ -299,7 +298,6 @@ def test_connection_refused_is_down_not_a_crash():
 
 def test_restart_and_death_bookkeeping(fake_state):
     s = fake_state
-
     def row(aid, cls, state, restarts="0", pid=0):
         return {
             "actor_id": aid,
@@ -309,7 +307,6 @@ def test_restart_and_death_bookkeeping(fake_state):
             "pid": pid,
             "node_id": "n1",
         }
-
     s.live = [
         row("a1", "WorkerDict", "ALIVE", "2", 11),
         row("a2", "vLLMHttpServer", "ALIVE", "0", 12),

@@ -174,5 +174,5 @@ def test_diagnose_html_in_chromium(tmp_path):
     el = check_anatomy(dom, offline())
     text = " ".join(el.text)
     assert "Mostly:" in text and "classified steps" in text
-    assert [a["href"] for a in el.find("a", "runbook")][0].endswith("#rlhfjobregression")
+    assert next(a["href"] for a in el.find("a", "runbook")).endswith("#rlhfjobregression")
     check_screenshot(out.as_uri(), "diagnose-report.png")
