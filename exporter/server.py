@@ -20,6 +20,7 @@ import gzip
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -138,9 +139,11 @@ class Endpoints:
     runbook_base: str = ""  # the thresholds' alerts.runbook_url (the job view links to it)
     demo: bool = False  # the job view labels its data as simulated
     exposition: Exposition = field(init=False)
+    pages: PageCache = field(init=False)
 
     def __post_init__(self) -> None:
         self.exposition = Exposition(self.snapshot_fns)
+        self.pages = PageCache()
 
     def ready(self) -> bool:
         if not self.ready_fns:
@@ -152,6 +155,31 @@ class Endpoints:
         for fn in self.jobs_fns:
             out.extend(fn())
         return sorted(out, key=lambda j: (j["project"], j["experiment"]))
+
+
+class PageCache:
+    """Pages of the job view, kept for `ttl` seconds: a browser (or many) reloading `/` costs
+    one render per second, so the pure-Python rendering does not compete with scrapes for
+    the interpreter. The pages say "N s ago", so a second's staleness is invisible."""
+
+    def __init__(self, ttl: float = 1.0):
+        self.ttl = ttl
+        self._pages: dict[tuple[str, str | None], tuple[float, int, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, key: tuple[str, str | None], render: Callable[[], tuple[int, bytes]]
+    ) -> tuple[int, bytes]:
+        now = time.monotonic()
+        hit = self._pages.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1], hit[2]
+        status, body = render()  # outside the lock: a slow render never holds up another
+        with self._lock:
+            if len(self._pages) > 256:  # many job paths: keep it bounded
+                self._pages.clear()
+            self._pages[key] = (now, status, body)
+        return status, body
 
 
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
@@ -229,10 +257,12 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._text(503, "not ready: no source has collected successfully yet\n")
         elif path == "/":
-            page = landing_page(ep, self.headers.get("Host"))
+            host = self.headers.get("Host")
+            _, page = ep.pages.get((path, host), lambda: (200, landing_page(ep, host)))
             self._send(200, page, "text/html; charset=utf-8")
         elif path.startswith("/jobs/"):
-            status, page = job_view(ep, path, self.headers.get("Host"))
+            host = self.headers.get("Host")
+            status, page = ep.pages.get((path, host), lambda: job_view(ep, path, host))
             self._send(status, page, "text/html; charset=utf-8")
         elif path == "/api/v1/jobs":  # the view's step history stays out of the JSON
             jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]

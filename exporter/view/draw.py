@@ -191,16 +191,21 @@ def sparkline(points: Sequence[StepPoint], width: int = 240, height: int = 34) -
     smax = max(p.step_seconds for p in points) or 1.0
     dx = width / n
     coords = " ".join(
-        f"{(i + 0.5) * dx:.1f},{1 + plot_h - p.step_seconds / smax * (plot_h - 1):.1f}"
+        f"{(i + 0.5) * dx:.0f},{1 + plot_h - p.step_seconds / smax * (plot_h - 1):.0f}"
         for i, p in enumerate(points)
     )
-    cells = "".join(
-        f'<rect x="{i * dx:.1f}" y="{height - strip}" width="{dx + 0.3:.1f}" height="{strip}" '
-        f'fill="{VERDICT_COLOURS[p.verdict]}"/>'
-        for i, p in enumerate(points)
-    )
+    cells, start = [], 0
+    for i in range(1, n + 1):  # one rect per run of equal verdicts: 100 jobs stay small
+        if i == n or points[i].verdict != points[start].verdict:
+            cells.append(
+                f'<rect x="{start * dx:.1f}" y="{height - strip}" '
+                f'width="{(i - start) * dx:.1f}" height="{strip}" '
+                f'fill="{VERDICT_COLOURS[points[start].verdict]}"/>'
+            )
+            start = i
     return (
         f'<svg class="spark" xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}">'
-        f'<polyline points="{coords}" fill="none" stroke="#555" stroke-width="1.2"/>{cells}</svg>'
+        f'<polyline points="{coords}" fill="none" stroke="#555" stroke-width="1.2"/>'
+        f"{''.join(cells)}</svg>"
     )
