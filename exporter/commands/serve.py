@@ -92,9 +92,17 @@ class Sidecar:
         extra_roots = []
         if settings.demo:
             from ..demo.job import DemoJob
+            from ..demo.scenario import NAMES
 
+            scenario = settings.demo_scenario
+            if scenario not in NAMES:
+                raise ConfigError(
+                    f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
+                )
             self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
-            self.demo = DemoJob(self.tempdir, step_seconds=settings.demo_step_seconds)
+            self.demo = DemoJob(
+                self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
+            )
             extra_roots.append(self.tempdir)
         self.sources: list[Any] = []
         self.verl = verl_files.from_settings(settings, self.th, extra_roots)
@@ -118,6 +126,10 @@ class Sidecar:
             nvml = _optional_source("exporter.sources.nvml:NvmlSource", settings, ray=self.ray)
             if nvml is not None:
                 self.sources.append(nvml)
+        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
+            from ..demo.devices import DemoDevices
+
+            self.sources.append(DemoDevices(self.demo))
         polled = [s for s in self.sources if s is not self.push]
         self.endpoints = Endpoints(
             snapshot_fns=[s.snapshot for s in self.sources],
