@@ -36,7 +36,9 @@ Endpoints:
   /metrics            Prometheus metrics (catalog: docs/metrics.md)
   /healthz            200 while the process serves
   /readyz             200 once a source has collected once (503 before)
-  /                   each job's current verdict; /api/v1/jobs as JSON
+  /                   the job view: every job (who needs attention first), sources' health,
+                      how to scrape; /jobs/<project>/<experiment> one job's step anatomy;
+                      /api/v1/jobs as JSON
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
                       400 bad JSON/schema, 401 bad token, 409 job read from a file,
@@ -45,6 +47,7 @@ Endpoints:
 
 Examples:
   rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
+  rlhf-exporter serve --demo --demo-scenario actor_restart   # one scripted incident
   rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
   rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray
   curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
