@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     colour = args.color == "always" or (
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
     )
-    writer = {
+    writer: Any = {
         "table": TableWriter(
             out,
             Style(colour),

@@ -95,7 +95,7 @@ def anatomy(points: Sequence[StepPoint], width: int = 900, height: int = 240) ->
             f" ({p.reason})" if p.reason else ""
         )
         out.append(f'<g class="bar" data-step="{p.step}" data-run="{p.run}">')
-        y = base
+        y = float(base)
         for seg, seconds in segments(p):
             h = seconds * scale
             y -= h
@@ -155,7 +155,8 @@ def line(
     vmax = max(known) or 1.0
     n = len(points)
     step_w = plot_w / n
-    paths, cur = [], []
+    paths: list[list[str]] = []
+    cur: list[str] = []
     for i, v in enumerate(vals):
         if v is None:
             if cur:
