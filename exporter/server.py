@@ -138,6 +138,7 @@ class Endpoints:
     sources_text: str = ""
     runbook_base: str = ""  # the thresholds' alerts.runbook_url (the job view links to it)
     demo: bool = False  # the job view labels its data as simulated
+    stall: tuple[float, float] = (3.0, 600.0)  # alerts.stall_factor, stall_min (seconds)
     exposition: Exposition = field(init=False)
     pages: PageCache = field(init=False)
 
@@ -184,7 +185,7 @@ class PageCache:
 
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
     base = f"http://{host}" if host else ""
-    facts = Facts(__version__, base, endpoints.sources_text, endpoints.demo)
+    facts = Facts(__version__, base, endpoints.sources_text, endpoints.demo, *endpoints.stall)
     return facts, Links(endpoints.runbook_base)
 
 

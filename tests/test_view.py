@@ -133,6 +133,21 @@ def test_index_sorts_by_attention_and_links_each_job():
     assert 'href="/metrics"' in page and "grafana/" in page and "docs/" in page
 
 
+def test_stalled_jobs_come_first_and_say_so():
+    fresh = fed_job("p", "fresh", plan=[(REGIMES["balanced"], 12)]).summary()
+    old = fed_job("p", "old", plan=[(REGIMES["balanced"], 12)]).summary()
+    regressing = fed_job("p", "regressing", plan=[*DEMO_PLAN[:-1], (DEMO_PLAN[-1][0], 2)])
+    old = {**old, "last_step_time": time.time() - 900}  # > max(3 x ~100 s, 600 s)
+    facts = Facts("test", "http://127.0.0.1:9", "verl", stall_factor=3.0, stall_min=600.0)
+    page = index_page([fresh, regressing.summary(), old], [], facts, Links(RUNBOOKS))
+    order = [a["href"] for a in Elements(page).find("a") if a["href"].startswith("/jobs/")]
+    assert order[:3] == ["/jobs/p/old", "/jobs/p/regressing", "/jobs/p/fresh"]
+    assert "stalled 15 min" in page
+    one = job_page(old, [], facts, Links(RUNBOOKS))
+    assert f'href="{RUNBOOKS}#rlhfjobstalled"' in one and "no new step for 15 min" in one
+    assert "stalled" not in job_page(fresh, [], facts, Links(RUNBOOKS))
+
+
 def test_index_renders_100_jobs_fast():
     """The goal is < 50 ms at 100 jobs (bench/view.py measures it); the test only guards
     against an order-of-magnitude slip on a loaded CI machine."""

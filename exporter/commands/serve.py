@@ -20,6 +20,7 @@ from typing import Any
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
+from ..diagnosis.thresholds import seconds
 from ..logs import configure
 from ..server import Endpoints, make_server
 
@@ -142,6 +143,7 @@ class Sidecar:
             sources_text=", ".join(_describe(s) for s in self.sources) or "none",
             runbook_base=self.th.alerts["runbook_url"],
             demo=bool(settings.demo),
+            stall=(float(self.th.alerts["stall_factor"]), seconds(self.th.alerts["stall_min"])),
         )
         self.server = make_server(settings.listen, self.endpoints)
 

@@ -19,11 +19,12 @@ from urllib.parse import quote
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 from ..history import StepPoint
 from ..metrics.snapshot import Snapshot
-from ..render.dashboards.style import CHANGE_COLOURS, VERDICT_COLOURS
+from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
 from ..render.rules import BOUND_ALERTS, runbook_url
 from . import draw
 
 REGRESSION_ALERT = "RLHFJobRegression"
+STALL_ALERT = "RLHFJobStalled"
 DETAIL_JOBS = 3  # `/` draws each job in full when there are at most this many
 
 CSS = """
@@ -82,15 +83,17 @@ def _tag(text: str, colour: str) -> str:
     return f'<span class="tag" style="background:{colour}">{escape(text)}</span>'
 
 
-def _age(now: float, t: float | None) -> str:
-    if t is None:
-        return "never"
-    s = max(0.0, now - t)
+def _duration(s: float) -> str:
+    s = max(0.0, s)
     if s < 90:
-        return f"{s:.0f}s ago"
+        return f"{s:.0f}s"
     if s < 5400:
-        return f"{s / 60:.0f} min ago"
-    return f"{s / 3600:.1f} h ago"
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _age(now: float, t: float | None) -> str:
+    return "never" if t is None else f"{_duration(now - t)} ago"
 
 
 def verdict_box(
@@ -155,13 +158,25 @@ def job_path(project: str, experiment: str) -> str:
 _RANK_CHANGE = {"regression": 0, "workload_shift": 1}
 
 
-def attention(job: Mapping[str, Any]) -> tuple:
-    """Sort key: regressions first, then workload shifts, then bound jobs, then the rest."""
+def attention(job: Mapping[str, Any], stalled: bool = False) -> tuple:
+    """Sort key: stalled jobs first, then regressions, workload shifts, bound jobs, the rest."""
     verdict = job.get("verdict")
     rank = _RANK_CHANGE.get(job.get("change") or "")
-    if rank is None:
+    if stalled:
+        rank = -1
+    elif rank is None:
         rank = 4 if verdict is None else 3 if verdict in ("balanced", "unknown") else 2
     return (rank, job["project"], job["experiment"])
+
+
+def stalled_for(job: Mapping[str, Any], now: float, factor: float, minimum: float) -> float | None:
+    """Seconds without a new step, when that is past the stall alert's deadline
+    (max(factor x the last step's duration, minimum)); else None."""
+    last = job.get("last_step_time")
+    if last is None:
+        return None
+    age = now - last
+    return age if age > max(factor * (job.get("step_seconds") or 0.0), minimum) else None
 
 
 # -- the sidecar's pages -----------------------------------------------------------------
@@ -175,6 +190,11 @@ class Facts:
     base_url: str  # http://host:port as the browser reached it
     sources_text: str
     demo: bool = False
+    stall_factor: float = 3.0  # the thresholds' alerts.stall_factor and stall_min (seconds)
+    stall_min: float = 600.0
+
+    def stalled(self, job: Mapping[str, Any], now: float) -> float | None:
+        return stalled_for(job, now, self.stall_factor, self.stall_min)
 
 
 def sources_table(snapshots: Iterable[Snapshot], now: float) -> str:
@@ -244,7 +264,9 @@ def index_page(
     """`/`: every job compactly (sparklines), who needs attention first."""
     now = time.time()
     rows = []
-    for job in sorted(jobs, key=attention):
+    stalls = {id(j): facts.stalled(j, now) for j in jobs}
+    ordered = sorted(jobs, key=lambda j: attention(j, stalls[id(j)] is not None))
+    for job in ordered:
         verdict, reason, change = job.get("verdict"), job.get("reason"), job.get("change")
         history = job.get("history") or ()
         tag = _tag(verdict, VERDICT_COLOURS[verdict]) if verdict else "-"
@@ -252,6 +274,9 @@ def index_page(
         if change and change != "none":
             text = f"regression: {job.get('regressed')}" if change == "regression" else "shift"
             change_text = _tag(text, CHANGE_COLOURS[change])
+        stall = stalls[id(job)]
+        if stall is not None:
+            change_text = _tag(f"stalled {_duration(stall)}", BAD) + " " + change_text
         url, _ = links.runbook(verdict, change)
         advice = look_at(verdict, reason) if verdict else ""
         rows.append(
@@ -273,7 +298,7 @@ def index_page(
     )
     detail = ""
     if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
-        for job in sorted(jobs, key=attention):
+        for job in ordered:
             detail += f"<h2>{escape(job['project'])} / {escape(job['experiment'])}</h2>"
             detail += verdict_box(
                 job.get("verdict"),
@@ -305,9 +330,18 @@ def job_page(
         f"step {job.get('step')}, run {job.get('run')}, {job.get('steps')} steps seen, "
         f"last step {_age(now, job.get('last_step_time'))}"
     )
+    stall = facts.stalled(job, now)
+    stalled_html = (
+        f'<p class="stalled">{_tag("stalled", BAD)} no new step for {_duration(stall)}: '
+        f'see the <a href="{escape(runbook_url(links.runbook_base, STALL_ALERT))}">'
+        f"{STALL_ALERT}</a> runbook.</p>"
+        if stall is not None
+        else ""
+    )
     body = (
         _header(facts)
         + f"<h2>{escape(name)}</h2><p class=muted>{escape(meta)}</p>"
+        + stalled_html
         + verdict_box(
             job.get("verdict"), job.get("reason"), job.get("change"), job.get("regressed"), links
         )
