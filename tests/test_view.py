@@ -183,6 +183,30 @@ def test_diagnose_html_report(tmp_path):
     assert "<script" not in page and "src=" not in page
 
 
+def test_diagnose_html_of_the_sample_traces(shared_traces, tmp_path):
+    """Real verl logs (every mode of the sample traces): one bar per expected step."""
+    logs = sorted(
+        p for p in shared_traces.glob("*.jsonl") if not p.name.endswith(".expected.jsonl")
+    )
+    out = tmp_path / "traces.html"
+    proc = subprocess.run(
+        [sys.executable, "-m", "exporter", "diagnose", "--summary", "--html", str(out)]
+        + [str(p) for p in logs],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    el = Elements(out.read_text())
+    expected = sum(
+        len(p.with_name(p.name[: -len(".jsonl")] + ".expected.jsonl").read_text().splitlines())
+        for p in logs
+    )
+    assert len(el.find("g", "bar")) == expected
+    assert len(el.find("svg", "anatomy")) >= len(logs)
+
+
 COLUMNS = (80, 120, 200)
 
 

@@ -405,6 +405,13 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. For each run of a verl job's "
         "log: which window the training loop waited on, why, what to look at next, and where "
         "every step's time went (one bar per step; colours as in the Grafana dashboards).</p>"
+        "<p class=muted>How to read it: verl's training loop waits on one window after "
+        "another (rollout generation, log-prob inference, the optimizer update, the weight "
+        "sync to the rollout engines, ...). The <b>verdict</b> of a step is the window it "
+        "waited on longest (<i>balanced</i> when none clearly dominates); the <b>reason</b> "
+        "is the evidence for why. A slower step is a <b>workload shift</b> when it only had "
+        "more tokens, and a <b>regression</b> when a window costs more time per token than "
+        "in the job's own recent steps.</p>"
     ]
     for f in files:
         parts.append(
