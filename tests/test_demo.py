@@ -88,6 +88,8 @@ def test_devices_follow_the_phase_and_speak_the_catalog():
         idle, "rlhf_gpu_utilization_ratio", "0", "GPU-demo-0000-0000-0000-0000-000000000000"
     )
     assert busy > 0.8 and low < 0.1
+    roles = {s.labels[2] for s in steady if s.name == "rlhf_gpu_role_memory_bytes"}
+    assert roles == {"trainer", "rollout"}
     names = {s.labels[2] for s in steady if s.name == "rlhf_gpu_info"}
     assert names == {GPU_NAME}  # labelled as simulated
 

@@ -61,6 +61,9 @@ class DemoDevices(PollingSource):
                 Sample("rlhf_gpu_power_watts", key, 90.0 + 600.0 * util),
                 Sample("rlhf_gpu_temperature_celsius", key, 35.0 + 40.0 * util),
                 Sample("rlhf_gpu_sm_clock_hertz", key, 1.98e9),
+                # colocated verl: the trainer and a rollout engine share every GPU
+                Sample("rlhf_gpu_role_memory_bytes", (*key, "trainer"), MEMORY_TOTAL * 0.45 * util),
+                Sample("rlhf_gpu_role_memory_bytes", (*key, "rollout"), MEMORY_TOTAL * 0.2),
             ]
         restarting = 1 if life.state == ROLLOUT_RESTARTING else 0
         for role in ROLES:
