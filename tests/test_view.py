@@ -263,3 +263,35 @@ def test_point_round_trip():
     d = diagnosed()[0]
     p = point(d, 12.0)
     assert p.step == d.step and p.tokens_per_gpu_second == 12.0
+
+
+def test_server_routes_of_the_job_view():
+    import threading
+
+    import requests
+
+    from exporter.server import Endpoints, make_server
+
+    jobs = (fed_job("proj", "exp/with slash").summary(),)
+    ep = Endpoints(
+        snapshot_fns=[lambda: Snapshot("verl", True, 0.0, time.time())],
+        jobs_fns=[lambda: jobs],
+        runbook_base=RUNBOOKS,
+    )
+    server = make_server("127.0.0.1:0", ep)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        index = requests.get(url + "/", timeout=5)
+        assert index.status_code == 200 and "text/html" in index.headers["Content-Type"]
+        assert "/jobs/proj/exp%2Fwith%20slash" in index.text
+        one = requests.get(url + "/jobs/proj/exp%2Fwith%20slash", timeout=5)
+        assert one.status_code == 200 and 'class="anatomy"' in one.text
+        assert requests.get(url + "/jobs/proj/nope", timeout=5).status_code == 404
+        assert requests.get(url + "/jobs/proj", timeout=5).status_code == 404
+        api = requests.get(url + "/api/v1/jobs", timeout=5).json()["jobs"]
+        assert api[0]["experiment"] == "exp/with slash" and "history" not in api[0]
+        assert requests.head(url + "/", timeout=5).status_code == 200
+    finally:
+        server.shutdown()
+        server.server_close()
