@@ -75,6 +75,7 @@ def _page(title: str, body: str, refresh: int | None = None) -> str:
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">{meta}'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
         f"<title>{escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
     )
 
