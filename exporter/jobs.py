@@ -10,10 +10,10 @@ nothing new costs nothing.
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import history
 from .diagnosis import (
     CHANGES,
     COST_GROUPS,
@@ -26,7 +26,6 @@ from .diagnosis import (
     Thresholds,
 )
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
-from .history import HISTORY_STEPS, StepPoint, point
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
 
@@ -129,8 +128,7 @@ class Job:
         self.regression_steps = dict.fromkeys(COST_GROUPS, 0)
         self._extra: dict[tuple[str, tuple[str, ...]], float] = {}
         self._samples: tuple[Sample, ...] | None = None
-        self._history: deque[StepPoint] = deque(maxlen=HISTORY_STEPS)  # for the job view
-        self._history_view: tuple[StepPoint, ...] = ()
+        self._history: tuple[history.StepPoint, ...] = ()  # the last steps, for the job view
 
     @property
     def run(self) -> int:
@@ -186,8 +184,8 @@ class Job:
         if d.tokens is not None:
             self.tokens += d.tokens
         tpgs = self._extra.get(("rlhf_throughput_tokens_per_gpu_second", ()))
-        self._history.append(point(d, tpgs))
-        self._history_view = tuple(self._history)  # replaced whole: readers never see a change
+        # replaced whole, never changed in place: a page being drawn keeps a consistent tuple
+        self._history = (*self._history, history.point(d, tpgs))[-history.HISTORY_STEPS :]
 
     # -- scrape side ----------------------------------------------------------------------
     def samples(self) -> tuple[Sample, ...]:
@@ -272,6 +270,7 @@ class Job:
             "experiment": self.experiment,
             "step": self.step,
             "run": self.run,
+            "history": self._history,  # StepPoints (the job view; not in /api/v1/jobs)
             "steps": self.steps,
             "verdict": d.verdict if d else None,
             "reason": d.reason if d else None,
@@ -279,7 +278,6 @@ class Job:
             "regressed": d.change.regressed if d else None,
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
-            "history": self._history_view,
         }
 
 

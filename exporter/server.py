@@ -21,7 +21,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -127,37 +127,6 @@ class Exposition:
         return _Rendered(snaps, samples, health_samples, jobs_body, body)
 
 
-@dataclass
-class Endpoints:
-    """What the server serves; `serve` builds it from the active sources."""
-
-    snapshot_fns: Sequence[SnapshotFn]
-    jobs_fns: Sequence[JobsFn] = ()
-    push: PushSource | None = None
-    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
-    sources_text: str = ""
-    runbook_base: str = ""  # the thresholds' alerts.runbook_url (the job view links to it)
-    demo: bool = False  # the job view labels its data as simulated
-    stall: tuple[float, float] = (3.0, 600.0)  # alerts.stall_factor, stall_min (seconds)
-    exposition: Exposition = field(init=False)
-    pages: PageCache = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.exposition = Exposition(self.snapshot_fns)
-        self.pages = PageCache()
-
-    def ready(self) -> bool:
-        if not self.ready_fns:
-            return True
-        return any(fn().last_success is not None for fn in self.ready_fns)
-
-    def jobs(self) -> list[dict]:
-        out: list[dict] = []
-        for fn in self.jobs_fns:
-            out.extend(fn())
-        return sorted(out, key=lambda j: (j["project"], j["experiment"]))
-
-
 class PageCache:
     """Pages of the job view, kept for `ttl` seconds: a browser (or many) reloading `/` costs
     one render per second, so the pure-Python rendering does not compete with scrapes for
@@ -183,10 +152,39 @@ class PageCache:
         return status, body
 
 
+@dataclass
+class Endpoints:
+    """What the server serves; `serve` builds it from the active sources."""
+
+    snapshot_fns: Sequence[SnapshotFn]
+    jobs_fns: Sequence[JobsFn] = ()
+    push: PushSource | None = None
+    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
+    sources_text: str = ""
+    alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
+    demo: bool = False  # the job view labels its data as simulated
+    pages: PageCache = field(default_factory=PageCache)  # the job view's rendered pages
+    exposition: Exposition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.exposition = Exposition(self.snapshot_fns)
+
+    def ready(self) -> bool:
+        if not self.ready_fns:
+            return True
+        return any(fn().last_success is not None for fn in self.ready_fns)
+
+    def jobs(self) -> list[dict]:
+        out: list[dict] = []
+        for fn in self.jobs_fns:
+            out.extend(fn())
+        return sorted(out, key=lambda j: (j["project"], j["experiment"]))
+
+
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
     base = f"http://{host}" if host else ""
-    facts = Facts(__version__, base, endpoints.sources_text, endpoints.demo, *endpoints.stall)
-    return facts, Links(endpoints.runbook_base)
+    facts = Facts.of(__version__, base, endpoints.sources_text, endpoints.demo, endpoints.alerts)
+    return facts, Links(endpoints.alerts.get("runbook_url", ""))
 
 
 def landing_page(endpoints: Endpoints, host: str | None = None) -> bytes:

@@ -276,7 +276,7 @@ def test_server_routes_of_the_job_view():
     ep = Endpoints(
         snapshot_fns=[lambda: Snapshot("verl", True, 0.0, time.time())],
         jobs_fns=[lambda: jobs],
-        runbook_base=RUNBOOKS,
+        alerts={"runbook_url": RUNBOOKS},
     )
     server = make_server("127.0.0.1:0", ep)
     threading.Thread(target=server.serve_forever, daemon=True).start()

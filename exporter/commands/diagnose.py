@@ -12,7 +12,6 @@ from typing import IO, Any
 
 import orjson
 
-from .. import __version__
 from ..config import ConfigError, load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..history import point
@@ -476,6 +475,8 @@ class HtmlWriter:
         """Nothing to do: `write()` is called once every file is read."""
 
     def write(self) -> None:
+        from .. import __version__
+
         page = report_page(self.files, Links(self.runbook_base), __version__)
         with open(self.path, "w", encoding="utf-8") as f:
             f.write(page)

@@ -20,7 +20,6 @@ from typing import Any
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
-from ..diagnosis.thresholds import seconds
 from ..logs import configure
 from ..server import Endpoints, make_server
 
@@ -136,14 +135,13 @@ class Sidecar:
             self.sources.append(DemoDevices(self.demo))
         polled = [s for s in self.sources if s is not self.push]
         self.endpoints = Endpoints(
+            alerts=self.th.alerts,  # the job view's runbook links and stall deadline
+            demo=self.demo is not None,
             snapshot_fns=[s.snapshot for s in self.sources],
             jobs_fns=[s.jobs for s in self.sources if hasattr(s, "jobs")],
             push=self.push,
             ready_fns=[s.snapshot for s in polled],
             sources_text=", ".join(_describe(s) for s in self.sources) or "none",
-            runbook_base=self.th.alerts["runbook_url"],
-            demo=bool(settings.demo),
-            stall=(float(self.th.alerts["stall_factor"]), seconds(self.th.alerts["stall_min"])),
         )
         self.server = make_server(settings.listen, self.endpoints)
 

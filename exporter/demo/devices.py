@@ -37,6 +37,10 @@ class DemoDevices(PollingSource):
         self._samples = 0
         self._last = time.monotonic()
 
+    def jobs(self) -> tuple:
+        """No verl job of its own: the demo job is read from its file like any other."""
+        return ()
+
     def describe(self) -> str:
         return f"demo (simulated: {self.n_gpus} GPUs, Ray actors)"
 

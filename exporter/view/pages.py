@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
+from ..diagnosis.thresholds import seconds
 from ..history import StepPoint
 from ..metrics.snapshot import Snapshot
 from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
@@ -196,6 +197,15 @@ class Facts:
 
     def stalled(self, job: Mapping[str, Any], now: float) -> float | None:
         return stalled_for(job, now, self.stall_factor, self.stall_min)
+
+    @classmethod
+    def of(
+        cls, version: str, base_url: str, sources: str, demo: bool, alerts: Mapping[str, Any]
+    ) -> Facts:
+        """With the stall deadline of the thresholds' `alerts` section (as the rule has it)."""
+        factor = float(alerts.get("stall_factor", cls.stall_factor))
+        minimum = seconds(alerts.get("stall_min", cls.stall_min))
+        return cls(version, base_url, sources, demo, factor, minimum)
 
 
 def sources_table(snapshots: Iterable[Snapshot], now: float) -> str:
