@@ -127,6 +127,35 @@ class Exposition:
         return _Rendered(snaps, samples, health_samples, jobs_body, body)
 
 
+@dataclass
+class Endpoints:
+    """What the server serves; `serve` builds it from the active sources."""
+
+    snapshot_fns: Sequence[SnapshotFn]
+    jobs_fns: Sequence[JobsFn] = ()
+    push: PushSource | None = None
+    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
+    sources_text: str = ""
+    alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
+    demo: bool = False  # the job view labels its data as simulated
+    pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
+    exposition: Exposition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.exposition = Exposition(self.snapshot_fns)
+
+    def ready(self) -> bool:
+        if not self.ready_fns:
+            return True
+        return any(fn().last_success is not None for fn in self.ready_fns)
+
+    def jobs(self) -> list[dict]:
+        out: list[dict] = []
+        for fn in self.jobs_fns:
+            out.extend(fn())
+        return sorted(out, key=lambda j: (j["project"], j["experiment"]))
+
+
 class PageCache:
     """Pages of the job view, kept for `ttl` seconds: a browser (or many) reloading `/` costs
     one render per second, so the pure-Python rendering does not compete with scrapes for
@@ -150,35 +179,6 @@ class PageCache:
                 self._pages.clear()
             self._pages[key] = (now, status, body)
         return status, body
-
-
-@dataclass
-class Endpoints:
-    """What the server serves; `serve` builds it from the active sources."""
-
-    snapshot_fns: Sequence[SnapshotFn]
-    jobs_fns: Sequence[JobsFn] = ()
-    push: PushSource | None = None
-    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
-    sources_text: str = ""
-    alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
-    demo: bool = False  # the job view labels its data as simulated
-    pages: PageCache = field(default_factory=PageCache)  # the job view's rendered pages
-    exposition: Exposition = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.exposition = Exposition(self.snapshot_fns)
-
-    def ready(self) -> bool:
-        if not self.ready_fns:
-            return True
-        return any(fn().last_success is not None for fn in self.ready_fns)
-
-    def jobs(self) -> list[dict]:
-        out: list[dict] = []
-        for fn in self.jobs_fns:
-            out.extend(fn())
-        return sorted(out, key=lambda j: (j["project"], j["experiment"]))
 
 
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
