@@ -179,7 +179,9 @@ def test_diagnose_html_report(tmp_path):
     offline = diagnosed(seed=2)
     el = Elements(page)
     assert [int(b["data-step"]) for b in el.find("g", "bar")] == [d.step for d in offline]
-    assert "Mostly:" in page and "Runbook: RLHFJobRegression" in page
+    assert "Mostly: sync-bound: weight_sync" in page
+    # a regression links its runbook next to the verdict's
+    assert "Runbook: RLHFJobRegression" in page and "Runbook: RLHFJobSyncBound" in page
     assert "<script" not in page and "src=" not in page
 
 

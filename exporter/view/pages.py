@@ -127,8 +127,14 @@ def verdict_box(
             f"<div><b>Change:</b> {_tag(text, CHANGE_COLOURS[change])} "
             f"{escape(CHANGE_MEANING[change])}.</div>"
         )
-    url, alert = links.runbook(verdict, change)
-    lines.append(f'<div><a class="runbook" href="{escape(url)}">Runbook: {escape(alert)}</a></div>')
+    anchors = []
+    if change == "regression":
+        url, alert = links.runbook(verdict, change)
+        anchors.append(f'<a class="runbook" href="{escape(url)}">Runbook: {escape(alert)}</a>')
+    url, alert = links.runbook(verdict)
+    label = f"Runbook: {alert}" if alert != "runbooks" else "Runbooks"
+    anchors.append(f'<a class="runbook" href="{escape(url)}">{escape(label)}</a>')
+    lines.append(f"<div>{' · '.join(anchors)}</div>")
     return f'<div class="verdict-box" style="border-color:{colour}">{"".join(lines)}</div>'
 
 
