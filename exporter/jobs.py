@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import history
 from .diagnosis import (
     CHANGES,
     COST_GROUPS,
@@ -127,6 +128,7 @@ class Job:
         self.regression_steps = dict.fromkeys(COST_GROUPS, 0)
         self._extra: dict[tuple[str, tuple[str, ...]], float] = {}
         self._samples: tuple[Sample, ...] | None = None
+        self._history: tuple[history.StepPoint, ...] = ()  # the last steps, for the job view
 
     @property
     def run(self) -> int:
@@ -181,6 +183,9 @@ class Job:
             self.regression_steps[d.change.regressed] += 1
         if d.tokens is not None:
             self.tokens += d.tokens
+        tpgs = self._extra.get(("rlhf_throughput_tokens_per_gpu_second", ()))
+        # replaced whole, never changed in place: a page being drawn keeps a consistent tuple
+        self._history = (*self._history, history.point(d, tpgs))[-history.HISTORY_STEPS :]
 
     # -- scrape side ----------------------------------------------------------------------
     def samples(self) -> tuple[Sample, ...]:
@@ -265,6 +270,7 @@ class Job:
             "experiment": self.experiment,
             "step": self.step,
             "run": self.run,
+            "history": self._history,  # StepPoints (the job view; not in /api/v1/jobs)
             "steps": self.steps,
             "verdict": d.verdict if d else None,
             "reason": d.reason if d else None,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from .diagnosis import GROUPS, StepDiagnosis
-from .diagnosis.advice import look_at
+from .diagnosis.advice import LOOK_AT, look_at
 
 
 class RunSummary:
@@ -145,38 +145,120 @@ class Style:
         return f"\033[1m{text}\033[0m" if self.colour else text
 
 
-ROW = "{step:>7}  {verdict}  {reason:<14}  {shares:<36}  {change:<22}  {look}"
+class Column(NamedTuple):
+    name: str
+    header: str
+    natural: int  # width with room for everything (--wide)
+    minimum: int  # narrowest abbreviation
+    align: str = "<"
+
+
+COLUMNS = (
+    Column("step", "step", 7, 7, ">"),
+    Column("verdict", "verdict", 10, 10),
+    Column("reason", "reason", 14, 14),
+    Column("shares", "top shares", 36, 12),
+    Column("change", "change", 22, 13),
+    Column("look", "look at next", max(map(len, LOOK_AT.values())), 20),
+)
+GAP = 2
+SHRINK = ("shares", "look", "change")  # abbreviated first, in this order
+DROP = ("shares", "look", "change", "reason")  # then dropped, in this order (step, verdict stay)
+
+
+class Table:
+    """The per-step table laid out for a width: columns are abbreviated, then dropped, by
+    priority until a row fits (`width=None`: everything, as `--wide`). The last column
+    takes whatever room is left, so no row is wider than `width`."""
+
+    def __init__(self, width: int | None = None):
+        widths = {c.name: c.natural for c in COLUMNS}
+        if width is not None:
+
+            def total() -> int:
+                return sum(widths.values()) + GAP * (len(widths) - 1)
+
+            by_name = {c.name: c for c in COLUMNS}
+            for name in SHRINK:
+                if total() > width:
+                    widths[name] = max(by_name[name].minimum, widths[name] - (total() - width))
+            for name in DROP:
+                if total() > width:
+                    del widths[name]
+            last = next(c.name for c in reversed(COLUMNS) if c.name in widths)
+            widths[last] = max(widths[last] + width - total(), len(last))
+        self.width = width
+        self.columns = [c for c in COLUMNS if c.name in widths]
+        self.widths = widths
+
+    def _line(self, cells: Mapping[str, str], style: Style | None = None, verdict: str = "") -> str:
+        out = []
+        for i, c in enumerate(self.columns):
+            w = self.widths[c.name]
+            text = cells[c.name]
+            if len(text) > w:
+                text = text[: max(w - 1, 0)] + "…"
+            last = i == len(self.columns) - 1
+            if c.name == "verdict" and style is not None:
+                out.append(style.verdict(text, verdict, w))
+            elif c.align == ">":
+                out.append(text.rjust(w))
+            else:
+                out.append(text if last else text.ljust(w))
+        return (" " * GAP).join(out).rstrip()
+
+    def header(self) -> list[str]:
+        head = self._line({c.name: c.header for c in COLUMNS})
+        return [head, "-" * len(head)]
+
+    def row(self, d: StepDiagnosis, style: Style) -> str:
+        cells = {
+            "step": str(d.step),
+            "verdict": d.verdict,
+            "reason": d.reason or "",
+            "shares": self._shares(d),
+            "change": self._change(d),
+            "look": look_at(d.verdict, d.reason),
+        }
+        return self._line(cells, style, d.verdict)
+
+    def _shares(self, d: StepDiagnosis) -> str:
+        w = self.widths.get("shares", 0)
+        top = sorted(d.windows.shares.items(), key=lambda kv: -kv[1])[:3]
+        parts = [f"{g} {s:.0%}" for g, s in top if s >= 0.005]
+        while len(parts) > 1 and len("  ".join(parts)) > w:
+            parts.pop()  # fewer shares rather than a cut one
+        return "  ".join(parts)
+
+    def _change(self, d: StepDiagnosis) -> str:
+        change = d.change.change
+        if change == "none":
+            return ""
+        wide = self.widths.get("change", 0) >= 22
+        if change == "workload_shift":
+            return "workload shift" if wide else "wkld shift"
+        if change == "regression":
+            return f"regression: {d.change.regressed}" if wide else f"regr: {d.change.regressed}"
+        return change
+
+
+def terminal_width(wide: bool, is_tty: bool) -> int | None:
+    """The table's width: the terminal's (or $COLUMNS), None (no limit) with --wide or when
+    the output is neither a terminal nor given a $COLUMNS (a pipe or a file keeps it all)."""
+    import os
+    import shutil
+
+    if wide or (not is_tty and not os.environ.get("COLUMNS")):
+        return None
+    return shutil.get_terminal_size((80, 24)).columns
 
 
 def table_header() -> list[str]:
-    head = ROW.format(
-        step="step",
-        verdict="verdict".ljust(10),
-        reason="reason",
-        shares="top shares",
-        change="change",
-        look="look at next",
-    )
-    return [head, "-" * len(head)]
+    return Table().header()
 
 
 def table_row(d: StepDiagnosis, style: Style) -> str:
-    top = sorted(d.windows.shares.items(), key=lambda kv: -kv[1])[:3]
-    shares = "  ".join(f"{g} {s:.0%}" for g, s in top if s >= 0.005)
-    change = d.change.change
-    change = {
-        "none": "",
-        "workload_shift": "workload shift",
-        "regression": f"regression: {d.change.regressed}",
-    }.get(change, change)
-    return ROW.format(
-        step=d.step,
-        verdict=style.verdict(d.verdict, d.verdict, 10),
-        reason=d.reason or "",
-        shares=shares,
-        change=change,
-        look=look_at(d.verdict, d.reason),
-    )
+    return Table().row(d, style)
 
 
 def summary_lines(s: RunSummary, style: Style) -> list[str]:

@@ -7,7 +7,9 @@
 - `GET /healthz`: 200 while the process serves HTTP (liveness).
 - `GET /readyz`: 200 once a source has collected successfully at least once (or when only
   the push endpoint is configured); 503 before (readiness).
-- `GET /`: a small page with each job's current verdict; `GET /api/v1/jobs` the same as JSON.
+- `GET /`: the job view (exporter/view/): every job, who needs attention first, with
+  sparklines, the sources' health and how to scrape; `GET /jobs/<project>/<experiment>` one
+  job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON.
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   exporter/sources/push.py for the body and the answers).
 """
@@ -15,25 +17,26 @@
 from __future__ import annotations
 
 import gzip
-import html
 import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import unquote
 
 import orjson
 from prometheus_client.exposition import choose_encoder
 
 from . import __version__
-from .diagnosis.advice import look_at
 from .metrics.collector import families
 from .metrics.snapshot import Snapshot
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
+from .view import Facts, Links, index_page, job_page
+from .view.pages import not_found_page
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +136,9 @@ class Endpoints:
     push: PushSource | None = None
     ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
     sources_text: str = ""
+    alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
+    demo: bool = False  # the job view labels its data as simulated
+    pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -150,58 +156,54 @@ class Endpoints:
         return sorted(out, key=lambda j: (j["project"], j["experiment"]))
 
 
-def landing_page(endpoints: Endpoints) -> bytes:
-    now = time.time()
-    rows = []
+class PageCache:
+    """Pages of the job view, kept for `ttl` seconds: a browser (or many) reloading `/` costs
+    one render per second, so the pure-Python rendering does not compete with scrapes for
+    the interpreter. The pages say "N s ago", so a second's staleness is invisible."""
+
+    def __init__(self, ttl: float = 1.0):
+        self.ttl = ttl
+        self._pages: dict[tuple[str, str | None], tuple[float, int, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, key: tuple[str, str | None], render: Callable[[], tuple[int, bytes]]
+    ) -> tuple[int, bytes]:
+        now = time.monotonic()
+        hit = self._pages.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1], hit[2]
+        status, body = render()  # outside the lock: a slow render never holds up another
+        with self._lock:
+            if len(self._pages) > 256:  # many job paths: keep it bounded
+                self._pages.clear()
+            self._pages[key] = (now, status, body)
+        return status, body
+
+
+def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
+    base = f"http://{host}" if host else ""
+    facts = Facts.of(__version__, base, endpoints.sources_text, endpoints.demo, endpoints.alerts)
+    return facts, Links(endpoints.alerts.get("runbook_url", ""))
+
+
+def landing_page(endpoints: Endpoints, host: str | None = None) -> bytes:
+    """`/`: every job, sorted by who needs attention (rendered from immutable state)."""
+    snaps = [fn() for fn in endpoints.snapshot_fns]
+    return index_page(endpoints.jobs(), snaps, *_facts(endpoints, host)).encode()
+
+
+def job_view(endpoints: Endpoints, path: str, host: str | None = None) -> tuple[int, bytes]:
+    """`/jobs/<project>/<experiment>`: (status, page)."""
+    parts = path[len("/jobs/") :].split("/")
+    if len(parts) != 2:
+        return 404, not_found_page(path, "").encode()
+    project, experiment = (unquote(p) for p in parts)
     for job in endpoints.jobs():
-        age = "" if job.get("last_step_time") is None else f"{now - job['last_step_time']:.0f}s ago"
-        verdict = job.get("verdict") or "-"
-        reason = job.get("reason") or ""
-        change = job.get("change") or "-"
-        if job.get("regressed"):
-            change += f" ({job['regressed']})"
-        hint = look_at(job["verdict"], job.get("reason")) if job.get("verdict") else ""
-        cells = [
-            job["project"],
-            job["experiment"],
-            job.get("step"),
-            job.get("run"),
-            verdict,
-            reason,
-            change,
-            age,
-            hint,
-        ]
-        rows.append(
-            "<tr>"
-            + "".join(f"<td>{html.escape('' if c is None else str(c))}</td>" for c in cells)
-            + "</tr>"
-        )
-    table = (
-        (
-            "<table><tr><th>project</th><th>experiment</th><th>step</th><th>run</th><th>verdict</th>"
-            "<th>reason</th><th>change</th><th>last step</th><th>look at next</th></tr>"
-            + "".join(rows)
-            + "</table>"
-        )
-        if rows
-        else "<p>No verl job seen yet.</p>"
-    )
-    page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
-<title>rlhf-exporter</title>
-<style>body{{font-family:sans-serif;margin:2em}}td,th{{padding:.2em .8em;text-align:left;vertical-align:top}}
-tr:nth-child(even){{background:#f4f4f4}}</style></head>
-<body><h1>rlhf-exporter {html.escape(__version__)}</h1>
-<p>Where the throughput of verl RLHF jobs goes: each job's last step, the window the loop waited on
-longest (verdict), why (reason), and whether a slowdown is a workload shift or a regression.</p>
-{table}
-<p>Sources: {html.escape(endpoints.sources_text)}</p>
-<p><a href="/metrics">/metrics</a> · <a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a> ·
-<a href="/api/v1/jobs">/api/v1/jobs</a> · POST {PUSH_PATH}</p>
-</body></html>
-"""
-    return page.encode()
+        if job["project"] == project and job["experiment"] == experiment:
+            snaps = [fn() for fn in endpoints.snapshot_fns]
+            return 200, job_page(job, snaps, *_facts(endpoints, host)).encode()
+    return 404, not_found_page(project, experiment).encode()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -254,9 +256,16 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._text(503, "not ready: no source has collected successfully yet\n")
         elif path == "/":
-            self._send(200, landing_page(ep), "text/html; charset=utf-8")
-        elif path == "/api/v1/jobs":
-            self._json(200, {"jobs": ep.jobs()})
+            host = self.headers.get("Host")
+            _, page = ep.pages.get((path, host), lambda: (200, landing_page(ep, host)))
+            self._send(200, page, "text/html; charset=utf-8")
+        elif path.startswith("/jobs/"):
+            host = self.headers.get("Host")
+            status, page = ep.pages.get((path, host), lambda: job_view(ep, path, host))
+            self._send(status, page, "text/html; charset=utf-8")
+        elif path == "/api/v1/jobs":  # the view's step history stays out of the JSON
+            jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]
+            self._json(200, {"jobs": jobs})
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:

@@ -129,6 +129,15 @@ OPTIONS: tuple[Option, ...] = (
         "with --demo: seconds between the simulated job's steps",
         metavar="SECONDS",
     ),
+    Option(
+        "demo_scenario",
+        str,
+        "all",
+        "with --demo: the scripted incidents to play: all (default), workload_shift, "
+        "regression, checkpoint, long_validation, actor_restart, gpus_idle or stall "
+        "(timeline: exporter/demo/scenario.py)",
+        metavar="NAME",
+    ),
     # verl files
     Option(
         "verl_root",

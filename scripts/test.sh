@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 # promtool (prometheus) and amtool (prometheus-alertmanager) come from Debian's packages.
 need=()
+# Debian's headless Chromium drives the job view's browser tests (tests/test_view_browser.py).
+command -v chromium-headless-shell >/dev/null 2>&1 || need+=(chromium-headless-shell)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
 if [ ${#need[@]} -gt 0 ]; then

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -13,16 +14,18 @@ import orjson
 
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
+from ..history import point
 from ..reader import MAX_LINE_BYTES, RecordReader
 from ..report import (
     RunSummary,
     Style,
+    Table,
     rejected_line,
     step_json,
     summary_lines,
-    table_header,
-    table_row,
+    terminal_width,
 )
+from ..view import Links, ReportFile, ReportRun, report_page
 
 ORDER = 20
 CHUNK = 1 << 20
@@ -46,6 +49,7 @@ examples:
   rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl
   rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
   rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
+  rlhf-exporter diagnose run.jsonl --html report.html   # one self-contained file to attach
 
 exit status: 0 done, 1 no input could be read, 2 usage or configuration error.
 """
@@ -86,10 +90,22 @@ def register(subparsers) -> None:
     )
     p.add_argument("--summary", action="store_true", help="table: only the per-run summaries")
     p.add_argument(
+        "--wide",
+        action="store_true",
+        help="table: every column in full (default: fit the terminal's width, dropping or "
+        "abbreviating the least useful columns first)",
+    )
+    p.add_argument(
         "--color",
         choices=("auto", "always", "never"),
         default="auto",
         help="colour the table (auto: when writing to a terminal and NO_COLOR is unset)",
+    )
+    p.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="also write the report as one self-contained HTML file (the job view's charts: "
+        "every step's anatomy, verdicts, regressions; no script, nothing fetched)",
     )
     p.add_argument(
         "--max-line-bytes",
@@ -116,11 +132,21 @@ def run(args: argparse.Namespace) -> int:
     colour = args.color == "always" or (
         args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
     )
-    writer = {
-        "table": TableWriter(out, Style(colour), args.summary, len(files) > 1),
+    writer: Any = {
+        "table": TableWriter(
+            out,
+            Style(colour),
+            args.summary,
+            len(files) > 1,
+            terminal_width(args.wide, out.isatty()),
+        ),
         "jsonl": JsonlWriter(out, len(files) > 1),
         "json": JsonWriter(out),
     }[args.format]
+    html = None
+    if args.html:
+        html = HtmlWriter(args.html, thresholds.alerts["runbook_url"])
+        writer = Tee(writer, html)
     read_any = False
     for path in files:
         stream = _open(path)
@@ -130,6 +156,13 @@ def run(args: argparse.Namespace) -> int:
         with stream:
             diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
     writer.close()
+    if html is not None and read_any:
+        try:
+            html.write()
+        except OSError as exc:
+            print(f"rlhf-exporter diagnose: {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"(wrote {args.html})", file=sys.stderr)
     return 0 if read_any else 1
 
 
@@ -156,8 +189,11 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     diagnoser = BatchDiagnoser(th)
     writer.begin_file(path)
     progress = Progress(stream, path)
+    on_record = getattr(writer, "record", None)  # a writer that wants the raw records
     for chunk in iter(lambda: stream.read(CHUNK), b""):
         for record in reader.feed(chunk):
+            if on_record is not None:
+                on_record(record)
             result = diagnoser.feed(record)
             if result is not None:
                 writer.step(result)
@@ -170,6 +206,19 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     writer.flush()
     progress.done()
     writer.end_file(reader.records, dict(reader.rejected))
+
+
+def fit(line: str, width: int | None) -> list[str]:
+    """A summary line wrapped to the width, continuation lines under its text (a line with
+    colour codes is left whole: it is short)."""
+    if width is None or len(line) <= width or "\033" in line:
+        return [line]
+    text = line.lstrip()
+    label, sep, _rest = text.partition(":  ")
+    indent = len(line) - len(text) + (len(label) + len(sep) if sep else 2)
+    return textwrap.wrap(
+        line, width, subsequent_indent=" " * min(indent, width // 2), break_on_hyphens=False
+    ) or [line]
 
 
 class Progress:
@@ -297,8 +346,12 @@ class JsonWriter:
 class TableWriter:
     """Per-step rows as they come, then each run's summary; for a person at a terminal."""
 
-    def __init__(self, out: IO[str], style: Style, summary_only: bool, many: bool):
+    def __init__(
+        self, out: IO[str], style: Style, summary_only: bool, many: bool, width: int | None = None
+    ):
         self.out, self.style, self.summary_only, self.many = out, style, summary_only, many
+        self.table = Table(width)
+        self.width = width
         self.summary: RunSummary | None = None
         self.summaries: list[RunSummary] = []
 
@@ -312,7 +365,8 @@ class TableWriter:
         self.path = path
         self.summary = None
         self.summaries = []
-        self._print(self.style.bold(f"== {path}"))
+        for part in fit(f"== {path}", self.width):
+            self._print(self.style.bold(part))
 
     def step(self, d: StepDiagnosis) -> None:
         if self.summary is None or d.run != self.summary.run:
@@ -324,22 +378,101 @@ class TableWriter:
                     f"run {d.run}"
                     + (" (the job restarted: the baseline starts again)" if d.run else "")
                 )
-                for line in table_header():
+                for line in self.table.header():
                     self._print(line)
         self.summary.add(d)
         if not self.summary_only:
-            self._print(table_row(d, self.style))
+            self._print(self.table.row(d, self.style))
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
         self._print()
-        self._print(self.style.bold(f"summary of {self.path}: {records} records"))
+        for part in fit(f"summary of {self.path}: {records} records", self.width):
+            self._print(self.style.bold(part))
         if not self.summaries:
             self._print("  no classified steps (no record had a usable timing_s/step)")
         for s in self.summaries:
             for line in summary_lines(s, self.style):
-                self._print(line)
+                for part in fit(line, self.width):
+                    self._print(part)
         self._print(rejected_line(rejected))
         self._print()
 
     def close(self) -> None:
         self.out.flush()
+
+
+class Tee:
+    """Feeds one diagnosis to two writers (the chosen format, and the HTML report)."""
+
+    def __init__(self, first: Any, second: Any):
+        self.writers = (first, second)
+        if any(hasattr(w, "record") for w in self.writers):
+            self.record = self._record
+
+    def _record(self, record: Any) -> None:
+        for w in self.writers:
+            if hasattr(w, "record"):
+                w.record(record)
+
+    def begin_file(self, path: str) -> None:
+        for w in self.writers:
+            w.begin_file(path)
+
+    def step(self, d: StepDiagnosis) -> None:
+        for w in self.writers:
+            w.step(d)
+
+    def flush(self) -> None:
+        for w in self.writers:
+            w.flush()
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        for w in self.writers:
+            w.end_file(records, rejected)
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+
+class HtmlWriter:
+    """`--html`: every step as a `StepPoint`, drawn at the end by exporter/view (the same
+    code as the sidecar's job view) into one self-contained file."""
+
+    def __init__(self, path: str, runbook_base: str):
+        self.path = path
+        self.runbook_base = runbook_base
+        self.files: list = []
+        self._throughput: dict[int, float] = {}  # step -> perf/throughput, until classified
+
+    def begin_file(self, path: str) -> None:
+        self.current = path
+        self.runs: dict[int, tuple[RunSummary, list]] = {}
+        self._throughput.clear()
+
+    def record(self, record: Any) -> None:
+        value = record.data.get("perf/throughput")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            self._throughput[record.step] = float(value)
+
+    def step(self, d: StepDiagnosis) -> None:
+        summary, points = self.runs.setdefault(d.run, (RunSummary(d.run), []))
+        summary.add(d)
+        points.append(point(d, self._throughput.pop(d.step, None)))
+
+    def flush(self) -> None:
+        """Nothing to do: the file is written whole at the end."""
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        runs = [ReportRun(s.to_json(), pts) for s, pts in self.runs.values()]
+        self.files.append(ReportFile(self.current, records, dict(rejected), runs))
+
+    def close(self) -> None:
+        """Nothing to do: `write()` is called once every file is read."""
+
+    def write(self) -> None:
+        from .. import __version__
+
+        page = report_page(self.files, Links(self.runbook_base), __version__)
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write(page)

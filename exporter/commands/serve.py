@@ -35,7 +35,9 @@ Endpoints:
   /metrics            Prometheus metrics (catalog: docs/metrics.md)
   /healthz            200 while the process serves
   /readyz             200 once a source has collected once (503 before)
-  /                   each job's current verdict; /api/v1/jobs as JSON
+  /                   the job view: every job (who needs attention first), sources' health,
+                      how to scrape; /jobs/<project>/<experiment> one job's step anatomy;
+                      /api/v1/jobs as JSON
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
                       400 bad JSON/schema, 401 bad token, 409 job read from a file,
@@ -44,6 +46,7 @@ Endpoints:
 
 Examples:
   rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
+  rlhf-exporter serve --demo --demo-scenario actor_restart   # one scripted incident
   rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
   rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray
   curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
@@ -91,9 +94,17 @@ class Sidecar:
         extra_roots = []
         if settings.demo:
             from ..demo.job import DemoJob
+            from ..demo.scenario import NAMES
 
+            scenario = settings.demo_scenario
+            if scenario not in NAMES:
+                raise ConfigError(
+                    f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
+                )
             self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
-            self.demo = DemoJob(self.tempdir, step_seconds=settings.demo_step_seconds)
+            self.demo = DemoJob(
+                self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
+            )
             extra_roots.append(self.tempdir)
         self.sources: list[Any] = []
         self.verl = verl_files.from_settings(settings, self.th, extra_roots)
@@ -117,8 +128,14 @@ class Sidecar:
             nvml = _optional_source("exporter.sources.nvml:NvmlSource", settings, ray=self.ray)
             if nvml is not None:
                 self.sources.append(nvml)
+        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
+            from ..demo.devices import DemoDevices
+
+            self.sources.append(DemoDevices(self.demo))
         polled = [s for s in self.sources if s is not self.push]
         self.endpoints = Endpoints(
+            alerts=self.th.alerts,  # the job view's runbook links and stall deadline
+            demo=self.demo is not None,
             snapshot_fns=[s.snapshot for s in self.sources],
             jobs_fns=[s.jobs for s in self.sources if hasattr(s, "jobs")],
             push=self.push,

@@ -1,11 +1,11 @@
 """The `serve --demo` feed: a simulated verl job writing real verl-format records, fast.
 
-A background thread writes `DEMO_PLAN` (rollout-bound with a long tail, update-bound with low
-MFU, sync-bound, a workload shift, then a regression of update) into
-`<root>/demo/<experiment>.jsonl`, one step every `step_seconds`, exactly as verl's file
-logger does (one unbuffered write per record). At the end of the plan it starts over like a
-restarted verl job: the file is truncated and the steps begin again at 0, so the exporter
-shows a new run. The verl source watches the file like any other job.
+A background thread plays a scenario (exporter/demo/scenario.py: by default every scripted
+incident in turn) into `<root>/demo/<experiment>.jsonl`, one step every `step_seconds`,
+exactly as verl's file logger does (one unbuffered write per record). At the end it starts
+over like a restarted verl job: the file is truncated and the steps begin again at 0, so the
+exporter shows a new run. The verl source watches the file like any other job; the current
+`phase` drives the simulated GPUs and Ray actors (exporter/demo/devices.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import logging
 import threading
 from pathlib import Path
 
-from .simulator import DEMO_PLAN, encode, records
+from .scenario import ActorLife, Phase, play, scenario
+from .simulator import encode
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +31,15 @@ class DemoJob:
         seed: int = 0,
         project: str = PROJECT,
         experiment: str = EXPERIMENT,
+        scenario_name: str = "all",
     ):
         self.root = Path(root)
         self.path = self.root / project / f"{experiment}.jsonl"
         self.step_seconds = step_seconds
         self.seed = seed
+        self.phases = scenario(scenario_name)  # KeyError for an unknown name
+        self.phase: Phase = self.phases[0]  # read by the demo devices source
+        self.rollout = ActorLife()  # the simulated rollout actor's deaths and restarts
         self.written = 0  # records written, all loops
         self.loops = 0
         self._stop = threading.Event()
@@ -62,10 +67,15 @@ class DemoJob:
     def _one_run(self, seed: int) -> None:
         # "wb" truncates, as verl does on every (re)start; buffering=0: one write per record
         with open(self.path, "wb", buffering=0) as f:
-            for record in records(DEMO_PLAN, seed):
-                if self._stop.is_set():
+            for phase, record in play(self.phases, seed):
+                if phase is not self.phase:
+                    self.rollout.enter(phase)
+                    self.phase = phase
+                if record is None:  # the phase's pause: validation running, or a stall
+                    if self._stop.wait(phase.pause * self.step_seconds):
+                        return
+                    continue
+                if record["step"] and self._stop.wait(self.step_seconds):
                     return
                 f.write(encode(record))
                 self.written += 1
-                if self._stop.wait(self.step_seconds):
-                    return

@@ -1,0 +1,141 @@
+"""The demo's scripted incidents: what the simulated job, its GPUs and its Ray actors do, and when.
+
+A scenario is a list of `Phase`s. Each phase fixes the job's shape (a simulator `Regime`) for
+a number of steps, how busy the simulated GPUs are, what the rollout actor is doing, and an
+optional pause (no record, for a number of steps' time) after it. `serve --demo` runs `all`; `--demo-scenario NAME` runs
+one incident between steady steps. The timeline of `all`, at the default 0.7 s per step:
+
+| # | phase | steps | what shows |
+|---|---|---|---|
+| 1 | steady, rollout-bound (long tail) | 15 | rollout verdict, `long_tail` reason; busy GPUs |
+| 2 | sync-bound | 10 | sync verdict, `weight_sync` |
+| 3 | update-bound, low MFU | 12 | update verdict, `low_mfu` |
+| 4 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
+| 5 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` |
+| 6 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
+| 7 | long validation (`timing_s/testing` 240 s) | 1, then 20 steps' pause | a late step; validation is outside the step |
+| 8 | rollout actor dies and restarts | 6 + 6 | `rlhf_ray_actors{state="RESTARTING"}`, the deaths and restarts counters |
+| 9 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 |
+| 10 | stall: no step | 1, then 85 steps' pause | the last step's age grows |
+
+88 steps and 105 steps' time of pauses: about 2.3 minutes per loop at 0.7 s a step (faster
+with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
+Alerts with a `for:` longer than a loop (bound alerts: 15m) need the accelerated promtool
+harness, not this live demo.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, replace
+
+from .simulator import BASE_COST, REGIMES, Regime, regressed, shifted, step_data
+
+BUSY, IDLE = 0.88, 0.04  # GPU utilization ratios
+ROLLOUT_ALIVE, ROLLOUT_RESTARTING, ROLLOUT_RESTARTED = "alive", "restarting", "restarted"
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    regime: Regime
+    steps: int
+    gpu_busy: float = BUSY
+    rollout: str = ROLLOUT_ALIVE  # the rollout actor: alive, restarting (died), restarted
+    pause: float = 0.0  # no record for this many steps' time after the phase's steps
+    extra: Mapping[str, float] = field(default_factory=dict)  # added to every step's data
+
+
+STEADY = REGIMES["rollout_long_tail"]
+UPDATE = REGIMES["update_low_mfu"]
+CHECKPOINT = replace(
+    STEADY, name="checkpoint", cost={**BASE_COST, "gen": 8.0, "save_checkpoint": 40.0}
+)
+VALIDATION = {"timing_s/testing": 240.0, "val-core/openai/gsm8k/reward/mean@1": 0.63}
+
+INCIDENTS: dict[str, list[Phase]] = {
+    "workload_shift": [Phase("workload shift: 1.6x tokens per step", shifted(UPDATE, 1.6), 8)],
+    "regression": [
+        Phase("regression: update_actor 2.5x per token", regressed(UPDATE, "update_actor", 2.5), 8)
+    ],
+    "checkpoint": [Phase("checkpoint", CHECKPOINT, 2)],
+    "long_validation": [
+        Phase("long validation (240 s of testing)", STEADY, 1, pause=20, extra=VALIDATION)
+    ],
+    "actor_restart": [
+        Phase("rollout actor died: restarting", STEADY, 6, rollout=ROLLOUT_RESTARTING),
+        Phase("rollout actor restarted", STEADY, 6, rollout=ROLLOUT_RESTARTED),
+    ],
+    "gpus_idle": [Phase("GPUs idle while steps progress", STEADY, 15, gpu_busy=IDLE)],
+    "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85)],
+}
+
+
+def _all() -> list[Phase]:
+    out = [
+        Phase("steady: rollout-bound, long tail", STEADY, 15),
+        Phase("sync-bound: weights to the rollout engines", REGIMES["sync_bound"], 10),
+        Phase("update-bound, low MFU", UPDATE, 12),
+    ]
+    for name in (
+        "workload_shift",
+        "regression",
+        "checkpoint",
+        "long_validation",
+        "actor_restart",
+        "gpus_idle",
+        "stall",
+    ):
+        out += INCIDENTS[name]
+    return out
+
+
+def scenario(name: str) -> list[Phase]:
+    """The phases of a scenario: `all`, or one incident between steady steps."""
+    if name == "all":
+        return _all()
+    if name not in INCIDENTS:
+        raise KeyError(name)
+    base = UPDATE if name in ("workload_shift", "regression") else STEADY
+    return [
+        Phase("steady", base, 12),
+        *INCIDENTS[name],
+        Phase("steady again", base, 10),
+    ]
+
+
+NAMES = ("all", *INCIDENTS)
+
+
+class ActorLife:
+    """The rollout actor across phases: entering a `restarting` phase is a death, leaving it
+    for `restarted` a restart. Counted when the phase changes, so a poll that misses a short
+    phase still sees the counters move."""
+
+    def __init__(self) -> None:
+        self.state = ROLLOUT_ALIVE
+        self.deaths = 0
+        self.restarts = 0
+
+    def enter(self, phase: Phase) -> None:
+        if phase.rollout == ROLLOUT_RESTARTING and self.state != ROLLOUT_RESTARTING:
+            self.deaths += 1
+        if phase.rollout == ROLLOUT_RESTARTED and self.state == ROLLOUT_RESTARTING:
+            self.restarts += 1
+        self.state = phase.rollout
+
+
+def play(phases: list[Phase], seed: int = 0) -> Iterator[tuple[Phase, dict | None]]:
+    """(phase, record) in order, step 0 (the initial validation) first; `None` for a
+    phase's pause. Pure: the demo job does the writing and the waiting."""
+    rng = random.Random(seed)
+    yield phases[0], {"step": 0, "data": {"val-core/openai/gsm8k/reward/mean@1": 0.41}}
+    step = 1
+    for phase in phases:
+        regime = replace(phase.regime, extra={**phase.regime.extra, **phase.extra})
+        for _ in range(phase.steps):
+            yield phase, {"step": step, "data": step_data(regime, step, rng)}
+            step += 1
+        if phase.pause:
+            yield phase, None

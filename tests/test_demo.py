@@ -1,0 +1,120 @@
+"""The demo: its scripted incidents show in the diagnosis, and its simulated GPUs and Ray
+actors are published through the same snapshot path as the real sources, labelled as demo.
+
+Not tested here (it needs the on-call issue's promtool harness): that every alert of the
+rules fires at least once in an accelerated run of the timeline, and no other.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter.config import load_thresholds
+from exporter.demo.devices import GPU_NAME, DemoDevices
+from exporter.demo.scenario import INCIDENTS, NAMES, ActorLife, play, scenario
+from exporter.demo.simulator import encode
+from exporter.diagnosis import BatchDiagnoser
+from exporter.metrics.catalog import BY_NAME
+from exporter.reader import RecordReader
+from tests.support.serve import Exporter
+
+
+def diagnose(name: str):
+    records = [r for _, r in play(scenario(name), seed=0) if r is not None]
+    data = b"".join(encode(r) for r in records)
+    return records, list(BatchDiagnoser(load_thresholds()).diagnose(RecordReader().feed(data)))
+
+
+def test_every_incident_shows_in_the_all_scenario():
+    records, steps = diagnose("all")
+    changes = {(d.change.change, d.change.regressed) for d in steps}
+    assert ("regression", "update") in changes
+    assert ("workload_shift", None) in changes
+    verdicts = {d.verdict for d in steps}
+    assert {"rollout", "sync", "update", "checkpoint"} <= verdicts
+    assert any("timing_s/testing" in r["data"] for r in records)  # the long validation
+    phases = [p.name for p in scenario("all")]
+    for incident in INCIDENTS.values():
+        assert all(p.name in phases for p in incident)
+    pauses = [p for p, r in play(scenario("all")) if r is None]
+    assert {p.pause for p in pauses} == {20, 85}  # validation, stall (in steps' time)
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "all"])
+def test_one_incident_between_steady_steps(name):
+    phases = scenario(name)
+    assert phases[0].name == "steady" and phases[-1].name == "steady again"
+    assert phases[1:-1] == INCIDENTS[name]
+
+
+def test_unknown_scenario_is_refused():
+    with pytest.raises(KeyError):
+        scenario("nope")
+
+
+class _Job:
+    def __init__(self, phases):
+        self.phase = phases[0]
+        self.rollout = ActorLife()
+
+
+def _value(samples, name, *labels):
+    return next(s.value for s in samples if s.name == name and s.labels == labels)
+
+
+def test_devices_follow_the_phase_and_speak_the_catalog():
+    phases = scenario("actor_restart") + INCIDENTS["gpus_idle"]
+    job = _Job(phases)
+    dev = DemoDevices(job, n_gpus=4)
+    seen = []
+    for phase in phases:
+        job.rollout.enter(phase)
+        job.phase = phase
+        snap = dev.poll_once()
+        assert snap.up and snap.collector == "demo"
+        seen.append(snap.samples)
+        for s in snap.samples:  # every series is a catalog metric with its labels
+            assert len(s.labels) == len(BY_NAME[s.name].labels), s
+    steady, dying, restarted, _, idle = seen
+    assert _value(dying, "rlhf_ray_actors", "rollout", "RESTARTING") == 1
+    assert _value(dying, "rlhf_ray_actor_deaths_total", "rollout", "WORKER_DIED") == 1
+    assert _value(restarted, "rlhf_ray_actors", "rollout", "RESTARTING") == 0
+    assert _value(restarted, "rlhf_ray_actor_restarts_total", "rollout") == 1
+    assert _value(steady, "rlhf_ray_cluster_info", "demo", "demo-simulated") == 1
+    busy = _value(
+        steady, "rlhf_gpu_utilization_ratio", "0", "GPU-demo-0000-0000-0000-0000-000000000000"
+    )
+    low = _value(
+        idle, "rlhf_gpu_utilization_ratio", "0", "GPU-demo-0000-0000-0000-0000-000000000000"
+    )
+    assert busy > 0.8 and low < 0.1
+    roles = {s.labels[2] for s in steady if s.name == "rlhf_gpu_role_memory_bytes"}
+    assert roles == {"trainer", "rollout"}
+    names = {s.labels[2] for s in steady if s.name == "rlhf_gpu_info"}
+    assert names == {GPU_NAME}  # labelled as simulated
+
+
+@pytest.mark.slow
+def test_serve_demo_scenario_publishes_devices(tmp_path):
+    with Exporter(
+        tmp_path, "--demo", "--demo-scenario", "actor_restart", "--demo-step-seconds", "0.05"
+    ) as exp:
+        exp.wait_for(
+            lambda: exp.value("rlhf_ray_actor_restarts_total", role="rollout") == 1,
+            what="the simulated rollout actor restarted",
+        )
+        assert exp.value("rlhf_ray_actor_deaths_total", role="rollout", reason="WORKER_DIED") == 1
+        assert exp.value("rlhf_exporter_collector_up", collector="demo") == 1
+        assert exp.value("rlhf_gpu_utilization_ratio", gpu="0") > 0.5
+        page = exp.get("/").text
+        assert "Demo data" in page and "demo (simulated" in page
+        exp.wait_for(lambda: "grpo-simulated" in exp.get("/").text)
+
+
+def test_serve_refuses_an_unknown_scenario(tmp_path):
+    exp = Exporter(tmp_path, "--demo", "--demo-scenario", "nope", ready=False)
+    try:
+        assert exp.popen.wait(30) == 2
+        assert "unknown scenario 'nope'" in exp.output()
+    finally:
+        exp.terminate()
