@@ -20,6 +20,7 @@ from typing import Any
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
+from ..jobs import limits_from_settings
 from ..logs import configure
 from ..server import Endpoints, make_server
 
@@ -102,13 +103,21 @@ class Sidecar:
             self.sources.append(self.verl)
         self.push = None
         if settings.push:
+            _check_push_exposure(settings)
             claimed = self.verl.has_job if self.verl is not None else None
             self.push = push_mod.PushSource(
-                self.th, settings.push_max_bytes, settings.push_token, settings.job_expiry, claimed
+                self.th,
+                settings.push_max_bytes,
+                settings.push_token,
+                settings.job_expiry,
+                claimed,
+                limits=limits_from_settings(settings),
+                max_jobs=settings.push_max_jobs,
+                max_jobs_per_client=settings.push_max_jobs_per_client,
             )
             self.sources.append(self.push)
             if self.verl is not None:
-                self.verl.claimed = self.push.has_job
+                self.verl.displace = self.push.displace  # a file job always wins its name
         self.ray = None
         if settings.ray:
             self.ray = _optional_source("exporter.sources.ray:RaySource", settings)
@@ -126,7 +135,12 @@ class Sidecar:
             ready_fns=[s.snapshot for s in polled],
             sources_text=", ".join(_describe(s) for s in self.sources) or "none",
         )
-        self.server = make_server(settings.listen, self.endpoints)
+        self.server = make_server(
+            settings.listen,
+            self.endpoints,
+            max_connections=settings.http_max_connections,
+            read_timeout=settings.http_read_timeout,
+        )
 
     @property
     def url(self) -> str:
@@ -163,6 +177,27 @@ class Sidecar:
             shutil.rmtree(self.tempdir, ignore_errors=True)
 
 
+def _check_push_exposure(settings: Any) -> None:
+    """Push without a token on an address others can reach lets any neighbour invent jobs:
+    refused unless asked for explicitly."""
+    import ipaddress
+
+    from ..server import parse_listen
+
+    if settings.push_token or settings.push_allow_anonymous:
+        return
+    host = parse_listen(settings.listen)[0]
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"push is on without a token and --listen {settings.listen} is not a loopback "
+            "address: set RLHF_EXPORTER_PUSH_TOKEN, or --no-push, or --push-allow-anonymous"
+        )
+
+
 def _describe(source: Any) -> str:
     describe = getattr(source, "describe", None)
     return describe() if callable(describe) else source.name
@@ -194,8 +229,17 @@ def run(args: argparse.Namespace) -> int:
         log.info("received %s: shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def on_hangup(_signum, _frame):  # the default action would kill the process silently
+        log.warning(
+            "received SIGHUP: ignored (settings are read at start; restart to apply a changed "
+            "--config)",
+            extra={"signal": "SIGHUP"},
+        )
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, on_hangup)
     sidecar.start()
     if sidecar.verl is None and sidecar.push is None:
         log.warning("no verl input: give --verl-root, --verl-file or --demo, or enable --push")
