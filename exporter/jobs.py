@@ -8,7 +8,8 @@ nothing new costs nothing.
 
 Hostile or broken input is stopped here, before anything becomes a `Sample` (see `Limits`):
 - a label value that is not valid UTF-8 (a lone surrogate from an undecodable file name or
-  a `\\udc80` escape) has the bad code points replaced by U+FFFD (`label_not_utf8`);
+  a `\\udc80` escape) or holds a control character has those code points replaced by
+  U+FFFD (`label_not_utf8`, `label_control_char`);
 - a number that is not a finite float (NaN, +-Inf, an integer too big for a double) is
   dropped from the record (`bad_number`); a step outside +-2**53 rejects the record
   (`bad_step`);
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -78,6 +80,7 @@ _USED_PREFIXES = (TIMER_PREFIX, "perf/", "response_length/", "actor/perf/", FULL
 
 # record_errors reasons for what ingestion drops (the sources add their own)
 LABEL_NOT_UTF8 = "label_not_utf8"
+LABEL_CONTROL_CHAR = "label_control_char"
 BAD_NUMBER = "bad_number"
 BAD_STEP = "bad_step"
 TOO_MANY_TIMERS = "too_many_timers"
@@ -111,16 +114,24 @@ def limits_from_settings(settings: Any) -> Limits:
     )
 
 
-def clean_label(text: str) -> tuple[str, bool]:
-    """`text` as valid UTF-8: each lone surrogate (an undecodable byte that os.fsdecode
-    escaped, or a JSON `\\udc80`) becomes U+FFFD. Returns (text, whether it changed)."""
-    if text.isascii():
-        return text, False
-    try:
-        text.encode("utf-8")
-        return text, False
-    except UnicodeEncodeError:
-        return "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in text), True
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def clean_label(text: str) -> tuple[str, str | None]:
+    """`text` fit to be a label value, and why it was not (None when it was).
+
+    A lone surrogate (an undecodable byte that os.fsdecode escaped, or a JSON `\\udc80`)
+    becomes U+FFFD (`label_not_utf8`), and so does a control character such as a newline
+    in a directory name (`label_control_char`)."""
+    if text.isprintable():  # the fast path: no surrogate, no control character
+        return text, None
+    reason = None
+    if _SURROGATE.search(text):
+        text, reason = _SURROGATE.sub("\ufffd", text), LABEL_NOT_UTF8
+    if _CONTROL.search(text):
+        text, reason = _CONTROL.sub("\ufffd", text), reason or LABEL_CONTROL_CHAR
+    return text, reason
 
 
 def known_timers(th: Thresholds) -> frozenset[str]:
@@ -200,7 +211,7 @@ class Job:
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
         if bad_p or bad_e:
-            self._drop(LABEL_NOT_UTF8)
+            self._drop(bad_p or bad_e)
         self.project = project
         self.experiment = experiment
         self.labels = (project, experiment)
@@ -310,10 +321,10 @@ class Job:
                 self._drop(KEY_TOO_LONG)
                 changed = True
                 continue
-            if not key.isascii():
+            if not key.isprintable():  # a key may become a label value (phase, component)
                 key, bad = clean_label(key)
                 if bad:
-                    self._drop(LABEL_NOT_UTF8)
+                    self._drop(bad)
                     changed = True
             if key.startswith(TIMER_PREFIX):
                 name = timer_name(key)

@@ -12,8 +12,8 @@
 - `rlhf_last_step_timestamp_seconds` is the file's modification time when its records were
   read, so an exporter restart that re-reads an old file does not make a stalled job look
   fresh.
-- Labels come from directory and file names; a name that is not valid UTF-8 has its bad
-  bytes replaced by U+FFFD (counted as `label_not_utf8`).
+- Labels come from directory and file names; a name that is not valid UTF-8 or holds a
+  control character has those replaced by U+FFFD (`label_not_utf8`, `label_control_char`).
 - A file job always wins its name: a pushed job of the same name is dropped when the file
   appears, and later pushes of it get 409.
 - Problems (deleted, unreadable, not a regular file, bad lines) are counted in
@@ -60,7 +60,6 @@ NOT_A_FILE = "not_a_file"
 READ_FAILED = "read_failed"
 DUPLICATE_JOB = "duplicate_job"
 TOO_MANY_FILES = "too_many_files"
-LABEL_NOT_UTF8 = "label_not_utf8"
 INTERNAL_ERROR = "internal_error"
 
 
@@ -194,14 +193,16 @@ class VerlFileSource(PollingSource):
                     extra={"path": str(path), "reason": TOO_MANY_FILES},
                 )
             return
-        if bad_p or bad_e:
-            self._rejected[LABEL_NOT_UTF8] += 1
+        bad = bad_p or bad_e
+        if bad:
+            self._rejected[bad] += 1
             log.warning(
-                "%s: directory or file name is not valid UTF-8; exported as %s/%s",
+                "%s: directory or file name is not valid UTF-8 or holds a control character; "
+                "exported as %r/%r",
                 _shown(path),
                 project,
                 experiment,
-                extra={"path": _shown(path), "reason": LABEL_NOT_UTF8},
+                extra={"path": _shown(path), "reason": bad},
             )
         self._jobs[key] = path  # first: a push checks has_job() before it creates a job
         if self.displace(project, experiment):
