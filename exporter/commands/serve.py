@@ -40,9 +40,16 @@ Endpoints:
   /                   each job's current verdict; /api/v1/jobs as JSON
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
-                      400 bad JSON/schema, 401 bad token, 409 job read from a file,
-                      413 over push_max_bytes. A rejected push changes nothing.
+                      400 bad JSON/schema, 401 bad token, 409 job read from a file
+                      (a file job always wins its name), 413 over push_max_bytes,
+                      429 over push_max_jobs(_per_client). A rejected push changes nothing.
                       Prefer RLHF_EXPORTER_PUSH_TOKEN to --push-token (visible in ps).
+                      Push on, no token and a non-loopback --listen: refused unless
+                      --push-allow-anonymous.
+
+Bounds (group "limits"): what each drops is counted in
+rlhf_exporter_record_errors_total{{reason}}; beyond http_max_connections a connection gets 503.
+SIGHUP is logged and ignored (settings are read at start); SIGTERM/SIGINT stop.
 
 Examples:
   rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
