@@ -54,7 +54,7 @@ SIGHUP is logged and ignored (settings are read at start); SIGTERM/SIGINT stop.
 Examples:
   rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
   rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
-  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray
+  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray --no-push
   curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
        -d '{{"project":"p","experiment":"e","step":1,"data":{{"timing_s/step":12.5}}}}'
 """

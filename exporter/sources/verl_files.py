@@ -124,6 +124,7 @@ class VerlFileSource(PollingSource):
         self._parts: list[tuple[Sample, ...]] = []  # each exported job's samples, last poll
         self._samples: tuple[Sample, ...] = ()
         self._duplicates: set[tuple[str, str]] = set()
+        self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
         # drops a pushed job of this name, if any (a file job always wins its name)
         self.displace: Callable[[str, str], bool] = lambda project, experiment: False
 
@@ -387,7 +388,12 @@ class VerlFileSource(PollingSource):
             try:
                 parts.append(w.job.samples())
             except Exception:  # never lets one job remove the others' series
-                self._file_problem(w, INTERNAL_ERROR, "building its series failed (a bug)")
+                if w.job.labels not in self._broken:
+                    self._broken.add(w.job.labels)
+                    self._rejected[INTERNAL_ERROR] += 1
+                    log.error("%s: building its series failed (a bug); not exported",
+                              _shown(w.path), exc_info=True,
+                              extra={"path": _shown(w.path), "reason": INTERNAL_ERROR})  # fmt: skip
                 continue
             jobs.append(w.job)
         if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
