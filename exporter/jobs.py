@@ -210,8 +210,9 @@ class Job:
         self._logged: set[str] = set()
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
-        if bad_p or bad_e:
-            self._drop(bad_p or bad_e)
+        bad = bad_p or bad_e
+        if bad:
+            self._drop(bad)
         self.project = project
         self.experiment = experiment
         self.labels = (project, experiment)

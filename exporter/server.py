@@ -217,10 +217,12 @@ class Handler(BaseHTTPRequestHandler):
     server_version = f"rlhf-exporter/{__version__}"
     timeout = 30  # seconds a connection may idle or trickle before it is closed
     endpoints: Endpoints  # set on the subclass made by make_server
+    server: Server
 
     def setup(self) -> None:
-        self.timeout = self.server.read_timeout  # per socket operation (reads and writes)
         super().setup()
+        # per socket operation (reads and writes); the whole request has a deadline (Server)
+        self.connection.settimeout(self.server.read_timeout)
         # Headers and body go out in two writes; without this, a kept-alive connection
         # (Prometheus keeps them) waits ~40 ms per request on Nagle + delayed ACK.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

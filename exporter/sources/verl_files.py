@@ -116,7 +116,7 @@ class VerlFileSource(PollingSource):
         self.poll_budget = max(poll_budget, self.file_budget)
         self._watched: dict[Path, Watched] = {}
         self._jobs: dict[tuple[str, str], Path] = {}
-        self._rejected = Counter()  # record errors by reason, all files, ever
+        self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
         self._records = 0
         self._root_problems: dict[Path, str] = {}
         self._rotate = 0
@@ -142,17 +142,17 @@ class VerlFileSource(PollingSource):
                 continue
             if self._root_problems.pop(root, None) is not None:
                 log.info("verl root %s is readable again", root, extra={"path": str(root)})
-            for project in projects:
+            for folder in projects:
                 try:
-                    entries = list(os.scandir(project.path))
+                    entries = list(os.scandir(folder.path))
                 except OSError as exc:
-                    self._root_problem(Path(project.path), exc)
+                    self._root_problem(Path(folder.path), exc)
                     continue
                 for entry in entries:
                     if entry.name.endswith(SUFFIX):
                         path = Path(entry.path)
                         if path not in self._watched:
-                            self._watch(path, project.name, entry.name[: -len(SUFFIX)])
+                            self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
 
     def _root_problem(self, root: Path, exc: OSError) -> None:
         reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else FILE_MISSING
