@@ -245,6 +245,14 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "max_files",
+        _count,
+        5000,
+        "verl files watched at most; further files are ignored (too_many_files, counted once)",
+        "limits",
+        "N",
+    ),
+    Option(
         "http_max_connections",
         _count,
         64,

@@ -104,6 +104,7 @@ class VerlFileSource(PollingSource):
         file_budget: int = 8 << 20,
         poll_budget: int = 64 << 20,
         limits: Limits = DEFAULT_LIMITS,
+        max_files: int = MAX_FILES,
     ):
         super().__init__(NAME, interval)
         self.th = th
@@ -112,6 +113,7 @@ class VerlFileSource(PollingSource):
         self.job_expiry = job_expiry
         self.max_line = max_line
         self.limits = limits
+        self.max_files = max_files
         self.file_budget = max(file_budget, CHUNK)
         self.poll_budget = max(poll_budget, self.file_budget)
         self._watched: dict[Path, Watched] = {}
@@ -184,12 +186,12 @@ class VerlFileSource(PollingSource):
                     extra={"path": str(path), "reason": DUPLICATE_JOB},
                 )
             return
-        if len(self._watched) >= MAX_FILES:
+        if len(self._watched) >= self.max_files:
             if TOO_MANY_FILES not in self._rejected:
                 self._rejected[TOO_MANY_FILES] += 1
                 log.warning(
                     "watching %d files already; ignoring %s and any further files",
-                    MAX_FILES,
+                    self.max_files,
                     path,
                     extra={"path": str(path), "reason": TOO_MANY_FILES},
                 )
@@ -440,6 +442,7 @@ def from_settings(
         job_expiry=settings.job_expiry,
         max_line=settings.max_line_bytes,
         limits=limits_from_settings(settings),
+        max_files=settings.max_files,
     )
 
 
