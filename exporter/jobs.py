@@ -28,7 +28,6 @@ Each drop is counted in the `rejected` counter the source passes in (exported as
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from collections import Counter
@@ -73,6 +72,7 @@ MAX_LABEL_CHARS = 120  # a verl key used as a label value (phase, stage, compone
 MFU_STAGES = frozenset({"actor", "actor_infer", "critic", "ref"})  # verl's perf/mfu/<stage>
 MAX_COMPONENTS = 16  # fully_async/<component>/idle_ratio components per job
 MAX_STEP = 1 << 53  # a step beyond this is not exactly a double
+ACCEPTED_KEYS = 1024  # keys a job remembers as already checked (a bounded memo)
 MAX_INT = 1 << 63  # an integer value beyond this is no verl number (and may overflow a float)
 # keys the exporter reads: kept first when a step has more keys than Limits.step_keys
 _USED_PREFIXES = (TIMER_PREFIX, "perf/", "response_length/", "actor/perf/", FULLY_ASYNC_PREFIX,
@@ -222,6 +222,7 @@ class Job:
         self._unknown_timers: set[str] = set()
         self._components: set[str] = set()
         self._step_keys: set[str] = set()  # keys kept so far for the current step
+        self._accepted: set[str] = set()  # keys taken unchanged before (a memo, bounded)
         self._diagnoser = StreamDiagnoser(th)
         self._run_base = 0  # runs before the current diagnoser (explicit new_run calls)
         self.records = 0
@@ -307,16 +308,20 @@ class Job:
         lim = self.limits
         out: dict[str, Any] = {}
         changed = False
+        accepted = self._accepted
         for key, value in record.data.items():
             t = type(value)
             if t is float:
-                if not math.isfinite(value):
+                if value - value != 0.0:  # NaN or +-Inf (math.isfinite, without a call)
                     self._drop(BAD_NUMBER)
                     changed = True
                     continue
             elif t is int and not -MAX_INT <= value <= MAX_INT:
                 self._drop(BAD_NUMBER)
                 changed = True
+                continue
+            if key in accepted:  # a key this job already took as it is: the common case
+                out[key] = value
                 continue
             if type(key) is not str or len(key) > lim.key_chars:
                 self._drop(KEY_TOO_LONG)
@@ -352,10 +357,16 @@ class Job:
                         changed = True
                         continue
                     self._components.add(component)
+            if not changed and len(accepted) < ACCEPTED_KEYS:
+                accepted.add(key)  # (a cleaned key is checked again each time: rare)
             out[key] = value
         # one step's merged data: at most step_keys keys, whatever is sent again
         seen = self._step_keys
         if step != self._diagnoser.step or self._diagnoser.run < 0:
+            if len(out) <= lim.step_keys:  # a new step that fits: the common case
+                seen.clear()
+                seen.update(out)
+                return Record(step, out) if changed else record
             seen.clear()
         new = [k for k in out if k not in seen]
         room = lim.step_keys - len(seen)
