@@ -343,7 +343,7 @@ _BUSY = (
     b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 43\r\n\r\n"
     b"too many connections (http_max_connections)"
 )
-_ABORTED = (ConnectionError, TimeoutError)  # the client went away or was too slow
+_ABORTED = OSError  # the client went away, reset, or was too slow (socket errors)
 
 
 class Server(ThreadingHTTPServer):
@@ -443,6 +443,7 @@ class Server(ThreadingHTTPServer):
                 logging.ERROR if error else logging.WARNING,
                 message + "; further ones of this kind are logged at debug level",
                 *args,
+                exc_info=error,  # a bug: its traceback, inside the configured log format
                 extra={"reason": kind},
             )
         else:
