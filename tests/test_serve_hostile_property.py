@@ -46,6 +46,8 @@ _records = st.lists(
 _name = st.binary(min_size=1, max_size=6).map(
     lambda b: bytes(c for c in b if c not in b"/\0.") or b"n"
 )
+# push names: any text but surrogates (which JSON cannot carry); control characters get 400
+_push_name = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=6)
 _action = st.one_of(
     st.tuples(st.just("append"), _records, st.booleans()),  # (kind, records, key flood?)
     st.tuples(st.just("rewrite"), _records, st.booleans()),
@@ -115,9 +117,11 @@ def _check(exp: Exporter, totals: dict) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(name=_name, actions=st.lists(_action, min_size=1, max_size=4))
-def test_hostile_files_and_pushes_never_break_the_exposition(exp, name, actions):
+@given(name=_name, pushed=_push_name, actions=st.lists(_action, min_size=1, max_size=4))
+def test_hostile_files_and_pushes_never_break_the_exposition(exp, name, pushed, actions):
     n = next(_ids)
+    push_project = f"push{n}" + pushed
+    control = any(ord(c) < 32 or ord(c) == 127 for c in push_project)  # refused with 400
     project = b"h%d" % n + name
     label = clean_label(os.fsdecode(project))[0]
     folder = os.path.join(os.fsencode(exp.verl_root), project)
@@ -140,11 +144,12 @@ def test_hostile_files_and_pushes_never_break_the_exposition(exp, name, actions)
         elif kind == "push":
             body, valid, step_after = _lines(payload, push_next, k, flood)
             recs = ",".join(body.decode().splitlines())
-            raw = f'{{"project":"push{n}","experiment":"e","records":[{recs}]}}'.encode()
+            head = json.dumps({"project": push_project, "experiment": "e"})[:-1]
+            raw = f'{head},"records":[{recs}]}}'.encode()
             r = exp.push(raw, token=TOKEN)
             # a hostile step, or what strict JSON refuses (NaN, 1e400, a lone surrogate),
             # rejects the whole push
-            if valid == len(payload) and _strict_json(raw):
+            if valid == len(payload) and _strict_json(raw) and not control:
                 assert r.status_code == 200, r.text
                 push_next, push_steps = step_after, push_steps + valid
                 totals["push"] += valid
@@ -157,4 +162,4 @@ def test_hostile_files_and_pushes_never_break_the_exposition(exp, name, actions)
         if file_steps:
             assert exp.value("rlhf_steps_total", project=label, experiment="f") == file_steps
         if push_steps:
-            assert exp.value("rlhf_steps_total", project=f"push{n}", experiment="e") == push_steps
+            assert exp.value("rlhf_steps_total", project=push_project, experiment="e") == push_steps
