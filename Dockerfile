@@ -4,7 +4,10 @@
 #   docker build -t ghcr.io/rlhf-exporter/rlhf-exporter:0.1.0 .
 FROM python:3.11-slim
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
+# Push off unless asked for (-e RLHF_EXPORTER_PUSH=true with RLHF_EXPORTER_PUSH_TOKEN): on a
+# pod's address, push without a token is refused at start.
+ENV RLHF_EXPORTER_PUSH=false \
+    PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -12,6 +12,13 @@
   job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON.
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   exporter/sources/push.py for the body and the answers).
+
+Connections are bounded (`Server`): at most `http_max_connections` are served at once (one
+thread each, as `http.server.ThreadingHTTPServer` does); a connection beyond that gets a
+503 and is closed. A connection must send a request's headers (and a POST its body) within
+`http_read_timeout` seconds, idle kept-alive ones included, or it is shut down. A
+connection the client aborts, or one that times out, is logged once per kind of failure (in
+the configured log format), then at debug level; never as a raw traceback.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import gzip
 import logging
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -211,12 +219,29 @@ class Handler(BaseHTTPRequestHandler):
     server_version = f"rlhf-exporter/{__version__}"
     timeout = 30  # seconds a connection may idle or trickle before it is closed
     endpoints: Endpoints  # set on the subclass made by make_server
+    server: Server
 
     def setup(self) -> None:
         super().setup()
+        # per socket operation (reads and writes); the whole request has a deadline (Server)
+        self.connection.settimeout(self.server.read_timeout)
         # Headers and body go out in two writes; without this, a kept-alive connection
         # (Prometheus keeps them) waits ~40 ms per request on Nagle + delayed ACK.
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle_one_request(self) -> None:
+        # the request line and headers must arrive within read_timeout (also the idle time
+        # of a kept-alive connection before its next request)
+        self.server.arm(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.disarm(self.connection)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.server.disarm(self.connection)  # headers read: the handler takes over
+        return ok
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -296,11 +321,16 @@ class Handler(BaseHTTPRequestHandler):
             return b"".join(chunks)
 
         length = self.headers.get("Content-Length")
+        self.server.arm(self.connection)  # the whole body within read_timeout
         try:
-            answer = push.handle(self.headers.get("Authorization"), length, read)
+            answer = push.handle(
+                self.headers.get("Authorization"), length, read, self.client_address[0]
+            )
         except (TimeoutError, OSError):
             self.close_connection = True
             return
+        finally:
+            self.server.disarm(self.connection)
         if length is None or read_bytes != _int(length):
             self.close_connection = True  # an unread (rejected) body: do not reuse the connection
         extra = (
@@ -317,10 +347,116 @@ def _int(text: str) -> int:
         return -1
 
 
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 43\r\n\r\n"
+    b"too many connections (http_max_connections)"
+)
+_ABORTED = OSError  # the client went away, reset, or was too slow (socket errors)
+
+
 class Server(ThreadingHTTPServer):
+    """`ThreadingHTTPServer` with a bound on connections and on how long a read may take.
+
+    A bounded semaphore caps the connection threads (beyond the cap: 503, closed at once,
+    from the accepting thread without reading the request). A watchdog thread shuts down a
+    connection whose request headers (or POST body) did not arrive by its deadline: socket
+    timeouts alone bound each read, not a client that trickles a byte at a time.
+    """
+
     daemon_threads = True
+    block_on_close = False  # stop() never waits on a slow client
     allow_reuse_address = True
     request_queue_size = 256  # many scrapers connecting at once must not be refused
+    max_connections = 64
+    read_timeout = 10.0
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._deadlines: dict[socket.socket, float] = {}
+        self._deadline_lock = threading.Lock()
+        self._logged: set[str] = set()
+        self.refused = 0
+        threading.Thread(target=self._watchdog, name="http-deadlines", daemon=True).start()
+
+    # -- connection cap -------------------------------------------------------------------
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self._once("refused", "connection refused with 503: %d connections open "
+                       "(http_max_connections)", self.max_connections)  # fmt: skip
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.disarm(request)
+            self._slots.release()
+
+    # -- read deadlines -------------------------------------------------------------------
+    def arm(self, conn: socket.socket) -> None:
+        with self._deadline_lock:
+            self._deadlines[conn] = time.monotonic() + self.read_timeout
+
+    def disarm(self, conn: socket.socket) -> None:
+        with self._deadline_lock:
+            self._deadlines.pop(conn, None)
+
+    def _watchdog(self) -> None:
+        tick = min(1.0, self.read_timeout / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            with self._deadline_lock:
+                late = [c for c, t in self._deadlines.items() if t <= now]
+                for conn in late:
+                    del self._deadlines[conn]
+            for conn in late:
+                self._once("deadline", "closed a connection that did not send its request "
+                           "within %gs (http_read_timeout)", self.read_timeout)  # fmt: skip
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    # -- errors ---------------------------------------------------------------------------
+    def handle_error(self, request, client_address) -> None:
+        """socketserver prints a traceback to stderr; log once per kind instead."""
+        exc = sys.exc_info()[1]
+        kind = type(exc).__name__
+        if isinstance(exc, _ABORTED):
+            self._once(kind, "HTTP connection from %s aborted: %s (%s)", client_address[0],
+                       exc, kind)  # fmt: skip
+        else:
+            self._once(kind, "HTTP request from %s failed: %s: %s (a bug)", client_address[0],
+                       kind, exc, error=True)  # fmt: skip
+
+    def _once(self, kind: str, message: str, *args: Any, error: bool = False) -> None:
+        first = kind not in self._logged
+        self._logged.add(kind)
+        if first:
+            log.log(
+                logging.ERROR if error else logging.WARNING,
+                message + "; further ones of this kind are logged at debug level",
+                *args,
+                exc_info=error,  # a bug: its traceback, inside the configured log format
+                extra={"reason": kind},
+            )
+        else:
+            log.debug(message, *args, extra={"reason": kind})
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -328,10 +464,15 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def make_server(listen: str, endpoints: Endpoints) -> Server:
+def make_server(
+    listen: str,
+    endpoints: Endpoints,
+    max_connections: int = Server.max_connections,
+    read_timeout: float = Server.read_timeout,
+) -> Server:
     host, port = parse_listen(listen)
     handler = type("BoundHandler", (Handler,), {"endpoints": endpoints})
-    server_cls = Server
+    attrs: dict[str, Any] = {"max_connections": max_connections, "read_timeout": read_timeout}
     if ":" in host:
-        server_cls = type("Server6", (Server,), {"address_family": socket.AF_INET6})
-    return server_cls((host, port), handler)
+        attrs["address_family"] = socket.AF_INET6
+    return type("BoundServer", (Server,), attrs)((host, port), handler)

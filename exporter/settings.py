@@ -45,6 +45,14 @@ def _positive(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    """A whole number >= 1 (a bound)."""
+    value = int(str(text).strip())
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {text!r}")
+    return value
+
+
 def _size(text: str) -> int:
     """A positive number of bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
     s = str(text).strip()
@@ -215,6 +223,82 @@ OPTIONS: tuple[Option, ...] = (
         "push",
         "TOKEN",
     ),
+    Option(
+        "push_allow_anonymous",
+        _bool,
+        False,
+        "allow push without a token on a non-loopback --listen address (refused otherwise)",
+        "push",
+    ),
+    Option(
+        "push_max_jobs",
+        _count,
+        1000,
+        "most pushed jobs at a time (more: 429, counted as too_many_jobs)",
+        "push",
+        "N",
+    ),
+    Option(
+        "push_max_jobs_per_client",
+        _count,
+        100,
+        "most pushed jobs one client address may create (more: 429, counted as "
+        "too_many_jobs_per_client)",
+        "push",
+        "N",
+    ),
+    # limits: bounds on what one job keeps (each drop counted in rlhf_exporter_record_errors_total)
+    Option(
+        "max_unknown_timers",
+        _count,
+        32,
+        "timing_s/<x> timers outside the thresholds' timer map kept (exported as phase) per "
+        "job; later ones are dropped as too_many_timers",
+        "limits",
+        "N",
+    ),
+    Option(
+        "max_step_keys",
+        _count,
+        1024,
+        "keys kept of one step's merged records (keys the exporter reads first); the rest "
+        "are dropped as too_many_keys",
+        "limits",
+        "N",
+    ),
+    Option(
+        "max_key_chars",
+        _count,
+        256,
+        "longest record key kept; longer ones are dropped as key_too_long",
+        "limits",
+        "N",
+    ),
+    Option(
+        "max_files",
+        _count,
+        5000,
+        "verl files watched at most; further files are ignored (too_many_files, counted once)",
+        "limits",
+        "N",
+    ),
+    Option(
+        "http_max_connections",
+        _count,
+        64,
+        "open HTTP connections served at once; beyond it a connection gets 503 and is closed",
+        "limits",
+        "N",
+    ),
+    Option(
+        "http_read_timeout",
+        _positive,
+        10.0,
+        "seconds a connection may take to send a request's headers, or its body, or to "
+        "start the next request on a kept-alive connection; then it is closed",
+        "limits",
+        "SECONDS",
+    ),
     # ray
     Option("ray", _bool, True, "poll Ray's state API for actor liveness", "ray"),
     Option(
@@ -267,6 +351,7 @@ GROUP_TITLES = {
     "general": "general",
     "verl": "verl files",
     "push": "push endpoint",
+    "limits": "limits (bad or hostile input)",
     "ray": "Ray actors",
     "nvml": "GPUs (NVML)",
 }

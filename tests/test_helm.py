@@ -192,6 +192,9 @@ def expected_kinds(
     return +want
 
 
+STANDALONE = {"mode": "standalone", "standalone": {"logs": {"existingClaim": "verl-logs"}}}
+
+
 def all_features() -> dict:
     values = {
         "mode": "standalone",
@@ -437,15 +440,14 @@ def test_schema_rejects_wrong_values_with_the_culprit(values, where):
             {"prometheusRule": {"alerts": {"NoSuchAlertAnywhere": {"enabled": False}}}},
             "NoSuchAlertAnywhere",
         ),
+        ({**STANDALONE, "push": {"enabled": True}}, "push.tokenSecret.name"),
+        ({"networkPolicy": {"enabled": True}}, "mode: standalone"),
     ],
 )
 def test_inconsistent_values_fail_with_a_clear_message(values, needle):
     with pytest.raises(helm.HelmRenderError) as caught:
         render(values)
     assert needle in str(caught.value)
-
-
-STANDALONE = {"mode": "standalone", "standalone": {"logs": {"existingClaim": "verl-logs"}}}
 
 
 @pytest.mark.parametrize(
@@ -788,7 +790,7 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
             assert mount["name"] in [m["name"] for m in ray["volumeMounts"]]
             assert conf.verl_root == [logs_root]
             assert conf.ray_address == "http://127.0.0.1:8265"
-            assert conf.push is True
+            assert conf.push is False  # push is off unless enabled (with a token Secret)
             assert conf.nvml is values["rlhf-exporter"]["sidecar"]["head"]["nvml"] is False
             assert conf.gpu_roles is False  # no NVML on this head: nothing to attribute
         else:
@@ -866,3 +868,27 @@ def test_readme_shows_both_examples_and_the_gpu_caveats():
         "rlhf-exporter render chart",
     ):
         assert needle in text, needle
+
+
+def test_push_is_off_by_default_and_a_network_policy_admits_only_the_given_peers():
+    (ctr,) = [
+        c
+        for o in render(STANDALONE)
+        if o["kind"] == "Deployment"
+        for c in o["spec"]["template"]["spec"]["containers"]
+    ]
+    conf, _env = serve_settings(ctr)
+    assert conf.push is False
+    peers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    objects = render({**STANDALONE, "networkPolicy": {"enabled": True, "from": peers}})
+    policy = only(objects, "NetworkPolicy")
+    validate(policy)
+    deployment = only(objects, "Deployment")
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"]
+        == deployment["spec"]["selector"]["matchLabels"]
+    )
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == peers
+    assert rule["ports"] == [{"port": settings.DEFAULT_PORT, "protocol": "TCP"}]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]

@@ -154,23 +154,20 @@ def test_push_can_be_disabled(tmp_path):
         assert e.value("rlhf_exporter_collector_up", collector="push") is None
 
 
-def test_a_pushed_job_is_not_also_read_from_a_file(exp):
+def test_a_file_job_wins_its_name_over_a_push(exp):
+    """A push cannot squat the name of a file job that appears later (issue 12): the file's
+    job replaces the pushed one, later pushes get 409, and there is one series."""
     job = {"project": "pushed", "experiment": "first"}
     assert exp.push({**job, "records": plan(2)}, token=TOKEN).status_code == 200
-    before = (
-        exp.value("rlhf_exporter_record_errors_total", collector="verl", reason="duplicate_job")
-        or 0
-    )
     path = exp.verl_root / "pushed" / "first.jsonl"
     path.parent.mkdir(exist_ok=True)
     path.write_bytes(b"".join(encode(r) for r in plan(5)))
-    exp.wait_for(
-        lambda: (
-            exp.value("rlhf_exporter_record_errors_total", collector="verl", reason="duplicate_job")
-            == before + 1
-        )
+    exp.wait_for(lambda: exp.value("rlhf_steps_total", **job) == 6)  # the file's steps only
+    assert (
+        exp.value("rlhf_exporter_record_errors_total", collector="push", reason="job_displaced")
+        == 1
     )
-    assert exp.value("rlhf_steps_total", **job) == 3  # the pushed steps only, one series
+    assert exp.push({**job, "records": plan(1)}, token=TOKEN).status_code == 409
     assert (
         exp.get("/metrics").text.count('rlhf_steps_total{experiment="first",project="pushed"}') == 1
     )

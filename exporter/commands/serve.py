@@ -19,6 +19,7 @@ from typing import Any
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
+from ..jobs import limits_from_settings
 from ..logs import configure
 from ..server import Endpoints, make_server
 
@@ -40,15 +41,22 @@ Endpoints:
                       /api/v1/jobs as JSON
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
-                      400 bad JSON/schema, 401 bad token, 409 job read from a file,
-                      413 over push_max_bytes. A rejected push changes nothing.
+                      400 bad JSON/schema, 401 bad token, 409 job read from a file
+                      (a file job always wins its name), 413 over push_max_bytes,
+                      429 over push_max_jobs(_per_client). A rejected push changes nothing.
                       Prefer RLHF_EXPORTER_PUSH_TOKEN to --push-token (visible in ps).
+                      Push on, no token and a non-loopback --listen: refused unless
+                      --push-allow-anonymous.
+
+Bounds (group "limits"): what each drops is counted in
+rlhf_exporter_record_errors_total{{reason}}; beyond http_max_connections a connection gets 503.
+SIGHUP is logged and ignored (settings are read at start); SIGTERM/SIGINT stop.
 
 Examples:
   rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
   rlhf-exporter serve --demo --demo-scenario actor_restart   # one scripted incident
   rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
-  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray
+  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray --no-push
   curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
        -d '{{"project":"p","experiment":"e","step":1,"data":{{"timing_s/step":12.5}}}}'
 """
@@ -112,13 +120,21 @@ class Sidecar:
             self.sources.append(self.verl)
         self.push = None
         if settings.push:
+            _check_push_exposure(settings)
             claimed = self.verl.has_job if self.verl is not None else None
             self.push = push_mod.PushSource(
-                self.th, settings.push_max_bytes, settings.push_token, settings.job_expiry, claimed
+                self.th,
+                settings.push_max_bytes,
+                settings.push_token,
+                settings.job_expiry,
+                claimed,
+                limits=limits_from_settings(settings),
+                max_jobs=settings.push_max_jobs,
+                max_jobs_per_client=settings.push_max_jobs_per_client,
             )
             self.sources.append(self.push)
             if self.verl is not None:
-                self.verl.claimed = self.push.has_job
+                self.verl.displace = self.push.displace  # a file job always wins its name
         self.ray = None
         if settings.ray:
             self.ray = _optional_source("exporter.sources.ray:RaySource", settings)
@@ -142,7 +158,12 @@ class Sidecar:
             ready_fns=[s.snapshot for s in polled],
             sources_text=", ".join(_describe(s) for s in self.sources) or "none",
         )
-        self.server = make_server(settings.listen, self.endpoints)
+        self.server = make_server(
+            settings.listen,
+            self.endpoints,
+            max_connections=settings.http_max_connections,
+            read_timeout=settings.http_read_timeout,
+        )
 
     @property
     def url(self) -> str:
@@ -179,6 +200,27 @@ class Sidecar:
             shutil.rmtree(self.tempdir, ignore_errors=True)
 
 
+def _check_push_exposure(settings: Any) -> None:
+    """Push without a token on an address others can reach lets any neighbour invent jobs:
+    refused unless asked for explicitly."""
+    import ipaddress
+
+    from ..server import parse_listen
+
+    if settings.push_token or settings.push_allow_anonymous:
+        return
+    host = parse_listen(settings.listen)[0]
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"push is on without a token and --listen {settings.listen} is not a loopback "
+            "address: set RLHF_EXPORTER_PUSH_TOKEN, or --no-push, or --push-allow-anonymous"
+        )
+
+
 def _describe(source: Any) -> str:
     describe = getattr(source, "describe", None)
     return describe() if callable(describe) else source.name
@@ -206,8 +248,17 @@ def run(args: argparse.Namespace) -> int:
         log.info("received %s: shutting down", signal.Signals(signum).name)
         stop.set()
 
+    def on_hangup(_signum, _frame):  # the default action would kill the process silently
+        log.warning(
+            "received SIGHUP: ignored (settings are read at start; restart to apply a changed "
+            "--config)",
+            extra={"signal": "SIGHUP"},
+        )
+
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, on_hangup)
     sidecar.start()
     if sidecar.verl is None and sidecar.push is None:
         log.warning("no verl input: give --verl-root, --verl-file or --demo, or enable --push")

@@ -273,7 +273,7 @@ EXPORTER = _section(
     Metric(
         "rlhf_exporter_record_errors_total",
         COUNTER,
-        "Input rejected, by reason.",
+        "Input rejected or dropped (lines, records, keys, values, names), by reason.",
         ("collector", "reason"),
     ),
     Metric("rlhf_exporter_jobs", GAUGE, "verl jobs currently exported.", ("collector",)),

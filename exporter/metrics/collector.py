@@ -6,6 +6,7 @@ from the immutable snapshots the sources last published.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,6 +17,7 @@ from .catalog import BY_NAME, COUNTER, Metric
 from .snapshot import Sample, Snapshot
 
 SnapshotFn = Callable[[], Snapshot]
+log = logging.getLogger(__name__)
 
 
 def new_family(metric: Metric) -> Family:
@@ -49,8 +51,12 @@ def families(snapshots: Sequence[Snapshot]) -> list[Family]:
             add("rlhf_exporter_records_total", c, snap.records)
         for reason, n in snap.record_errors.items():
             add("rlhf_exporter_record_errors_total", (snap.collector, reason), n)
-        for sample in snap.samples:
-            add(*sample)
+        try:  # last resort: a bad sample costs its source's remaining series, not the scrape
+            for sample in snap.samples:
+                add(*sample)
+        except Exception:
+            log.error("bad sample from %s dropped with the rest of its samples", snap.collector,
+                      exc_info=True, extra={"collector": snap.collector})  # fmt: skip
     order = {name: i for i, name in enumerate(BY_NAME)}
     return sorted(by_name.values(), key=lambda f: order[_catalog_name(f)])
 

@@ -13,8 +13,10 @@ Body (JSON, UTF-8), one of:
 
 Answers (JSON): 200 `{"accepted": N, "project", "experiment", "step", "run", "verdict"}`;
 400 bad JSON or schema, 401 missing or wrong `Authorization: Bearer TOKEN` (when a token is
-set), 409 a job of that name is already read from a file, 411 no Content-Length, 413 body
-over the limit, 429 too many pushed jobs. Every rejection is all-or-nothing: it changes no job,
+set), 409 a job of that name is read from a file (a file job always wins its name: a pushed
+job is dropped when a file of its name appears), 411 no Content-Length, 413 body over the
+limit, 429 too many pushed jobs (`push_max_jobs` in all, `push_max_jobs_per_client` per
+client address). Every rejection is all-or-nothing: it changes no job,
 and is counted in `rlhf_exporter_record_errors_total{collector="push",reason}`.
 A pushed job that receives nothing for `job_expiry` seconds stops being exported.
 """
@@ -34,7 +36,7 @@ from typing import Any, NamedTuple
 import orjson
 
 from ..diagnosis import Record, Thresholds
-from ..jobs import Job
+from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits
 from ..metrics.snapshot import Sample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ NAME = "push"
 PATH = "/api/v1/records"
 MAX_LABEL_CHARS = 200
 MAX_JOBS = 1000
+MAX_JOBS_PER_CLIENT = 100
 BODY_KEYS = frozenset({"project", "experiment", "records", "step", "data"})
 RECORD_KEYS = frozenset({"step", "data"})
 
@@ -54,6 +57,8 @@ INVALID_JSON = "invalid_json"
 BAD_SCHEMA = "bad_schema"
 CONFLICT = "job_conflict"
 TOO_MANY_JOBS = "too_many_jobs"
+TOO_MANY_JOBS_PER_CLIENT = "too_many_jobs_per_client"
+JOB_DISPLACED = "job_displaced"  # a pushed job dropped because a file of its name appeared
 
 
 class Answer(NamedTuple):
@@ -72,6 +77,7 @@ class Rejected(Exception):
 class _Pushed:
     job: Job
     last_push: float
+    client: str = ""
 
 
 def _label(body: dict, key: str) -> str:
@@ -96,8 +102,8 @@ def _record(obj: Any, where: str) -> Record:
             400, BAD_SCHEMA, f"{where}: unknown key(s) {', '.join(sorted(map(str, extra)))}"
         )
     step = obj.get("step")
-    if type(step) is not int or step < 0:
-        raise Rejected(400, BAD_SCHEMA, f"{where}: 'step' must be an integer >= 0")
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise Rejected(400, BAD_SCHEMA, f"{where}: 'step' must be an integer in 0..2**53")
     data = obj.get("data")
     if type(data) is not dict:
         raise Rejected(400, BAD_SCHEMA, f"{where}: 'data' must be an object")
@@ -155,12 +161,19 @@ class PushSource:
         token: str | None = None,
         job_expiry: float = 86400.0,
         claimed: Callable[[str, str], bool] | None = None,
+        limits: Limits = DEFAULT_LIMITS,
+        max_jobs: int = MAX_JOBS,
+        max_jobs_per_client: int = MAX_JOBS_PER_CLIENT,
     ):
         self.th = th
         self.max_bytes = max_bytes
         self._token = token.encode() if token else None
         self.job_expiry = job_expiry
         self._claimed = claimed or (lambda project, experiment: False)
+        self.limits = limits
+        self.max_jobs = max_jobs
+        self.max_jobs_per_client = max_jobs_per_client
+        self._per_client: Counter[str] = Counter()
         self._jobs: dict[tuple[str, str], _Pushed] = {}
         self._rejected: Counter[str] = Counter()
         self._records = 0
@@ -193,9 +206,25 @@ class PushSource:
     def has_job(self, project: str, experiment: str) -> bool:
         return (project, experiment) in self._jobs
 
+    def displace(self, project: str, experiment: str) -> bool:
+        """A file of this job appeared: drop the pushed job (the file wins its name; later
+        pushes get 409). Returns whether there was one."""
+        with self._lock:
+            pushed = self._jobs.pop((project, experiment), None)
+            if pushed is None:
+                return False
+            self._per_client[pushed.client] -= 1
+            self._rejected[JOB_DISPLACED] += 1
+            self._publish()
+            return True
+
     # -- the endpoint ---------------------------------------------------------------------
     def handle(
-        self, authorization: str | None, content_length: str | None, read: Callable[[int], bytes]
+        self,
+        authorization: str | None,
+        content_length: str | None,
+        read: Callable[[int], bytes],
+        client: str = "",
     ) -> Answer:
         """One POST: check the token, then the size, then the body; apply it all or nothing."""
         try:
@@ -205,7 +234,7 @@ class PushSource:
             if len(raw) != length:
                 raise Rejected(400, INVALID_JSON, f"body ended after {len(raw)} of {length} bytes")
             project, experiment, records = parse_body(raw)
-            return self._apply(project, experiment, records)
+            return self._apply(project, experiment, records, client)
         except Rejected as exc:
             with self._lock:
                 self._rejected[exc.reason] += 1
@@ -239,34 +268,48 @@ class PushSource:
             )
         return length
 
-    def _apply(self, project: str, experiment: str, records: list[Record]) -> Answer:
-        if self._claimed(project, experiment):
-            raise Rejected(
-                409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
-            )
+    def _apply(
+        self, project: str, experiment: str, records: list[Record], client: str = ""
+    ) -> Answer:
         now = time.time()
         key = (project, experiment)
-        with self._lock:
+        with self._lock:  # checked under the lock: a file's displace() cannot slip between
+            if self._claimed(project, experiment):
+                raise Rejected(
+                    409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
+                )
             pushed = self._jobs.get(key)
             if pushed is None:
-                if len(self._jobs) >= MAX_JOBS:
-                    raise Rejected(429, TOO_MANY_JOBS, f"already {MAX_JOBS} pushed jobs")
-                pushed = self._jobs[key] = _Pushed(Job(project, experiment, self.th), now)
+                self._expire(now)
+                if len(self._jobs) >= self.max_jobs:
+                    raise Rejected(
+                        429, TOO_MANY_JOBS, f"already {self.max_jobs} pushed jobs (push_max_jobs)"
+                    )
+                if self._per_client[client] >= self.max_jobs_per_client:
+                    raise Rejected(
+                        429,
+                        TOO_MANY_JOBS_PER_CLIENT,
+                        f"client {client or '?'} already pushes {self.max_jobs_per_client} jobs "
+                        "(push_max_jobs_per_client)",
+                    )
+                job = Job(project, experiment, self.th, self.limits, self._rejected)
+                pushed = self._jobs[key] = _Pushed(job, now, client)
+                self._per_client[client] += 1
                 log.info(
                     "new pushed job %s/%s",
                     project,
                     experiment,
                     extra={"project": project, "experiment": experiment},
                 )
-            pushed.job.feed(records, now)
+            accepted = pushed.job.feed(records, now)
             pushed.last_push = now
-            self._records += len(records)
+            self._records += accepted
             self._publish()
             job = pushed.job
             return Answer(
                 200,
                 {
-                    "accepted": len(records),
+                    "accepted": accepted,
                     "project": project,
                     "experiment": experiment,
                     "step": job.step,
@@ -282,13 +325,23 @@ class PushSource:
     def _publish(self) -> None:
         self._snapshot = self._build()
 
+    def _expire(self, now: float) -> None:
+        for key in [k for k, p in self._jobs.items() if now - p.last_push > self.job_expiry]:
+            pushed = self._jobs.pop(key)  # expired: forget it (a new push starts it afresh)
+            self._per_client[pushed.client] -= 1
+            if self._per_client[pushed.client] <= 0:
+                del self._per_client[pushed.client]
+
     def _build(self) -> Snapshot:
         now = time.time()
-        for key in [k for k, p in self._jobs.items() if now - p.last_push > self.job_expiry]:
-            del self._jobs[key]  # expired: forget it (a new push starts it afresh)
+        self._expire(now)
         samples: list[Sample] = []
         for p in self._jobs.values():
-            samples.extend(p.job.samples())
+            try:
+                samples.extend(p.job.samples())
+            except Exception:  # never lets one job remove the others' series
+                self._rejected["internal_error"] += 1
+                log.warning("push: building the series of a job failed (a bug)", exc_info=True)
         samples.append(Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))))
         self._next_expiry = min(
             (p.last_push + self.job_expiry for p in self._jobs.values()), default=float("inf")

@@ -4,9 +4,18 @@
   appear later are found on the next poll. `--verl-file PATH` watches one file.
 - Each file is read from its start and followed. A complete line is ingested once; a
   half-written last line waits for its newline.
-- A file that shrinks, changes inode, or whose first bytes change was truncated or replaced
-  (verl truncates on every start and resume): it is read again from 0 as a new run of the
-  same job. The job's counters carry on.
+- A file that shrinks, changes inode, whose first line changes (a fingerprint of it, up to
+  `HEAD_BYTES`) or whose last bytes read change (the `TAIL_BYTES` before the read offset)
+  was truncated or replaced (verl truncates on every start and resume): it is read again
+  from 0 as a new run of the same job. The job's counters carry on. The two fingerprints
+  catch a rewrite that kept the first bytes and grew past the old size between two polls.
+- `rlhf_last_step_timestamp_seconds` is the file's modification time when its records were
+  read, so an exporter restart that re-reads an old file does not make a stalled job look
+  fresh.
+- Labels come from directory and file names; a name that is not valid UTF-8 or holds a
+  control character has those replaced by U+FFFD (`label_not_utf8`, `label_control_char`).
+- A file job always wins its name: a pushed job of the same name is dropped when the file
+  appears, and later pushes of it get 409.
 - Problems (deleted, unreadable, not a regular file, bad lines) are counted in
   `rlhf_exporter_record_errors_total{collector="verl",reason}` once per occurrence and
   logged once, never once per poll.
@@ -17,6 +26,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import stat
@@ -28,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
-from ..jobs import Job
+from ..jobs import DEFAULT_LIMITS, Job, Limits, clean_label, limits_from_settings
 from ..metrics.snapshot import Sample
 from ..reader import RecordReader
 from .base import PollingSource, PollResult
@@ -38,7 +48,8 @@ log = logging.getLogger(__name__)
 NAME = "verl"
 SUFFIX = ".jsonl"
 CHUNK = 1 << 20
-HEAD_BYTES = 256  # first bytes kept to notice a file rewritten past its old size
+HEAD_BYTES = 64 << 10  # at most this much of the first line is fingerprinted
+TAIL_BYTES = 64  # the bytes before the read offset, kept to notice a rewrite that grew
 MAX_FILES = 5000
 
 # record_errors reasons for whole-file problems (line problems come from exporter.reader)
@@ -49,6 +60,7 @@ NOT_A_FILE = "not_a_file"
 READ_FAILED = "read_failed"
 DUPLICATE_JOB = "duplicate_job"
 TOO_MANY_FILES = "too_many_files"
+INTERNAL_ERROR = "internal_error"
 
 
 @dataclass
@@ -62,7 +74,10 @@ class Watched:
     reader: RecordReader
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
     offset: int = 0
-    head: bytes = b""
+    head: bytes = b""  # the first line (up to HEAD_BYTES) while it is being read
+    head_len: int = 0  # bytes fingerprinted once the first line is complete (0: not yet)
+    head_digest: bytes = b""
+    tail: bytes = b""  # the TAIL_BYTES before `offset`
     mtime_ns: int = -1
     last_change: float = 0.0  # wall time of the last change seen (initially the file's mtime)
     problem: str | None = None
@@ -88,6 +103,8 @@ class VerlFileSource(PollingSource):
         max_line: int = 1 << 20,
         file_budget: int = 8 << 20,
         poll_budget: int = 64 << 20,
+        limits: Limits = DEFAULT_LIMITS,
+        max_files: int = MAX_FILES,
     ):
         super().__init__(NAME, interval)
         self.th = th
@@ -95,11 +112,13 @@ class VerlFileSource(PollingSource):
         self.files = [(Path(p), proj, exp) for p, proj, exp in files]
         self.job_expiry = job_expiry
         self.max_line = max_line
+        self.limits = limits
+        self.max_files = max_files
         self.file_budget = max(file_budget, CHUNK)
         self.poll_budget = max(poll_budget, self.file_budget)
         self._watched: dict[Path, Watched] = {}
         self._jobs: dict[tuple[str, str], Path] = {}
-        self._rejected = Counter()  # record errors by reason, all files, ever
+        self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
         self._records = 0
         self._root_problems: dict[Path, str] = {}
         self._rotate = 0
@@ -107,8 +126,9 @@ class VerlFileSource(PollingSource):
         self._parts: list[tuple[Sample, ...]] = []  # each exported job's samples, last poll
         self._samples: tuple[Sample, ...] = ()
         self._duplicates: set[tuple[str, str]] = set()
-        # jobs another source already exports (the push source): never export one twice
-        self.claimed: Callable[[str, str], bool] = lambda project, experiment: False
+        self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
+        # drops a pushed job of this name, if any (a file job always wins its name)
+        self.displace: Callable[[str, str], bool] = lambda project, experiment: False
 
     # -- discovery ------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -124,17 +144,17 @@ class VerlFileSource(PollingSource):
                 continue
             if self._root_problems.pop(root, None) is not None:
                 log.info("verl root %s is readable again", root, extra={"path": str(root)})
-            for project in projects:
+            for folder in projects:
                 try:
-                    entries = list(os.scandir(project.path))
+                    entries = list(os.scandir(folder.path))
                 except OSError as exc:
-                    self._root_problem(Path(project.path), exc)
+                    self._root_problem(Path(folder.path), exc)
                     continue
                 for entry in entries:
                     if entry.name.endswith(SUFFIX):
                         path = Path(entry.path)
                         if path not in self._watched:
-                            self._watch(path, project.name, entry.name[: -len(SUFFIX)])
+                            self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
 
     def _root_problem(self, root: Path, exc: OSError) -> None:
         reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else FILE_MISSING
@@ -150,20 +170,9 @@ class VerlFileSource(PollingSource):
             )
 
     def _watch(self, path: Path, project: str, experiment: str) -> None:
+        project, bad_p = clean_label(project)
+        experiment, bad_e = clean_label(experiment)
         key = (project, experiment)
-        if key not in self._jobs and self.claimed(project, experiment):
-            if key not in self._duplicates:
-                self._duplicates.add(key)
-                self._rejected[DUPLICATE_JOB] += 1
-                log.warning(
-                    "%s: project=%s experiment=%s is already a pushed job; this file is read "
-                    "once that job expires",
-                    path,
-                    project,
-                    experiment,
-                    extra={"path": str(path), "reason": DUPLICATE_JOB},
-                )
-            return
         if key in self._jobs:
             if key not in self._duplicates:
                 self._duplicates.add(key)
@@ -177,30 +186,50 @@ class VerlFileSource(PollingSource):
                     extra={"path": str(path), "reason": DUPLICATE_JOB},
                 )
             return
-        if len(self._watched) >= MAX_FILES:
+        if len(self._watched) >= self.max_files:
             if TOO_MANY_FILES not in self._rejected:
                 self._rejected[TOO_MANY_FILES] += 1
                 log.warning(
                     "watching %d files already; ignoring %s and any further files",
-                    MAX_FILES,
+                    self.max_files,
                     path,
                     extra={"path": str(path), "reason": TOO_MANY_FILES},
                 )
             return
-        self._jobs[key] = path
+        bad = bad_p or bad_e
+        if bad:
+            self._rejected[bad] += 1
+            log.warning(
+                "%s: directory or file name is not valid UTF-8 or holds a control character; "
+                "exported as %r/%r",
+                _shown(path),
+                project,
+                experiment,
+                extra={"path": _shown(path), "reason": bad},
+            )
+        self._jobs[key] = path  # first: a push checks has_job() before it creates a job
+        if self.displace(project, experiment):
+            log.warning(
+                "%s: project=%s experiment=%s was a pushed job; the file wins its name "
+                "(later pushes of it get 409)",
+                _shown(path),
+                project,
+                experiment,
+                extra={"path": _shown(path), "reason": "job_conflict"},
+            )
         self._watched[path] = Watched(
             path,
             project,
             experiment,
-            Job(project, experiment, self.th),
+            Job(project, experiment, self.th, self.limits, self._rejected),
             RecordReader(self.max_line),
         )
         log.info(
             "watching verl job %s/%s in %s",
             project,
             experiment,
-            path,
-            extra={"project": project, "experiment": experiment, "path": str(path)},
+            _shown(path),
+            extra={"project": project, "experiment": experiment, "path": _shown(path)},
         )
 
     # -- reading --------------------------------------------------------------------------
@@ -225,7 +254,7 @@ class VerlFileSource(PollingSource):
         self._count_rejections(w)
         w.reader.reset()
         w.offset = 0
-        w.head = b""
+        w.head, w.head_len, w.head_digest, w.tail = b"", 0, b"", b""
         w.job.new_run()
         log.info(
             "%s was %s: reading it again from the start as a new run",
@@ -307,9 +336,8 @@ class VerlFileSource(PollingSource):
         total = 0
         with f:
             try:
-                if w.identity == identity and w.offset > 0 and w.head:
-                    if f.read(len(w.head)) != w.head:
-                        self._restart(w, "rewritten")
+                if w.identity == identity and w.offset > 0 and _rewritten(fd, w):
+                    self._restart(w, "rewritten")
                 w.identity = identity
                 w.mtime_ns = st.st_mtime_ns
                 f.seek(w.offset)
@@ -317,11 +345,13 @@ class VerlFileSource(PollingSource):
                     chunk = f.read(min(CHUNK, budget - total))
                     if not chunk:
                         break
-                    if w.offset < HEAD_BYTES:
-                        w.head = (w.head + chunk[: HEAD_BYTES - w.offset])[:HEAD_BYTES]
+                    if not w.head_len:
+                        _grow_head(w, chunk)
                     w.offset += len(chunk)
+                    w.tail = (w.tail + chunk[-TAIL_BYTES:])[-TAIL_BYTES:]
                     total += len(chunk)
-                    self._records += w.job.feed(w.reader.feed(chunk), now)
+                    # the records were written by the file's mtime, not when we read them
+                    self._records += w.job.feed(w.reader.feed(chunk), min(now, st.st_mtime))
             except OSError as exc:
                 self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
                 return total
@@ -343,7 +373,11 @@ class VerlFileSource(PollingSource):
             if left <= 0:
                 self._rotate += i
                 break
-            left -= self._read(w, min(self.file_budget, left), now)
+            try:
+                left -= self._read(w, min(self.file_budget, left), now)
+            except Exception:  # never lets one file stop the others
+                self._file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
+                log.debug("internal error reading %s", _shown(w.path), exc_info=True)
         parts: list[tuple[Sample, ...]] = []
         jobs: list[Job] = []
         for w in list(self._watched.values()):
@@ -353,7 +387,16 @@ class VerlFileSource(PollingSource):
                 continue
             if w.job.records == 0 and w.identity is None:
                 continue  # never read anything: nothing to export yet
-            parts.append(w.job.samples())
+            try:
+                parts.append(w.job.samples())
+            except Exception:  # never lets one job remove the others' series
+                if w.job.labels not in self._broken:
+                    self._broken.add(w.job.labels)
+                    self._rejected[INTERNAL_ERROR] += 1
+                    log.error("%s: building its series failed (a bug); not exported",
+                              _shown(w.path), exc_info=True,
+                              extra={"path": _shown(w.path), "reason": INTERNAL_ERROR})  # fmt: skip
+                continue
             jobs.append(w.job)
         if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
             # something changed: a new samples tuple (an unchanged one lets scrapes reuse bytes)
@@ -362,7 +405,7 @@ class VerlFileSource(PollingSource):
                 Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),
             )
             self._summaries = tuple(
-                {**job.summary(), "source": str(self._jobs[job.labels])} for job in jobs
+                {**job.summary(), "source": _shown(self._jobs[job.labels])} for job in jobs
             )
         return PollResult(self._samples, self._records, dict(self._rejected))
 
@@ -398,4 +441,41 @@ def from_settings(
         interval=settings.verl_interval,
         job_expiry=settings.job_expiry,
         max_line=settings.max_line_bytes,
+        limits=limits_from_settings(settings),
+        max_files=settings.max_files,
     )
+
+
+def _shown(path: Path) -> str:
+    """A path as valid UTF-8 text for logs and the job list."""
+    return clean_label(str(path))[0]
+
+
+def _grow_head(w: Watched, chunk: bytes) -> None:
+    """Collect the first line; once it is complete (or HEAD_BYTES long), fingerprint it."""
+    part = chunk[: HEAD_BYTES - len(w.head)]
+    nl = part.find(b"\n")
+    if nl >= 0:
+        part = part[: nl + 1]
+    w.head += part
+    if nl >= 0 or len(w.head) >= HEAD_BYTES:
+        w.head_len = len(w.head)
+        w.head_digest = hashlib.blake2b(w.head, digest_size=16).digest()
+        w.head = b""
+
+
+def _rewritten(fd: int, w: Watched) -> bool:
+    """Whether the file no longer starts with the first line read, or no longer holds the
+    bytes read just before `offset` (a rewrite that kept the start and grew past the old
+    size between two polls)."""
+    if w.head_len:
+        head = os.pread(fd, w.head_len, 0)
+        if hashlib.blake2b(head, digest_size=16).digest() != w.head_digest:
+            return True
+    elif w.head and os.pread(fd, len(w.head), 0) != w.head:
+        return True
+    if w.tail:
+        start = w.offset - len(w.tail)
+        if os.pread(fd, len(w.tail), start) != w.tail:
+            return True
+    return False

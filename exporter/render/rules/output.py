@@ -93,4 +93,26 @@ def runbooks_markdown(r: Rules) -> str:
             ]
         out += ["", "**What to change.**", ""]
         out += [f"- {c}" for c in rb.change]
-    return "\n".join(out) + "\n"
+    return "\n".join(out + ["", *RESTARTS]) + "\n"
+
+
+RESTARTS = (  # what queries show across an exporter restart (issue 12)
+    "## Across an exporter restart",
+    "",
+    "- **File jobs** are read again from the start of each file, so their counters "
+    "(`rlhf_steps_total`, `rlhf_*_seconds_total`, `rlhf_*_steps_total`) come back with the "
+    "same values, plus the steps written while the exporter was down. A file up to "
+    "8 MiB is read in the first poll, before `/readyz` turns 200, so Prometheus sees no "
+    "drop and `increase()` over a window that spans the restart counts only the new steps. "
+    "A larger backlog is read over several polls: while it catches up a counter is lower "
+    "than before, Prometheus takes that for a reset, and `increase()` over that window "
+    "counts the re-read part again (once). `_created` is not exported: these counters are "
+    "re-derived, not reset.",
+    "- **Pushed jobs** live in memory only: their counters restart at 0, a real reset that "
+    "`increase()` handles; the series are absent until the job pushes again.",
+    "- `rlhf_last_step_timestamp_seconds` of a file job is the file's modification time, not "
+    "the restart: a job that stalled before the restart still looks stalled and "
+    "`RLHFJobStalled` keeps firing.",
+    "- `rlhf_exporter_record_errors_total` starts at 0 again; file problems and rejected "
+    "lines found while re-reading are counted again.",
+)

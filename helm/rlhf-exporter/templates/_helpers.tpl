@@ -163,6 +163,9 @@ settings as env entries), push (whether this container serves the push endpoint)
 {{- $env = concat $env .env }}
 {{- $push := and .push $v.push.enabled }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH" "value" (toString $push)) }}
+{{- if and $push (not $v.push.tokenSecret.name) }}
+{{- fail "push.enabled needs push.tokenSecret.name: a Secret holding the bearer token pushes must carry" }}
+{{- end }}
 {{- if and $push $v.push.tokenSecret.name }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.push.tokenSecret.name "key" $v.push.tokenSecret.key))) }}
 {{- end }}

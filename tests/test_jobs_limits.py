@@ -1,0 +1,113 @@
+"""`Job`'s ingestion gate (issue 12): what never becomes a Sample, and how it is counted."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from exporter.config import load_thresholds
+from exporter.diagnosis import Record
+from exporter.jobs import Job, Limits, clean_label
+
+
+@pytest.fixture(scope="module")
+def th():
+    return load_thresholds(None)
+
+
+def sane(job: Job) -> None:
+    for s in job.samples():
+        assert type(s.value) is float and math.isfinite(s.value), s
+        for label in s.labels:
+            label.encode("utf-8")  # raises on a lone surrogate
+            assert label.isprintable(), s
+
+
+@pytest.mark.parametrize(
+    "text, want, reason",
+    [
+        ("plain", "plain", None),
+        ("caf\u00e9", "caf\u00e9", None),
+        ("a\udc80b", "a\ufffdb", "label_not_utf8"),
+        ("new\nline", "new\ufffdline", "label_control_char"),
+        ("\ud800\x7f", "\ufffd\ufffd", "label_not_utf8"),
+    ],
+)
+def test_clean_label(text, want, reason):
+    assert clean_label(text) == (want, reason)
+
+
+def test_bad_steps_and_numbers_are_dropped_and_counted(th):
+    rejected: Counter[str] = Counter()
+    job = Job("p", "e", th, rejected=rejected)
+    recs = [
+        Record(10**400, {}),
+        Record(1, {"timing_s/step": 2.0, "perf/x": 10**400, "perf/y": math.nan}),
+        Record(2, {"timing_s/step": math.inf, "perf/throughput": -math.inf}),
+        Record(3, {"timing_s/step": 2.0}),
+    ]
+    assert job.feed(recs) == 3
+    assert rejected == {"bad_step": 1, "bad_number": 4}
+    assert job.steps == 3
+    sane(job)
+
+
+def test_unknown_timers_mfu_stages_and_long_keys_are_capped(th):
+    rejected: Counter[str] = Counter()
+    job = Job("p", "e", th, Limits(unknown_timers=3, key_chars=40), rejected)
+    data = {f"timing_s/u{i}": 1.0 for i in range(10)}
+    data.update({"timing_s/gen": 1.0, "timing_s/step": 20.0, "perf/mfu/actor": 0.4})
+    data.update({"perf/mfu/bogus": 0.1, "timing_s/" + "x" * 50: 1.0, "timing_s/\udc80": 1.0})
+    job.feed([Record(1, data)])
+    phases = {s.labels[2] for s in job.samples() if s.name == "rlhf_phase_duration_seconds"}
+    assert phases == {"gen", "u0", "u1", "u2"}  # known timers are not capped
+    assert rejected == {
+        "too_many_timers": 8,  # u3..u9 and the cleaned \ufffd one
+        "unknown_mfu_stage": 1,
+        "key_too_long": 1,
+        "label_not_utf8": 1,
+    }
+    stages = {s.labels[2] for s in job.samples() if s.name == "rlhf_mfu_ratio"}
+    assert stages == {"actor"}
+    sane(job)
+
+
+def test_one_steps_merged_keys_are_bounded_and_used_keys_come_first(th):
+    rejected: Counter[str] = Counter()
+    job = Job("p", "e", th, Limits(step_keys=10), rejected)
+    for i in range(5):
+        job.feed([Record(1, {f"junk/{i}_{k}": 1.0 for k in range(4)})])
+    assert len(job._diagnoser.data) == 10  # 20 keys sent for step 1
+    job.feed([Record(2, {**{f"junk/{k}": 1.0 for k in range(20)}, "timing_s/step": 3.0})])
+    assert "timing_s/step" in job._diagnoser.data  # kept although it came last
+    assert len(job._diagnoser.data) == 10
+    assert rejected["too_many_keys"] == 5 * 4 - 10 + 21 - 10
+    assert job.last is not None and job.last.step == 2
+
+
+def test_a_record_that_breaks_ingestion_is_dropped_alone(th):
+    class Exploding(dict):
+        def items(self):
+            raise RuntimeError("boom")
+
+    rejected: Counter[str] = Counter()
+    job = Job("p", "e", th, rejected=rejected)
+    n = job.feed(
+        [
+            Record(1, {"timing_s/step": 1.0}),
+            Record(2, Exploding()),
+            Record(3, {"timing_s/step": 1.0}),
+        ]
+    )
+    assert n == 2 and job.steps == 2
+    assert rejected == {"internal_error": 1}
+    sane(job)
+
+
+def test_labels_of_a_job_are_cleaned_and_counted(th):
+    rejected: Counter[str] = Counter()
+    job = Job("p\udcff", "e\n", th, rejected=rejected)
+    assert job.labels == ("p\ufffd", "e\ufffd")
+    assert rejected == {"label_not_utf8": 1}
