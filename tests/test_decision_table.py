@@ -708,3 +708,15 @@ def test_memos_stay_bounded():
     assert len(windows._KEYSETS) <= windows.MEMO_SIZE
     assert len(windows._PLANS) <= windows.MEMO_SIZE
     assert len(windows._PREFIXED) <= windows.MEMO_SIZE
+
+
+def test_memos_are_lru_a_job_in_use_survives_a_flood_of_shapes():
+    from exporter.diagnosis import windows
+
+    hot = step(step=10.0, gen=8.0, update_actor=1.0)
+    diag(hot)
+    for i in range(2 * windows.MEMO_SIZE):
+        diag(step(step=10.0, **{f"flood{i}": 1.0}))  # a neighbour floods new shapes ...
+        assert tuple(hot) in windows._KEYSETS  # ... and never evicts a shape in use
+        diag(hot)  # the job keeps stepping
+    assert len(windows._KEYSETS) <= windows.MEMO_SIZE

@@ -49,11 +49,18 @@ _KEYSETS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
 """(key, timer) pairs by key set: a job writes the same keys step after step."""
 
 
+def _recall(memo: dict, key: Any) -> Any:
+    """A memo's value for `key` (None when absent), marked as the most recently used."""
+    value = memo.pop(key, None)
+    if value is not None:
+        memo[key] = value  # dicts keep insertion order: the end is the most recent
+    return value
+
+
 def _remember(memo: dict, key: Any, value: Any) -> None:
-    """Store in a bounded memo: when full, the oldest half goes (dicts keep insertion order)."""
+    """Store in a bounded memo; when full, the least recently used entry goes (an LRU)."""
     if len(memo) >= MEMO_SIZE:
-        for old in list(memo)[: MEMO_SIZE // 2]:
-            del memo[old]
+        del memo[next(iter(memo))]
     memo[key] = value
 
 
@@ -61,7 +68,7 @@ def timers(data: Mapping[str, Any]) -> dict[str, float]:
     """Every usable timer value of a step's data. A timer under both spellings keeps the
     larger value."""
     keys = tuple(data)
-    pairs = _KEYSETS.get(keys)
+    pairs = _recall(_KEYSETS, keys)
     if pairs is None:
         pairs = tuple((k, n) for k in keys if (n := timer_name(k)) is not None)
         _remember(_KEYSETS, keys, pairs)
@@ -90,7 +97,7 @@ _PREFIXED: dict[tuple[tuple[str, ...], str], bool] = {}
 def has_key_prefix(data: Mapping[str, Any], prefix: str) -> bool:
     """Whether any key of `data` starts with `prefix` (memoized by key set)."""
     memo_key = (tuple(data), prefix)
-    found = _PREFIXED.get(memo_key)
+    found = _recall(_PREFIXED, memo_key)
     if found is None:
         found = any(k.startswith(prefix) for k in data)
         _remember(_PREFIXED, memo_key, found)
@@ -170,7 +177,7 @@ def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str], ...]
     Memoized by (names, thresholds): a job logs the same timers step after step.
     """
     key = (names, th)
-    plan = _PLANS.get(key)
+    plan = _recall(_PLANS, key)
     if plan is None:
         ignored, nested, groups = th.ignored_timers, th.nested_timers, th.timer_groups
         plan = tuple(
