@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from .model import anchor
-
-if TYPE_CHECKING:
-    from . import Rules
+from . import decision, operations
+from .model import Context, anchor
+from .recording import recording
 
 
 class _Dumper(yaml.SafeDumper):
@@ -34,11 +33,11 @@ HEADER = (
 )
 
 
-def rule_files(rules: Rules) -> dict[str, str]:
-    return {path: HEADER + dump({"groups": groups}) for path, groups in rules.groups().items()}
+def rule_files(groups: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    return {path: HEADER + dump({"groups": g}) for path, g in groups.items()}
 
 
-def runbooks_markdown(r: Rules) -> str:
+def runbooks_markdown(r: Context) -> str:
     out = [
         "# Runbooks",
         "",
@@ -59,11 +58,11 @@ def runbooks_markdown(r: Rules) -> str:
         "| record | expression |",
         "|---|---|",
     ]
-    for rec in r.recording():
+    for rec in recording(r):
         expr = rec["expr"].replace("\n", " ").replace("|", "\\|")
         out.append(f"| `{rec['record']}` | `{expr}` |")
     out += ["", "## Alerts", "", "| alert | severity | for | |", "|---|---|---|---|"]
-    alerts = r.alerts()
+    alerts = decision.alerts(r) + operations.alerts(r)
     for a in alerts:
         out.append(f"| [{a.name}](#{anchor(a.name)}) | {a.severity} | {a.for_} | {a.category} |")
     for a in alerts:
