@@ -35,6 +35,12 @@ from .model import (
 )
 from .verl_keys import VERL_EVIDENCE_KEYS, VERL_KEYS
 
+NOT_BEFORE = ("checkpoint", "unknown")
+"""Verdicts that never count as the one a job moved from."""
+
+VERDICT_WAS = '{{ $v := . | first | label "verdict" }}{{ if eq $v "balanced" }}balanced{{ else }}{{ $v }}-bound{{ end }}'
+"""The verdict the job moved from, as words: `rollout-bound`, or `balanced`."""
+
 STEADY_STATE = (
     "the job dashboard's *Verdict and reason over time* panel, the fleet dashboard's "
     "*Verdict per job*, and the exporter's `/` page"
@@ -51,9 +57,11 @@ def _dominant(ctx: Context, verdict: str) -> str:
 
 
 def _previous(ctx: Context, verdict: str, match: str = "") -> str:
-    """Another verdict that dominated the reference window (the time before the window)."""
+    """Another verdict that dominated the reference window (the time before the window).
+    `balanced` counts (a job that had no bottleneck and now has one moved); `checkpoint` and
+    `unknown` do not (no window of the loop, no timing)."""
     return (
-        f'{ctx.verdicts_ref}{{verdict!="{verdict}"{match}}} offset {ctx.window}'
+        f'{ctx.verdicts_ref}{{verdict!~"{verdict}|{"|".join(NOT_BEFORE)}"{match}}} offset {ctx.window}'
         f" >= {_num(ctx.a['bound_fraction'])}"
     )
 
@@ -101,9 +109,7 @@ def _summary(ctx: Context, verdict: str) -> str:
         ", at {{ . | first | value | humanizePercentage }} of its reference throughput",
         args=f"{JOB_ARGS} {JOB_ARGS}",
     )
-    return f"{JOB_NAME} is {verdict}-bound" + _was(
-        ctx, verdict, ', was {{ . | first | label "verdict" }}-bound', costs
-    )
+    return f"{JOB_NAME} is {verdict}-bound" + _was(ctx, verdict, ", was " + VERDICT_WAS, costs)
 
 
 def _why(ctx: Context, verdict: str) -> str:
@@ -112,8 +118,9 @@ def _why(ctx: Context, verdict: str) -> str:
     moved = _was(
         ctx,
         verdict,
-        f"Moved: in the {ref} before, {{{{ . | first | value | humanizePercentage }}}} of its steps "
-        f'were {{{{ . | first | label "verdict" }}}}-bound; now it is {verdict}-bound.',
+        f"Moved: it is {verdict}-bound, was "
+        + VERDICT_WAS
+        + f" in {{{{ . | first | value | humanizePercentage }}}} of its steps of the {ref} before.",
         f"Not moved: no other verdict dominated the {ref} before.",
     )
     now = _tq(f"{ctx.tokens_rate}{{{JOB_MATCH}}}", "humanize")
