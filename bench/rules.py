@@ -278,6 +278,10 @@ def measure(
                     seen[group] = last[group]
                     durations.setdefault(group, []).append(value)
             time.sleep(2)
+        per_rule: dict[str, float] = {}
+        for group in requests.get(url + "/api/v1/rules", timeout=30).json()["data"]["groups"]:
+            for rule in group["rules"]:
+                per_rule[rule["name"]] = rule.get("evaluationTime", 0.0)
         body = requests.get(url + "/api/v1/alerts", timeout=30).json()
         alerts = len(body["data"]["alerts"])
         bound = sum(
@@ -289,7 +293,7 @@ def measure(
         proc.terminate()
         proc.wait(30)
         log.close()
-    return {"durations": durations, "alerts": alerts, "bound": bound}
+    return {"durations": durations, "alerts": alerts, "bound": bound, "rules": per_rule}
 
 
 def main() -> None:
@@ -333,7 +337,9 @@ def main() -> None:
                 for name in ("before", "after"):
                     r = measure(name, blocks, sets[name], args.seconds, work, f"127.0.0.1:{port}")
                     print(f"{name}: {r['alerts']} active alerts, {r['bound']} of them bound alerts")
-                    into = results.setdefault(name, {"durations": {}})
+                    into = results.setdefault(name, {"durations": {}, "rules": {}})
+                    for rule, secs in r["rules"].items():
+                        into["rules"].setdefault(rule, []).append(secs)
                     for g, d in r["durations"].items():
                         into["durations"].setdefault(g, []).extend(d)
         finally:
@@ -349,6 +355,14 @@ def main() -> None:
                     f"{statistics.median(d):.4f} / {max(d):.4f} (n={len(d)})" if d else "n/a"
                 )
             print(f"{g:<32} {cells[0]:>24} {cells[1]:>24}")
+        for name in ("before", "after"):
+            top = sorted(results[name]["rules"].items(), key=lambda kv: -statistics.median(kv[1]))[
+                :6
+            ]
+            print(f"\n{name}: slowest rules (last evaluation, median over rounds)")
+            for rule, secs in top:
+                print(f"  {statistics.median(secs):.4f} s  {rule}")
+        print()
         dec = "rlhf-exporter.decision-table"
         rec = "rlhf-exporter.recording"
         for name in ("before", "after"):

@@ -23,11 +23,13 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:topratio_rate30m` | the dominant reason of each verdict (a bound alert's evidence) |
 | `project_experiment:rlhf_untimed_of_other:ratio_rate30m` | untimed remainder over the `other` window |
 | `project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean` | agent-loop generate_sequences max / mean |
+| `project_experiment_verdict:rlhf_bottleneck_steps:increase6h` | classified steps per verdict over the reference window |
 | `project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate6h` | fraction of classified steps per verdict over the reference window |
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window |
 
 The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` for
-the last two, which the bound alerts read `offset <window>`). Rules never aggregate across
+the last three, which the bound alerts read `offset <window>`; they are their own group,
+`rlhf-exporter.reference`, evaluated every `alerts.bound_reference_interval`). Rules never aggregate across
 scrape targets (they use `without`), so the target labels survive for routing and joins.
 
 Each rule is a function of a frozen `Context` (the thresholds, the time scale and the records'
@@ -61,7 +63,7 @@ from .model import (
 )
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files
-from .recording import recording
+from .recording import evidence_records, reference_records, window_records
 
 ORDER = 20
 __all__ = [
@@ -99,7 +101,17 @@ def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
     """{relative path: [rule groups]}: one group per file."""
     base = ctx.a["runbook_url"]
     return {
-        RECORDING_FILE: [{"name": "rlhf-exporter.recording", "rules": recording(ctx)}],
+        RECORDING_FILE: [
+            {
+                "name": "rlhf-exporter.recording",
+                "rules": window_records(ctx) + evidence_records(ctx),
+            },
+            {
+                "name": "rlhf-exporter.reference",
+                "interval": ctx.dur("bound_reference_interval"),
+                "rules": reference_records(ctx),
+            },
+        ],
         DECISION_FILE: [
             {
                 "name": "rlhf-exporter.decision-table",

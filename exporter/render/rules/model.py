@@ -182,6 +182,10 @@ class Context:
 
     # recording rules over the reference window (read `offset window`)
     @property
+    def verdict_steps_ref(self) -> str:
+        return f"project_experiment_verdict:rlhf_bottleneck_steps:increase{self.reference}"
+
+    @property
     def verdicts_ref(self) -> str:
         return f"project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate{self.reference}"
 

@@ -78,13 +78,19 @@ def evidence_records(ctx: Context) -> list[dict[str, str]]:
 
 def reference_records(ctx: Context) -> list[dict[str, str]]:
     """The bound alerts' reference: which verdict dominated, and the throughput, over
-    `alerts.bound_reference` (only where it holds `bound_reference_min_steps` steps)."""
+    `alerts.bound_reference` (only where it holds `bound_reference_min_steps` steps). They
+    move slowly: their own group runs every `alerts.bound_reference_interval`, and the
+    6 h increase is read once (recorded, then divided)."""
     r = ctx.reference
     n = _num(ctx.a["bound_reference_min_steps"])
     return [
+        {"record": ctx.verdict_steps_ref, "expr": f"increase(rlhf_bottleneck_steps_total[{r}])"},
         {
             "record": ctx.verdicts_ref,
-            "expr": _ratio(f"increase(rlhf_bottleneck_steps_total[{r}])", "verdict", f">= {n}"),
+            "expr": (
+                f"{ctx.verdict_steps_ref}\n/ ignoring (verdict) group_left ()\n"
+                f"(sum without (verdict) ({ctx.verdict_steps_ref}) >= {n})"
+            ),
         },
         {
             "record": ctx.tokens_rate_ref,
@@ -94,4 +100,5 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
 
 
 def recording(ctx: Context) -> list[dict[str, str]]:
+    """Every record, in file order (the window and evidence group, then the reference group)."""
     return window_records(ctx) + evidence_records(ctx) + reference_records(ctx)
