@@ -173,6 +173,7 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
     name = BOUND_ALERTS[verdict]
     w, ref, frac = ctx.window, ctx.reference, ctx.a["bound_fraction"]
     ratio = ctx.a["bound_throughput_ratio"]
+    example = "update" if verdict == "rollout" else "rollout"
     description = "\n".join(
         [
             f"{{{{ $value | humanizePercentage }}}} of the classified steps of {JOB_NAME} in the "
@@ -203,12 +204,14 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
             meaning=(
                 f"The job is `{verdict}`-bound: at least {_num(frac * 100)}% of its classified "
                 f"steps over the last {w} had that verdict, so the window that made the training "
-                f"loop wait longest was {VERDICT_MEANING[verdict]}. Being bound is the normal "
+                f"loop wait longest was `{verdict}` ({VERDICT_MEANING[verdict]}). Being bound is "
+                "the normal "
                 "state of an RL job (some window is always the longest), so this alert fires "
                 "only when that says something new, in one of two cases. **Moved**: over the "
                 f"{ref} before the window, at least {_num(frac * 100)}% of the job's steps had "
-                f"another verdict (the description names both, e.g. `{verdict}-bound, was "
-                "rollout-bound`); a reference window needs "
+                "another verdict, or were `balanced` (`checkpoint` and `unknown` do not count); "
+                f"the summary names both, e.g. `{verdict}-bound, was {example}-bound`. A "
+                "reference window needs "
                 f"{_num(ctx.a['bound_reference_min_steps'])} steps or it does not count. "
                 "**Costs**: the job's tokens per second of step time over the window are below "
                 f"{ratio:.0%} of their value over the {ref} before, and no step of the window was "
