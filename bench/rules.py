@@ -151,9 +151,9 @@ def openmetrics(path: Path, exposition: Path, jobs: int, now_min: int) -> int:
         # What the current rules' reference records would hold after hours of evaluation.
         ref = "project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate6h"
         for v in verdicts:
-            share = {x: 0.9, "balanced": 0.1} if kind != "moved" else {y: 0.85, x: 0.05}
-            share.setdefault("balanced", 0.1)
-            value = share.get(v, 0.0)
+            shares = {x: 0.9, "balanced": 0.1} if kind != "moved" else {y: 0.85, x: 0.05}
+            shares.setdefault("balanced", 0.1)
+            value = shares.get(v, 0.0)
             add(ref, f'{lab},verdict="{v}"', first_short, lambda m, s=value: s)
         add(
             "project_experiment:rlhf_tokens_per_step_second:ratio_rate6h",
@@ -176,13 +176,13 @@ def openmetrics(path: Path, exposition: Path, jobs: int, now_min: int) -> int:
                 lambda m: 50.0 * (m - first_short),
             )
     n = 0
-    with path.open("w") as f, exposition.open("w") as g:
+    with path.open("w") as f, exposition.open("w") as out:
         for metric, series in by_metric.items():
             for labels, pts in series:
                 f.write("".join(f"{metric}{{{labels}}} {v:g} {m * 60}\n" for m, v in pts))
                 n += len(pts)
                 if ":" not in metric:  # recording rules' series are not scraped
-                    g.write(f"{metric}{{{labels}}} {pts[-1][1]:g}\n")
+                    out.write(f"{metric}{{{labels}}} {pts[-1][1]:g}\n")
         f.write("# EOF\n")
     return n
 
