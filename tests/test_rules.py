@@ -203,8 +203,10 @@ def case(at: str, name: str, *expected: dict) -> dict:
 BOUND = rules.BOUND_ALERTS
 
 
-def bound_firing(verdict: str) -> dict:
-    return alert(BOUND[verdict], "info", "bottleneck", verdict=verdict)
+def bound_firing(verdict: str, experiment: str = "e") -> dict:
+    return alert(
+        BOUND[verdict], "info", "bottleneck", {**JOB, "experiment": experiment}, verdict=verdict
+    )
 
 
 def steps(**per_minute: float) -> list[dict]:
@@ -215,48 +217,129 @@ def steps(**per_minute: float) -> list[dict]:
     ]
 
 
-def logic_cases() -> list[dict]:
-    tests = []
-    # One bound alert per verdict: fires when >= 70% of the window's steps had it, for 15m.
+# The bound alerts' day (issue 18): for each verdict X, five jobs over 24 h, all of them
+# X-bound (>= 70% of their steps) for most of the day. At CHANGE (8 h) one thing happens:
+# - steady: nothing (24 h flat throughput): quiet;
+# - moved: it was Y-bound until CHANGE, then X-bound: fires once, naming both, then the new
+#   verdict fills the 6 h reference and it resolves;
+# - costs: its tokens per second of step time drop to 70% of the reference: fires, then
+#   resolves once the reference holds the new level;
+# - shift: twice the tokens per step at the same cost per token (steps take twice as long,
+#   tokens per second of step time hold), the first 10 steps labelled workload_shift: quiet;
+# - for rollout only, from_balanced: balanced until CHANGE, then rollout-bound: fires.
+DAY = 1440  # minutes
+CHANGE = 480
+KINDS = ("steady", "moved", "costs", "shift")
+
+
+def _before(verdict: str) -> str:
+    """The verdict the moved job had before CHANGE."""
+    order = list(BOUND)
+    return order[order.index(verdict) - 1]
+
+
+def _counter(before: float, after: float) -> str:
+    """A counter growing `before` per minute until CHANGE, then `after` per minute, to DAY."""
+    at = before * CHANGE
+    return f"0+{before:g}x{CHANGE} {at + after:g}+{after:g}x{DAY - CHANGE - 1}"
+
+
+def day_job(verdict: str, kind: str, experiment: str = "") -> list[dict]:
+    labels = {**JOB, "experiment": experiment or f"{verdict}-{kind}"}
+
+    def s(metric: str, values: str, **extra: str) -> dict:
+        return series(metric, values, labels, **extra)
+
+    tokens, step_s = _counter(60000, 60000), _counter(60, 60)  # 1,000 tokens/s of step time
+    out = [s("rlhf_change_steps_total", _counter(10, 10), kind="none")]
+    if kind == "steady":
+        out += [
+            s("rlhf_bottleneck_steps_total", _counter(9, 9), verdict=verdict),
+            s("rlhf_bottleneck_steps_total", _counter(1, 1), verdict="balanced"),
+        ]
+    elif kind == "moved":
+        out += [
+            s("rlhf_bottleneck_steps_total", _counter(9, 0), verdict=_before(verdict)),
+            s("rlhf_bottleneck_steps_total", _counter(0, 9), verdict=verdict),
+            s("rlhf_bottleneck_steps_total", _counter(1, 1), verdict="balanced"),
+        ]
+    elif kind == "from_balanced":
+        out += [
+            s("rlhf_bottleneck_steps_total", _counter(10, 1), verdict="balanced"),
+            s("rlhf_bottleneck_steps_total", _counter(0, 9), verdict=verdict),
+        ]
+    elif kind == "costs":
+        out += [
+            s("rlhf_bottleneck_steps_total", _counter(9, 9), verdict=verdict),
+            s("rlhf_bottleneck_steps_total", _counter(1, 1), verdict="balanced"),
+        ]
+        tokens = _counter(60000, 42000)  # 700 tokens/s of step time
+    elif kind == "shift":
+        out += [
+            s("rlhf_bottleneck_steps_total", _counter(9, 4.5), verdict=verdict),
+            s("rlhf_bottleneck_steps_total", _counter(1, 0.5), verdict="balanced"),
+            s(
+                "rlhf_change_steps_total",
+                f"0x{CHANGE} 1+1x9 10x{DAY - CHANGE - 10}",
+                kind="workload_shift",
+            ),
+        ]
+    return out + [s("rlhf_tokens_total", tokens), s("rlhf_step_seconds_total", step_s)]
+
+
+def day_jobs() -> list[tuple[str, str]]:
+    return [(v, k) for v in BOUND for k in KINDS] + [("rollout", "from_balanced")]
+
+
+def bound_day_case() -> dict:
+    """One promtool test: every job of the day together, checked at each milestone."""
+    inputs = [s for v, k in day_jobs() for s in day_job(v, k)]
+    firing = {v: [] for v in BOUND}
+    for v, k in day_jobs():
+        if k in ("moved", "costs", "from_balanced"):
+            firing[v].append(bound_firing(v, f"{v}-{k}"))
+    cases = []
     for verdict in BOUND:
-        tests.append(
-            {
-                "interval": "1m",
-                "input_series": steps(**{verdict: 9, "balanced": 1}),
-                "alert_rule_test": [
-                    case("50m", BOUND[verdict], bound_firing(verdict)),
-                    case("10m", BOUND[verdict]),
-                ]  # still pending
-                + [case("50m", BOUND[v]) for v in BOUND if v != verdict],
-            }
-        )
-        tests.append(
-            {
-                "interval": "1m",
-                "input_series": steps(**{verdict: 6, "balanced": 4}),
-                "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
-            }
-        )
-    # Guard: checkpoint steps never fire a bound alert, and do not count as the job's verdict.
+        cases += [
+            case(f"{CHANGE - 30}m", BOUND[verdict]),  # 7.5 h steady: quiet
+            case(f"{CHANGE + 20}m", BOUND[verdict]),  # still pending
+            case(f"{CHANGE + 50}m", BOUND[verdict], *firing[verdict]),
+            case(f"{CHANGE + 240}m", BOUND[verdict]),  # the new state is the reference now
+            case(f"{DAY}m", BOUND[verdict]),
+        ]
+    return {"interval": "1m", "input_series": inputs, "alert_rule_test": cases}
+
+
+def logic_cases() -> list[dict]:
+    tests = [bound_day_case()]
+    # Guard: checkpoint steps never fire a bound alert, and do not count as a verdict before.
     tests.append(
         {
             "interval": "1m",
-            "input_series": steps(checkpoint=10),
-            "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
+            "input_series": [
+                series("rlhf_bottleneck_steps_total", "0+10x400 4000x400", verdict="checkpoint"),
+                series("rlhf_bottleneck_steps_total", "0x400 0+9x400", verdict="update"),
+                series("rlhf_bottleneck_steps_total", "0x400 0+1x400", verdict="balanced"),
+            ],
+            "alert_rule_test": [case("450m", BOUND[v]) for v in BOUND],
         }
     )
+    # Guard: a reference window with fewer than bound_reference_min_steps (10) steps does not
+    # count. A slow job (a step every 5 minutes) makes 8 rollout-bound steps, then update-bound
+    # ones: its 8-step start would read as "was rollout-bound" for 25 minutes; counted from
+    # the 10th step it lasts 10 minutes, under bound_for: quiet.
+    rollout = [min(m // 5, 8) for m in range(121)]
+    update = [max(0, m // 5 - 8) for m in range(121)]
     tests.append(
         {
             "interval": "1m",
-            "input_series": steps(rollout=6, checkpoint=4),
-            "alert_rule_test": [case("50m", BOUND[v]) for v in BOUND],
-        }
-    )
-    tests.append(
-        {
-            "interval": "1m",
-            "input_series": steps(rollout=9, checkpoint=1),
-            "alert_rule_test": [case("50m", BOUND["rollout"], bound_firing("rollout"))],
+            "input_series": [
+                series(
+                    "rlhf_bottleneck_steps_total", " ".join(map(str, rollout)), verdict="rollout"
+                ),
+                series("rlhf_bottleneck_steps_total", " ".join(map(str, update)), verdict="update"),
+            ],
+            "alert_rule_test": [case(f"{m}m", BOUND["update"]) for m in (75, 85, 90, 100)],
         }
     )
     # Guard: a balanced job fires no bound alert.
@@ -703,28 +786,73 @@ def test_promtool_logic(tmp_path, thresholds):
     run_promtool_tests(tmp_path, files, logic_cases())
 
 
+def test_promtool_a_moved_bottleneck_names_both(tmp_path, thresholds):
+    """Each bound alert's summary names the verdict now and the one before (the logic run
+    above strips annotations; this one keeps the bound alerts' summaries)."""
+    files = []
+    for rel, groups in rules.rule_groups(thresholds).items():
+        for g in groups:
+            for r in g["rules"]:
+                ann = r.pop("annotations", {})
+                if r.get("alert") in BOUND.values():
+                    r["annotations"] = {"summary": ann["summary"]}
+        path = tmp_path / Path(rel).name
+        path.write_text(yaml.safe_dump({"groups": groups}))
+        files.append(path)
+    jobs = [(v, "moved") for v in BOUND] + [("rollout", "from_balanced")]
+    cases = []
+    for verdict in BOUND:
+        expected = []
+        for v, kind in jobs:
+            if v == verdict:
+                was = "balanced" if kind == "from_balanced" else f"{_before(v)}-bound"
+                expected.append(
+                    {
+                        **bound_firing(v, f"{v}-{kind}"),
+                        "exp_annotations": {"summary": f"p/{v}-{kind} is {v}-bound, was {was}"},
+                    }
+                )
+        cases.append(case(f"{CHANGE + 50}m", BOUND[verdict], *expected))
+    test = {
+        "interval": "1m",
+        "input_series": [s for v, k in jobs for s in day_job(v, k)],
+        "alert_rule_test": cases,
+    }
+    run_promtool_tests(tmp_path, files, [test])
+
+
 def test_promtool_annotations(tmp_path):
     """The committed files' templates, expanded by promtool: reasons, evidence, advice."""
     base = "https://github.com/rlhf-exporter/rlhf-exporter/blob/main/docs/runbooks.md#"
-    rollout = steps(rollout=9, balanced=1) + [
+    # rollout-bound all day; at CHANGE its throughput drops to 70%: the cost case.
+    rollout = day_job("rollout", "costs", "e") + [
         series(
-            "rlhf_bottleneck_reason_steps_total", "0+8x60", verdict="rollout", reason="long_tail"
+            "rlhf_bottleneck_reason_steps_total",
+            _counter(8, 8),
+            verdict="rollout",
+            reason="long_tail",
         ),
         series(
-            "rlhf_bottleneck_reason_steps_total", "0+1x60", verdict="rollout", reason="generation"
+            "rlhf_bottleneck_reason_steps_total",
+            _counter(1, 1),
+            verdict="rollout",
+            reason="generation",
         ),
-        series("rlhf_group_seconds_total", "0+40x60", group="rollout"),
-        series("rlhf_group_seconds_total", "0+10x60", group="update"),
-        series("rlhf_group_seconds_total", "0+10x60", group="other"),
-        series("rlhf_agent_loop_seconds", "30x60", part="generate_sequences", stat="max"),
-        series("rlhf_agent_loop_seconds", "10x60", part="generate_sequences", stat="mean"),
-        series("rlhf_agent_loop_preempted_max", "0x60"),
+        series("rlhf_group_seconds_total", _counter(40, 40), group="rollout"),
+        series("rlhf_group_seconds_total", _counter(10, 10), group="update"),
+        series("rlhf_group_seconds_total", _counter(10, 10), group="other"),
+        series("rlhf_agent_loop_seconds", f"30x{DAY}", part="generate_sequences", stat="max"),
+        series("rlhf_agent_loop_seconds", f"10x{DAY}", part="generate_sequences", stat="mean"),
+        series("rlhf_agent_loop_preempted_max", f"0x{DAY}"),
     ]
     rollout_ann = {
-        "summary": "p/e is rollout-bound in 90% of its steps",
+        "summary": "p/e is rollout-bound, at 71.19% of its reference throughput",
         "description": (
             "90% of the classified steps of p/e in the last 30m were rollout-bound: the trainer waits "
             "for rollout samples (gen).\n"
+            "Not moved: no other verdict dominated the 6h before.\n"
+            "Throughput: 700 tokens per second of step time over the last 30m, 71.19% of the 983.3 "
+            "of the 6h before (costs when below 80%, unless a workload shift).\n"
             "Dominant reason: long_tail, in 88.89% of these steps: a few long samples hold the batch "
             "(max >> mean). Look next at: response length cap; partial rollout (fully-async only).\n"
             "Evidence: the rollout window took 66.67% of step time; agent-loop generate_sequences "
@@ -733,15 +861,21 @@ def test_promtool_annotations(tmp_path):
         "reason": "long_tail",
         "runbook_url": base + "rlhfjobrolloutbound",
     }
-    update = steps(update=8, sync=2) + [
-        series("rlhf_bottleneck_reason_steps_total", "0+8x60", verdict="update", reason="low_mfu"),
-        series("rlhf_mfu_ratio", "0.14x60", stage="actor"),
+    # rollout-bound until CHANGE, then update-bound (low MFU): the move case.
+    update = day_job("update", "moved", "e") + [
+        series(
+            "rlhf_bottleneck_reason_steps_total", _counter(0, 9), verdict="update", reason="low_mfu"
+        ),
+        series("rlhf_mfu_ratio", f"0.14x{DAY}", stage="actor"),
     ]
     update_ann = {
-        "summary": "p/e is update-bound in 80% of its steps",
+        "summary": "p/e is update-bound, was logprob-bound",
         "description": (
-            "80% of the classified steps of p/e in the last 30m were update-bound: the optimizer step "
+            "90% of the classified steps of p/e in the last 30m were update-bound: the optimizer step "
             "(update_actor, update_critic).\n"
+            "Moved: it is update-bound, was logprob-bound in 85% of its steps of the 6h before.\n"
+            "Throughput: 1k tokens per second of step time over the last 30m, 100% of the 1k of "
+            "the 6h before (costs when below 80%, unless a workload shift).\n"
             "Dominant reason: low_mfu, in 100% of these steps: MFU is low: the GPUs are under-used. "
             "Look next at: micro-batch size, dynamic bsz, offload (FSDP: fsdp_config.*_offload; "
             "Megatron: megatron.*_offload), communication.\n"
@@ -772,7 +906,7 @@ def test_promtool_annotations(tmp_path):
             "input_series": rollout,
             "alert_rule_test": [
                 {
-                    **case("50m", BOUND["rollout"], bound_firing("rollout")),
+                    **case(f"{CHANGE + 50}m", BOUND["rollout"]),
                     "exp_alerts": [{**bound_firing("rollout"), "exp_annotations": rollout_ann}],
                 }
             ],
@@ -782,7 +916,7 @@ def test_promtool_annotations(tmp_path):
             "input_series": update,
             "alert_rule_test": [
                 {
-                    **case("50m", BOUND["update"]),
+                    **case(f"{CHANGE + 50}m", BOUND["update"]),
                     "exp_alerts": [{**bound_firing("update"), "exp_annotations": update_ann}],
                 }
             ],
@@ -826,6 +960,15 @@ def test_amtool_check_config():
         (["severity=warning", "alertname=RLHFJobRegression", "category=regression"], "chat"),
         (["severity=warning", "alertname=RLHFExporterDown", "category=exporter"], "chat"),
         (["severity=info", "alertname=RLHFJobRolloutBound", "category=bottleneck"], "team-chat"),
+        (
+            ["severity=info", "category=bottleneck", "team=alignment", "project=p", "experiment=e"],
+            "team-alignment-chat",
+        ),
+        (["severity=info", "category=bottleneck", "team=reasoning"], "team-reasoning-chat"),
+        (["severity=info", "category=bottleneck", "team=unknown-team"], "team-chat"),
+        # a team label does not pull other alerts into the team's chat
+        (["severity=warning", "category=regression", "team=alignment"], "chat"),
+        (["severity=critical", "alertname=RLHFJobStalled", "team=alignment"], "pager"),
     ],
 )
 def test_amtool_routes(labels, receiver):
@@ -861,3 +1004,20 @@ def test_alertmanager_example_inhibits_bound_alerts_of_a_stalled_job():
     }
     assert categories == {"bottleneck"}
     assert re.fullmatch(rule["target_matchers"][0].split("=~")[1].strip('"'), "bottleneck")
+
+
+def test_alertmanager_example_groups_bound_alerts_per_team_and_job_and_says_them_once():
+    """The bottleneck route: one group per team and job, a day between repeats, no resolved
+    message, working hours on every team route (active_time_intervals is not inherited)."""
+    config = yaml.safe_load(AM_EXAMPLE.read_text())
+    route = next(
+        r for r in config["route"]["routes"] if 'category="bottleneck"' in r.get("matchers", [])
+    )
+    assert route["group_by"] == ["team", "project", "experiment"]
+    assert rules.seconds(route["group_wait"]) >= 60
+    assert rules.seconds(route["group_interval"]) >= 30 * 60
+    assert rules.seconds(route["repeat_interval"]) >= 24 * 3600
+    receivers = {r["name"]: r for r in config["receivers"]}
+    for r in [route, *route["routes"]]:
+        assert r["active_time_intervals"] == ["working-hours"], r["receiver"]
+        assert receivers[r["receiver"]]["slack_configs"][0]["send_resolved"] is False

@@ -20,9 +20,21 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate30m` | tokens per second of step time |
 | `instance_gpu:rlhf_gpu_busy:ratio_rate30m` | busy ratio per GPU |
 | `instance:rlhf_gpu_busy:ratio_rate30m` | mean busy ratio of an exporter's GPUs |
+| `project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:topratio_rate30m` | the dominant reason of each verdict (a bound alert's evidence) |
+| `project_experiment:rlhf_untimed_of_other:ratio_rate30m` | untimed remainder over the `other` window |
+| `project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean` | agent-loop generate_sequences max / mean |
+| `project_experiment_verdict:rlhf_bottleneck_steps:increase6h` | classified steps per verdict over the reference window |
+| `project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate6h` | fraction of classified steps per verdict over the reference window |
+| `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window |
 
-The suffix follows the configured window (`alerts.window`). Rules never aggregate across
+The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` for
+the last three, which the bound alerts read `offset <window>`; they are their own group,
+`rlhf-exporter.reference`, evaluated every `alerts.bound_reference_interval`). Rules never aggregate across
 scrape targets (they use `without`), so the target labels survive for routing and joins.
+
+Each rule is a function of a frozen `Context` (the thresholds, the time scale and the records'
+names): `recording.py` (the records), `decision.py` (one function per decision-table row, with
+its evidence and runbook beside it), `operations.py` (one function per on-call alert).
 
 `rule_groups(thresholds, scale)` scales every window and `for:` by `scale` (and the stall
 test's step-time term with them): the live test runs the same rules 200 times faster.
@@ -34,7 +46,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
-from .decision import DecisionAlerts
+from . import decision, operations
 from .model import (
     BOUND_ALERTS,
     DECISION_FILE,
@@ -43,15 +55,15 @@ from .model import (
     RUNBOOKS_FILE,
     SEVERITIES,
     Alert,
+    Context,
     Runbook,
     anchor,
     duration,
     runbook_url,
 )
-from .operations import OperationsAlerts
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files
-from .recording import RecordingRules
+from .recording import evidence_records, reference_records, window_records
 
 ORDER = 20
 __all__ = [
@@ -62,11 +74,14 @@ __all__ = [
     "RUNBOOKS_FILE",
     "SEVERITIES",
     "Alert",
+    "Context",
     "Rules",
     "Runbook",
+    "all_alerts",
     "anchor",
     "dump",
     "duration",
+    "groups",
     "rule_files",
     "rule_groups",
     "runbook_url",
@@ -74,66 +89,52 @@ __all__ = [
     "targets",
 ]
 
+Rules = Context
+"""The former name of the context (`Rules(th).verdicts` is the verdict record's name)."""
 
-class Rules(RecordingRules, DecisionAlerts, OperationsAlerts):
-    """Every rule, for one thresholds document and one time scale."""
 
-    def __init__(self, th: Thresholds, scale: float = 1.0):
-        if scale <= 0:
-            raise ValueError("scale must be positive")
-        self.th = th
-        self.a = th.alerts
-        self.scale = scale
-        self.window = self.dur("window")
-        w = self.window
-        self.share = f"project_experiment_group:rlhf_group_share:ratio_rate{w}"
-        self.verdicts = f"project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate{w}"
-        self.reasons = (
-            f"project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:ratio_rate{w}"
-        )
-        self.step_rate = f"project_experiment:rlhf_steps:rate{w}"
-        self.regressions = f"project_experiment_group:rlhf_regression_steps:increase{w}"
-        self.changes = f"project_experiment_kind:rlhf_change_steps:ratio_rate{w}"
-        self.tokens_rate = f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{w}"
-        self.gpu_busy = f"instance_gpu:rlhf_gpu_busy:ratio_rate{w}"
-        self.gpus_busy = f"instance:rlhf_gpu_busy:ratio_rate{w}"
+def all_alerts(ctx: Context) -> list[Alert]:
+    return decision.alerts(ctx) + operations.alerts(ctx)
 
-    def dur(self, key: str) -> str:
-        return duration(seconds(self.a[key]) * self.scale)
 
-    def secs(self, key: str) -> float:
-        return seconds(self.a[key]) * self.scale
-
-    def alerts(self) -> list[Alert]:
-        return self.decision_alerts() + self.operations_alerts()
-
-    def groups(self) -> dict[str, list[dict[str, Any]]]:
-        base = self.a["runbook_url"]
-        return {
-            RECORDING_FILE: [{"name": "rlhf-exporter.recording", "rules": self.recording()}],
-            DECISION_FILE: [
-                {
-                    "name": "rlhf-exporter.decision-table",
-                    "rules": [a.rule(base) for a in self.decision_alerts()],
-                }
-            ],
-            OPERATIONS_FILE: [
-                {
-                    "name": "rlhf-exporter.operations",
-                    "rules": [a.rule(base) for a in self.operations_alerts()],
-                }
-            ],
-        }
+def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
+    """{relative path: [rule groups]}: one group per file."""
+    base = ctx.a["runbook_url"]
+    return {
+        RECORDING_FILE: [
+            {
+                "name": "rlhf-exporter.recording",
+                "rules": window_records(ctx) + evidence_records(ctx),
+            },
+            {
+                "name": "rlhf-exporter.reference",
+                "interval": ctx.dur("bound_reference_interval"),
+                "rules": reference_records(ctx),
+            },
+        ],
+        DECISION_FILE: [
+            {
+                "name": "rlhf-exporter.decision-table",
+                "rules": [a.rule(base) for a in decision.alerts(ctx)],
+            }
+        ],
+        OPERATIONS_FILE: [
+            {
+                "name": "rlhf-exporter.operations",
+                "rules": [a.rule(base) for a in operations.alerts(ctx)],
+            }
+        ],
+    }
 
 
 def rule_groups(thresholds: Thresholds, scale: float = 1.0) -> dict[str, list[dict[str, Any]]]:
     """{relative path: [rule groups]}; `scale` < 1 shortens every window and `for:`."""
-    return Rules(thresholds, scale).groups()
+    return groups(Context(thresholds, scale))
 
 
 def rule_files(thresholds: Thresholds, scale: float = 1.0) -> dict[str, str]:
-    return _rule_files(Rules(thresholds, scale))
+    return _rule_files(groups(Context(thresholds, scale)))
 
 
 def targets(thresholds: Thresholds) -> dict[str, str]:
-    return {**rule_files(thresholds), RUNBOOKS_FILE: runbooks_markdown(Rules(thresholds))}
+    return {**rule_files(thresholds), RUNBOOKS_FILE: runbooks_markdown(Context(thresholds))}

@@ -1,249 +1,431 @@
-"""One alert per decision-table row, the regression alert and the throughput alert."""
+"""The decision table's alerts: one function per row (the bound alerts, each with its evidence
+beside it), the regression alert and the throughput alert.
+
+A bound alert fires only when it says something new about the job (issue 18): the job is
+X-bound over `alerts.window` and either
+
+- **moved**: another verdict dominated the reference window (`alerts.bound_reference`, the
+  time just before the window), or
+- **costs**: its tokens per second of step time over the window fell below
+  `alerts.bound_throughput_ratio` x their value over the reference window, and no step of
+  the window was a workload shift.
+
+A job that is steadily X-bound at its usual throughput fires nothing: the dashboards and the
+exporter's `/` page show the steady bottleneck.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ...diagnosis import GROUPS, REASONS
 from ...diagnosis.advice import LOOK_AT, REASON_MEANING, VERDICT_MEANING
-from .model import BOUND_ALERTS, JOB_ARGS, JOB_MATCH, JOB_NAME, Alert, Runbook, _num, _tq
+from .model import (
+    BOUND_ALERTS,
+    JOB_ARGS,
+    JOB_MATCH,
+    JOB_NAME,
+    Alert,
+    Context,
+    Runbook,
+    _num,
+    _tq,
+    fill,
+    query_first,
+)
 from .verl_keys import VERL_EVIDENCE_KEYS, VERL_KEYS
 
+NOT_BEFORE = ("checkpoint", "unknown")
+"""Verdicts that never count as the one a job moved from."""
 
-class DecisionAlerts:
-    """Mixed into `Rules`: what the decision table says about a job over the window."""
+VERDICT_WAS = '{{ $v := . | first | label "verdict" }}{{ if eq $v "balanced" }}balanced{{ else }}{{ $v }}-bound{{ end }}'
+"""The verdict the job moved from, as words: `rollout-bound`, or `balanced`."""
 
-    def _reason_block(self, verdict: str) -> str:
-        top = f'topk(1, {self.reasons}{{verdict="{verdict}",{JOB_MATCH}}})'
-        branches = []
-        for i, reason in enumerate(REASONS[verdict]):
-            kw = "if" if i == 0 else "else if"
-            look = LOOK_AT.get((verdict, reason), "")
-            text = f": {REASON_MEANING[reason]}." + (f" Look next at: {look}." if look else "")
-            branches.append(f'{{{{ {kw} eq $r "{reason}" }}}}{text}')
-        chain = "".join(branches) + "{{ else }}.{{ end }}"
-        return (
-            "{{ with query (printf `" + top + "` " + JOB_ARGS + ") }}"
-            '{{ $top := first . }}{{ $r := label "reason" $top }}'
-            "Dominant reason: {{ $r }}, in {{ value $top | humanizePercentage }} of these steps"
-            + chain
-            + "{{ else }}Dominant reason: none counted in the window.{{ end }}"
-        )
+STEADY_STATE = (
+    "the job dashboard's *Verdict and reason over time* panel, the fleet dashboard's "
+    "*Verdict per job*, and the exporter's `/` page"
+)
+"""Where the steady bottleneck is shown instead of being notified."""
 
-    def _reason_annotation(self, verdict: str) -> str:
-        top = f'topk(1, {self.reasons}{{verdict="{verdict}",{JOB_MATCH}}})'
-        return (
-            "{{ with query (printf `" + top + "` " + JOB_ARGS + ") }}"
-            '{{ . | first | label "reason" }}{{ else }}none{{ end }}'
-        )
 
-    def _evidence(self, verdict: str) -> list[str]:
-        w = self.window
-        out = [
-            f"the {verdict} window took "
-            + _tq(f'{self.share}{{group="{verdict}",{JOB_MATCH}}}', "humanizePercentage")
-            + " of step time"
+# ---------------------------------------------------------------------------------------------
+# The parts every bound alert shares.
+
+
+def _dominant(ctx: Context, verdict: str) -> str:
+    return f'{ctx.verdicts}{{verdict="{verdict}"}} >= {_num(ctx.a["bound_fraction"])}'
+
+
+def _previous(ctx: Context, verdict: str, match: str = "") -> str:
+    """Another verdict that dominated the reference window (the time before the window).
+    `balanced` counts (a job that had no bottleneck and now has one moved); `checkpoint` and
+    `unknown` do not (no window of the loop, no timing)."""
+    return (
+        f'{ctx.verdicts_ref}{{verdict!~"{verdict}|{"|".join(NOT_BEFORE)}"{match}}} offset {ctx.window}'
+        f" >= {_num(ctx.a['bound_fraction'])}"
+    )
+
+
+def bound_expr(ctx: Context, verdict: str) -> str:
+    """X-bound now, and either moved (another verdict dominated the reference window) or
+    costs (throughput below its reference, and not a workload shift)."""
+    return fill(
+        "<dominant>\n"
+        "and ignoring (verdict) (\n"
+        "  # moved: another verdict dominated the <ref> before the window\n"
+        "  <previous>\n"
+        "  or ignoring (verdict)\n"
+        "  # costs: tokens per second of step time below their reference, not a workload shift\n"
+        "  (\n"
+        "    <tokens> < <ratio> * <tokens_ref> offset <w>\n"
+        '    unless ignoring (kind) <changes>{kind="workload_shift"} > 0\n'
+        "  )\n"
+        ")",
+        dominant=_dominant(ctx, verdict),
+        previous=_previous(ctx, verdict),
+        ref=ctx.reference,
+        w=ctx.window,
+        tokens=ctx.tokens_rate,
+        tokens_ref=ctx.tokens_rate_ref,
+        ratio=_num(ctx.a["bound_throughput_ratio"]),
+        changes=ctx.changes,
+    )
+
+
+def _was(ctx: Context, verdict: str, body: str, default: str = "") -> str:
+    return query_first(_previous(ctx, verdict, "," + JOB_MATCH), body, default)
+
+
+def _throughput_ratio(ctx: Context) -> str:
+    return (
+        f"{ctx.tokens_rate}{{{JOB_MATCH}}} / {ctx.tokens_rate_ref}{{{JOB_MATCH}}} "
+        f"offset {ctx.window}"
+    )
+
+
+def _summary(ctx: Context, verdict: str) -> str:
+    costs = query_first(
+        _throughput_ratio(ctx),
+        ", at {{ . | first | value | humanizePercentage }} of its reference throughput",
+        args=f"{JOB_ARGS} {JOB_ARGS}",
+    )
+    return f"{JOB_NAME} is {verdict}-bound" + _was(ctx, verdict, ", was " + VERDICT_WAS, costs)
+
+
+def _why(ctx: Context, verdict: str) -> str:
+    """The alert's two causes, each with its figures (both lines always shown)."""
+    ref, w = ctx.reference, ctx.window
+    moved = _was(
+        ctx,
+        verdict,
+        f"Moved: it is {verdict}-bound, was "
+        + VERDICT_WAS
+        + f" in {{{{ . | first | value | humanizePercentage }}}} of its steps of the {ref} before.",
+        f"Not moved: no other verdict dominated the {ref} before.",
+    )
+    now = _tq(f"{ctx.tokens_rate}{{{JOB_MATCH}}}", "humanize")
+    before = _tq(f"{ctx.tokens_rate_ref}{{{JOB_MATCH}}} offset {w}", "humanize")
+    share = _tq(_throughput_ratio(ctx), "humanizePercentage", args=f"{JOB_ARGS} {JOB_ARGS}")
+    ratio = ctx.a["bound_throughput_ratio"]
+    costs = (
+        f"Throughput: {now} tokens per second of step time over the last {w}, {share} of the "
+        f"{before} of the {ref} before (costs when below {ratio:.0%}, unless a workload shift)."
+    )
+    return moved + "\n" + costs
+
+
+def _reason_block(ctx: Context, verdict: str) -> str:
+    branches = []
+    for i, reason in enumerate(REASONS[verdict]):
+        kw = "if" if i == 0 else "else if"
+        look = LOOK_AT.get((verdict, reason), "")
+        text = f": {REASON_MEANING[reason]}." + (f" Look next at: {look}." if look else "")
+        branches.append(f'{{{{ {kw} eq $r "{reason}" }}}}{text}')
+    chain = "".join(branches) + "{{ else }}.{{ end }}"
+    return query_first(
+        f'{ctx.top_reasons}{{verdict="{verdict}",{JOB_MATCH}}}',
+        '{{ $top := first . }}{{ $r := label "reason" $top }}'
+        "Dominant reason: {{ $r }}, in {{ value $top | humanizePercentage }} of these steps"
+        + chain,
+        "Dominant reason: none counted in the window.",
+    )
+
+
+def _reason_annotation(ctx: Context, verdict: str) -> str:
+    return query_first(
+        f'{ctx.top_reasons}{{verdict="{verdict}",{JOB_MATCH}}}',
+        '{{ . | first | label "reason" }}',
+        "none",
+    )
+
+
+def _share_evidence(ctx: Context, verdict: str) -> str:
+    return (
+        f"the {verdict} window took "
+        + _tq(f'{ctx.share}{{group="{verdict}",{JOB_MATCH}}}', "humanizePercentage")
+        + " of step time"
+    )
+
+
+def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -> Alert:
+    """The bound alert of one decision-table row; `evidence` (annotation templates) and
+    `confirm` (PromQL for the runbook) are the row's own."""
+    name = BOUND_ALERTS[verdict]
+    w, ref, frac = ctx.window, ctx.reference, ctx.a["bound_fraction"]
+    ratio = ctx.a["bound_throughput_ratio"]
+    example = "update" if verdict == "rollout" else "rollout"
+    description = "\n".join(
+        [
+            f"{{{{ $value | humanizePercentage }}}} of the classified steps of {JOB_NAME} in the "
+            f"last {w} were {verdict}-bound: {VERDICT_MEANING[verdict]}.",
+            _why(ctx, verdict),
+            _reason_block(ctx, verdict),
+            "Evidence: " + "; ".join([_share_evidence(ctx, verdict), *evidence]) + ".",
         ]
-        mfu_threshold = f"{self.th.mfu_compute_bound:.0%}"
-        if verdict == "rollout":
-            gen = 'rlhf_agent_loop_seconds{part="generate_sequences",stat="%s",' + JOB_MATCH + "}"
-            out.append(
-                "agent-loop generate_sequences max/mean "
-                + _tq(
-                    f"{gen % ('max', '%s', '%s')} / ignoring (stat) {gen % ('mean', '%s', '%s')}",
-                    'printf "%.1f"',
-                    args=f"{JOB_ARGS} {JOB_ARGS}",
-                )
-                + f" (long tail at >= {_num(self.th.long_tail_generate_ratio)})"
-            )
-            out.append(
-                "most preemptions of one sample "
-                + _tq(f"rlhf_agent_loop_preempted_max{{{JOB_MATCH}}}", "humanize")
-            )
-        elif verdict in ("update", "logprob"):
-            stage = "actor" if verdict == "update" else "actor_infer"
-            out.append(
-                f"last step's MFU (perf/mfu/{stage}) "
-                + _tq(f'rlhf_mfu_ratio{{stage="{stage}",{JOB_MATCH}}}', "humanizePercentage")
-                + f" (compute-bound at >= {mfu_threshold}, 0 means unknown)"
-            )
-        elif verdict == "other":
-            out.append(
-                "untimed driver time is "
-                + _tq(
-                    f"increase(rlhf_untimed_seconds_total{{{JOB_MATCH}}}[{w}])"
-                    f' / increase(rlhf_group_seconds_total{{group="other",{JOB_MATCH}}}[{w}])',
-                    "humanizePercentage",
-                )
-                + f" of the other window (untimed at >= {self.th.untimed_fraction:.0%})"
-            )
-        return out
+    )
+    timers = [f"timing_s/{t}" for t in ctx.th.document["groups"][verdict]]
+    change = []
+    for reason in REASONS[verdict]:
+        keys = ", ".join(f"`{k}`" for k in VERL_KEYS.get((verdict, reason), ()))
+        look = LOOK_AT.get((verdict, reason), "")
+        change.append(
+            f"`{reason}` ({REASON_MEANING[reason]}): look at {look}" + (f"; {keys}" if keys else "")
+        )
+    return Alert(
+        name=name,
+        expr=bound_expr(ctx, verdict),
+        for_=ctx.dur("bound_for"),
+        severity="info",
+        category="bottleneck",
+        summary=_summary(ctx, verdict),
+        description=description,
+        annotations={"reason": _reason_annotation(ctx, verdict)},
+        runbook=Runbook(
+            meaning=(
+                f"The job is `{verdict}`-bound: at least {_num(frac * 100)}% of its classified "
+                f"steps over the last {w} had that verdict, so the window that made the training "
+                f"loop wait longest was `{verdict}` ({VERDICT_MEANING[verdict]}). Being bound is "
+                "the normal "
+                "state of an RL job (some window is always the longest), so this alert fires "
+                "only when that says something new, in one of two cases. **Moved**: over the "
+                f"{ref} before the window, at least {_num(frac * 100)}% of the job's steps had "
+                "another verdict, or were `balanced` (`checkpoint` and `unknown` do not count); "
+                f"the summary names both, e.g. `{verdict}-bound, was {example}-bound`. A "
+                "reference window needs "
+                f"{_num(ctx.a['bound_reference_min_steps'])} steps or it does not count. "
+                "**Costs**: the job's tokens per second of step time over the window are below "
+                f"{ratio:.0%} of their value over the {ref} before, and no step of the window was "
+                "a workload shift (more tokens at the same cost per token do not fire). The "
+                "alert resolves once the new state fills the reference window, or the "
+                "throughput recovers. The steady state (which window a job waits on, every "
+                f"minute) is on {STEADY_STATE}; no alert repeats it. The `reason` annotation "
+                "is the dominant reason among the window's steps; the description shows the "
+                "evidence and where to look next."
+            ),
+            confirm=[
+                f'{ctx.verdicts}{{project="P", experiment="E"}}',
+                f'{ctx.verdicts_ref}{{project="P", experiment="E"}} offset {w}',
+                f'{ctx.tokens_rate}{{project="P", experiment="E"}}',
+                f'{ctx.tokens_rate_ref}{{project="P", experiment="E"}} offset {w}',
+                f'{ctx.top_reasons}{{verdict="{verdict}", project="P", experiment="E"}}',
+                f'{ctx.share}{{project="P", experiment="E"}}',
+                *confirm,
+            ],
+            verl_keys=[*timers, *VERL_EVIDENCE_KEYS[verdict]],
+            change=change,
+            checks=[
+                "`rlhf-exporter diagnose --summary <verl root>/P/E.jsonl`: the same table, "
+                "step by step, from the job's log"
+            ],
+        ),
+    )
 
-    def bound_alert(self, verdict: str) -> Alert:
-        name = BOUND_ALERTS[verdict]
-        w, frac = self.window, self.a["bound_fraction"]
-        description = "\n".join(
-            [
-                f"{{{{ $value | humanizePercentage }}}} of the classified steps of {JOB_NAME} in the last {w} "
-                f"were {verdict}-bound: {VERDICT_MEANING[verdict]}.",
-                self._reason_block(verdict),
-                "Evidence: " + "; ".join(self._evidence(verdict)) + ".",
-            ]
-        )
-        timers = [f"timing_s/{t}" for t in self.th.document["groups"][verdict]]
-        confirm = [
-            f'{self.verdicts}{{project="P", experiment="E"}}',
-            f'{self.reasons}{{verdict="{verdict}", project="P", experiment="E"}}',
-            f'{self.share}{{project="P", experiment="E"}}',
-        ]
-        if verdict in ("update", "logprob"):
-            confirm.append('rlhf_mfu_ratio{project="P", experiment="E"}')
-        if verdict == "rollout":
-            confirm.append(
-                'rlhf_agent_loop_seconds{project="P", experiment="E", part="generate_sequences"}'
+
+def _mfu(ctx: Context, stage: str) -> str:
+    return (
+        f"last step's MFU (perf/mfu/{stage}) "
+        + _tq(f'rlhf_mfu_ratio{{stage="{stage}",{JOB_MATCH}}}', "humanizePercentage")
+        + f" (compute-bound at >= {ctx.th.mfu_compute_bound:.0%}, 0 means unknown)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# One function per row of the decision table.
+
+
+def rollout_bound(ctx: Context) -> Alert:
+    evidence = [
+        "agent-loop generate_sequences max/mean "
+        + _tq(f"{ctx.generate_spread}{{{JOB_MATCH}}}", 'printf "%.1f"')
+        + f" (long tail at >= {_num(ctx.th.long_tail_generate_ratio)})",
+        "most preemptions of one sample "
+        + _tq(f"rlhf_agent_loop_preempted_max{{{JOB_MATCH}}}", "humanize"),
+    ]
+    confirm = [
+        f'{ctx.generate_spread}{{project="P", experiment="E"}}',
+        'rlhf_agent_loop_seconds{project="P", experiment="E", part="generate_sequences"}',
+    ]
+    return bound(ctx, "rollout", evidence, confirm)
+
+
+def reward_bound(ctx: Context) -> Alert:
+    return bound(ctx, "reward", [], [])
+
+
+def logprob_bound(ctx: Context) -> Alert:
+    return bound(
+        ctx, "logprob", [_mfu(ctx, "actor_infer")], ['rlhf_mfu_ratio{project="P", experiment="E"}']
+    )
+
+
+def update_bound(ctx: Context) -> Alert:
+    return bound(
+        ctx, "update", [_mfu(ctx, "actor")], ['rlhf_mfu_ratio{project="P", experiment="E"}']
+    )
+
+
+def sync_bound(ctx: Context) -> Alert:
+    return bound(ctx, "sync", [], [])
+
+
+def driver_overhead_bound(ctx: Context) -> Alert:
+    evidence = [
+        "untimed driver time is "
+        + _tq(f"{ctx.untimed}{{{JOB_MATCH}}}", "humanizePercentage")
+        + f" of the other window (untimed at >= {ctx.th.untimed_fraction:.0%})"
+    ]
+    return bound(ctx, "other", evidence, [f'{ctx.untimed}{{project="P", experiment="E"}}'])
+
+
+BOUND: dict[str, Callable[[Context], Alert]] = {
+    "rollout": rollout_bound,
+    "reward": reward_bound,
+    "logprob": logprob_bound,
+    "update": update_bound,
+    "sync": sync_bound,
+    "other": driver_overhead_bound,
+}
+assert list(BOUND) == list(BOUND_ALERTS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Change against the job's own baseline.
+
+
+def regression(ctx: Context) -> Alert:
+    """Steps of the job regressed a group: it costs more per token than its baseline."""
+    w, n = ctx.window, ctx.a["regression_min_steps"]
+    cost = 'rlhf_group_cost_seconds_per_token{group="%s",' + JOB_MATCH + "}"
+    base = 'rlhf_baseline_group_cost_seconds_per_token{group="%s",' + JOB_MATCH + "}"
+    args = "$labels.group " + JOB_ARGS
+    change = []
+    for group in (g for g in GROUPS if g != "checkpoint"):
+        keys = sorted({k for (v, _), ks in VERL_KEYS.items() if v == group for k in ks})
+        change.append(f"`{group}`: " + ", ".join(f"`{k}`" for k in keys))
+    return Alert(
+        name="RLHFJobRegression",
+        expr=f"{ctx.regressions} >= {_num(n)}",
+        for_=ctx.dur("regression_for"),
+        severity="warning",
+        category="regression",
+        summary=f"{JOB_NAME}: the {{{{ $labels.group }}}} window regressed",
+        description=(
+            f"{{{{ $value | humanize }}}} steps of {JOB_NAME} in the last {w} were a regression of the "
+            "{{ $labels.group }} window: it costs more seconds per token than the job's own baseline, "
+            "and more tokens per step do not explain it (a workload shift never counts here).\n"
+            "Last step's cost "
+            + _tq(cost, 'printf "%.3g"', args)
+            + " s/token against a baseline of "
+            + _tq(base, 'printf "%.3g"', args)
+            + " s/token."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "Steps of the job were labelled `regression` of group g (decision table §4): the "
+                "step got slower and the group that added the most seconds costs more per token "
+                "than the median of the job's recent steps. A workload shift (every window grew "
+                "with the token count) is counted apart and never fires this alert. A lasting "
+                f"regression is labelled for about half of `change.baseline_steps` steps, then "
+                f"becomes the job's new normal: the alert resolves {w} later even if nothing was "
+                "fixed, so compare the step time with the time before the alert."
+            ),
+            confirm=[
+                f'{ctx.regressions}{{project="P", experiment="E"}}',
+                'rlhf_group_cost_seconds_per_token{project="P", experiment="E"}',
+                'rlhf_baseline_group_cost_seconds_per_token{project="P", experiment="E"}',
+                f'{ctx.changes}{{project="P", experiment="E"}}',
+            ],
+            verl_keys=[
+                "the regressed group's `timing_s/<timer>` keys",
+                "perf/total_num_tokens",
+                "timing_s/step",
+            ],
+            change=[
+                "What changed in the job or its cluster when the alert started (image, verl "
+                "version, node, config)? Then, by regressed group:",
+                *change,
+            ],
+        ),
+    )
+
+
+def throughput_below_baseline(ctx: Context) -> Alert:
+    """The job runs far below the best of its own recent baselines."""
+    w, ratio, ref = (
+        ctx.window,
+        ctx.a["throughput_drop_ratio"],
+        ctx.dur("throughput_reference"),
+    )
+    return Alert(
+        name="RLHFJobThroughputBelowBaseline",
+        expr=(
+            f"{ctx.tokens_rate}\n  < {_num(ratio)} * max_over_time(rlhf_baseline_tokens_per_second[{ref}])\n"
+            f'unless ignoring (kind)\n  increase(rlhf_change_steps_total{{kind="workload_shift"}}[{w}]) > 0'
+        ),
+        for_=ctx.dur("throughput_drop_for"),
+        severity="warning",
+        category="throughput",
+        summary=f"{JOB_NAME} runs far below its own baseline throughput",
+        description=(
+            f"{JOB_NAME} processed {{{{ $value | humanize }}}} tokens per second of step time over the last "
+            f"{w}, below {ratio:.0%} of its best baseline over {ref} ("
+            + _tq(
+                f"max_over_time(rlhf_baseline_tokens_per_second{{{JOB_MATCH}}}[{ref}])",
+                "humanize",
             )
-        checks = [
-            "`rlhf-exporter diagnose --summary <verl root>/P/E.jsonl`: the same table, "
-            "step by step, from the job's log"
-        ]
-        change = []
-        for reason in REASONS[verdict]:
-            keys = ", ".join(f"`{k}`" for k in VERL_KEYS.get((verdict, reason), ()))
-            look = LOOK_AT.get((verdict, reason), "")
-            change.append(
-                f"`{reason}` ({REASON_MEANING[reason]}): look at {look}"
-                + (f"; {keys}" if keys else "")
-            )
-        return Alert(
-            name=name,
-            expr=f'{self.verdicts}{{verdict="{verdict}"}} >= {_num(frac)}',
-            for_=self.dur("bound_for"),
-            severity="info",
-            category="bottleneck",
-            summary=(
-                f"{JOB_NAME} is {verdict}-bound in {{{{ $value | humanizePercentage }}}} "
-                "of its steps"
+            + " tokens/s), and no step of the window was a workload shift."
+        ),
+        runbook=Runbook(
+            meaning=(
+                f"The job's tokens per second of step time over {w} fell below "
+                f"{_num(ratio)} x the best value of its own baseline (median K/S' of recent steps) "
+                f"over the last {ref}, and no step in the window was a workload shift. "
+                "The exporter's baseline follows the job within about ten steps, so this alert "
+                "compares with the best recent baseline instead."
             ),
-            description=description,
-            annotations={"reason": self._reason_annotation(verdict)},
-            runbook=Runbook(
-                meaning=(
-                    f"At least {_num(frac * 100)}% of the job's classified steps over the last {w} had the "
-                    f"verdict `{verdict}`: the window that made the training loop wait longest was "
-                    f"{VERDICT_MEANING[verdict]}. The alert's `reason` annotation is the dominant "
-                    f"reason among those steps; the description shows the evidence and where to "
-                    f"look next."
-                ),
-                confirm=confirm,
-                verl_keys=[*timers, *VERL_EVIDENCE_KEYS[verdict]],
-                change=change,
-                checks=checks,
-            ),
-        )
+            confirm=[
+                f'{ctx.tokens_rate}{{project="P", experiment="E"}}',
+                f'max_over_time(rlhf_baseline_tokens_per_second{{project="P", experiment="E"}}[{ref}])',
+                f'{ctx.regressions}{{project="P", experiment="E"}}',
+                f'{ctx.verdicts}{{project="P", experiment="E"}}',
+            ],
+            verl_keys=["perf/throughput", "perf/total_num_tokens", "timing_s/step"],
+            change=[
+                "Find the group that grew: the verdict and regression recording rules above, or "
+                "`rlhf-exporter diagnose` on the job's log. Then follow that group's bound-alert "
+                "section of this runbook."
+            ],
+        ),
+    )
 
-    def regression_alert(self) -> Alert:
-        w, n = self.window, self.a["regression_min_steps"]
-        cost = 'rlhf_group_cost_seconds_per_token{group="%s",' + JOB_MATCH + "}"
-        base = 'rlhf_baseline_group_cost_seconds_per_token{group="%s",' + JOB_MATCH + "}"
-        args = "$labels.group " + JOB_ARGS
-        change = []
-        for group in (g for g in GROUPS if g != "checkpoint"):
-            keys = sorted({k for (v, _), ks in VERL_KEYS.items() if v == group for k in ks})
-            change.append(f"`{group}`: " + ", ".join(f"`{k}`" for k in keys))
-        return Alert(
-            name="RLHFJobRegression",
-            expr=f"{self.regressions} >= {_num(n)}",
-            for_=self.dur("regression_for"),
-            severity="warning",
-            category="regression",
-            summary=f"{JOB_NAME}: the {{{{ $labels.group }}}} window regressed",
-            description=(
-                f"{{{{ $value | humanize }}}} steps of {JOB_NAME} in the last {w} were a regression of the "
-                "{{ $labels.group }} window: it costs more seconds per token than the job's own baseline, "
-                "and more tokens per step do not explain it (a workload shift never counts here).\n"
-                "Last step's cost "
-                + _tq(cost, 'printf "%.3g"', args)
-                + " s/token against a baseline of "
-                + _tq(base, 'printf "%.3g"', args)
-                + " s/token."
-            ),
-            runbook=Runbook(
-                meaning=(
-                    "Steps of the job were labelled `regression` of group g (decision table §4): the "
-                    "step got slower and the group that added the most seconds costs more per token "
-                    "than the median of the job's recent steps. A workload shift (every window grew "
-                    "with the token count) is counted apart and never fires this alert. A lasting "
-                    f"regression is labelled for about half of `change.baseline_steps` steps, then "
-                    f"becomes the job's new normal: the alert resolves {w} later even if nothing was "
-                    "fixed, so compare the step time with the time before the alert."
-                ),
-                confirm=[
-                    f'{self.regressions}{{project="P", experiment="E"}}',
-                    'rlhf_group_cost_seconds_per_token{project="P", experiment="E"}',
-                    'rlhf_baseline_group_cost_seconds_per_token{project="P", experiment="E"}',
-                    f'{self.changes}{{project="P", experiment="E"}}',
-                ],
-                verl_keys=[
-                    "the regressed group's `timing_s/<timer>` keys",
-                    "perf/total_num_tokens",
-                    "timing_s/step",
-                ],
-                change=[
-                    "What changed in the job or its cluster when the alert started (image, verl "
-                    "version, node, config)? Then, by regressed group:",
-                    *change,
-                ],
-            ),
-        )
 
-    def throughput_alert(self) -> Alert:
-        w, ratio, ref = (
-            self.window,
-            self.a["throughput_drop_ratio"],
-            self.dur("throughput_reference"),
-        )
-        return Alert(
-            name="RLHFJobThroughputBelowBaseline",
-            expr=(
-                f"{self.tokens_rate}\n  < {_num(ratio)} * max_over_time(rlhf_baseline_tokens_per_second[{ref}])\n"
-                f'unless ignoring (kind)\n  increase(rlhf_change_steps_total{{kind="workload_shift"}}[{w}]) > 0'
-            ),
-            for_=self.dur("throughput_drop_for"),
-            severity="warning",
-            category="throughput",
-            summary=f"{JOB_NAME} runs far below its own baseline throughput",
-            description=(
-                f"{JOB_NAME} processed {{{{ $value | humanize }}}} tokens per second of step time over the last "
-                f"{w}, below {ratio:.0%} of its best baseline over {ref} ("
-                + _tq(
-                    f"max_over_time(rlhf_baseline_tokens_per_second{{{JOB_MATCH}}}[{ref}])",
-                    "humanize",
-                )
-                + " tokens/s), and no step of the window was a workload shift."
-            ),
-            runbook=Runbook(
-                meaning=(
-                    f"The job's tokens per second of step time over {w} fell below "
-                    f"{_num(ratio)} x the best value of its own baseline (median K/S' of recent steps) "
-                    f"over the last {ref}, and no step in the window was a workload shift. "
-                    "The exporter's baseline follows the job within about ten steps, so this alert "
-                    "compares with the best recent baseline instead."
-                ),
-                confirm=[
-                    f'{self.tokens_rate}{{project="P", experiment="E"}}',
-                    f'max_over_time(rlhf_baseline_tokens_per_second{{project="P", experiment="E"}}[{ref}])',
-                    f'{self.regressions}{{project="P", experiment="E"}}',
-                    f'{self.verdicts}{{project="P", experiment="E"}}',
-                ],
-                verl_keys=["perf/throughput", "perf/total_num_tokens", "timing_s/step"],
-                change=[
-                    "Find the group that grew: the verdict and regression recording rules above, or "
-                    "`rlhf-exporter diagnose` on the job's log. Then follow that group's bound-alert "
-                    "section of this runbook."
-                ],
-            ),
-        )
+ALERTS: tuple[Callable[[Context], Alert], ...] = (
+    *BOUND.values(),
+    regression,
+    throughput_below_baseline,
+)
+"""The decision-table group, in file order."""
 
-    def decision_alerts(self) -> list[Alert]:
-        return [self.bound_alert(v) for v in BOUND_ALERTS] + [
-            self.regression_alert(),
-            self.throughput_alert(),
-        ]
+
+def alerts(ctx: Context) -> list[Alert]:
+    return [make(ctx) for make in ALERTS]

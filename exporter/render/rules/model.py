@@ -1,13 +1,15 @@
 """The pieces every rule is made of: files, alert names, durations, annotation templates,
-and the Alert and Runbook records."""
+the Alert and Runbook records, and the frozen `Context` every rule function reads."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...diagnosis import GROUPS
+from ...diagnosis import GROUPS, Thresholds
+from ...diagnosis.thresholds import seconds
 
 RECORDING_FILE = "alerts/recording.rules.yaml"
 DECISION_FILE = "alerts/decision-table.rules.yaml"
@@ -60,6 +62,136 @@ def _tq(expr: str, fmt: str, args: str = JOB_ARGS, default: str = "n/a") -> str:
 
 
 JOB_NAME = "{{ $labels.project }}/{{ $labels.experiment }}"
+
+
+def fill(template: str, **names: str) -> str:
+    """`template` with each `<name>` replaced by `names[name]`: annotation templates stay
+    readable Go templates (no doubled braces), and PromQL's own `<` is left alone."""
+    return re.sub(r"<([a-z_]+)>", lambda m: names.get(m[1], m[0]), template)
+
+
+def query_first(expr: str, body: str, default: str = "", args: str = JOB_ARGS) -> str:
+    """A template that runs PromQL `expr` (its %s filled from `args`) and expands `body` with
+    `.` set to the result vector, or `default` when the result is empty."""
+    return (
+        "{{ with query (printf `"
+        + expr
+        + "` "
+        + args
+        + ") }}"
+        + body
+        + "{{ else }}"
+        + default
+        + "{{ end }}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every rule function reads: the thresholds, the time scale, and the names of the
+    recording rules (they carry the configured windows). Frozen: a rule cannot change what
+    the next one sees."""
+
+    th: Thresholds
+    scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.scale <= 0:
+            raise ValueError("scale must be positive")
+        if seconds(self.a["bound_reference"]) <= seconds(self.a["window"]):
+            raise ValueError("alerts.bound_reference must be longer than alerts.window")
+
+    @property
+    def a(self) -> Mapping[str, Any]:
+        """The thresholds file's `alerts:` section."""
+        return self.th.alerts
+
+    def dur(self, key: str) -> str:
+        return duration(seconds(self.a[key]) * self.scale)
+
+    def secs(self, key: str) -> float:
+        return seconds(self.a[key]) * self.scale
+
+    @property
+    def window(self) -> str:
+        return self.dur("window")
+
+    @property
+    def reference(self) -> str:
+        """The bound alerts' reference window; it ends where `window` begins."""
+        return self.dur("bound_reference")
+
+    # recording rules over `window`
+    @property
+    def share(self) -> str:
+        return f"project_experiment_group:rlhf_group_share:ratio_rate{self.window}"
+
+    @property
+    def verdicts(self) -> str:
+        return f"project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate{self.window}"
+
+    @property
+    def reasons(self) -> str:
+        return (
+            "project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:"
+            f"ratio_rate{self.window}"
+        )
+
+    @property
+    def step_rate(self) -> str:
+        return f"project_experiment:rlhf_steps:rate{self.window}"
+
+    @property
+    def regressions(self) -> str:
+        return f"project_experiment_group:rlhf_regression_steps:increase{self.window}"
+
+    @property
+    def changes(self) -> str:
+        return f"project_experiment_kind:rlhf_change_steps:ratio_rate{self.window}"
+
+    @property
+    def tokens_rate(self) -> str:
+        return f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{self.window}"
+
+    @property
+    def gpu_busy(self) -> str:
+        return f"instance_gpu:rlhf_gpu_busy:ratio_rate{self.window}"
+
+    @property
+    def gpus_busy(self) -> str:
+        return f"instance:rlhf_gpu_busy:ratio_rate{self.window}"
+
+    # the bound alerts' evidence, precomputed so that their templates read one series
+    @property
+    def top_reasons(self) -> str:
+        return (
+            "project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:"
+            f"topratio_rate{self.window}"
+        )
+
+    @property
+    def untimed(self) -> str:
+        return f"project_experiment:rlhf_untimed_of_other:ratio_rate{self.window}"
+
+    @property
+    def generate_spread(self) -> str:
+        return "project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean"
+
+    # recording rules over the reference window (read `offset window`)
+    @property
+    def verdict_steps_ref(self) -> str:
+        return f"project_experiment_verdict:rlhf_bottleneck_steps:increase{self.reference}"
+
+    @property
+    def verdicts_ref(self) -> str:
+        return f"project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate{self.reference}"
+
+    @property
+    def tokens_rate_ref(self) -> str:
+        return f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{self.reference}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from .model import anchor
-
-if TYPE_CHECKING:
-    from . import Rules
+from . import decision, operations
+from .decision import STEADY_STATE
+from .model import Context, anchor
+from .recording import recording
 
 
 class _Dumper(yaml.SafeDumper):
@@ -34,11 +34,11 @@ HEADER = (
 )
 
 
-def rule_files(rules: Rules) -> dict[str, str]:
-    return {path: HEADER + dump({"groups": groups}) for path, groups in rules.groups().items()}
+def rule_files(groups: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    return {path: HEADER + dump({"groups": g}) for path, g in groups.items()}
 
 
-def runbooks_markdown(r: Rules) -> str:
+def runbooks_markdown(r: Context) -> str:
     out = [
         "# Runbooks",
         "",
@@ -47,23 +47,49 @@ def runbooks_markdown(r: Rules) -> str:
         "",
         "One section per alert of `alerts/*.rules.yaml`; each alert's `runbook_url` points at its "
         "section. In the queries, `P` and `E` stand for the job's `project` and `experiment` labels. "
-        "Severity `critical` pages; `warning` goes to chat at any hour; `info` (which window a job "
-        "waits on) goes to the owning team's chat in working hours "
-        "(`alerts/alertmanager.example.yaml`). Thresholds live in `exporter/thresholds.yaml` "
-        "(`alerts:`); change them there and run `rlhf-exporter render rules`.",
+        "Severity `critical` pages; `warning` goes to chat at any hour; `info` (a job's "
+        "bottleneck moved, or costs it throughput) goes to the owning team's chat in working "
+        "hours, once per team and job (`alerts/alertmanager.example.yaml`). Thresholds live in "
+        "`exporter/thresholds.yaml` (`alerts:`); change them there and run "
+        "`rlhf-exporter render rules`.",
+        "",
+        "## Bottleneck alerts: moved, costs, and the steady state",
+        "",
+        "Every RL job is bound by something: some window of the step is always the longest. "
+        "That steady state is not an alert; it is shown on " + STEADY_STATE + ". A bound alert "
+        f"(one per row of the decision table) fires only when the job is X-bound over the last "
+        f"{r.window} (at least {r.a['bound_fraction']:.0%} of its classified steps) and one of "
+        "these holds:",
+        "",
+        f"- **moved**: over the {r.reference} before that window, at least "
+        f"{r.a['bound_fraction']:.0%} of the job's steps had another verdict (or were "
+        "`balanced`). The summary names both: `update-bound, was rollout-bound`. It resolves "
+        "once the new verdict fills the reference window: the new normal.",
+        f"- **costs**: the job's tokens per second of step time over the {r.window} are below "
+        f"{r.a['bound_throughput_ratio']:.0%} of their value over the {r.reference} before, and "
+        "no step of the window was a workload shift (more tokens at the same cost per token "
+        "keep tokens per second of step time flat and fire nothing). It resolves when the "
+        "throughput recovers or the reference holds the lower level.",
+        "",
+        f"A reference window with fewer than {r.a['bound_reference_min_steps']} classified steps "
+        "(a job that just started) does not count. The evidence the alerts show (dominant "
+        "reason, untimed share, agent-loop spread, the reference) is precomputed by recording "
+        "rules below, so an active alert's annotations read series and run no aggregation.",
         "",
         "## Recording rules",
         "",
-        f"Per job, over `alerts.window` ({r.window}), kept by the scrape target's labels:",
+        f"Per job, over `alerts.window` ({r.window}) or, where the name ends in "
+        f"{r.reference}, over `alerts.bound_reference` (read `offset {r.window}`), kept by the "
+        "scrape target's labels:",
         "",
         "| record | expression |",
         "|---|---|",
     ]
-    for rec in r.recording():
+    for rec in recording(r):
         expr = rec["expr"].replace("\n", " ").replace("|", "\\|")
         out.append(f"| `{rec['record']}` | `{expr}` |")
     out += ["", "## Alerts", "", "| alert | severity | for | |", "|---|---|---|---|"]
-    alerts = r.alerts()
+    alerts = decision.alerts(r) + operations.alerts(r)
     for a in alerts:
         out.append(f"| [{a.name}](#{anchor(a.name)}) | {a.severity} | {a.for_} | {a.category} |")
     for a in alerts:

@@ -1,46 +1,104 @@
-"""Recording rules in `level:metric:operations` form (the table is in the package docstring)."""
+"""Recording rules in `level:metric:operations` form (the table is in the package docstring).
+
+The first group of records is what dashboards and alerts read over the window; the second is
+the bound alerts' evidence, precomputed once per evaluation so that an alert's annotation
+reads one series instead of running an aggregation per active alert; the third is the
+reference the bound alerts compare the window with (read `offset <window>`: the reference
+window ends where the window begins).
+"""
 
 from __future__ import annotations
 
+from .model import Context, _num
 
-class RecordingRules:
-    """Mixed into `Rules`: the recording rules."""
 
-    def recording(self) -> list[dict[str, str]]:
-        w = self.window
+def _ratio(numerator: str, label: str, floor: str = "> 0") -> str:
+    """Each series of `numerator` over their sum across `label` (kept where the sum `floor`)."""
+    return (
+        f"{numerator}\n/ ignoring ({label}) group_left ()\n"
+        f"(sum without ({label}) ({numerator}) {floor})"
+    )
 
-        def ratio(numerator: str, label: str) -> str:
-            return (
-                f"{numerator}\n/ ignoring ({label}) group_left ()\n"
-                f"(sum without ({label}) ({numerator}) > 0)"
-            )
 
-        return [
-            {
-                "record": self.share,
-                "expr": ratio(f"increase(rlhf_group_seconds_total[{w}])", "group"),
-            },
-            {
-                "record": self.verdicts,
-                "expr": ratio(f"increase(rlhf_bottleneck_steps_total[{w}])", "verdict"),
-            },
-            {
-                "record": self.reasons,
-                "expr": ratio(f"increase(rlhf_bottleneck_reason_steps_total[{w}])", "reason"),
-            },
-            {"record": self.step_rate, "expr": f"rate(rlhf_steps_total[{w}])"},
-            {"record": self.regressions, "expr": f"increase(rlhf_regression_steps_total[{w}])"},
-            {
-                "record": self.changes,
-                "expr": ratio(f"increase(rlhf_change_steps_total[{w}])", "kind"),
-            },
-            {
-                "record": self.tokens_rate,
-                "expr": f"rate(rlhf_tokens_total[{w}])\n/ (rate(rlhf_step_seconds_total[{w}]) > 0)",
-            },
-            {"record": self.gpu_busy, "expr": f"rate(rlhf_gpu_busy_seconds_total[{w}])"},
-            {
-                "record": self.gpus_busy,
-                "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))",
-            },
-        ]
+def window_records(ctx: Context) -> list[dict[str, str]]:
+    w = ctx.window
+    return [
+        {"record": ctx.share, "expr": _ratio(f"increase(rlhf_group_seconds_total[{w}])", "group")},
+        {
+            "record": ctx.verdicts,
+            "expr": _ratio(f"increase(rlhf_bottleneck_steps_total[{w}])", "verdict"),
+        },
+        {
+            "record": ctx.reasons,
+            "expr": _ratio(f"increase(rlhf_bottleneck_reason_steps_total[{w}])", "reason"),
+        },
+        {"record": ctx.step_rate, "expr": f"rate(rlhf_steps_total[{w}])"},
+        {"record": ctx.regressions, "expr": f"increase(rlhf_regression_steps_total[{w}])"},
+        {
+            "record": ctx.changes,
+            "expr": _ratio(f"increase(rlhf_change_steps_total[{w}])", "kind"),
+        },
+        {
+            "record": ctx.tokens_rate,
+            "expr": f"rate(rlhf_tokens_total[{w}])\n/ (rate(rlhf_step_seconds_total[{w}]) > 0)",
+        },
+        {"record": ctx.gpu_busy, "expr": f"rate(rlhf_gpu_busy_seconds_total[{w}])"},
+        {
+            "record": ctx.gpus_busy,
+            "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))",
+        },
+    ]
+
+
+def evidence_records(ctx: Context) -> list[dict[str, str]]:
+    """What the bound alerts' annotations show, one series per job (and verdict)."""
+    w = ctx.window
+    gen = 'rlhf_agent_loop_seconds{part="generate_sequences",stat="%s"}'
+    return [
+        {  # the dominant reason of each verdict (ties keep every tied reason)
+            "record": ctx.top_reasons,
+            "expr": (
+                f"{ctx.reasons}\n== ignoring (reason) group_left ()\n"
+                f"max without (reason) ({ctx.reasons})"
+            ),
+        },
+        {  # the untimed remainder's part of the `other` window
+            "record": ctx.untimed,
+            "expr": (
+                f"increase(rlhf_untimed_seconds_total[{w}])\n/ ignoring (group)\n"
+                f'(increase(rlhf_group_seconds_total{{group="other"}}[{w}]) > 0)'
+            ),
+        },
+        {  # agent-loop generate_sequences max / mean (the long-tail test)
+            "record": ctx.generate_spread,
+            "expr": f"{gen % 'max'}\n/ ignoring (stat)\n({gen % 'mean'} > 0)",
+        },
+    ]
+
+
+def reference_records(ctx: Context) -> list[dict[str, str]]:
+    """The bound alerts' reference: which verdict dominated, and the throughput, over
+    `alerts.bound_reference` (only where it holds `bound_reference_min_steps` steps). They
+    move slowly: their own group runs every `alerts.bound_reference_interval`, and the
+    6 h increase is read once (recorded, then divided)."""
+    r = ctx.reference
+    n = _num(ctx.a["bound_reference_min_steps"])
+    return [
+        {"record": ctx.verdict_steps_ref, "expr": f"increase(rlhf_bottleneck_steps_total[{r}])"},
+        {
+            "record": ctx.verdicts_ref,
+            "expr": (
+                f"{ctx.verdict_steps_ref}\n/ ignoring (verdict) group_left ()\n"
+                f"(sum without (verdict) ({ctx.verdict_steps_ref}) >= {n})"
+            ),
+        },
+        {
+            "record": ctx.tokens_rate_ref,
+            "expr": f"rate(rlhf_tokens_total[{r}])\n/ (rate(rlhf_step_seconds_total[{r}]) > 0)",
+        },
+    ]
+
+
+def recording(ctx: Context) -> list[dict[str, str]]:
+    """Every record, in file order (the window and evidence group, then the reference group)."""
+    return window_records(ctx) + evidence_records(ctx) + reference_records(ctx)
