@@ -10,7 +10,7 @@ nothing new costs nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .diagnosis import (
@@ -47,6 +47,10 @@ MFU_PREFIX = "perf/mfu/"
 FULLY_ASYNC_PREFIX = "fully_async/"
 IDLE_SUFFIX = "/idle_ratio"
 MAX_LABEL_CHARS = 120  # a verl key used as a label value (phase, stage, component)
+# timers that run between two steps' records, outside timing_s/step (verl-stream.md: testing
+# always; save_checkpoint in 0.6.x and the separated trainers; counted in any version)
+BETWEEN_STEPS = (TIMER_PREFIX + "testing", TIMER_PREFIX + "save_checkpoint")
+FINISHED_KEY = "rlhf_job_finished"  # a record key a job may log at its end (value 1)
 
 
 def _agent_key(key: str) -> str | None:
@@ -105,13 +109,24 @@ def extra_values(data: Mapping[str, Any]) -> dict[tuple[str, tuple[str, ...]], f
 class Job:
     """The state of one verl job (`project`, `experiment`) across all its runs."""
 
-    def __init__(self, project: str, experiment: str, th: Thresholds):
+    def __init__(
+        self,
+        project: str,
+        experiment: str,
+        th: Thresholds,
+        clock: Callable[[], float] = time.time,
+        total_steps: int | None = None,
+    ):
         self.project = project
         self.experiment = experiment
         self.labels = (project, experiment)
         self._th = th
         self._diagnoser = StreamDiagnoser(th)
         self._run_base = 0  # runs before the current diagnoser (explicit new_run calls)
+        self._clock = clock
+        self.total_steps = total_steps
+        self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
+        self.finished_marker = False  # this run logged rlhf_job_finished
         self.records = 0
         self.step: int | None = None
         self.last_step_time: float | None = None
@@ -133,6 +148,15 @@ class Job:
         return self._run_base + max(self._diagnoser.run, 0)
 
     @property
+    def finished(self) -> bool:
+        """The job reached the end verl shows (its step reached --total-steps), or it
+        logged the rlhf_job_finished marker in this run."""
+        reached = (
+            self.total_steps is not None and self.step is not None and self.step >= self.total_steps
+        )
+        return reached or self.finished_marker
+
+    @property
     def verdict(self) -> str | None:
         return self.last.verdict if self.last else None
 
@@ -142,8 +166,13 @@ class Job:
         if self._diagnoser.run >= 0:
             self._run_base += self._diagnoser.run + 1
             self._diagnoser = StreamDiagnoser(self._th)
-            self._extra.clear()
+            self._run_reset()
             self._samples = None
+
+    def _run_reset(self) -> None:
+        self._extra.clear()
+        self.between_steps_max = 0.0
+        self.finished_marker = False
 
     def feed(self, records: Iterable[Record], now: float | None = None) -> int:
         """Ingest records in order; returns how many."""
@@ -152,18 +181,30 @@ class Job:
             event = self._diagnoser.feed(record)
             n += 1
             if event.new_run:
-                self._extra.clear()
+                self._run_reset()
             if event.new_step:
                 self.steps += 1
-                self.last_step_time = time.time() if now is None else now
+                self.last_step_time = self._clock() if now is None else now
             self.step = record.step
             self._extra.update(extra_values(record.data))
+            self._between_steps(record.data)
             if event.diagnosis is not None:
                 self._classified(event.diagnosis)
         if n:
             self.records += n
             self._samples = None
         return n
+
+    def _between_steps(self, data: Mapping[str, Any]) -> None:
+        outside = 0.0
+        for key in BETWEEN_STEPS:
+            value = num(data.get(key))
+            if value is not None and value > 0:
+                outside += value
+        if outside > self.between_steps_max:
+            self.between_steps_max = outside
+        if num(data.get(FINISHED_KEY)):
+            self.finished_marker = True
 
     def _classified(self, d: StepDiagnosis) -> None:
         self.last = d
@@ -197,6 +238,8 @@ class Job:
         yield Sample("rlhf_steps_total", j, float(self.steps))
         if self.last_step_time is not None:
             yield Sample("rlhf_last_step_timestamp_seconds", j, self.last_step_time)
+            yield Sample("rlhf_between_steps_max_seconds", j, self.between_steps_max)
+        yield Sample("rlhf_job_finished", j, 1.0 if self.finished else 0.0)
         yield Sample("rlhf_step_seconds_total", j, self.step_seconds)
         yield Sample("rlhf_untimed_seconds_total", j, self.untimed_seconds)
         yield Sample("rlhf_tokens_total", j, self.tokens)
@@ -272,6 +315,7 @@ class Job:
             "regressed": d.change.regressed if d else None,
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
+            "finished": self.finished,
         }
 
 

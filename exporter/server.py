@@ -5,8 +5,10 @@
   snapshots and kept until one of them is replaced, so a scrape that finds nothing new
   re-serves the same bytes; it never waits on a source.
 - `GET /healthz`: 200 while the process serves HTTP (liveness).
-- `GET /readyz`: 200 once a source has collected successfully at least once (or when only
-  the push endpoint is configured); 503 before (readiness).
+- `GET /readyz`: 200 once a source has finished a first collection, successful or not (or
+  when only the push endpoint is configured); 503 before (readiness). A source's health
+  never makes the sidecar unready: that would take a KubeRay head pod out of its Service;
+  a broken source is `rlhf_exporter_collector_up 0` instead.
 - `GET /`: a small page with each job's current verdict; `GET /api/v1/jobs` the same as JSON.
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   exporter/sources/push.py for the body and the answers).
@@ -131,7 +133,7 @@ class Endpoints:
     snapshot_fns: Sequence[SnapshotFn]
     jobs_fns: Sequence[JobsFn] = ()
     push: PushSource | None = None
-    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
+    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first collection makes /readyz 200
     sources_text: str = ""
     exposition: Exposition = field(init=False)
 
@@ -141,7 +143,7 @@ class Endpoints:
     def ready(self) -> bool:
         if not self.ready_fns:
             return True
-        return any(fn().last_success is not None for fn in self.ready_fns)
+        return any(s.last_success is not None or s.errors for s in (f() for f in self.ready_fns))
 
     def jobs(self) -> list[dict]:
         out: list[dict] = []
@@ -252,7 +254,7 @@ class Handler(BaseHTTPRequestHandler):
             if ep.ready():
                 self._text(200, "ready\n")
             else:
-                self._text(503, "not ready: no source has collected successfully yet\n")
+                self._text(503, "not ready: no source has finished a first collection yet\n")
         elif path == "/":
             self._send(200, landing_page(ep), "text/html; charset=utf-8")
         elif path == "/api/v1/jobs":

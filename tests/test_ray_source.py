@@ -19,9 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_thresholds
 from exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from exporter.metrics.collector import families
+from exporter.sources.base import Context
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.ray import RaySource, death_reason, resolve_address
 from exporter.sources.roles import RoleMap
@@ -53,6 +54,7 @@ def test_address_resolution():
 def test_death_reasons():
     def ctx(reason):
         return {"death_cause": {"actor_died_error_context": {"reason": reason}}}
+
     assert death_reason(ctx("RAY_KILL")) == "RAY_KILL"
     assert death_reason(ctx("NODE_DIED")) == "NODE_DIED"
     assert death_reason(ctx("SOME_FUTURE_REASON")) == "SOME_FUTURE_REASON"
@@ -131,7 +133,7 @@ def test_from_settings(monkeypatch):
         ray_per_class=True,
         ray_roles=None,
     )
-    src = RaySource.from_settings(s)
+    src = RaySource.from_settings(s, Context(load_thresholds()))
     assert (src.address, src.interval, src.timeout, src.actors, src.per_class) == (
         "http://127.0.0.1:8265",
         7.0,
@@ -141,7 +143,7 @@ def test_from_settings(monkeypatch):
     )
     assert "PIDs only" in src.describe()
     s.ray = False
-    assert RaySource.from_settings(s) is None
+    assert RaySource.from_settings(s, Context(load_thresholds())) is None
 
 
 # -- a fake state API: bad answers, and exact bookkeeping -------------------------------------
@@ -298,6 +300,7 @@ def test_connection_refused_is_down_not_a_crash():
 
 def test_restart_and_death_bookkeeping(fake_state):
     s = fake_state
+
     def row(aid, cls, state, restarts="0", pid=0):
         return {
             "actor_id": aid,
@@ -307,6 +310,7 @@ def test_restart_and_death_bookkeeping(fake_state):
             "pid": pid,
             "node_id": "n1",
         }
+
     s.live = [
         row("a1", "WorkerDict", "ALIVE", "2", 11),
         row("a2", "vLLMHttpServer", "ALIVE", "0", 12),

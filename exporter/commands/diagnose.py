@@ -13,7 +13,7 @@ import orjson
 
 from ..config import ConfigError, load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
-from ..reader import MAX_LINE_BYTES, RecordReader
+from ..reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..report import (
     RunSummary,
     Style,
@@ -47,7 +47,8 @@ examples:
   rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
   rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
 
-exit status: 0 done, 1 no input could be read, 2 usage or configuration error.
+exit status: 0 done, 1 no input gave a verl record (missing, empty, binary, gzip-compressed
+or not verl JSONL), 2 usage or configuration error.
 """
 
 
@@ -93,7 +94,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--max-line-bytes",
-        type=int,
+        type=_positive_int,
         default=MAX_LINE_BYTES,
         metavar="N",
         help=f"reject longer lines (default {MAX_LINE_BYTES})",
@@ -125,16 +126,28 @@ def run(args: argparse.Namespace) -> int:
         "jsonl": JsonlWriter(out, len(files) > 1),
         "json": JsonWriter(out),
     }[args.format]
-    read_any = False
+    records = 0
     for path in files:
         stream = _open(path)
         if stream is None:
             continue
-        read_any = True
         with stream:
-            diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+            n = diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+        if n == 0:
+            print(f"rlhf-exporter diagnose: {path}: no verl record found", file=sys.stderr)
+        records += n
     writer.close()
-    return 0 if read_any else 1
+    return 0 if records else 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def _bundled_example() -> str:
@@ -155,12 +168,21 @@ def _open(path: str) -> IO[bytes] | None:
         return None
 
 
-def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer) -> None:
+def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer) -> int:
+    """Diagnose one input; returns how many verl records it gave."""
     reader = RecordReader(max_line)
     diagnoser = BatchDiagnoser(th)
     writer.begin_file(path)
     progress = Progress(stream, path)
+    first = True
     for chunk in iter(lambda: stream.read(CHUNK), b""):
+        if first and looks_gzip(chunk):
+            print(
+                f"rlhf-exporter diagnose: {path}: gzip-compressed; decompress it first: "
+                f"zcat {path} | rlhf-exporter diagnose -",
+                file=sys.stderr,
+            )
+        first = False
         for record in reader.feed(chunk):
             result = diagnoser.feed(record)
             if result is not None:
@@ -174,6 +196,7 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     writer.flush()
     progress.done()
     writer.end_file(reader.records, dict(reader.rejected))
+    return reader.records
 
 
 class Progress:

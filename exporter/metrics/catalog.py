@@ -49,6 +49,19 @@ VERL = _section(
         GAUGE,
         "Unix time at which the last step's first record was read.",
     ),
+    _job(
+        "rlhf_between_steps_max_seconds",
+        GAUGE,
+        "Longest work seen in this run that runs between two steps' records, outside "
+        "timing_s/step: validation (timing_s/testing) plus timing_s/save_checkpoint. The stall "
+        "alert's limit grows by it, so a validation or checkpoint already seen never pages.",
+    ),
+    _job(
+        "rlhf_job_finished",
+        GAUGE,
+        "1 once the job reached its last step (--total-steps) or logged rlhf_job_finished=1 "
+        "in this run; a finished job is not a stalled one.",
+    ),
     _job("rlhf_step_duration_seconds", GAUGE, "Last classified step's timing_s/step."),
     _job("rlhf_step_seconds_total", COUNTER, "Sum of timing_s/step over classified steps."),
     _job(

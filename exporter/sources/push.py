@@ -17,6 +17,8 @@ set), 409 a job of that name is already read from a file, 411 no Content-Length,
 over the limit, 429 too many pushed jobs. Every rejection is all-or-nothing: it changes no job,
 and is counted in `rlhf_exporter_record_errors_total{collector="push",reason}`.
 A pushed job that receives nothing for `job_expiry` seconds stops being exported.
+Push is not polled, so it publishes no `rlhf_exporter_collector_last_success_timestamp_seconds`
+(a start time that never moves would page as a stale collector).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import orjson
 from ..diagnosis import Record, Thresholds
 from ..jobs import Job
 from ..metrics.snapshot import Sample, Snapshot
+from .base import Clock, Context
 
 log = logging.getLogger(__name__)
 
@@ -155,23 +158,39 @@ class PushSource:
         token: str | None = None,
         job_expiry: float = 86400.0,
         claimed: Callable[[str, str], bool] | None = None,
+        clock: Clock = time.time,
+        total_steps: int | None = None,
     ):
         self.th = th
+        self.clock = clock
+        self.total_steps = total_steps
         self.max_bytes = max_bytes
         self._token = token.encode() if token else None
         self.job_expiry = job_expiry
-        self._claimed = claimed or (lambda project, experiment: False)
+        # jobs another source already exports (the verl files): never export one twice
+        self.claimed = claimed or (lambda project, experiment: False)
         self._jobs: dict[tuple[str, str], _Pushed] = {}
         self._rejected: Counter[str] = Counter()
         self._records = 0
         self._lock = threading.Lock()
-        self._started = time.time()
         self._next_expiry = float("inf")
         self._snapshot = self._build()
 
     # -- Source interface -------------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> PushSource | None:
+        if not settings.push:
+            return None
+        return cls(
+            context.thresholds,
+            settings.push_max_bytes,
+            settings.push_token,
+            settings.job_expiry,
+            clock=context.clock,
+            total_steps=settings.total_steps,
+        )
+
     def start(self) -> None:
-        self._started = time.time()
         with self._lock:
             self._publish()
 
@@ -179,7 +198,7 @@ class PushSource:
         pass
 
     def snapshot(self) -> Snapshot:
-        if time.time() >= self._next_expiry and self._lock.acquire(blocking=False):
+        if self.clock() >= self._next_expiry and self._lock.acquire(blocking=False):
             try:  # a pushed job expired: publish without it (never waits on a push)
                 self._publish()
             finally:
@@ -188,7 +207,7 @@ class PushSource:
 
     def jobs(self) -> tuple[dict[str, Any], ...]:
         with self._lock:
-            return tuple({**p.job.summary(), "source": "push"} for p in self._live(time.time()))
+            return tuple({**p.job.summary(), "source": "push"} for p in self._live(self.clock()))
 
     def has_job(self, project: str, experiment: str) -> bool:
         return (project, experiment) in self._jobs
@@ -240,18 +259,20 @@ class PushSource:
         return length
 
     def _apply(self, project: str, experiment: str, records: list[Record]) -> Answer:
-        if self._claimed(project, experiment):
+        if self.claimed(project, experiment):
             raise Rejected(
                 409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
             )
-        now = time.time()
+        now = self.clock()
         key = (project, experiment)
         with self._lock:
             pushed = self._jobs.get(key)
             if pushed is None:
                 if len(self._jobs) >= MAX_JOBS:
                     raise Rejected(429, TOO_MANY_JOBS, f"already {MAX_JOBS} pushed jobs")
-                pushed = self._jobs[key] = _Pushed(Job(project, experiment, self.th), now)
+                pushed = self._jobs[key] = _Pushed(
+                    Job(project, experiment, self.th, self.clock, self.total_steps), now
+                )
                 log.info(
                     "new pushed job %s/%s",
                     project,
@@ -283,7 +304,7 @@ class PushSource:
         self._snapshot = self._build()
 
     def _build(self) -> Snapshot:
-        now = time.time()
+        now = self.clock()
         for key in [k for k, p in self._jobs.items() if now - p.last_push > self.job_expiry]:
             del self._jobs[key]  # expired: forget it (a new push starts it afresh)
         samples: list[Sample] = []
@@ -297,7 +318,7 @@ class PushSource:
             NAME,
             True,
             0.0,
-            self._started,
+            None,  # not polled: no last success (see the module docstring)
             MappingProxyType({}),
             self._records,
             MappingProxyType(dict(self._rejected)),
