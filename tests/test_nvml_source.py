@@ -9,8 +9,8 @@ import logging
 import sys
 import threading
 import time
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
