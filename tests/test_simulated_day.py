@@ -20,7 +20,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from exporter.diagnosis.thresholds import seconds
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.push import PushSource
 from exporter.sources.ray import RaySource
@@ -38,6 +40,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 HOUR = 3600
+ROOT = Path(__file__).resolve().parents[1]
 NV_OFFSET = 1000.0  # the fake driver's clock starts at 1000 s (NVML timestamps are never 0)
 
 
@@ -169,5 +172,66 @@ def test_a_healthy_fleet_is_quiet_for_a_day(tmp_path, ray_api, nvml):
     assert day.value("rlhf_job_finished", experiment="one_step_off") == 1.0
     assert fleet.osoff.step == 600 and fleet.v1.step > 600
     day.expect_pages(at=24 * HOUR, window=24 * HOUR, pages={})
+    result = day.check()
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def _alerts_config() -> dict:
+    doc = yaml.safe_load((ROOT / "exporter" / "thresholds.yaml").read_text(encoding="utf-8"))
+    return doc["alerts"]
+
+
+INJECT = 40 * 60  # the failure comes after 40 healthy minutes (a baseline, a validation)
+LATE = 2 * SCRAPE  # a page may come this much after its `for:` (scrape and evaluation lag)
+
+
+@pytest.mark.parametrize("failure", ["hang", "dead_actor", "mis_mounted_log", "exporter_down"])
+def test_each_failure_pages_once_on_time_and_nothing_else(tmp_path, ray_api, nvml, failure):
+    cfg = _alerts_config()
+    day = Day(tmp_path)  # rules evaluated every 15 s: the timing is checked to the scrape
+    head_root = tmp_path / "not-mounted" if failure == "mis_mounted_log" else None
+    fleet = Fleet(day, tmp_path, ray_api, nvml, head_root=head_root)
+    if failure == "hang":
+        fleet.v1.hang_at = INJECT
+    elif failure == "dead_actor":
+        day.at(INJECT, lambda: ray_api.kill("actor1", "WORKER_DIED"))
+    elif failure == "exporter_down":
+        day.at(INJECT, lambda: setattr(fleet.head, "up", False))
+
+    if failure == "hang":
+        # the stall limit: max(factor x baseline step, floor) + the longest validation seen
+        day.run(INJECT + 60, fleet.jobs)
+        last = day.value("rlhf_last_step_timestamp_seconds", experiment="v1")
+        base = day.value("rlhf_baseline_step_duration_seconds", experiment="v1")
+        between = day.value("rlhf_between_steps_max_seconds", experiment="v1")
+        assert last is not None and base is not None and between is not None
+        limit = max(cfg["stall_factor"] * base, seconds(cfg["stall_min"])) + between
+        starts = last + limit  # the first moment the condition can hold
+        due = starts + seconds(cfg["stall_for"]) + LATE
+        alert, labels = "RLHFJobStalled", {"project": "grpo", "experiment": "v1"}
+    elif failure == "dead_actor":
+        starts = INJECT
+        due = starts + seconds(cfg["actors_dead_for"]) + LATE
+        alert, labels = "RLHFRayActorsDied", {"role": "trainer", "instance": "head-v1:19839"}
+    elif failure == "mis_mounted_log":
+        starts = 0
+        due = seconds(cfg["collector_down_for"]) + LATE
+        alert, labels = "RLHFExporterCollectorDown", {"collector": "verl"}
+    else:
+        starts = INJECT
+        due = starts + seconds(cfg["exporter_down_for"]) + LATE
+        alert, labels = "RLHFExporterDown", {"instance": "head-v1:19839"}
+    end = max(due, INJECT) + 5 * 60
+    day.run(end, fleet.jobs)
+
+    day.expect_firing(due, alert, **labels)  # on time
+    day.expect_pages(at=end, window=end, pages={alert: 1})  # once, and nothing else
+    if starts > SCRAPE:  # and not before its condition could hold
+        day.expect_pages(at=starts - SCRAPE, window=starts, pages={})
+    if failure == "mis_mounted_log":  # the reason is counted, the pod stays ready
+        key = (("collector", "verl"), ("instance", "head-v1:19839"), ("job", "rlhf-exporter"))
+        up = day.series["rlhf_exporter_collector_up", key]
+        assert set(up.values()) == {0.0}
+        assert day.value("rlhf_exporter_collector_errors_total", reason="root_missing") == 1.0
     result = day.check()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
