@@ -15,6 +15,7 @@ plus two scrapes, and nothing else pages.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -27,13 +28,13 @@ from exporter.sources.nvml import NvmlSource
 from exporter.sources.push import PushSource
 from exporter.sources.ray import RaySource
 from exporter.sources.verl_files import VerlFileSource
+from tests.support import procs
 from tests.support.fake_pynvml import FakeGpu, make_module
 from tests.support.ray_state import RayStateApi
 from tests.support.simday import SCRAPE, Day, FileSink, PushSink, TraceJob
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-if not TRACES.is_dir():
-    TRACES = Path("/work/shared/traces")
+# ../shared/traces, as for every test that reads the sample traces (RLHF_TEST_TRACES: elsewhere)
+TRACES = Path(os.environ.get("RLHF_TEST_TRACES", str(procs.TRACES)))
 pytestmark = pytest.mark.skipif(
     not TRACES.is_dir() or shutil.which("promtool") is None,
     reason="needs the shared sample traces and promtool",
