@@ -260,7 +260,9 @@ EXPORTER = _section(
     Metric(
         "rlhf_exporter_collector_up",
         GAUGE,
-        "1 when the collector's last collection succeeded.",
+        "1 when the collector's last collection succeeded; 0 when it failed, when it ran but "
+        "found its input broken (a missing or unreadable --verl-root), or when the source "
+        "cannot run here (dependency_missing).",
         ("collector",),
     ),
     Metric(
@@ -272,13 +274,16 @@ EXPORTER = _section(
     Metric(
         "rlhf_exporter_collector_last_success_timestamp_seconds",
         GAUGE,
-        "Unix time of the collector's last successful collection.",
+        "Unix time of the collector's last successful collection (polled collectors only: "
+        "push is not polled and has none).",
         ("collector",),
     ),
     Metric(
         "rlhf_exporter_collector_errors_total",
         COUNTER,
-        "Failed collections, by reason.",
+        "Failed collection attempts, by reason: one per attempt (NVML retries every 30 s, not "
+        "every poll); a broken input that persists (a missing verl root) counts once per "
+        "occurrence.",
         ("collector", "reason"),
     ),
     Metric("rlhf_exporter_records_total", COUNTER, "Input records ingested.", ("collector",)),
