@@ -64,8 +64,10 @@ def _size(text: str) -> int:
         ("G", 1 << 30),
     ):
         if s.endswith(suffix):
-            return int(float(s[: -len(suffix)]) * factor)
-    value = int(s)
+            value = int(float(s[: -len(suffix)]) * factor)
+            break
+    else:
+        value = int(s)
     if value <= 0:
         raise ValueError(f"must be > 0, got {text!r}")
     return value

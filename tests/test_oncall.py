@@ -92,6 +92,10 @@ def test_job_expiry_takes_the_prometheus_duration_syntax():
     with pytest.raises(ConfigError):
         resolve(job_expiry="0s")
     assert resolve(total_steps="500").total_steps == 500
+    assert resolve(max_line_bytes="2MiB").max_line_bytes == 2 << 20
+    for bad in ("-5", "-5K", "0MiB"):
+        with pytest.raises(ConfigError, match="must be > 0"):
+            resolve(max_line_bytes=bad)
 
 
 def test_a_missing_optional_dependency_is_a_down_collector(monkeypatch):
