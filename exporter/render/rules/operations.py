@@ -243,7 +243,12 @@ class OperationsAlerts:
             runbook=Runbook(
                 meaning=(
                     "A source of the exporter (verl files, push, Ray, NVML) fails. Its series are "
-                    "dropped, so alerts that need them (stalled, actors, GPUs) cannot fire."
+                    "dropped, so alerts that need them (stalled, actors, GPUs) cannot fire. The "
+                    "verl collector is also down while a `--verl-root` is missing, not a "
+                    "directory or unreadable (reasons `root_missing`, `root_not_a_directory`, "
+                    "`root_permission_denied`: a log volume that is not mounted), and a source "
+                    "whose optional dependency is missing is down with `dependency_missing`. "
+                    "The pod stays ready: a down collector never takes it out of its Service."
                 ),
                 confirm=["rlhf_exporter_collector_up == 0", "rlhf_exporter_collector_errors_total"],
                 checks=["the exporter's log: one line per problem"],
