@@ -323,10 +323,9 @@ def test_library_not_found_through_serve(tmp_path):
             lambda: exp.value("rlhf_exporter_collector_up", collector="nvml") == 0.0,
             what="nvml up 0",
         )
-        exp.wait_for(
-            lambda: (exp.value("rlhf_exporter_collector_errors_total", collector="nvml") or 0) >= 5,
-            what="several failed NVML polls",
-        )
+        time.sleep(1.0)  # ten more polls, all within the 30 s before NVML is tried again
+        # one attempt, one error: the polls in between do not count (nor log) it again
+        assert exp.value("rlhf_exporter_collector_errors_total", collector="nvml") == 1.0
         assert exp.value("rlhf_exporter_build_info") == 1.0
         assert exp.value("rlhf_exporter_collector_up", collector="verl") is not None
     log = exp.log_path.read_text()
