@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from . import history
@@ -78,6 +78,11 @@ MAX_INT = 1 << 63  # an integer value beyond this is no verl number (and may ove
 # keys the exporter reads: kept first when a step has more keys than Limits.step_keys
 _USED_PREFIXES = (TIMER_PREFIX, "perf/", "response_length/", "actor/perf/", FULLY_ASYNC_PREFIX,
                   AGENT_LOOP)  # fmt: skip
+
+# timers that run between two steps' records, outside timing_s/step (verl-stream.md: testing
+# always; save_checkpoint in 0.6.x and the separated trainers; counted in any version)
+BETWEEN_STEPS = (TIMER_PREFIX + "testing", TIMER_PREFIX + "save_checkpoint")
+FINISHED_KEY = "rlhf_job_finished"  # a record key a job may log at its end (value 1)
 
 # record_errors reasons for what ingestion drops (the sources add their own)
 LABEL_NOT_UTF8 = "label_not_utf8"
@@ -205,6 +210,9 @@ class Job:
         th: Thresholds,
         limits: Limits = DEFAULT_LIMITS,
         rejected: Counter[str] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        total_steps: int | None = None,
     ):
         # what ingestion drops is counted here (a source passes its record_errors counter)
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
@@ -226,6 +234,10 @@ class Job:
         self._accepted: set[str] = set()  # keys taken unchanged before (a memo, bounded)
         self._diagnoser = StreamDiagnoser(th)
         self._run_base = 0  # runs before the current diagnoser (explicit new_run calls)
+        self._clock = clock
+        self.total_steps = total_steps
+        self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
+        self.finished_marker = False  # this run logged rlhf_job_finished
         self.records = 0
         self.step: int | None = None
         self.last_step_time: float | None = None
@@ -248,6 +260,15 @@ class Job:
         return self._run_base + max(self._diagnoser.run, 0)
 
     @property
+    def finished(self) -> bool:
+        """The job reached the end verl shows (its step reached --total-steps), or it
+        logged the rlhf_job_finished marker in this run."""
+        reached = (
+            self.total_steps is not None and self.step is not None and self.step >= self.total_steps
+        )
+        return reached or self.finished_marker
+
+    @property
     def verdict(self) -> str | None:
         return self.last.verdict if self.last else None
 
@@ -257,8 +278,13 @@ class Job:
         if self._diagnoser.run >= 0:
             self._run_base += self._diagnoser.run + 1
             self._diagnoser = StreamDiagnoser(self._th)
-            self._extra.clear()
+            self._run_reset()
             self._samples = None
+
+    def _run_reset(self) -> None:
+        self._extra.clear()
+        self.between_steps_max = 0.0
+        self.finished_marker = False
 
     def feed(self, records: Iterable[Record], now: float | None = None) -> int:
         """Ingest records in order; returns how many."""
@@ -270,12 +296,13 @@ class Job:
                     continue
                 event = self._diagnoser.feed(clean)
                 if event.new_run:
-                    self._extra.clear()
+                    self._run_reset()
                 if event.new_step:
                     self.steps += 1
-                    self.last_step_time = time.time() if now is None else now
+                    self.last_step_time = self._clock() if now is None else now
                 self.step = clean.step
                 self._extra.update(extra_values(clean.data))
+                self._between_steps(clean.data)
                 if event.diagnosis is not None:
                     self._classified(event.diagnosis)
                 n += 1
@@ -286,6 +313,17 @@ class Job:
             self.records += n
             self._samples = None
         return n
+
+    def _between_steps(self, data: Mapping[str, Any]) -> None:
+        outside = 0.0
+        for key in BETWEEN_STEPS:
+            value = num(data.get(key))
+            if value is not None and value > 0:
+                outside += value
+        if outside > self.between_steps_max:
+            self.between_steps_max = outside
+        if num(data.get(FINISHED_KEY)):
+            self.finished_marker = True
 
     def _drop(self, reason: str, n: int = 1, exc_info: bool = False) -> None:
         self.rejected[reason] += n
@@ -417,6 +455,8 @@ class Job:
         yield Sample("rlhf_steps_total", j, float(self.steps))
         if self.last_step_time is not None:
             yield Sample("rlhf_last_step_timestamp_seconds", j, self.last_step_time)
+            yield Sample("rlhf_between_steps_max_seconds", j, self.between_steps_max)
+        yield Sample("rlhf_job_finished", j, 1.0 if self.finished else 0.0)
         yield Sample("rlhf_step_seconds_total", j, self.step_seconds)
         yield Sample("rlhf_untimed_seconds_total", j, self.untimed_seconds)
         yield Sample("rlhf_tokens_total", j, self.tokens)
@@ -493,6 +533,7 @@ class Job:
             "regressed": d.change.regressed if d else None,
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
+            "finished": self.finished,
         }
 
 

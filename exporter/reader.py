@@ -29,6 +29,14 @@ INCOMPLETE = "incomplete_line"  # only when the input ends without a newline (se
 REASONS = (TOO_LONG, NOT_UTF8, INVALID_JSON, NOT_OBJECT, BAD_STEP, BAD_DATA, EMPTY, INCOMPLETE)
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def looks_gzip(head: bytes) -> bool:
+    """Whether the first bytes of an input are gzip's magic number (a compressed log)."""
+    return head.startswith(GZIP_MAGIC)
+
+
 def _missing(_constant: str) -> None:
     return None
 

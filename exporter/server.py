@@ -5,8 +5,10 @@
   snapshots and kept until one of them is replaced, so a scrape that finds nothing new
   re-serves the same bytes; it never waits on a source.
 - `GET /healthz`: 200 while the process serves HTTP (liveness).
-- `GET /readyz`: 200 once a source has collected successfully at least once (or when only
-  the push endpoint is configured); 503 before (readiness).
+- `GET /readyz`: 200 once a source has finished a first collection, successful or not (or
+  when only the push endpoint is configured); 503 before (readiness). A source's health
+  never makes the sidecar unready: that would take a KubeRay head pod out of its Service;
+  a broken source is `rlhf_exporter_collector_up 0` instead.
 - `GET /`: the job view (exporter/view/): every job, who needs attention first, with
   sparklines, the sources' health and how to scrape; `GET /jobs/<project>/<experiment>` one
   job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON.
@@ -142,7 +144,7 @@ class Endpoints:
     snapshot_fns: Sequence[SnapshotFn]
     jobs_fns: Sequence[JobsFn] = ()
     push: PushSource | None = None
-    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first success makes /readyz 200
+    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first collection makes /readyz 200
     sources_text: str = ""
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
@@ -155,7 +157,7 @@ class Endpoints:
     def ready(self) -> bool:
         if not self.ready_fns:
             return True
-        return any(fn().last_success is not None for fn in self.ready_fns)
+        return any(s.last_success is not None or s.errors for s in (f() for f in self.ready_fns))
 
     def jobs(self) -> list[dict]:
         out: list[dict] = []
@@ -279,7 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             if ep.ready():
                 self._text(200, "ready\n")
             else:
-                self._text(503, "not ready: no source has collected successfully yet\n")
+                self._text(503, "not ready: no source has finished a first collection yet\n")
         elif path == "/":
             host = self.headers.get("Host")
             _, page = ep.pages.get((path, host), lambda: (200, landing_page(ep, host)))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import ConfigError, read_yaml
+from .diagnosis.thresholds import seconds
 from .logs import LEVELS
 
 DEFAULT_PORT = 19839  # outside 9100-9999, which the Prometheus port registry has fully allocated
@@ -39,7 +40,8 @@ def _listen(text: str) -> str:
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    """A duration > 0: seconds, or the Prometheus syntax (`10m`, `1h30m`), as in thresholds."""
+    value = seconds(text)
     if not value > 0:
         raise ValueError(f"must be > 0, got {text!r}")
     return value
@@ -193,9 +195,18 @@ OPTIONS: tuple[Option, ...] = (
         "job_expiry",
         _positive,
         86400.0,
-        "stop exporting a job whose file has not changed for this many seconds",
+        "stop exporting a job whose file has not changed for this long (seconds or 10m, 24h)",
         "verl",
-        "SECONDS",
+        "DURATION",
+    ),
+    Option(
+        "total_steps",
+        _count,
+        None,
+        "the job's last step (verl's trainer.total_training_steps): reaching it exports "
+        "rlhf_job_finished 1, and a finished job is not a stalled one",
+        "verl",
+        "STEPS",
     ),
     Option(
         "max_line_bytes",

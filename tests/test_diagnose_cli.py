@@ -117,8 +117,33 @@ def test_no_readable_file_exits_1_some_readable_exits_0(tmp_path, log):
     assert r.returncode == 0 and b"No such file" in r.stderr
 
 
+def test_inputs_without_a_verl_record_exit_1_and_gzip_is_named(tmp_path, log):
+    import gzip
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(bytes(range(256)) * 8)
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"level": "info", "msg": "hello"}\n{"a": 1}\n')
+    packed = tmp_path / "job.jsonl.gz"
+    packed.write_bytes(gzip.compress(log.read_bytes()))
+    for path in (empty, binary, other, packed):
+        r = cli(str(path))
+        assert r.returncode == 1, (path, r.stderr)
+        assert b"no verl record found" in r.stderr
+    r = cli(str(packed))
+    assert b"gzip-compressed" in r.stderr and b"zcat" in r.stderr
+    assert b"gzip" not in cli(str(other)).stderr
+    # one good input among them: 0
+    assert cli(str(empty), str(log)).returncode == 0
+
+
 def test_usage_and_config_errors_exit_2(tmp_path, log):
     assert cli("--format", "xml", str(log)).returncode == 2
+    for bad_size in ("-5", "0", "lots"):
+        r = cli("--max-line-bytes", bad_size, str(log))
+        assert r.returncode == 2 and b"--max-line-bytes" in r.stderr, bad_size
     bad = tmp_path / "bad.yaml"
     bad.write_text("verdict:\n  min_share: lots\n")
     r = cli("--config", str(bad), str(log))

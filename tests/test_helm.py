@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rlhf-exporter"
 EXAMPLE = ROOT / "examples" / "verl-grpo-rayjob"
 STANDALONE_VALUES = ROOT / "examples" / "standalone-values.yaml"
+SHARED_VALUES = ROOT / "examples" / "shared-values.yaml"
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yaml"))
 DASHBOARD_FILES = sorted((ROOT / "grafana").glob("*.json"))
 # The oldest Kubernetes the chart supports (Chart.yaml kubeVersion) and the newest schema.
@@ -47,11 +48,14 @@ RELEASE, NAMESPACE = "rel", "mon"
 
 
 def render(
-    values: dict | None = None, chart: Path = CHART, namespace: str = NAMESPACE
+    values: dict | None = None,
+    chart: Path = CHART,
+    namespace: str = NAMESPACE,
+    name: str = RELEASE,
 ) -> list[dict]:
     """Every object the chart renders with `values` (NOTES.txt left out)."""
     with helm.Chart.load(str(chart)) as loaded:
-        out = loaded.render(values=values, name=RELEASE, namespace=namespace)
+        out = loaded.render(values=values, name=name, namespace=namespace)
     objects = []
     for path, text in sorted(out.items()):
         if path.endswith("NOTES.txt"):
@@ -502,7 +506,10 @@ def test_default_values_render_valid_objects():
         validate(obj)
     service = only(objects, "Service")
     assert service["spec"]["clusterIP"] == "None"  # one endpoint per sidecar pod
-    assert service["spec"]["selector"] == {"app.kubernetes.io/component": "rlhf-exporter-sidecar"}
+    assert service["spec"]["selector"] == {  # scope=all: this release's sidecars only
+        "app.kubernetes.io/component": "rlhf-exporter-sidecar",
+        "rlhf-exporter.io/release": RELEASE,
+    }
     monitor = only(objects, "PodMonitor")
     assert monitor["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
@@ -749,7 +756,13 @@ def rayjob_of(objects: list[dict]) -> dict:
 
 def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(example_chart):
     objects = render(chart=example_chart, namespace="ray-jobs")
-    assert kinds(objects) == expected_kinds(workload={"RayJob": 1, "PersistentVolumeClaim": 1})
+    assert kinds(objects) == expected_kinds(  # scope=job: the job's objects only
+        workload={"RayJob": 1, "PersistentVolumeClaim": 1},
+        monitor=None,
+        service=False,
+        rules=False,
+        dashboards=False,
+    )
     for obj in objects:
         validate(obj)  # the RayJob's pod templates as core Pods, sidecar included
     values = yaml.safe_load((EXAMPLE / "values.yaml").read_text(encoding="utf-8"))
@@ -760,7 +773,8 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
     pvc = only(objects, "PersistentVolumeClaim")
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
 
-    monitor = only(objects, "PodMonitor")
+    shared = yaml.safe_load((SHARED_VALUES).read_text(encoding="utf-8"))
+    monitor = only(render(shared, namespace="ray-jobs", name="rlhf-exporter"), "PodMonitor")
     actor_exporters = 0
     templates = ray_pod_templates(rayjob)
     for name, template in templates.items():
@@ -803,6 +817,70 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
             assert conf.ray is True and conf.ray_actors is False
             assert conf.ray_address == "http://grpo-grpo-x7k2p-head-svc.ray-jobs.svc:8265"
     assert actor_exporters == 1, "Ray actors must be exported by the head sidecar only"
+
+
+def test_two_jobs_in_one_namespace_get_one_set_of_rules_dashboards_and_scrapes(example_chart):
+    """The shared release once, two job releases of the example: every alert, dashboard uid
+    and monitor exists once, and each job's pods are selected by exactly one monitor."""
+    ns = "ray-jobs"
+    shared = yaml.safe_load(SHARED_VALUES.read_text(encoding="utf-8"))
+    releases = {
+        "rlhf-exporter": render(shared, namespace=ns, name="rlhf-exporter"),
+        "grpo": render(chart=example_chart, namespace=ns, name="grpo"),
+        "grpo-2": render(
+            {"verl": {"experiment": "second"}}, chart=example_chart, namespace=ns, name="grpo-2"
+        ),
+    }
+    everything = [o for objects in releases.values() for o in objects]
+    for obj in everything:
+        validate(obj)
+    names = Counter((o["kind"], o["metadata"]["name"]) for o in everything)
+    assert [k for k, n in names.items() if n > 1] == []
+    alerts = Counter(
+        r["alert"]
+        for o in everything
+        if o["kind"] == "PrometheusRule"
+        for g in o["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    )
+    assert alerts and set(alerts.values()) == {1} and sorted(alerts) == sorted(alert_names())
+    uids = Counter(
+        json.loads(text)["uid"]
+        for o in everything
+        if o["kind"] == "ConfigMap"
+        for text in o["data"].values()
+    )
+    assert len(uids) == len(DASHBOARD_FILES) and set(uids.values()) == {1}
+    monitors = [o for o in everything if o["kind"] in ("PodMonitor", "ServiceMonitor")]
+    assert len(monitors) == 1
+    assert monitors[0]["spec"]["namespaceSelector"] == {"matchNames": [ns]}
+    # every sidecar pod of both jobs is selected, by that one monitor, once
+    selector = monitors[0]["spec"]["selector"]["matchLabels"]
+    pods = [
+        (release, name, template["metadata"]["labels"])
+        for release in ("grpo", "grpo-2")
+        for name, template in ray_pod_templates(rayjob_of(releases[release])).items()
+    ]
+    assert len(pods) == 4 and all(selector.items() <= labels.items() for _, _, labels in pods)
+    # and a scope=all release in the same namespace selects its own pods, not theirs
+    alone = only(render({"scope": "all"}, namespace=ns, name="solo"), "PodMonitor")
+    own = alone["spec"]["selector"]["matchLabels"]
+    assert not any(own.items() <= labels.items() for _, _, labels in pods)
+
+
+def test_scope_other_than_all_is_for_sidecars():
+    with pytest.raises(helm.HelmRenderError) as caught:
+        render(
+            {"mode": "standalone", "scope": "job", "standalone": {"logs": {"existingClaim": "x"}}}
+        )
+    assert "scope=job" in str(caught.value)
+
+
+def test_values_comment_names_only_real_alerts():
+    text = (CHART / "values.yaml").read_text(encoding="utf-8")
+    named = set(re.findall(r"\b(RLHF[A-Za-z]+):", text))
+    assert named and named <= set(alert_names()), named - set(alert_names())
 
 
 def test_example_without_gpu_roles_claims_no_shared_pid_namespace(example_chart):

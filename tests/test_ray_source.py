@@ -19,9 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter.config import ConfigError
+from exporter.config import ConfigError, load_thresholds
 from exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from exporter.metrics.collector import families
+from exporter.sources.base import Context
 from exporter.sources.nvml import NvmlSource
 from exporter.sources.ray import RaySource, death_reason, resolve_address
 from exporter.sources.roles import RoleMap
@@ -132,7 +133,7 @@ def test_from_settings(monkeypatch):
         ray_per_class=True,
         ray_roles=None,
     )
-    src = RaySource.from_settings(s)
+    src = RaySource.from_settings(s, Context(load_thresholds()))
     assert (src.address, src.interval, src.timeout, src.actors, src.per_class) == (
         "http://127.0.0.1:8265",
         7.0,
@@ -142,7 +143,7 @@ def test_from_settings(monkeypatch):
     )
     assert "PIDs only" in src.describe()
     s.ray = False
-    assert RaySource.from_settings(s) is None
+    assert RaySource.from_settings(s, Context(load_thresholds())) is None
 
 
 # -- a fake state API: bad answers, and exact bookkeeping -------------------------------------

@@ -108,6 +108,7 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_ray_actors",
         "rlhf_ray_actors_by_class",
         "rlhf_exporter_collector_up",
+        "rlhf_job_finished",  # a 0/1 state, like collector_up
         "rlhf_exporter_jobs",
         "rlhf_agent_loop_preempted_max",
     }, unitless

@@ -666,11 +666,11 @@ def logic_cases() -> list[dict]:
             ],
         }
     )
-    tests.append(
+    tests.append(  # up, but its poll stopped (a dead or hung poll thread): stale
         {
             "interval": "1m",
             "input_series": [
-                series("rlhf_exporter_collector_up", "1x10 0x40", coll),
+                series("rlhf_exporter_collector_up", "1x50", coll),
                 series(
                     "rlhf_exporter_collector_last_success_timestamp_seconds", "0+60x10 600x40", coll
                 ),
@@ -682,6 +682,25 @@ def logic_cases() -> list[dict]:
                     alert("RLHFExporterCollectorStale", "warning", "exporter", coll),
                 ),
                 case("28m", "RLHFExporterCollectorStale"),
+            ],
+        }
+    )
+    tests.append(  # a collector that reports its failure pages once: down, not also stale
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_exporter_collector_up", "1x10 0x40", coll),
+                series(
+                    "rlhf_exporter_collector_last_success_timestamp_seconds", "0+60x10 600x40", coll
+                ),
+            ],
+            "alert_rule_test": [
+                case("40m", "RLHFExporterCollectorStale"),
+                case(
+                    "40m",
+                    "RLHFExporterCollectorDown",
+                    alert("RLHFExporterCollectorDown", "warning", "exporter", coll),
+                ),
             ],
         }
     )
@@ -893,7 +912,8 @@ def test_promtool_annotations(tmp_path):
     stall_ann = {
         "summary": "p/e has made no step for 15m 0s",
         "description": (
-            "No new step of p/e for 15m 0s (limit: max(3 x its baseline step time of 1m 0s, 10m)) "
+            "No new step of p/e for 15m 0s (limit: max(3 x its baseline step time of 1m 0s, 10m) "
+            "+ its longest validation and checkpoint seen) "
             "while its exporter e:9 is up. An NCCL hang ends in ActorDiedError only after "
             "the NCCL timeout (verl 0.8+: PyTorch's default; verl 0.6-0.7: "
             "actor_rollout_ref.nccl_timeout, 600 s)."

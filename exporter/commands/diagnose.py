@@ -15,7 +15,7 @@ import orjson
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..history import point
-from ..reader import MAX_LINE_BYTES, RecordReader
+from ..reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..report import (
     RunSummary,
     Style,
@@ -51,7 +51,8 @@ examples:
   rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
   rlhf-exporter diagnose run.jsonl --html report.html   # one self-contained file to attach
 
-exit status: 0 done, 1 no input could be read, 2 usage or configuration error.
+exit status: 0 done, 1 no input gave a verl record (missing, empty, binary, gzip-compressed
+or not verl JSONL), 2 usage or configuration error.
 """
 
 
@@ -109,7 +110,7 @@ def register(subparsers) -> None:
     )
     p.add_argument(
         "--max-line-bytes",
-        type=int,
+        type=_positive_int,
         default=MAX_LINE_BYTES,
         metavar="N",
         help=f"reject longer lines (default {MAX_LINE_BYTES})",
@@ -147,23 +148,35 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         html = HtmlWriter(args.html, thresholds.alerts["runbook_url"])
         writer = Tee(writer, html)
-    read_any = False
+    records = 0
     for path in files:
         stream = _open(path)
         if stream is None:
             continue
-        read_any = True
         with stream:
-            diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+            n = diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+        if n == 0:
+            print(f"rlhf-exporter diagnose: {path}: no verl record found", file=sys.stderr)
+        records += n
     writer.close()
-    if html is not None and read_any:
+    if html is not None and records:
         try:
             html.write()
         except OSError as exc:
             print(f"rlhf-exporter diagnose: {args.html}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         print(f"(wrote {args.html})", file=sys.stderr)
-    return 0 if read_any else 1
+    return 0 if records else 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
 
 
 def _bundled_example() -> str:
@@ -184,13 +197,22 @@ def _open(path: str) -> IO[bytes] | None:
         return None
 
 
-def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer) -> None:
+def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer) -> int:
+    """Diagnose one input; returns how many verl records it gave."""
     reader = RecordReader(max_line)
     diagnoser = BatchDiagnoser(th)
     writer.begin_file(path)
     progress = Progress(stream, path)
     on_record = getattr(writer, "record", None)  # a writer that wants the raw records
+    first = True
     for chunk in iter(lambda: stream.read(CHUNK), b""):
+        if first and looks_gzip(chunk):
+            print(
+                f"rlhf-exporter diagnose: {path}: gzip-compressed; decompress it first: "
+                f"zcat {path} | rlhf-exporter diagnose -",
+                file=sys.stderr,
+            )
+        first = False
         for record in reader.feed(chunk):
             if on_record is not None:
                 on_record(record)
@@ -206,6 +228,7 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     writer.flush()
     progress.done()
     writer.end_file(reader.records, dict(reader.rejected))
+    return reader.records
 
 
 def fit(line: str, width: int | None) -> list[str]:

@@ -12,16 +12,20 @@ import shutil
 import signal
 import tempfile
 import threading
-from importlib import import_module
+import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
-from ..jobs import limits_from_settings
 from ..logs import configure
 from ..server import Endpoints, make_server
+from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
+from ..sources.push import PushSource
+from ..sources.verl_files import VerlFileSource
 
 ORDER = 10
 log = logging.getLogger("exporter.serve")
@@ -77,29 +81,20 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _optional_source(module: str, *args: Any, **kwargs: Any) -> Any:
-    """`<module>.<Class>.from_settings(...)` when that source exists in this build, else None."""
-    name, cls = module.rsplit(":", 1)
-    try:
-        mod = import_module(name)
-    except ImportError as exc:
-        log.info("%s is not available in this build (%s)", name, exc)
-        return None
-    return getattr(mod, cls).from_settings(*args, **kwargs)
-
-
 class Sidecar:
-    """Every part of one `serve` process, started and stopped together."""
+    """Every part of one `serve` process, started and stopped together.
 
-    def __init__(self, settings: Any):
-        from ..sources import push as push_mod
-        from ..sources import verl_files
+    Each source is built by its `from_settings(settings, context)`; one whose module cannot
+    be imported (an optional dependency missing from this build) is exported as a down
+    collector with reason `dependency_missing`, never left out silently.
+    """
 
+    def __init__(self, settings: Any, clock: Clock = time.time):
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
         self.demo = None
-        extra_roots = []
+        extra_roots: list[Path] = []
         if settings.demo:
             from ..demo.job import DemoJob
             from ..demo.scenario import NAMES
@@ -114,49 +109,34 @@ class Sidecar:
                 self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
             )
             extra_roots.append(self.tempdir)
-        self.sources: list[Any] = []
-        self.verl = verl_files.from_settings(settings, self.th, extra_roots)
-        if self.verl is not None:
-            self.sources.append(self.verl)
+        context = Context(self.th, clock, tuple(extra_roots))
+        self.sources: list[Source] = []
+        self.verl = VerlFileSource.from_settings(settings, context)
         self.push = None
         if settings.push:
             _check_push_exposure(settings)
-            claimed = self.verl.has_job if self.verl is not None else None
-            self.push = push_mod.PushSource(
-                self.th,
-                settings.push_max_bytes,
-                settings.push_token,
-                settings.job_expiry,
-                claimed,
-                limits=limits_from_settings(settings),
-                max_jobs=settings.push_max_jobs,
-                max_jobs_per_client=settings.push_max_jobs_per_client,
-            )
-            self.sources.append(self.push)
-            if self.verl is not None:
-                self.verl.displace = self.push.displace  # a file job always wins its name
-        self.ray = None
-        if settings.ray:
-            self.ray = _optional_source("exporter.sources.ray:RaySource", settings)
-            if self.ray is not None:
-                self.sources.append(self.ray)
-        if settings.nvml:
-            nvml = _optional_source("exporter.sources.nvml:NvmlSource", settings, ray=self.ray)
-            if nvml is not None:
-                self.sources.append(nvml)
+            self.push = PushSource.from_settings(settings, context)
+        if self.verl is not None and self.push is not None:
+            self.push.claimed = self.verl.has_job  # a push never takes a file job's name,
+            self.verl.displace = self.push.displace  # and a new file takes it from a push
+        self.sources += [s for s in (self.verl, self.push) if s is not None]
+        self.ray = self._optional("ray", settings.ray, _ray, settings, context)
+        ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
+        self.nvml = self._optional(
+            "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray)
+        )
         if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
             from ..demo.devices import DemoDevices
 
             self.sources.append(DemoDevices(self.demo))
-        polled = [s for s in self.sources if s is not self.push]
         self.endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
             snapshot_fns=[s.snapshot for s in self.sources],
-            jobs_fns=[s.jobs for s in self.sources if hasattr(s, "jobs")],
+            jobs_fns=[s.jobs for s in self.sources],
             push=self.push,
-            ready_fns=[s.snapshot for s in polled],
-            sources_text=", ".join(_describe(s) for s in self.sources) or "none",
+            ready_fns=[s.snapshot for s in self.sources if s is not self.push],
+            sources_text=", ".join(s.describe() for s in self.sources) or "none",
         )
         self.server = make_server(
             settings.listen,
@@ -164,6 +144,27 @@ class Sidecar:
             max_connections=settings.http_max_connections,
             read_timeout=settings.http_read_timeout,
         )
+
+    def _optional(
+        self,
+        name: str,
+        enabled: bool,
+        load: Callable[[], type[Source]],
+        settings: Any,
+        context: Context,
+    ) -> Source | None:
+        """A source whose module needs an optional dependency."""
+        if not enabled:
+            return None
+        try:
+            source_cls = load()
+        except ImportError as exc:
+            source: Source | None = UnavailableSource(name, DEPENDENCY_MISSING, str(exc))
+        else:
+            source = source_cls.from_settings(settings, context)
+        if source is not None:
+            self.sources.append(source)
+        return source
 
     @property
     def url(self) -> str:
@@ -221,9 +222,16 @@ def _check_push_exposure(settings: Any) -> None:
         )
 
 
-def _describe(source: Any) -> str:
-    describe = getattr(source, "describe", None)
-    return describe() if callable(describe) else source.name
+def _ray() -> type[Source]:
+    from ..sources.ray import RaySource  # needs requests
+
+    return RaySource
+
+
+def _nvml() -> type[Source]:
+    from ..sources.nvml import NvmlSource  # imports pynvml itself, lazily, in each poll
+
+    return NvmlSource
 
 
 def run(args: argparse.Namespace) -> int:

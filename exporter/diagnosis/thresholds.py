@@ -16,18 +16,38 @@ from typing import Any
 GROUPS = ("rollout", "reward", "logprob", "update", "sync", "checkpoint", "other")
 """Decision-table groups, in the order used for ties and for display."""
 
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w)")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION = re.compile(r"(?:\d+(?:ms|s|m|h|d|w|y))+")  # Prometheus: 10m, 1h30m, 1500ms
+_PART = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
+_UNIT_SECONDS = {
+    "ms": 0.001,
+    "s": 1,
+    "m": 60,
+    "h": 3600,
+    "d": 86400,
+    "w": 604800,
+    "y": 31536000,
+}
+_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
 
 
 def seconds(text: str | float) -> float:
-    """A duration of the thresholds file ('10m', the Prometheus syntax) in seconds."""
+    """A duration in seconds: the Prometheus syntax ('10m', '1h30m', '1500ms'), or a bare
+    number of seconds ('600', 600). The one duration parser of the project: the thresholds
+    file, the settings (`--job-expiry 10m`), the rules and the dashboards use it."""
+    value: float
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
-    m = _DURATION.fullmatch(str(text))
-    if not m:
+        value = float(text)
+    else:
+        s = str(text).strip()
+        if _DURATION.fullmatch(s):
+            value = sum(int(n) * _UNIT_SECONDS[u] for n, u in _PART.findall(s))
+        elif _NUMBER.fullmatch(s):
+            value = float(s)
+        else:
+            raise ValueError(f"not a duration: {text!r} (use e.g. 90s, 10m, 1h30m or seconds)")
+    if value != value or value < 0:
         raise ValueError(f"not a duration: {text!r}")
-    return int(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+    return value
 
 
 class ThresholdsError(ValueError):

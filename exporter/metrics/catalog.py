@@ -49,6 +49,19 @@ VERL = _section(
         GAUGE,
         "Unix time at which the last step's first record was read.",
     ),
+    _job(
+        "rlhf_between_steps_max_seconds",
+        GAUGE,
+        "Longest work seen in this run that runs between two steps' records, outside "
+        "timing_s/step: validation (timing_s/testing) plus timing_s/save_checkpoint. The stall "
+        "alert's limit grows by it, so a validation or checkpoint already seen never pages.",
+    ),
+    _job(
+        "rlhf_job_finished",
+        GAUGE,
+        "1 once the job reached its last step (--total-steps) or logged rlhf_job_finished=1 "
+        "in this run; a finished job is not a stalled one.",
+    ),
     _job("rlhf_step_duration_seconds", GAUGE, "Last classified step's timing_s/step."),
     _job("rlhf_step_seconds_total", COUNTER, "Sum of timing_s/step over classified steps."),
     _job(
@@ -248,7 +261,9 @@ EXPORTER = _section(
     Metric(
         "rlhf_exporter_collector_up",
         GAUGE,
-        "1 when the collector's last collection succeeded.",
+        "1 when the collector's last collection succeeded; 0 when it failed, when it ran but "
+        "found its input broken (a missing or unreadable --verl-root), or when the source "
+        "cannot run here (dependency_missing).",
         ("collector",),
     ),
     Metric(
@@ -260,13 +275,16 @@ EXPORTER = _section(
     Metric(
         "rlhf_exporter_collector_last_success_timestamp_seconds",
         GAUGE,
-        "Unix time of the collector's last successful collection.",
+        "Unix time of the collector's last successful collection (polled collectors only: "
+        "push is not polled and has none).",
         ("collector",),
     ),
     Metric(
         "rlhf_exporter_collector_errors_total",
         COUNTER,
-        "Failed collections, by reason.",
+        "Failed collection attempts, by reason: one per attempt (NVML retries every 30 s, not "
+        "every poll); a broken input that persists (a missing verl root) counts once per "
+        "occurrence.",
         ("collector", "reason"),
     ),
     Metric("rlhf_exporter_records_total", COUNTER, "Input records ingested.", ("collector",)),

@@ -5,19 +5,44 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import MappingProxyType
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from ..diagnosis import Thresholds
 from ..metrics.snapshot import Sample, Snapshot
 
 log = logging.getLogger(__name__)
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 
+Clock = Callable[[], float]
+"""Wall time in seconds (`time.time`); injectable, so a test can drive a simulated day."""
+
+DEPENDENCY_MISSING = "dependency_missing"
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every source's `from_settings` gets besides the settings."""
+
+    thresholds: Thresholds
+    clock: Clock = time.time
+    extra_roots: tuple[Path, ...] = ()  # more verl roots (the demo's)
+    ray: Any = None  # the Ray source once built (NVML matches GPU processes to its actors)
+
 
 class Source(Protocol):
+    """One input of the sidecar. `snapshot()` never waits: slow work runs in `start()`'s
+    thread (or in the request that brings the data, for push)."""
+
     name: str
+
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> Source | None:
+        """The source the settings ask for, or None when they turn it off."""
+        ...
 
     def start(self) -> None: ...
 
@@ -25,19 +50,70 @@ class Source(Protocol):
 
     def snapshot(self) -> Snapshot: ...
 
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        """The verl jobs this source exports (summaries for the landing page); () if none."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the startup log: what the source watches, and how often."""
+        ...
+
 
 class SourceError(Exception):
-    """A collection failed; `reason` is a short label value (`timeout`, `http_500`, ...)."""
+    """A collection failed; `reason` is a short label value (`timeout`, `http_500`, ...).
 
-    def __init__(self, reason: str, message: str):
+    `attempted=False`: the source did not try again (it waits before a retry), so the
+    failure is not counted again in `rlhf_exporter_collector_errors_total`."""
+
+    def __init__(self, reason: str, message: str, attempted: bool = True):
         super().__init__(message)
         self.reason = reason
+        self.attempted = attempted
 
 
 class PollResult(NamedTuple):
     samples: tuple[Sample, ...]
     records: int | None = None
     record_errors: Mapping[str, int] | None = None
+    down: str | None = None  # a reason: the poll ran, but the source is broken (`up` 0)
+
+
+class UnavailableSource:
+    """A source this build or host cannot run (an optional dependency is missing): it is
+    exported as a down collector with its reason, never silently absent."""
+
+    def __init__(self, name: str, reason: str, message: str, clock: Clock = time.time):
+        self.name = name
+        self.reason = reason
+        self.message = message
+        self._snapshot = Snapshot(
+            name, False, errors=MappingProxyType({reason: 1}), created=clock()
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> Source | None:
+        return None  # only made by the sidecar, for a source that cannot be imported
+
+    def start(self) -> None:
+        log.warning(
+            "%s source unavailable (%s): %s",
+            self.name,
+            self.reason,
+            self.message,
+            extra={"collector": self.name, "reason": self.reason},
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        pass
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        return ()
+
+    def describe(self) -> str:
+        return f"{self.name} (unavailable: {self.reason})"
 
 
 class PollingSource:
@@ -50,11 +126,18 @@ class PollingSource:
       `snapshot()` report the source down, without waiting for it.
     """
 
-    def __init__(self, name: str, interval: float, stale_after: float | None = None):
+    def __init__(
+        self,
+        name: str,
+        interval: float,
+        stale_after: float | None = None,
+        wall: Clock = time.time,
+    ):
         self.name = name
+        self.wall = wall  # wall time for last_success (the injectable clock)
         self.interval = interval
         self.stale_after = stale_after if stale_after is not None else max(3 * interval, 10.0)
-        self._snapshot = Snapshot(name)
+        self._snapshot = Snapshot(name, created=wall())
         self._errors: dict[str, int] = {}
         self._problem: str | None = None
         self._poll_started: float | None = None  # monotonic, while a poll runs
@@ -69,6 +152,12 @@ class PollingSource:
 
     def close(self) -> None:
         """Release what the source holds (called once the thread has ended)."""
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        return ()
+
+    def describe(self) -> str:
+        return f"{self.name} (every {self.interval:g}s)"
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self) -> None:
@@ -98,7 +187,7 @@ class PollingSource:
             try:
                 result = self.poll()
             except SourceError as exc:
-                self._failed(exc.reason, str(exc), time.monotonic() - start)
+                self._failed(exc.reason, str(exc), time.monotonic() - start, exc.attempted)
             except Exception as exc:  # a bug or an unexpected library error: keep serving
                 self._failed(
                     "exception",
@@ -113,22 +202,37 @@ class PollingSource:
             return self._snapshot
 
     def _succeeded(self, result: PollResult, duration: float) -> None:
-        if self._problem is not None:
+        last_success: float | None = self.wall()
+        if result.down is not None:  # ran, but broken: up 0, the problem counted once
+            if self._problem != result.down:
+                self._errors[result.down] = self._errors.get(result.down, 0) + 1
+                self._problem = result.down
+            last_success = self._snapshot.last_success
+        elif self._problem is not None:
             log.info("%s source recovered", self.name, extra={"collector": self.name})
             self._problem = None
         self._snapshot = Snapshot(
             self.name,
-            True,
+            result.down is None,
             duration,
-            time.time(),
+            last_success,
             MappingProxyType(dict(self._errors)),
             result.records,
             MappingProxyType(dict(result.record_errors)) if result.record_errors else _EMPTY,
             tuple(result.samples),
+            self.wall(),
         )
 
-    def _failed(self, reason: str, message: str, duration: float, exc_info: bool = False) -> None:
-        self._errors[reason] = self._errors.get(reason, 0) + 1
+    def _failed(
+        self,
+        reason: str,
+        message: str,
+        duration: float,
+        attempted: bool = True,
+        exc_info: bool = False,
+    ) -> None:
+        if attempted:  # one count per attempt, not per poll of a source waiting to retry
+            self._errors[reason] = self._errors.get(reason, 0) + 1
         if self._problem != reason:
             log.warning(
                 "%s source failed (%s): %s",
@@ -146,7 +250,7 @@ class PollingSource:
             duration=duration,
             samples=(),
             errors=MappingProxyType(dict(self._errors)),
-            created=time.time(),
+            created=self.wall(),
         )
 
     # -- scrape path: no waiting ----------------------------------------------------------

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..metrics.snapshot import Sample
-from .base import PollingSource, PollResult, SourceError
+from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .roles import short_name
 
 log = logging.getLogger(__name__)
@@ -93,8 +93,9 @@ class NvmlSource(PollingSource):
         stale_after: float | None = None,
         retry_after: float = 30.0,
         proc_root: str = "/proc",
+        wall: Clock = time.time,
     ):
-        super().__init__("nvml", interval, stale_after)
+        super().__init__("nvml", interval, stale_after, wall=wall)
         self.ray = ray
         self.roles = roles
         self.clock = clock
@@ -104,19 +105,22 @@ class NvmlSource(PollingSource):
         self._gpus: list[Gpu] = []
         self._driver = "unknown"
         self._init_failed: tuple[float, SourceError] | None = None
-        self._role_cache: tuple[int, dict[int, str]] = (0, {})
+        # PID -> role, for one Ray poll's PID map: the map itself is kept (a reference, not
+        # its id(), which CPython reuses), so a new poll (reused PIDs) empties the cache
+        self._role_cache: tuple[Mapping[int, Any] | None, dict[int, str]] = (None, {})
 
     @classmethod
-    def from_settings(cls, settings: Any, ray: Any = None) -> NvmlSource | None:
+    def from_settings(cls, settings: Any, context: Context) -> NvmlSource | None:
         if not settings.nvml:
             return None
+        ray = context.ray
         roles = settings.gpu_roles if settings.gpu_roles is not None else ray is not None
         if roles and ray is None:
             log.warning(
                 "gpu_roles is on but the Ray source is off: all GPU memory goes to role 'unknown'",
                 extra={"collector": "nvml"},
             )
-        return cls(settings.nvml_interval, ray=ray, roles=roles)
+        return cls(settings.nvml_interval, ray=ray, roles=roles, wall=context.clock)
 
     def describe(self) -> str:
         return f"nvml (every {self.interval:g}s{', GPU memory by role' if self.roles else ''})"
@@ -128,7 +132,8 @@ class NvmlSource(PollingSource):
         if self._init_failed is not None:
             at, error = self._init_failed
             if self.clock() - at < self.retry_after:  # a fresh exception: no growing traceback
-                raise SourceError(error.reason, str(error))
+                # not a new attempt: not counted again (one error per try, every retry_after)
+                raise SourceError(error.reason, str(error), attempted=False)
         try:
             nv = importlib.import_module("pynvml")
         except ImportError:
@@ -330,10 +335,10 @@ class NvmlSource(PollingSource):
     def _role_of(self, pid: int, actors: Mapping[int, Any]) -> str:
         if not actors:
             return UNKNOWN_ROLE
-        version, cache = self._role_cache
-        if version != id(actors):  # a new Ray poll: PIDs may have been reused
+        seen, cache = self._role_cache
+        if seen is not actors:  # a new Ray poll: PIDs may have been reused
             cache = {}
-            self._role_cache = (id(actors), cache)
+            self._role_cache = (actors, cache)
         role = cache.get(pid)
         if role is None:
             role = cache[pid] = self._match(pid, actors)

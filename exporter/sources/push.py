@@ -19,6 +19,8 @@ limit, 429 too many pushed jobs (`push_max_jobs` in all, `push_max_jobs_per_clie
 client address). Every rejection is all-or-nothing: it changes no job,
 and is counted in `rlhf_exporter_record_errors_total{collector="push",reason}`.
 A pushed job that receives nothing for `job_expiry` seconds stops being exported.
+Push is not polled, so it publishes no `rlhf_exporter_collector_last_success_timestamp_seconds`
+(a start time that never moves would page as a stale collector).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from typing import Any, NamedTuple
 import orjson
 
 from ..diagnosis import Record, Thresholds
-from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits
+from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, limits_from_settings
 from ..metrics.snapshot import Sample, Snapshot
+from .base import Clock, Context
 
 log = logging.getLogger(__name__)
 
@@ -164,12 +167,17 @@ class PushSource:
         limits: Limits = DEFAULT_LIMITS,
         max_jobs: int = MAX_JOBS,
         max_jobs_per_client: int = MAX_JOBS_PER_CLIENT,
+        clock: Clock = time.time,
+        total_steps: int | None = None,
     ):
         self.th = th
+        self.clock = clock
+        self.total_steps = total_steps
         self.max_bytes = max_bytes
         self._token = token.encode() if token else None
         self.job_expiry = job_expiry
-        self._claimed = claimed or (lambda project, experiment: False)
+        # jobs another source already exports (the verl files): never export one twice
+        self.claimed = claimed or (lambda project, experiment: False)
         self.limits = limits
         self.max_jobs = max_jobs
         self.max_jobs_per_client = max_jobs_per_client
@@ -178,13 +186,27 @@ class PushSource:
         self._rejected: Counter[str] = Counter()
         self._records = 0
         self._lock = threading.Lock()
-        self._started = time.time()
         self._next_expiry = float("inf")
         self._snapshot = self._build()
 
     # -- Source interface -------------------------------------------------------------------
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> PushSource | None:
+        if not settings.push:
+            return None
+        return cls(
+            context.thresholds,
+            settings.push_max_bytes,
+            settings.push_token,
+            settings.job_expiry,
+            limits=limits_from_settings(settings),
+            max_jobs=settings.push_max_jobs,
+            max_jobs_per_client=settings.push_max_jobs_per_client,
+            clock=context.clock,
+            total_steps=settings.total_steps,
+        )
+
     def start(self) -> None:
-        self._started = time.time()
         with self._lock:
             self._publish()
 
@@ -192,7 +214,7 @@ class PushSource:
         pass
 
     def snapshot(self) -> Snapshot:
-        if time.time() >= self._next_expiry and self._lock.acquire(blocking=False):
+        if self.clock() >= self._next_expiry and self._lock.acquire(blocking=False):
             try:  # a pushed job expired: publish without it (never waits on a push)
                 self._publish()
             finally:
@@ -201,7 +223,7 @@ class PushSource:
 
     def jobs(self) -> tuple[dict[str, Any], ...]:
         with self._lock:
-            return tuple({**p.job.summary(), "source": "push"} for p in self._live(time.time()))
+            return tuple({**p.job.summary(), "source": "push"} for p in self._live(self.clock()))
 
     def has_job(self, project: str, experiment: str) -> bool:
         return (project, experiment) in self._jobs
@@ -271,10 +293,10 @@ class PushSource:
     def _apply(
         self, project: str, experiment: str, records: list[Record], client: str = ""
     ) -> Answer:
-        now = time.time()
+        now = self.clock()
         key = (project, experiment)
         with self._lock:  # checked under the lock: a file's displace() cannot slip between
-            if self._claimed(project, experiment):
+            if self.claimed(project, experiment):
                 raise Rejected(
                     409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
                 )
@@ -292,7 +314,15 @@ class PushSource:
                         f"client {client or '?'} already pushes {self.max_jobs_per_client} jobs "
                         "(push_max_jobs_per_client)",
                     )
-                job = Job(project, experiment, self.th, self.limits, self._rejected)
+                job = Job(
+                    project,
+                    experiment,
+                    self.th,
+                    self.limits,
+                    self._rejected,
+                    clock=self.clock,
+                    total_steps=self.total_steps,
+                )
                 pushed = self._jobs[key] = _Pushed(job, now, client)
                 self._per_client[client] += 1
                 log.info(
@@ -333,7 +363,7 @@ class PushSource:
                 del self._per_client[pushed.client]
 
     def _build(self) -> Snapshot:
-        now = time.time()
+        now = self.clock()
         self._expire(now)
         samples: list[Sample] = []
         for p in self._jobs.values():
@@ -350,7 +380,7 @@ class PushSource:
             NAME,
             True,
             0.0,
-            self._started,
+            None,  # not polled: no last success (see the module docstring)
             MappingProxyType({}),
             self._records,
             MappingProxyType(dict(self._rejected)),

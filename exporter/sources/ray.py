@@ -40,7 +40,7 @@ import orjson
 import requests
 
 from ..metrics.snapshot import Sample
-from .base import PollingSource, PollResult, SourceError
+from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .roles import ROLES, RoleMap
 
 log = logging.getLogger(__name__)
@@ -165,8 +165,9 @@ class RaySource(PollingSource):
         roles: RoleMap | None = None,
         node_ips: Iterable[str] | None = None,
         stale_after: float | None = None,
+        clock: Clock = time.time,
     ):
-        super().__init__("ray", interval, stale_after)
+        super().__init__("ray", interval, stale_after, wall=clock)
         self.address = address.rstrip("/")
         self.timeout = timeout
         self.actors = actors
@@ -191,7 +192,7 @@ class RaySource(PollingSource):
         self._pids_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Any) -> RaySource | None:
+    def from_settings(cls, settings: Any, context: Context) -> RaySource | None:
         if not settings.ray:
             return None
         node_ip = getattr(settings, "ray_node_ip", None)
@@ -203,6 +204,7 @@ class RaySource(PollingSource):
             per_class=settings.ray_per_class,
             roles=RoleMap.from_file(settings.ray_roles),
             node_ips=[node_ip] if node_ip else None,
+            clock=context.clock,
         )
 
     def describe(self) -> str:

@@ -22,6 +22,10 @@
 - Work per poll is bounded: at most `file_budget` bytes per file and `poll_budget` bytes in
   all, so a huge backlog or a 50 MiB line is read over several polls without stalling.
 - A job whose file has not changed for `job_expiry` seconds is no longer exported.
+- A `--verl-root` that is missing, not a directory or unreadable (a mis-mounted volume)
+  makes the collector down (`rlhf_exporter_collector_up{collector="verl"} 0`), its reason
+  counted once per occurrence in `rlhf_exporter_collector_errors_total`; jobs read from the
+  other roots and files are still exported.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +45,7 @@ from ..diagnosis import Thresholds
 from ..jobs import DEFAULT_LIMITS, Job, Limits, clean_label, limits_from_settings
 from ..metrics.snapshot import Sample
 from ..reader import RecordReader
-from .base import PollingSource, PollResult
+from .base import Clock, Context, PollingSource, PollResult
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,10 @@ FILE_DELETED = "file_deleted"
 FILE_MISSING = "file_missing"
 PERMISSION_DENIED = "permission_denied"
 NOT_A_FILE = "not_a_file"
+# collector_errors reasons: a configured root is not there
+ROOT_MISSING = "root_missing"
+ROOT_NOT_A_DIRECTORY = "root_not_a_directory"
+ROOT_PERMISSION_DENIED = "root_permission_denied"
 READ_FAILED = "read_failed"
 DUPLICATE_JOB = "duplicate_job"
 TOO_MANY_FILES = "too_many_files"
@@ -105,8 +113,12 @@ class VerlFileSource(PollingSource):
         poll_budget: int = 64 << 20,
         limits: Limits = DEFAULT_LIMITS,
         max_files: int = MAX_FILES,
+        clock: Clock = time.time,
+        total_steps: int | None = None,
     ):
-        super().__init__(NAME, interval)
+        super().__init__(NAME, interval, wall=clock)
+        self.clock = clock
+        self.total_steps = total_steps
         self.th = th
         self.roots = [Path(r) for r in roots]
         self.files = [(Path(p), proj, exp) for p, proj, exp in files]
@@ -157,7 +169,13 @@ class VerlFileSource(PollingSource):
                             self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
 
     def _root_problem(self, root: Path, exc: OSError) -> None:
-        reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else FILE_MISSING
+        configured = root in self.roots
+        if isinstance(exc, PermissionError):
+            reason = ROOT_PERMISSION_DENIED if configured else PERMISSION_DENIED
+        elif isinstance(exc, NotADirectoryError):
+            reason = ROOT_NOT_A_DIRECTORY if configured else NOT_A_FILE
+        else:
+            reason = ROOT_MISSING if configured else FILE_MISSING
         if self._root_problems.get(root) != reason:
             self._root_problems[root] = reason
             if reason == PERMISSION_DENIED:
@@ -221,7 +239,15 @@ class VerlFileSource(PollingSource):
             path,
             project,
             experiment,
-            Job(project, experiment, self.th, self.limits, self._rejected),
+            Job(
+                project,
+                experiment,
+                self.th,
+                self.limits,
+                self._rejected,
+                clock=self.clock,
+                total_steps=self.total_steps,
+            ),
             RecordReader(self.max_line),
         )
         log.info(
@@ -362,7 +388,7 @@ class VerlFileSource(PollingSource):
         return total
 
     def poll(self) -> PollResult:
-        now = time.time()
+        now = self.clock()
         self._discover()
         watched = list(self._watched.values())
         if watched:  # start where the last poll's budget ran out, so no file starves
@@ -407,7 +433,8 @@ class VerlFileSource(PollingSource):
             self._summaries = tuple(
                 {**job.summary(), "source": _shown(self._jobs[job.labels])} for job in jobs
             )
-        return PollResult(self._samples, self._records, dict(self._rejected))
+        down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
+        return PollResult(self._samples, self._records, dict(self._rejected), down)
 
     def _forget(self, w: Watched) -> None:
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
@@ -426,24 +453,24 @@ class VerlFileSource(PollingSource):
         parts = [f"root {r}" for r in self.roots] + [f"file {p}" for p, _, _ in self.files]
         return f"verl ({', '.join(parts) or 'nothing to watch'}; every {self.interval:g}s)"
 
-
-def from_settings(
-    settings: Any, th: Thresholds, extra_roots: Iterable[Path] = ()
-) -> VerlFileSource | None:
-    roots = list(settings.verl_root or []) + [str(r) for r in extra_roots]
-    files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
-    if not roots and not files:
-        return None
-    return VerlFileSource(
-        th,
-        roots,
-        files,
-        interval=settings.verl_interval,
-        job_expiry=settings.job_expiry,
-        max_line=settings.max_line_bytes,
-        limits=limits_from_settings(settings),
-        max_files=settings.max_files,
-    )
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> VerlFileSource | None:
+        roots = list(settings.verl_root or []) + [str(r) for r in context.extra_roots]
+        files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
+        if not roots and not files:
+            return None
+        return cls(
+            context.thresholds,
+            roots,
+            files,
+            interval=settings.verl_interval,
+            job_expiry=settings.job_expiry,
+            max_line=settings.max_line_bytes,
+            limits=limits_from_settings(settings),
+            max_files=settings.max_files,
+            clock=context.clock,
+            total_steps=settings.total_steps,
+        )
 
 
 def _shown(path: Path) -> str:

@@ -18,9 +18,14 @@ def stalled(ctx: Context) -> Alert:
         f"clamp_min({_num(factor)} * rlhf_baseline_step_duration_seconds, {_num(floor)})\n"
         f"    or 0 * rlhf_last_step_timestamp_seconds + {_num(floor)}"
     )
+    # the longest validation + checkpoint seen in the run runs between records, outside
+    # timing_s/step: the limit grows by it, so what the run already did never pages
+    between = "rlhf_between_steps_max_seconds or 0 * rlhf_last_step_timestamp_seconds"
     expr = (
         f"(time() - rlhf_last_step_timestamp_seconds)\n  > (\n    {limit}\n  )\n"
+        f"  + ({between})\n"
         "and on (job, instance) up == 1\n"
+        "unless on (project, experiment, job, instance) rlhf_job_finished == 1\n"
         "unless on (job, instance) (\n"
         "  count by (job, instance) (rlhf_ray_actors)\n"
         '  unless on (job, instance) (rlhf_ray_actors{state="ALIVE"} > 0)\n)'
@@ -41,24 +46,31 @@ def stalled(ctx: Context) -> Alert:
                 "humanizeDuration",
                 default="unknown",
             )
-            + f", {stall_min})) while its exporter {{{{ $labels.instance }}}} is up. "
+            + f", {stall_min}) + its longest validation and checkpoint seen) while its "
+            "exporter {{ $labels.instance }} is up. "
             "An NCCL hang ends in ActorDiedError only after the NCCL timeout (verl 0.8+: "
             "PyTorch's default; verl 0.6-0.7: actor_rollout_ref.nccl_timeout, 600 s)."
         ),
         runbook=Runbook(
             meaning=(
                 f"The exporter is up and still exports the job, but no new step arrived for longer "
-                f"than max({_num(f_)} x the job's baseline step time, {stall_min}). This is the "
-                "main page: a hung collective (NCCL) blocks every rank silently. A job that "
-                "finished does not page once the exporter stops exporting it (a sidecar ends with "
-                "its job; a shared exporter drops it after `--job-expiry`), and where the exporter "
-                "watches Ray, a cluster with no ALIVE actor left means the job ended: no page. "
-                "A shared exporter without Ray access cannot tell a finished job from a hung one "
-                "until `--job-expiry`: silence the alert for the job, or give the exporter Ray."
+                f"than max({_num(f_)} x the job's baseline step time, {stall_min}) plus the "
+                "longest validation (`timing_s/testing`) and checkpoint "
+                "(`timing_s/save_checkpoint`) seen in the run "
+                "(`rlhf_between_steps_max_seconds`): verl runs them between two records, "
+                "outside the step. This is the "
+                "main page: a hung collective (NCCL) blocks every rank silently. A finished job "
+                "does not page: `rlhf_job_finished` is 1 once its step reaches `--total-steps` "
+                "(verl's `trainer.total_training_steps`) or it logs `rlhf_job_finished: 1`; a "
+                "sidecar ends with its job; where the exporter watches Ray, a cluster with no "
+                "ALIVE actor left means the job ended. Otherwise a shared exporter without Ray "
+                "cannot tell a finished job from a hung one until `--job-expiry`: give it "
+                "`--total-steps`, or silence the alert for the job."
             ),
             confirm=[
                 'time() - rlhf_last_step_timestamp_seconds{project="P", experiment="E"}',
                 'rlhf_baseline_step_duration_seconds{project="P", experiment="E"}',
+                'rlhf_between_steps_max_seconds{project="P", experiment="E"}',
                 'rlhf_ray_actors{state!="ALIVE"}',
             ],
             checks=[
@@ -242,7 +254,12 @@ def collector_down(ctx: Context) -> Alert:
         runbook=Runbook(
             meaning=(
                 "A source of the exporter (verl files, push, Ray, NVML) fails. Its series are "
-                "dropped, so alerts that need them (stalled, actors, GPUs) cannot fire."
+                "dropped, so alerts that need them (stalled, actors, GPUs) cannot fire. The "
+                "verl collector is also down while a `--verl-root` is missing, not a "
+                "directory or unreadable (reasons `root_missing`, `root_not_a_directory`, "
+                "`root_permission_denied`: a log volume that is not mounted), and a source "
+                "whose optional dependency is missing is down with `dependency_missing`. "
+                "The pod stays ready: a down collector never takes it out of its Service."
             ),
             confirm=["rlhf_exporter_collector_up == 0", "rlhf_exporter_collector_errors_total"],
             checks=["the exporter's log: one line per problem"],
@@ -261,7 +278,10 @@ def collector_stale(ctx: Context) -> Alert:
     after = ctx.secs("collector_stale_after")
     return Alert(
         name="RLHFExporterCollectorStale",
-        expr=f"time() - rlhf_exporter_collector_last_success_timestamp_seconds > {_num(after)}",
+        expr=(
+            f"time() - rlhf_exporter_collector_last_success_timestamp_seconds > {_num(after)}\n"
+            "unless on (job, instance, collector) rlhf_exporter_collector_up == 0"
+        ),
         for_=ctx.dur("collector_down_for"),
         severity="warning",
         category="exporter",
@@ -273,8 +293,10 @@ def collector_stale(ctx: Context) -> Alert:
         ),
         runbook=Runbook(
             meaning=(
-                "A collector that once succeeded has not succeeded since. A collector that never "
-                "succeeded has no last-success series: only RLHFExporterCollectorDown covers it."
+                "A collector that says it is up has not collected for a while: its poll thread "
+                "stopped, or a poll hangs longer than the stale limit. A collector that reports "
+                "a failure (up 0) is RLHFExporterCollectorDown's, so one problem pages once; "
+                "one that never succeeded, or is not polled (push), has no last-success series."
             ),
             confirm=[
                 "time() - rlhf_exporter_collector_last_success_timestamp_seconds",

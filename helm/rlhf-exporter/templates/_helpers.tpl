@@ -131,12 +131,14 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- end }}
 
 {{/*
-"rlhf-exporter.podLabels": the labels a Ray pod template needs so that this release's
-PodMonitor (or Service) selects it. Call with (dict "root" $).
+"rlhf-exporter.podLabels": the labels a Ray pod template needs so that the PodMonitor (or
+Service) selects it: sidecar.podLabels (what a scope=cluster release selects, for every job)
+and rlhf-exporter.io/release (what a scope=all release adds, for its own pods only).
+Call with (dict "root" $).
 */}}
 {{- define "rlhf-exporter.podLabels" -}}
 {{- $ctx := include "rlhf-exporter.context" . | fromYaml }}
-{{- toYaml $ctx.Values.sidecar.podLabels }}
+{{- toYaml (merge (dict "rlhf-exporter.io/release" .root.Release.Name) $ctx.Values.sidecar.podLabels) }}
 {{- end }}
 
 {{/*
@@ -215,12 +217,17 @@ settings as env entries), push (whether this container serves the push endpoint)
 
 {{/*
 The pod selector of the Service and the PodMonitor: the Deployment's pods in standalone
-mode, the pods labelled with sidecar.podLabels in sidecar mode.
+mode; in sidecar mode the pods labelled with sidecar.podLabels, and with scope=all only those
+of this release (labelled rlhf-exporter.io/release by "rlhf-exporter.podLabels").
 */}}
 {{- define "rlhf-exporter.podSelector" -}}
 {{- if eq .Values.mode "standalone" }}
 {{- include "rlhf-exporter.selectorLabels" . }}
+{{- else if eq .Values.scope "all" }}
+{{- /* this release's own sidecars only: another job's release in the namespace has its own */}}
+{{- toYaml (merge (dict "rlhf-exporter.io/release" .Release.Name) .Values.sidecar.podLabels) }}
 {{- else }}
+{{- /* scope=cluster: every job's sidecars */}}
 {{- toYaml .Values.sidecar.podLabels }}
 {{- end }}
 {{- end }}
