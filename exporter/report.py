@@ -35,7 +35,7 @@ class RunSummary:
         self.verdicts[d.verdict] += 1
         if d.reason is not None:
             self.reasons[(d.verdict, d.reason)] += 1
-        if d.change.change == "regression":
+        if d.change.regressed is not None:  # change `regression`
             self.regressions.setdefault(d.change.regressed, []).append(d.step)
         elif d.change.change == "workload_shift":
             self.workload_shifts.append(d.step)
@@ -270,7 +270,9 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
             f"{s.step_seconds / s.steps:.1f} s per step on average"
         )
     ]
-    verdict, reason = s.dominant
+    dominant = s.dominant
+    assert dominant is not None  # s.steps > 0
+    verdict, reason = dominant
     n = s.verdicts[verdict]
     lines.append(
         f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "

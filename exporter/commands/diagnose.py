@@ -281,7 +281,7 @@ class JsonlWriter:
         self.out = out.buffer if hasattr(out, "buffer") else None
         self.text = out
         self.many = many
-        self.path = None
+        self.path: str | None = None
         self._pending: list[bytes] = []
 
     def begin_file(self, path: str) -> None:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from .. import settings as settings_mod
@@ -26,6 +26,9 @@ from ..server import Endpoints, make_server
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
+
+if TYPE_CHECKING:
+    from ..demo.job import DemoJob
 
 ORDER = 10
 log = logging.getLogger("exporter.serve")
@@ -93,7 +96,7 @@ class Sidecar:
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
-        self.demo = None
+        self.demo: DemoJob | None = None
         extra_roots: list[Path] = []
         if settings.demo:
             from ..demo.job import DemoJob
@@ -109,7 +112,7 @@ class Sidecar:
                 self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
             )
             extra_roots.append(self.tempdir)
-        context = Context(self.th, clock, tuple(extra_roots))
+        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo)
         self.sources: list[Source] = []
         self.verl = VerlFileSource.from_settings(settings, context)
         self.push = None
@@ -128,7 +131,7 @@ class Sidecar:
         if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
             from ..demo.devices import DemoDevices
 
-            self.sources.append(DemoDevices(self.demo))
+            self.sources += [s for s in (DemoDevices.from_settings(settings, context),) if s]
         self.endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
@@ -169,7 +172,7 @@ class Sidecar:
     @property
     def url(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host!s}:{port}"
 
     def start(self) -> None:
         if self.demo is not None:
@@ -277,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
         sidecar.endpoints.sources_text,
         extra={"listen": settings.listen},
     )
-    if settings.demo:
+    if sidecar.demo is not None:
         log.info(
             "demo: a simulated verl job writes %s; open %s/ to watch its diagnosis change",
             sidecar.demo.path,

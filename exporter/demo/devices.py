@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..metrics.snapshot import Sample
-from ..sources.base import PollingSource, PollResult
+from ..sources.base import Context, PollingSource, PollResult
 from ..sources.ray import STATES
 from ..sources.roles import ROLES
 from .scenario import ROLLOUT_RESTARTING
@@ -36,6 +36,11 @@ class DemoDevices(PollingSource):
         self._busy = [0.0] * n_gpus
         self._samples = 0
         self._last = time.monotonic()
+
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> DemoDevices | None:
+        """The demo's simulated devices, when `serve --demo` runs a demo job."""
+        return cls(context.demo) if context.demo is not None else None
 
     def jobs(self) -> tuple:
         """No verl job of its own: the demo job is read from its file like any other."""

@@ -31,6 +31,7 @@ class Context:
     clock: Clock = time.time
     extra_roots: tuple[Path, ...] = ()  # more verl roots (the demo's)
     ray: Any = None  # the Ray source once built (NVML matches GPU processes to its actors)
+    demo: Any = None  # the demo job (`serve --demo`), whose devices the demo source simulates
 
 
 class Source(Protocol):

@@ -292,7 +292,7 @@ class RaySource(PollingSource):
         return inner
 
     def _list(
-        self, resource: str, state: str, detail: bool, extra: list[tuple[str, str]] = ()
+        self, resource: str, state: str, detail: bool, extra: tuple[tuple[str, str], ...] = ()
     ) -> tuple[list, bool]:
         params = [
             ("limit", str(LIMIT)),
@@ -316,7 +316,7 @@ class RaySource(PollingSource):
         inner = self._state_api("/api/v0/actors/summarize", params)
         try:
             summary = inner["result"]["node_id_to_summary"]["cluster"]["summary"]
-            counts = {}
+            counts: dict[str, int] = {}
             for key, entry in summary.items():
                 name = str(entry.get("class_name") or key)
                 counts[name] = counts.get(name, 0) + _int(entry.get("state_counts", {}).get(state))
@@ -352,7 +352,7 @@ class RaySource(PollingSource):
             for node in sorted(
                 local_nodes
             ):  # node_id is filtered in the dashboard, state in the GCS
-                rows += self._list("actors", "ALIVE", False, [("node_id", node)])[0]
+                rows += self._list("actors", "ALIVE", False, (("node_id", node),))[0]
             self._publish_pids(rows, local_nodes)
         self._session = session
         self._baseline = False
