@@ -42,8 +42,8 @@ verdicts (the window the step waited on longest; `balanced` when none clearly do
   other       adv and untimed driver work        reasons: untimed, driver_compute
 
 change (against the job's own recent steps): `none`; `workload_shift` (slower, but only
-because there were more tokens); `regression` (a window costs more per token; `regressed`
-names it).
+because the work grew: tokens, sequence length, the longest response); `regression` (a
+window costs more than its work explains, even if another got faster; `regressed` names it).
 
 examples:
   rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl

@@ -149,7 +149,7 @@ def charts(points: Sequence[StepPoint], which: str = "last") -> str:
         + '<div class="legend muted">Under the bars: each step\'s verdict (hover for the '
         "reason). Above: "
         f'<span style="color:{CHANGE_COLOURS["regression"]}">▼ regression</span> (hover: '
-        f'the group that costs more per token), <span style="color:'
+        f'the group that costs more than its work explains), <span style="color:'
         f'{CHANGE_COLOURS["workload_shift"]}">◆ workload shift</span>. Dashed line: a new '
         "run. Hatched: time no verl timer measured.</div>"
         + "<h3>Tokens per GPU-second</h3>"
@@ -406,7 +406,9 @@ def _summary_html(s: Mapping[str, Any]) -> str:
         ),
     ]
     for group, steps in s["regressions"].items():
-        items.append(f"regression: {group} costs more per token at {len(steps)} step(s)")
+        items.append(
+            f"regression: {group} costs more than its work explains at {len(steps)} step(s)"
+        )
     if s["workload_shifts"]:
         items.append(
             f"workload shift (more tokens, not a regression): {len(s['workload_shifts'])} step(s)"
@@ -426,9 +428,9 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
         "another (rollout generation, log-prob inference, the optimizer update, the weight "
         "sync to the rollout engines, ...). The <b>verdict</b> of a step is the window it "
         "waited on longest (<i>balanced</i> when none clearly dominates); the <b>reason</b> "
-        "is the evidence for why. A slower step is a <b>workload shift</b> when it only had "
-        "more tokens, and a <b>regression</b> when a window costs more time per token than "
-        "in the job's own recent steps.</p>"
+        "is the evidence for why. A slower step is a <b>workload shift</b> when only its work "
+        "grew (tokens, sequence length, the longest response), and a <b>regression</b> when a "
+        "window costs more than its work explains, against the job's own recent steps.</p>"
     ]
     for f in files:
         parts.append(

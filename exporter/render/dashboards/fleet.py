@@ -95,7 +95,7 @@ def jobs_in_regression(c: Context) -> PanelBuilder:
     return stat_panel(
         "Jobs in regression",
         "Jobs whose last step the decision table (§4) called a regression: a window costs more "
-        "per token than the job's own baseline.",
+        "than its work explains, against the job's own baseline.",
         [Q(f"sum({sel('rlhf_change', eq('kind', 'regression'))}) or vector(0)")],
         style.PLAIN,
     ).thresholds(thresholds(style.OK, (1, style.BAD)))

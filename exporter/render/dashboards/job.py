@@ -106,8 +106,9 @@ def steps_per_verdict(c: Context) -> PanelBuilder:
             "most often."
             + said(
                 alerts,
-                " The bound alerts fire when one verdict holds "
-                "{bound_fraction:.0%} of the steps in {window}.",
+                " A bound alert fires only when a verdict that holds {bound_fraction:.0%} of the "
+                "steps in {window} is new (the bottleneck moved) or costs throughput; a steady "
+                "bottleneck is shown here, not paged.",
             ),
             [
                 Q(
@@ -166,8 +167,10 @@ def verdict_mix(c: Context) -> PanelBuilder:
                 f"Verdict mix over the last {rules.window}",
                 f"Fraction of each job's classified steps per verdict over the last {rules.window} (the "
                 "recording rule the bound alerts use; with several jobs selected, the highest job's "
-                f"fraction). Above {alerts['bound_fraction']:g} (dashed line) for {alerts.get('bound_for', 'a while')} "
-                "the job's bound alert for that row of the decision table fires.",
+                f"fraction). Above {alerts['bound_fraction']:g} (dashed line) the job is bound by "
+                "that window; its bound alert fires only when the bottleneck moved (another verdict "
+                f"held the {alerts['bound_reference']} before) or the job's throughput fell below "
+                f"{alerts['bound_throughput_ratio']:.0%} of that reference.",
                 [Q(f"max by (verdict) ({sel(rules.verdicts)})", "{{verdict}}")],
                 style.RATIO,
                 fill=0,
@@ -285,8 +288,8 @@ def throughput(c: Context) -> PanelBuilder:
             "Throughput",
             "perf/throughput: tokens per GPU per second of step time. Annotations mark steps that "
             "the decision table (§4) called a regression (red) or a workload shift (blue): a "
-            "shift is slower because there were more tokens, a regression is a window that costs "
-            "more per token.",
+            "shift is slower because the work grew (tokens, sequence length, the longest "
+            "response), a regression is a window that costs more than its work explains.",
             [Q(sel("rlhf_throughput_tokens_per_gpu_second"), JOB_LEGEND)],
             "short",
             fill=0,
@@ -300,7 +303,8 @@ def tokens_per_step(c: Context) -> PanelBuilder:
     return time_series(
         "Tokens per step",
         "perf/total_num_tokens of the last step (K). A step that is slower because K grew, "
-        "with every window's cost per token unchanged, is a workload shift, not a regression.",
+        "with no window costing more than its work explains, is a workload shift, not a "
+        "regression.",
         [Q(sel("rlhf_step_tokens"), JOB_LEGEND)],
         "short",
         fill=0,

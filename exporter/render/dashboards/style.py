@@ -26,8 +26,8 @@ VERDICT_COLOURS: Mapping[str, str] = {
 
 CHANGE_COLOURS: Mapping[str, str] = {
     "none": "#73BF69",  # green: in line with the job's baseline
-    "workload_shift": "#5794F2",  # blue: more tokens, every window's cost per token held
-    "regression": "#E02F44",  # red: some window costs more per token
+    "workload_shift": "#5794F2",  # blue: more work, no window costs more than it explains
+    "regression": "#E02F44",  # red: some window costs more than its work explains
 }
 
 NO_VALUE_COLOUR = "#8E8E8E"

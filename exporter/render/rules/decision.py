@@ -215,7 +215,7 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
                 f"{_num(ctx.a['bound_reference_min_steps'])} steps or it does not count. "
                 "**Costs**: the job's tokens per second of step time over the window are below "
                 f"{ratio:.0%} of their value over the {ref} before, and no step of the window was "
-                "a workload shift (more tokens at the same cost per token do not fire). The "
+                "a workload shift (more work at the same cost does not fire). The "
                 "alert resolves once the new state fills the reference window, or the "
                 "throughput recovers. The steady state (which window a job waits on, every "
                 f"minute) is on {STEADY_STATE}; no alert repeats it. The `reason` annotation "
@@ -313,7 +313,7 @@ assert list(BOUND) == list(BOUND_ALERTS)
 
 
 def regression(ctx: Context) -> Alert:
-    """Steps of the job regressed a group: it costs more per token than its baseline."""
+    """Steps of the job regressed a group: it costs more than its work explains."""
     w, n = ctx.window, ctx.a["regression_min_steps"]
     cost = 'rlhf_group_cost_seconds_per_token{group="%s",' + JOB_MATCH + "}"
     base = 'rlhf_baseline_group_cost_seconds_per_token{group="%s",' + JOB_MATCH + "}"
@@ -341,10 +341,12 @@ def regression(ctx: Context) -> Alert:
         ),
         runbook=Runbook(
             meaning=(
-                "Steps of the job were labelled `regression` of group g (decision table §4): the "
-                "step got slower and the group that added the most seconds costs more per token "
-                "than the median of the job's recent steps. A workload shift (every window grew "
-                "with the token count) is counted apart and never fires this alert. A lasting "
+                "Steps of the job were labelled `regression` of group g (decision table §4): g "
+                "costs more than every one of its work measures explains (tokens; the longest "
+                "response for rollout; tokens x sequence length for logprob and update; one "
+                "step for weight sync), against the median of the job's recent steps, even when "
+                "another window got faster. A workload shift (the work grew, the cost held) is "
+                "counted apart and never fires this alert. A lasting "
                 f"regression is labelled for about half of `change.baseline_steps` steps, then "
                 f"becomes the job's new normal: the alert resolves {w} later even if nothing was "
                 "fixed, so compare the step time with the time before the alert."

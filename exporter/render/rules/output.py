@@ -67,8 +67,8 @@ def runbooks_markdown(r: Context) -> str:
         "once the new verdict fills the reference window: the new normal.",
         f"- **costs**: the job's tokens per second of step time over the {r.window} are below "
         f"{r.a['bound_throughput_ratio']:.0%} of their value over the {r.reference} before, and "
-        "no step of the window was a workload shift (more tokens at the same cost per token "
-        "keep tokens per second of step time flat and fire nothing). It resolves when the "
+        "no step of the window was a workload shift (more work, such as more tokens, at the "
+        "same cost keeps tokens per second of step time flat and fires nothing). It resolves when the "
         "throughput recovers or the reference holds the lower level.",
         "",
         f"A reference window with fewer than {r.a['bound_reference_min_steps']} classified steps "
