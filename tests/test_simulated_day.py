@@ -172,7 +172,9 @@ def test_a_healthy_fleet_is_quiet_for_a_day(tmp_path, ray_api, nvml):
     assert day.value("rlhf_run", experiment="v0") == 1.0
     assert day.value("rlhf_job_finished", experiment="one_step_off") == 1.0
     assert fleet.osoff.step == 600 and fleet.v1.step > 600
-    day.expect_pages(at=24 * HOUR, window=24 * HOUR, pages={})
+    # nothing pages, and no bottleneck notification either (info): every job is steadily
+    # bound, and a steady bottleneck belongs on the dashboards and `/`, not in an alert
+    day.expect_pages(at=24 * HOUR, window=24 * HOUR, pages={}, severities=".+")
     result = day.check()
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 

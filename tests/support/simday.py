@@ -369,14 +369,17 @@ class Day:
         return None
 
     # -- what promtool must find ------------------------------------------------------------
-    def expect_pages(self, at: float, window: float, pages: dict[str, int]) -> None:
-        """At `at`, the alerts that fired (and paged: critical or warning) in the `window`
-        seconds before are exactly `pages` (alertname -> how many distinct alerts)."""
+    def expect_pages(
+        self, at: float, window: float, pages: dict[str, int], severities: str = PAGES
+    ) -> None:
+        """At `at`, the alerts that fired (and paged: critical or warning, or any of the
+        `severities` regex) in the `window` seconds before are exactly `pages` (alertname ->
+        how many distinct alerts)."""
         self.checks.append(
             {
                 "expr": (
                     "count by (alertname) (max_over_time("
-                    f'ALERTS{{alertstate="firing", severity=~"{PAGES}"}}[{int(window)}s]))'
+                    f'ALERTS{{alertstate="firing", severity=~"{severities}"}}[{int(window)}s]))'
                 ),
                 "eval_time": f"{int(at)}s",
                 "exp_samples": [
