@@ -149,6 +149,21 @@ def test_runbooks_reuse_the_advice_texts_and_name_verl_keys():
         assert key in text
 
 
+def test_runbooks_say_what_the_log_cannot_show():
+    from exporter.diagnosis.advice import EVIDENCE_CAVEATS
+
+    text = (REPO / rules.RUNBOOKS_FILE).read_text()
+
+    def section(alert):
+        return text.split(f"\n## {alert}\n", 1)[1].split("\n## ", 1)[0]
+
+    rollout, logprob = section("RLHFJobRolloutBound"), section("RLHFJobLogprobBound")
+    assert EVIDENCE_CAVEATS["v1_rollout_reasons"] in rollout  # V1: no agent_loop/*
+    assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in rollout  # verl #6693
+    assert EVIDENCE_CAVEATS["v1_logprob_mfu"] in logprob  # V1: no perf/mfu/actor_infer
+    assert "What the log cannot show" not in section("RLHFJobSyncBound")
+
+
 def test_rules_use_only_catalog_metrics_and_their_own_records():
     records = {r["record"] for r in all_rules() if "record" in r}
     for r in all_rules():

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...diagnosis import GROUPS, REASONS
-from ...diagnosis.advice import LOOK_AT, REASON_MEANING, VERDICT_MEANING
+from ...diagnosis.advice import LOOK_AT, REASON_MEANING, VERDICT_MEANING, caveats
 from .model import (
     BOUND_ALERTS,
     JOB_ARGS,
@@ -237,6 +237,9 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
                 "`rlhf-exporter diagnose --summary <verl root>/P/E.jsonl`: the same table, "
                 "step by step, from the job's log"
             ],
+            cannot_show=list(
+                dict.fromkeys(c for r in (None, *REASONS[verdict]) for c in caveats(verdict, r))
+            ),
         ),
     )
 

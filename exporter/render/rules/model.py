@@ -204,6 +204,7 @@ class Runbook:
     verl_keys: list[str]  # verl metric keys to read in the job's log (or prose starting "the ")
     change: list[str]  # what to change: verl config keys and other actions (markdown)
     checks: list[str] = field(default_factory=list)  # more ways to confirm (markdown)
+    cannot_show: list[str] = field(default_factory=list)  # evidence verl's log lacks (advice)
 
 
 @dataclass

@@ -119,6 +119,9 @@ def runbooks_markdown(r: Context) -> str:
             ]
         out += ["", "**What to change.**", ""]
         out += [f"- {c}" for c in rb.change]
+        if rb.cannot_show:
+            out += ["", "**What the log cannot show.**", ""]
+            out += [f"- {c}" for c in rb.cannot_show]
     return "\n".join(out + ["", *RESTARTS]) + "\n"
 
 
