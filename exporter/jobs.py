@@ -46,6 +46,7 @@ from .diagnosis import (
     StreamDiagnoser,
     Thresholds,
 )
+from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
 from .metrics.catalog import BY_NAME
@@ -238,6 +239,7 @@ class Job:
         self.total_steps = total_steps
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
+        self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
         self.records = 0
         self.step: int | None = None
         self.last_step_time: float | None = None
@@ -303,6 +305,7 @@ class Job:
                 self.step = clean.step
                 self._extra.update(extra_values(clean.data))
                 self._between_steps(clean.data)
+                self._remember_evidence(clean.data)
                 if event.diagnosis is not None:
                     self._classified(event.diagnosis)
                 n += 1
@@ -313,6 +316,15 @@ class Job:
             self.records += n
             self._samples = None
         return n
+
+    def _remember_evidence(self, data: Mapping[str, Any]) -> None:
+        """Which of the keys the reasons need this job's log has shown (either spelling of
+        agent-loop keys): what it has never shown, its verdicts cannot say."""
+        for key in EVIDENCE_KEYS:
+            if key not in self._evidence_seen and (
+                key in data or key.removeprefix(TIMER_PREFIX) in data
+            ):
+                self._evidence_seen.add(key)
 
     def _between_steps(self, data: Mapping[str, Any]) -> None:
         outside = 0.0
@@ -534,6 +546,7 @@ class Job:
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
             "finished": self.finished,
+            "cannot_show": missing_evidence(self._evidence_seen),
         }
 
 

@@ -17,13 +17,14 @@ import pytest
 from exporter.config import load_thresholds
 from exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_jsonl
 from exporter.diagnosis import GROUPS, BatchDiagnoser, Record
+from exporter.diagnosis.advice import EVIDENCE_KEYS
 from exporter.history import HISTORY_STEPS, point
 from exporter.jobs import Job
 from exporter.metrics.snapshot import Snapshot
 from exporter.reader import RecordReader
 from exporter.render.dashboards.style import VERDICT_COLOURS
 from exporter.report import Style, Table
-from exporter.view import Facts, Links, index_page, job_page
+from exporter.view import Facts, Links, index_page, job_page, pages
 from exporter.view.pages import attention
 from tests.support.browser import Elements
 
@@ -297,3 +298,22 @@ def test_server_routes_of_the_job_view():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_job_page_says_what_the_log_cannot_show():
+    from exporter.diagnosis.advice import EVIDENCE_CAVEATS
+
+    th = load_thresholds()
+    v1 = Job("p", "v1", th)  # V1 trainer: no agent_loop/* keys, no perf/mfu/actor_infer
+    v1.feed([Record(1, {"timing_s/step": 10.0, "timing_s/gen": 8.0})])
+    lines = v1.summary()["cannot_show"]
+    assert any("rollout/preemption cannot be seen" in line for line in lines)
+    fully_async = Job("p", "fa", th)
+    fully_async.feed([Record(1, {"timing_s/step": 10.0, "fully_async/rollouter/idle_ratio": 0.4})])
+    assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in fully_async.summary()["cannot_show"]
+    v0 = Job("p", "v0", th)  # legacy trainer with every key the reasons need
+    keys = {k: 0.5 for k in EVIDENCE_KEYS if not k.startswith("fully_async/")}
+    v0.feed([Record(1, {"timing_s/step": 10.0, **keys})])
+    assert v0.summary()["cannot_show"] == ()
+    html = pages.cannot_show(v1.summary()["cannot_show"])
+    assert "cannot show" in html and "agent_loop" in html

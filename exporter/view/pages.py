@@ -38,6 +38,7 @@ td,th{padding:.25em .7em;text-align:left;vertical-align:middle;border-bottom:1px
 th{font-weight:600;font-size:.9em;color:#555}
 .verdict-box{border-left:8px solid #888;padding:.5em 1em;background:#f7f7f7;margin:.6em 0}
 .verdict-box .big{font-size:1.25em;font-weight:600}
+.cannot-show{font-size:.9em;color:#555;margin:.3em 0 .8em}.cannot-show ul{margin:.2em 0}
 .tag{display:inline-block;padding:0 .5em;border-radius:3px;color:#fff;font-size:.9em}
 .legend{font-size:.85em;margin:.3em 0}.sw{margin-right:1em;white-space:nowrap}
 .sw i{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-1px}
@@ -337,6 +338,17 @@ def index_page(
     return _page("rlhf-exporter", body, refresh=10)
 
 
+def cannot_show(lines: Sequence[str]) -> str:
+    """What this job's log cannot tell (verl's V1 trainer, fully-async's idle ratio): shown
+    beside the verdict, so a missing measurement is never read as a measured one."""
+    if not lines:
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in lines)
+    return (
+        f'<div class="cannot-show"><b>What this job\'s log cannot show:</b><ul>{items}</ul></div>'
+    )
+
+
 def job_page(
     job: Mapping[str, Any], snapshots: Sequence[Snapshot], facts: Facts, links: Links
 ) -> str:
@@ -362,6 +374,7 @@ def job_page(
         + verdict_box(
             job.get("verdict"), job.get("reason"), job.get("change"), job.get("regressed"), links
         )
+        + cannot_show(job.get("cannot_show") or ())
         + charts(job.get("history") or ())
         + "<h2>Sources</h2>"
         + sources_table(snapshots, now)
