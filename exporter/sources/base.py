@@ -38,6 +38,7 @@ class PollResult(NamedTuple):
     samples: tuple[Sample, ...]
     records: int | None = None
     record_errors: Mapping[str, int] | None = None
+    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job groups at the front of samples
 
 
 class PollingSource:
@@ -125,6 +126,7 @@ class PollingSource:
             result.records,
             MappingProxyType(dict(result.record_errors)) if result.record_errors else _EMPTY,
             tuple(result.samples),
+            parts=tuple(result.parts),
         )
 
     def _failed(self, reason: str, message: str, duration: float, exc_info: bool = False) -> None:
@@ -145,6 +147,7 @@ class PollingSource:
             up=False,
             duration=duration,
             samples=(),
+            parts=(),
             errors=MappingProxyType(dict(self._errors)),
             created=time.time(),
         )
@@ -154,5 +157,5 @@ class PollingSource:
         snap = self._snapshot
         started = self._poll_started
         if started is not None and time.monotonic() - started > self.stale_after:
-            return replace(snap, up=False, samples=())
+            return replace(snap, up=False, samples=(), parts=())
         return snap

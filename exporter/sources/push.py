@@ -286,9 +286,8 @@ class PushSource:
         now = time.time()
         for key in [k for k, p in self._jobs.items() if now - p.last_push > self.job_expiry]:
             del self._jobs[key]  # expired: forget it (a new push starts it afresh)
-        samples: list[Sample] = []
-        for p in self._jobs.values():
-            samples.extend(p.job.samples())
+        parts = tuple(p.job.samples() for p in self._jobs.values())
+        samples: list[Sample] = [x for part in parts for x in part]
         samples.append(Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))))
         self._next_expiry = min(
             (p.last_push + self.job_expiry for p in self._jobs.values()), default=float("inf")
@@ -303,6 +302,7 @@ class PushSource:
             MappingProxyType(dict(self._rejected)),
             tuple(samples),
             now,
+            parts=parts,
         )
 
     def describe(self) -> str:

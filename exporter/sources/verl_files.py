@@ -364,7 +364,7 @@ class VerlFileSource(PollingSource):
             self._summaries = tuple(
                 {**job.summary(), "source": str(self._jobs[job.labels])} for job in jobs
             )
-        return PollResult(self._samples, self._records, dict(self._rejected))
+        return PollResult(self._samples, self._records, dict(self._rejected), tuple(self._parts))
 
     def _forget(self, w: Watched) -> None:
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""

@@ -1,0 +1,278 @@
+"""The /metrics body, rebuilt in proportion to what changed.
+
+The snapshots are cut into fragments, each a tuple of samples that a source keeps (by
+identity) for as long as it is unchanged:
+
+- one fragment per job: a snapshot's `parts` (see `Snapshot.parts`);
+- a snapshot's other samples (Ray, GPUs, `rlhf_exporter_jobs`);
+- a snapshot's own health series (`rlhf_exporter_collector_*`), rebuilt at every poll;
+- build_info, and the count of samples that could not be served.
+
+Each fragment is encoded once per format by prometheus_client's own encoder (text 0.0.4 or
+OpenMetrics, whichever the scraper asks for; prometheus_client stays the format authority)
+and cut at the family headers into its sample lines per family. A scrape joins, family by
+family in catalog order, the family's HELP/TYPE header and every fragment's lines for it:
+the same bytes a from-scratch render of all the snapshots gives (a property test checks
+this). A new step of one job re-encodes that job's fragment and nothing else.
+
+gzip is incremental too: the body is a sequence of gzip members (RFC 1952 allows several;
+Go's and Python's readers join them), one per run of `GZIP_RUN` fragments within a family,
+each cached, so a change recompresses only the members that hold a changed fragment.
+
+A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
+it never takes another job's series or the whole scrape with it. One render at a time;
+scrapers that arrive meanwhile get the same cached bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.exposition import choose_encoder
+
+from .catalog import BY_NAME
+from .collector import add_samples, build_info, health_samples, new_family
+from .snapshot import Sample, Snapshot
+
+log = logging.getLogger(__name__)
+
+SnapshotFn = Callable[[], Snapshot]
+Encoder = Callable[[Any], bytes]
+DROPPED = "rlhf_exporter_samples_dropped_total"
+GZIP_RUN = 32  # fragments per gzip member within a family
+GZIP_LEVEL = 4
+_EOF = b"# EOF\n"
+_CATALOG_ORDER = tuple(BY_NAME)
+
+
+class Families:
+    """Duck-types a registry for prometheus_client's encoders: collect() over fixed families."""
+
+    def __init__(self, fams: Sequence[Any]):
+        self._fams = fams
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self._fams)
+
+
+def encode(encoder: Encoder, fams: Sequence[Any]) -> bytes:
+    """prometheus_client's encoding of these families, without OpenMetrics' `# EOF`."""
+    out = encoder(Families(fams))
+    return out[: -len(_EOF)] if out.endswith(_EOF) else out
+
+
+@dataclass
+class _Fragment:
+    samples: tuple[Any, ...]  # held: while cached, its id() is not reused
+    collector: str
+    lines: dict[str, dict[str, bytes]] = field(default_factory=dict)  # format -> name -> lines
+    counted: bool = False  # its dropped samples were added to the total
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def split_parts(snap: Snapshot) -> tuple[tuple[tuple[Sample, ...], ...], tuple[Sample, ...]]:
+    """(the snapshot's per-job parts, its other samples). Parts that do not match the front
+    of `samples` (a source that broke the contract) are ignored: all samples, one fragment."""
+    samples, parts = snap.samples, snap.parts
+    if not parts:
+        return (), samples
+    off = 0
+    for part in parts:
+        n = len(part)
+        if n and (
+            off + n > len(samples)
+            or samples[off] is not part[0]
+            or samples[off + n - 1] is not part[-1]
+        ):
+            return (), samples
+        off += n
+    return parts, (samples[off:] if off else samples)
+
+
+@dataclass
+class _Body:
+    snaps: tuple[Snapshot, ...]
+    ctype: str
+    blocks: list[tuple[str, bytes, list[_Fragment]]]  # family, header, fragments with lines
+    plain: bytes | None = None
+    gzipped: bytes | None = None
+
+
+class Exposition:
+    """The /metrics body for the sources' current snapshots, cached per fragment."""
+
+    def __init__(self, snapshot_fns: Sequence[SnapshotFn]):
+        self._fns = tuple(snapshot_fns)
+        self._lock = threading.Lock()
+        self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
+        self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
+        self._headers: dict[tuple[str, str], bytes] = {}
+        self._bodies: dict[str, _Body] = {}
+        self._gz: dict[tuple[Any, ...], tuple[bytes, list[_Fragment]]] = {}
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
+
+    # -- the scrape ---------------------------------------------------------------------
+    def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
+        """(body, content type, gzipped) for a scrape with this Accept header."""
+        encoder, ctype = choose_encoder(accept or "")
+        with self._lock:  # one render at a time; scrapers that wait then share its bytes
+            snaps = tuple(fn() for fn in self._fns)
+            body = self._bodies.get(ctype)
+            if body is None or not _same(body.snaps, snaps):
+                body = self._bodies[ctype] = self._assemble(encoder, ctype, snaps)
+            if want_gzip:
+                if body.gzipped is None:
+                    body.gzipped = self._gzip(body)
+                return body.gzipped, ctype, True
+            if body.plain is None:
+                body.plain = b"".join(
+                    header + b"".join(f.lines[ctype][name] for f in frags)
+                    for name, header, frags in body.blocks
+                ) + (_EOF if _is_openmetrics(ctype) else b"")
+            return body.plain, ctype, False
+
+    # -- fragments ------------------------------------------------------------------------
+    def _fragments(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
+        by_id, by_value = self._by_id, self._by_value
+        new_id: dict[tuple[int, str], _Fragment] = {}
+        new_value: dict[tuple[Any, str], _Fragment] = {}
+
+        def keyed(samples: tuple[Any, ...], collector: str) -> _Fragment:
+            key = (id(samples), collector)
+            frag = new_id.get(key) or by_id.get(key)
+            if frag is None or frag.samples is not samples:
+                frag = _Fragment(samples, collector)
+            new_id[key] = frag
+            return frag
+
+        def valued(samples: tuple[Any, ...], collector: str) -> _Fragment:
+            try:
+                key = (samples, collector)
+                frag = new_value.get(key) or by_value.get(key)
+            except TypeError:  # an unhashable (malformed) sample: encode it every time
+                return _Fragment(samples, collector)
+            if frag is None:
+                frag = _Fragment(samples, collector)
+            new_value[key] = frag
+            return frag
+
+        out = [valued((build_info(),), "")]
+        for snap in snaps:
+            out.append(valued(health_samples(snap), snap.collector))
+            parts, rest = split_parts(snap)
+            out.extend(keyed(part, snap.collector) for part in parts if part)
+            if rest:
+                out.append(
+                    keyed(rest, snap.collector)
+                    if rest is snap.samples
+                    else valued(rest, snap.collector)
+                )
+        self._by_id, self._by_value = new_id, new_value
+        return out
+
+    def _lines(self, frag: _Fragment, encoder: Encoder, ctype: str) -> dict[str, bytes]:
+        lines = frag.lines.get(ctype)
+        if lines is not None:
+            return lines
+        dropped: Counter[tuple[str, str]] = Counter()
+        by_name: dict[str, Any] = {}
+        try:
+            add_samples(by_name, frag.samples, frag.collector, dropped)
+            lines = self._split(encoder, ctype, by_name)
+        except Exception:  # a bug: this fragment is left out, every other one is served
+            log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
+            dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
+            lines = {}
+        if not frag.counted:
+            frag.counted = True
+            self.dropped.update(dropped)
+        frag.lines[ctype] = lines
+        return lines
+
+    def _header(self, encoder: Encoder, ctype: str, name: str) -> bytes:
+        key = (ctype, name)
+        header = self._headers.get(key)
+        if header is None:
+            header = self._headers[key] = encode(encoder, [new_family(BY_NAME[name])])
+        return header
+
+    def _split(self, encoder: Encoder, ctype: str, by_name: dict[str, Any]) -> dict[str, bytes]:
+        """Each family's sample lines, cut from one encoding of all of them at the headers."""
+        if not by_name:
+            return {}
+        names = list(by_name)
+        out = encode(encoder, list(by_name.values()))
+        lines: dict[str, bytes] = {}
+        pos = 0
+        for i, name in enumerate(names):
+            header = self._header(encoder, ctype, name)
+            if not out.startswith(header, pos):
+                raise ValueError(f"{name}: the encoder's output does not start with its header")
+            start = pos + len(header)
+            if i + 1 < len(names):
+                end = out.find(self._header(encoder, ctype, names[i + 1]), start)
+                if end < 0:
+                    raise ValueError(f"{names[i + 1]}: header not found in the encoder's output")
+            else:
+                end = len(out)
+            lines[name] = out[start:end]
+            pos = end
+        return lines
+
+    # -- assembly ---------------------------------------------------------------------------
+    def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Snapshot, ...]) -> _Body:
+        frags = self._fragments(snaps)
+        per_family: dict[str, list[_Fragment]] = {}
+        for frag in frags:
+            for name in self._lines(frag, encoder, ctype):
+                per_family.setdefault(name, []).append(frag)
+        if self.dropped:
+            samples = tuple(
+                Sample(DROPPED, key, float(n)) for key, n in sorted(self.dropped.items())
+            )
+            frag = _Fragment(samples, "", counted=True)
+            for name in self._lines(frag, encoder, ctype):
+                per_family.setdefault(name, []).append(frag)
+        blocks = [
+            (name, self._header(encoder, ctype, name), per_family[name])
+            for name in _CATALOG_ORDER
+            if name in per_family
+        ]
+        return _Body(snaps, ctype, blocks)
+
+    def _gzip(self, body: _Body) -> bytes:
+        ctype, old, new = body.ctype, self._gz, {}
+        members: list[bytes] = []
+        for name, header, frags in body.blocks:
+            for i in range(0, len(frags), GZIP_RUN):
+                run = frags[i : i + GZIP_RUN]
+                key = (ctype, name, i == 0, tuple(id(f) for f in run))
+                cached = new.get(key) or old.get(key)
+                if cached is None:
+                    raw = b"".join(f.lines[ctype][name] for f in run)
+                    cached = (
+                        gzip.compress(header + raw if i == 0 else raw, GZIP_LEVEL, mtime=0),
+                        run,
+                    )
+                new[key] = cached
+                members.append(cached[0])
+        if _is_openmetrics(ctype):
+            members.append(_GZ_EOF)
+        self._gz = {k: v for k, v in {**old, **new}.items() if k in new or k[0] != ctype}
+        return b"".join(members)
+
+
+def _is_openmetrics(ctype: str) -> bool:
+    return ctype.startswith("application/openmetrics-text")
+
+
+_GZ_EOF = gzip.compress(_EOF, GZIP_LEVEL, mtime=0)
