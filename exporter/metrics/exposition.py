@@ -119,6 +119,7 @@ class Exposition:
         self._bodies: dict[str, _Body] = {}
         self._gz: dict[tuple[Any, ...], tuple[bytes, list[_Fragment]]] = {}
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
+        self.stats: Counter[str] = Counter()  # renders, samples_encoded, gzip members (tests)
 
     # -- the scrape ---------------------------------------------------------------------
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
@@ -185,6 +186,7 @@ class Exposition:
             return lines
         dropped: Counter[tuple[str, str]] = Counter()
         by_name: dict[str, Any] = {}
+        self.stats["samples_encoded"] += len(frag.samples)
         try:
             add_samples(by_name, frag.samples, frag.collector, dropped)
             lines = self._split(encoder, ctype, by_name)
@@ -230,6 +232,7 @@ class Exposition:
 
     # -- assembly ---------------------------------------------------------------------------
     def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Snapshot, ...]) -> _Body:
+        self.stats["renders"] += 1
         frags = self._fragments(snaps)
         per_family: dict[str, list[_Fragment]] = {}
         for frag in frags:
@@ -259,6 +262,7 @@ class Exposition:
                 cached = new.get(key) or old.get(key)
                 if cached is None:
                     raw = b"".join(f.lines[ctype][name] for f in run)
+                    self.stats["gzip_members_compressed"] += 1
                     cached = (
                         gzip.compress(header + raw if i == 0 else raw, GZIP_LEVEL, mtime=0),
                         run,
