@@ -51,6 +51,8 @@ BARE = """
 import json, sys, time
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 port, spec = int(sys.argv[1]), json.load(open(sys.argv[2]))
+from prometheus_client import disable_created_metrics
+disable_created_metrics()  # the exporter serves no _created series either
 registry = CollectorRegistry(auto_describe=False)
 for name, (kind, series) in spec.items():
     labels = sorted(series[0][0]) if series else []
@@ -178,6 +180,7 @@ def scrape_for(port: int, pid: int, seconds: float, interval: float) -> dict:
     times: dict[str, list[float]] = {"text": [], "openmetrics": []}
     sizes: dict[str, tuple[int, int]] = {}
     last = b""
+    get(port, TEXT), get(port, OPENMETRICS)  # Prometheus has been scraping for a while
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
     n = 0
     while time.monotonic() - t0 < seconds:

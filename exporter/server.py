@@ -36,6 +36,7 @@ from .sources.push import PushSource
 log = logging.getLogger(__name__)
 
 SnapshotFn = Callable[[], Snapshot]
+EXPOSITION_WARM_INTERVAL = 0.25  # seconds: encode new job series off the scrape path
 JobsFn = Callable[[], Iterable[dict]]
 
 
@@ -51,7 +52,7 @@ class Endpoints:
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
-        self.exposition = Exposition(self.snapshot_fns)
+        self.exposition = Exposition(self.snapshot_fns, warm_interval=EXPOSITION_WARM_INTERVAL)
 
     def ready(self) -> bool:
         if not self.ready_fns:

@@ -15,9 +15,14 @@ family in catalog order, the family's HELP/TYPE header and every fragment's line
 the same bytes a from-scratch render of all the snapshots gives (a property test checks
 this). A new step of one job re-encodes that job's fragment and nothing else.
 
+Fragments are grouped in chunks of `CHUNK` consecutive ones, each chunk's lines joined per
+family and cached, so a scrape joins a few hundred byte strings, not one per job and family.
 gzip is incremental too: the body is a sequence of gzip members (RFC 1952 allows several;
-Go's and Python's readers join them), one per run of `GZIP_RUN` fragments within a family,
-each cached, so a change recompresses only the members that hold a changed fragment.
+Go's and Python's readers join them), one per family and chunk, each cached, so a change
+recompresses only the members that hold a changed fragment.
+
+`serve` keeps the exposition warm: a thread encodes what changed a few times a second, off
+the scrape path, for the formats Prometheus asked for lately.
 
 A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
 it never takes another job's series or the whole scrape with it. One render at a time;
@@ -29,6 +34,8 @@ from __future__ import annotations
 import gzip
 import logging
 import threading
+import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,7 +52,8 @@ log = logging.getLogger(__name__)
 SnapshotFn = Callable[[], Snapshot]
 Encoder = Callable[[Any], bytes]
 DROPPED = "rlhf_exporter_samples_dropped_total"
-GZIP_RUN = 32  # fragments per gzip member within a family
+CHUNK = 16  # consecutive fragments (jobs) cached and gzipped together, per family
+WARM_FOR = 600.0  # seconds after its last scrape that a format is kept warm
 GZIP_LEVEL = 4
 _EOF = b"# EOF\n"
 _CATALOG_ORDER = tuple(BY_NAME)
@@ -99,47 +107,84 @@ def split_parts(snap: Snapshot) -> tuple[tuple[tuple[Sample, ...], ...], tuple[S
 
 
 @dataclass
+class _Chunk:
+    """A run of consecutive fragments: their lines joined per family, and gzip members."""
+
+    frags: list[_Fragment]  # held: the cache key is their ids
+    raw: dict[str, bytes]
+    gz: dict[str, bytes] = field(default_factory=dict)
+
+
+@dataclass
 class _Body:
     snaps: tuple[Snapshot, ...]
     ctype: str
-    blocks: list[tuple[str, bytes, list[_Fragment]]]  # family, header, fragments with lines
+    chunks: list[_Chunk]
+    names: list[str]  # families with samples, catalog order
     plain: bytes | None = None
     gzipped: bytes | None = None
 
 
 class Exposition:
-    """The /metrics body for the sources' current snapshots, cached per fragment."""
+    """The /metrics body for the sources' current snapshots, cached per fragment.
 
-    def __init__(self, snapshot_fns: Sequence[SnapshotFn]):
+    With `warm_interval`, a daemon thread re-encodes what changed every so many seconds,
+    for the formats scraped in the last `WARM_FOR` seconds, so that a scrape mostly finds
+    its bytes ready (the thread ends when the exposition is garbage-collected)."""
+
+    def __init__(self, snapshot_fns: Sequence[SnapshotFn], warm_interval: float | None = None):
         self._fns = tuple(snapshot_fns)
         self._lock = threading.Lock()
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
         self._headers: dict[tuple[str, str], bytes] = {}
         self._bodies: dict[str, _Body] = {}
-        self._gz: dict[tuple[Any, ...], tuple[bytes, list[_Fragment]]] = {}
+        self._chunks: dict[tuple[Any, ...], _Chunk] = {}
+        self._gz_headers: dict[tuple[str, str], bytes] = {}
+        self._wanted: dict[str, tuple[Encoder, float, bool]] = {}  # ctype -> encoder, when, gzip
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, gzip members (tests)
+        if warm_interval is not None:
+            ref = weakref.ref(self)
+            threading.Thread(
+                target=_warm_loop, args=(ref, warm_interval), name="exposition", daemon=True
+            ).start()
 
     # -- the scrape ---------------------------------------------------------------------
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
         """(body, content type, gzipped) for a scrape with this Accept header."""
         encoder, ctype = choose_encoder(accept or "")
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
-            snaps = tuple(fn() for fn in self._fns)
-            body = self._bodies.get(ctype)
-            if body is None or not _same(body.snaps, snaps):
-                body = self._bodies[ctype] = self._assemble(encoder, ctype, snaps)
+            self._wanted[ctype] = (encoder, time.monotonic(), want_gzip)
+            body = self._current(encoder, ctype, want_gzip)
             if want_gzip:
                 if body.gzipped is None:
-                    body.gzipped = self._gzip(body)
+                    body.gzipped = b"".join(self._gzip_members(body))
                 return body.gzipped, ctype, True
             if body.plain is None:
-                body.plain = b"".join(
-                    header + b"".join(f.lines[ctype][name] for f in frags)
-                    for name, header, frags in body.blocks
-                ) + (_EOF if _is_openmetrics(ctype) else b"")
+                body.plain = b"".join(self._plain_parts(body))
             return body.plain, ctype, False
+
+    def warm(self) -> None:
+        """Encode what changed for the formats scraped lately (the warm thread calls this)."""
+        now = time.monotonic()
+        with self._lock:
+            for ctype, (encoder, when, want_gzip) in list(self._wanted.items()):
+                if now - when > WARM_FOR:
+                    del self._wanted[ctype]
+                    self._bodies.pop(ctype, None)
+                    continue
+                body = self._current(encoder, ctype, want_gzip)
+                if want_gzip:
+                    for _ in self._gzip_members(body):
+                        pass
+
+    def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
+        snaps = tuple(fn() for fn in self._fns)
+        body = self._bodies.get(ctype)
+        if body is None or not _same(body.snaps, snaps):
+            body = self._bodies[ctype] = self._assemble(encoder, ctype, snaps)
+        return body
 
     # -- fragments ------------------------------------------------------------------------
     def _fragments(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
@@ -234,49 +279,87 @@ class Exposition:
     def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Snapshot, ...]) -> _Body:
         self.stats["renders"] += 1
         frags = self._fragments(snaps)
-        per_family: dict[str, list[_Fragment]] = {}
         for frag in frags:
-            for name in self._lines(frag, encoder, ctype):
-                per_family.setdefault(name, []).append(frag)
+            self._lines(frag, encoder, ctype)
         if self.dropped:
             samples = tuple(
                 Sample(DROPPED, key, float(n)) for key, n in sorted(self.dropped.items())
             )
             frag = _Fragment(samples, "", counted=True)
-            for name in self._lines(frag, encoder, ctype):
-                per_family.setdefault(name, []).append(frag)
-        blocks = [
-            (name, self._header(encoder, ctype, name), per_family[name])
-            for name in _CATALOG_ORDER
-            if name in per_family
-        ]
-        return _Body(snaps, ctype, blocks)
+            self._lines(frag, encoder, ctype)
+            frags.append(frag)
+        old, new = self._chunks, {}
+        chunks = []
+        names: set[str] = set()
+        for i in range(0, len(frags), CHUNK):
+            run = frags[i : i + CHUNK]
+            key = (ctype, *map(id, run))
+            chunk = new.get(key) or old.get(key)
+            if chunk is None:
+                joined: dict[str, list[bytes]] = {}
+                for frag in run:
+                    for name, lines in frag.lines[ctype].items():
+                        joined.setdefault(name, []).append(lines)
+                chunk = _Chunk(run, {name: b"".join(parts) for name, parts in joined.items()})
+            new[key] = chunk
+            chunks.append(chunk)
+            names.update(chunk.raw)
+        # keep the other formats' chunks; drop this format's unused ones
+        self._chunks = {k: v for k, v in old.items() if k[0] != ctype}
+        self._chunks.update(new)
+        return _Body(snaps, ctype, chunks, [n for n in _CATALOG_ORDER if n in names])
 
-    def _gzip(self, body: _Body) -> bytes:
-        ctype, old, new = body.ctype, self._gz, {}
-        members: list[bytes] = []
-        for name, header, frags in body.blocks:
-            for i in range(0, len(frags), GZIP_RUN):
-                run = frags[i : i + GZIP_RUN]
-                key = (ctype, name, i == 0, tuple(id(f) for f in run))
-                cached = new.get(key) or old.get(key)
-                if cached is None:
-                    raw = b"".join(f.lines[ctype][name] for f in run)
-                    self.stats["gzip_members_compressed"] += 1
-                    cached = (
-                        gzip.compress(header + raw if i == 0 else raw, GZIP_LEVEL, mtime=0),
-                        run,
-                    )
-                new[key] = cached
-                members.append(cached[0])
+    def _plain_parts(self, body: _Body) -> Iterator[bytes]:
+        ctype = body.ctype
+        for name in body.names:
+            yield self._headers[ctype, name]
+            for chunk in body.chunks:
+                raw = chunk.raw.get(name)
+                if raw is not None:
+                    yield raw
         if _is_openmetrics(ctype):
-            members.append(_GZ_EOF)
-        self._gz = {k: v for k, v in {**old, **new}.items() if k in new or k[0] != ctype}
-        return b"".join(members)
+            yield _EOF
+
+    def _gzip_members(self, body: _Body) -> Iterator[bytes]:
+        ctype = body.ctype
+        for name in body.names:
+            key = (ctype, name)
+            member = self._gz_headers.get(key)
+            if member is None:
+                member = self._gz_headers[key] = _gz(self._headers[key])
+            yield member
+            for chunk in body.chunks:
+                raw = chunk.raw.get(name)
+                if raw is None:
+                    continue
+                member = chunk.gz.get(name)
+                if member is None:
+                    self.stats["gzip_members_compressed"] += 1
+                    member = chunk.gz[name] = _gz(raw)
+                yield member
+        if _is_openmetrics(ctype):
+            yield _GZ_EOF
+
+
+def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        ex = ref()
+        if ex is None:
+            return
+        try:
+            ex.warm()
+        except Exception:  # never let the warm thread die: scrapes then render themselves
+            log.exception("warming the exposition failed")
+        del ex
+
+
+def _gz(data: bytes) -> bytes:
+    return gzip.compress(data, GZIP_LEVEL, mtime=0)
 
 
 def _is_openmetrics(ctype: str) -> bool:
     return ctype.startswith("application/openmetrics-text")
 
 
-_GZ_EOF = gzip.compress(_EOF, GZIP_LEVEL, mtime=0)
+_GZ_EOF = _gz(_EOF)
