@@ -25,6 +25,8 @@ from tests.support.procs import REPO, Proc, free_port, wait_until
 from tests.support.prometheus import binary
 from tests.support.serve import Exporter
 
+pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
+
 JOBS = 300
 ROLLOUT_BOUND = {f"exp{i:03d}" for i in range(0, JOBS, 10)}
 
