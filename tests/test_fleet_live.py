@@ -127,9 +127,22 @@ def test_a_300_job_fleet_on_the_example_prometheus(tmp_path):
             if r["health"] == "err"
         ]
         assert not bad, bad
-        # the recording rules see the fleet: one verdict ratio per job
-        got = query("count(project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate30m)")
-        assert got, "no verdict ratio recorded"
+
+        # the recording rules see the fleet: a verdict ratio for every job once two scrapes
+        # are in (increase() needs two samples)
+        def ratios() -> bool:
+            got = query(
+                "count(count by (project, experiment) "
+                "(project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate30m))"
+            )
+            return bool(got) and int(float(got[0]["value"][1])) == JOBS
+
+        wait_until(ratios, 35, 1.0, f"a verdict ratio for every job\n{explain()}")
+        rollout = query(
+            'project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate30m{verdict="rollout"}'
+            " >= 0.7"
+        )
+        assert {r["metric"]["experiment"] for r in rollout} == ROLLOUT_BOUND
 
         # ALERTS holds only what the scenario expects: at most the rollout-bound jobs'
         # RLHFJobRolloutBound, pending (its `for` is 15m); nothing about the exporter itself
