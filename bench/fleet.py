@@ -175,22 +175,25 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))] if xs else float("nan")
 
 
-def scrape_for(port: int, pid: int, seconds: float, interval: float) -> dict:
-    """Scrape every `interval` s for `seconds` s, in both formats."""
+def scrape_for(
+    port: int, pid: int, seconds: float, interval: float, formats: tuple[str, ...]
+) -> dict:
+    """Scrape every `interval` s for `seconds` s, in each of `formats`."""
     times: dict[str, list[float]] = {"text": [], "openmetrics": []}
     sizes: dict[str, tuple[int, int]] = {}
     last = b""
-    get(port, TEXT), get(port, OPENMETRICS)  # Prometheus has been scraping for a while
+    for fmt in formats:  # Prometheus has been scraping for a while
+        get(port, TEXT if fmt == "text" else OPENMETRICS)
     cpu0, t0 = cpu_seconds(pid), time.monotonic()
     n = 0
     while time.monotonic() - t0 < seconds:
-        for fmt in ("text", "openmetrics"):  # an HA pair of Prometheus, one of each kind
+        for fmt in formats:  # both: an HA pair of Prometheus, one of each kind
             elapsed, zipped = get(port, TEXT if fmt == "text" else OPENMETRICS)
             times[fmt].append(elapsed)
-            if fmt == "text" or fmt not in sizes:
+            if fmt == formats[0] or fmt not in sizes:
                 plain = gzip.decompress(zipped)
                 sizes[fmt] = (len(plain), len(zipped))
-                if fmt == "text":
+                if fmt == formats[0]:
                     last = plain
         n += 1
         time.sleep(max(0.0, t0 + n * interval - time.monotonic()))
@@ -216,7 +219,9 @@ def visible_latencies(text: bytes, jobs: Jobs) -> list[float]:
     return out
 
 
-def bench(n: int, interval: float, seconds: float, bare_too: bool) -> list[dict]:
+def bench(
+    n: int, interval: float, seconds: float, bare_too: bool, formats: tuple[str, ...]
+) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "verl"
@@ -245,7 +250,7 @@ def bench(n: int, interval: float, seconds: float, bare_too: bool) -> list[dict]
             writer = threading.Thread(target=jobs.run, args=(stop, time.time()), daemon=True)
             writer.start()
             time.sleep(min(5.0, interval))
-            r = scrape_for(port, exporter.pid, seconds, interval)
+            r = scrape_for(port, exporter.pid, seconds, interval, formats)
             r["visible"] = visible_latencies(r["text"], jobs)
             r["name"], r["setup"], r["ingest"] = "exporter", setup, ingest
             rows.append(r)
@@ -270,7 +275,7 @@ def bench(n: int, interval: float, seconds: float, bare_too: bool) -> list[dict]
                     stderr=subprocess.DEVNULL,
                 )
                 wait_until(lambda: get(bare_port, TEXT), 300, 0.5, "bare server")
-                b = scrape_for(bare_port, bare.pid, seconds, interval)
+                b = scrape_for(bare_port, bare.pid, seconds, interval, formats)
                 b["visible"], b["name"] = [], "bare prometheus_client"
                 rows.append(b)
         finally:
@@ -282,6 +287,10 @@ def bench(n: int, interval: float, seconds: float, bare_too: bool) -> list[dict]
     for r in rows:
         r["series"] = len(parse_samples(r["text"].decode())) if r["text"] else 0
     return rows
+
+
+def _pp(xs: list[float]) -> str:
+    return f"{pct(xs, 50) * 1000:>7.1f}/{pct(xs, 99) * 1000:<8.1f}" if xs else f"{'-':>16}"
 
 
 def _kinds(text: bytes) -> dict[str, str]:
@@ -299,9 +308,17 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=15.0, help="seconds between scrapes")
     ap.add_argument("--seconds", type=float, default=60.0, help="measured window per server")
     ap.add_argument("--no-bare", action="store_true", help="skip the bare registry")
+    ap.add_argument(
+        "--format",
+        choices=["both", "text", "openmetrics"],
+        default="both",
+        help="what the scraper asks for (both: an HA pair of Prometheus, one of each kind)",
+    )
     args = ap.parse_args()
-    ms = 1000.0
-    print(f"scrape every {args.interval:g} s for {args.seconds:g} s; gzip; cpus {os.cpu_count()}")
+    print(
+        f"scrape every {args.interval:g} s for {args.seconds:g} s; gzip; format {args.format}; "
+        f"cpus {os.cpu_count()}"
+    )
     hdr = (
         f"{'jobs':>5} {'server':<24} {'series':>8} {'text MB':>8} {'gz MB':>6} "
         f"{'text p50/p99 ms':>16} {'OM p50/p99 ms':>16} {'CPU %':>6} {'RSS MB':>7} "
@@ -309,15 +326,15 @@ def main() -> int:
     )
     print(hdr)
     for n in args.jobs:
-        rows = bench(n, args.interval, args.seconds, not args.no_bare)
+        formats = ("text", "openmetrics") if args.format == "both" else (args.format,)
+        rows = bench(n, args.interval, args.seconds, not args.no_bare, formats)
         for r in rows:
             t, o = r["times"]["text"], r["times"]["openmetrics"]
-            plain, zipped = r["sizes"].get("text", (0, 0))
+            plain, zipped = next(iter(r["sizes"].values()), (0, 0))
             vis = f"{pct(r['visible'], 99):.2f}" if r["visible"] else "-"
             print(
                 f"{n:>5} {r['name']:<24} {r['series']:>8} {plain / 1e6:>8.2f} "
-                f"{zipped / 1e6:>6.2f} {pct(t, 50) * ms:>7.1f}/{pct(t, 99) * ms:<8.1f} "
-                f"{pct(o, 50) * ms:>7.1f}/{pct(o, 99) * ms:<8.1f} {r['cpu'] * 100:>6.1f} "
+                f"{zipped / 1e6:>6.2f} {_pp(t)} {_pp(o)} {r['cpu'] * 100:>6.1f} "
                 f"{r['rss']:>7.0f} {vis:>14}",
                 flush=True,
             )
