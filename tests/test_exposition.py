@@ -303,3 +303,30 @@ def test_parts_that_do_not_match_the_samples_fall_back_to_one_fragment():
     snaps = [Snapshot("verl", True, samples=samples, parts=parts)]
     ex = Exposition(Sources(snaps).fns())
     check_all(ex, snaps)
+
+
+def test_the_warm_thread_encodes_changes_before_the_scrape_and_ends_with_the_exposition():
+    import gc
+    import time
+
+    parts = [job_part(f"p{i}", "e", 1) for i in range(20)]
+    sources = Sources([verl_snapshot(parts)])
+    ex = Exposition(sources.fns(), warm_interval=0.05)
+    ex.render(OPENMETRICS, want_gzip=True)  # the format Prometheus asks for is now kept warm
+    parts[3] = job_part("p3", "e", 2)
+    sources.snaps[0] = verl_snapshot(parts)
+    deadline = time.monotonic() + 10
+    while ex.stats["renders"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ex.stats["renders"] == 2  # the thread rendered the change, no scrape asked
+    encoded = ex.stats["samples_encoded"]
+    body, _, _ = ex.render(OPENMETRICS, want_gzip=True)
+    assert ex.stats["renders"] == 2 and ex.stats["samples_encoded"] == encoded
+    assert b'rlhf_step{experiment="e",project="p3"} 2.0' in gzip.decompress(body)
+    assert gzip.decompress(body) == from_scratch(sources.snaps, OPENMETRICS)
+    thread = ex.warm_thread
+    assert thread is not None and thread.is_alive()
+    del ex
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()

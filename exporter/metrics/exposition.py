@@ -144,11 +144,15 @@ class Exposition:
         self._wanted: dict[str, tuple[Encoder, float, bool]] = {}  # ctype -> encoder, when, gzip
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, gzip members (tests)
+        self.warm_thread: threading.Thread | None = None
         if warm_interval is not None:
-            ref = weakref.ref(self)
-            threading.Thread(
-                target=_warm_loop, args=(ref, warm_interval), name="exposition", daemon=True
-            ).start()
+            self.warm_thread = threading.Thread(
+                target=_warm_loop,
+                args=(weakref.ref(self), warm_interval),
+                name="exposition",
+                daemon=True,
+            )
+            self.warm_thread.start()
 
     # -- the scrape ---------------------------------------------------------------------
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
@@ -167,7 +171,7 @@ class Exposition:
 
     def warm(self) -> None:
         """Encode what changed for the formats scraped lately (the warm thread calls this)."""
-        now = time.monotonic()
+        now, cpu = time.monotonic(), time.thread_time()
         with self._lock:
             for ctype, (encoder, when, want_gzip) in list(self._wanted.items()):
                 if now - when > WARM_FOR:
@@ -178,6 +182,7 @@ class Exposition:
                 if want_gzip:
                     for _ in self._gzip_members(body):
                         pass
+            self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
 
     def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
         snaps = tuple(fn() for fn in self._fns)
