@@ -172,17 +172,19 @@ class Exposition:
     def warm(self) -> None:
         """Encode what changed for the formats scraped lately (the warm thread calls this)."""
         now, cpu = time.monotonic(), time.thread_time()
-        with self._lock:
-            for ctype, (encoder, when, want_gzip) in list(self._wanted.items()):
+        for ctype, (encoder, when, want_gzip) in list(self._wanted.items()):
+            with self._lock:  # one format at a time: a scrape waits for one build at most
                 if now - when > WARM_FOR:
-                    del self._wanted[ctype]
+                    self._wanted.pop(ctype, None)
                     self._bodies.pop(ctype, None)
                     continue
                 body = self._current(encoder, ctype, want_gzip)
                 if want_gzip:
-                    for _ in self._gzip_members(body):
-                        pass
-            self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
+                    if body.gzipped is None:
+                        body.gzipped = b"".join(self._gzip_members(body))
+                elif body.plain is None:
+                    body.plain = b"".join(self._plain_parts(body))
+        self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
 
     def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
         snaps = tuple(fn() for fn in self._fns)
