@@ -241,8 +241,10 @@ def bench(
         try:
             want = f'rlhf_exporter_jobs{{collector="verl"}} {float(n)}'.encode()
 
-            def ingested():
-                return want in gzip.decompress(get(port, TEXT)[1])
+            accept = TEXT if formats[0] == "text" else OPENMETRICS
+
+            def ingested():  # in the measured format: the exporter keeps warm what is asked
+                return want in gzip.decompress(get(port, accept)[1])
 
             t = time.monotonic()
             wait_until(ingested, 600, 1.0, "every job ingested")
