@@ -17,9 +17,10 @@ this). A new step of one job re-encodes that job's fragment and nothing else.
 
 Fragments are grouped in chunks of `CHUNK` consecutive ones, each chunk's lines joined per
 family and cached, so a scrape joins a few hundred byte strings, not one per job and family.
-gzip is incremental too: the body is a sequence of gzip members (RFC 1952 allows several;
-Go's and Python's readers join them), one per family and chunk, each cached, so a change
-recompresses only the members that hold a changed fragment.
+gzip is incremental too: each (chunk, family) is deflated once into a byte-aligned segment
+that refers to nothing before it (a full flush), and the gzip body is one member whose
+deflate stream is the segments joined (the approach of pigz's independent blocks), so a
+change recompresses only the segments that hold a changed fragment.
 
 `serve` keeps the exposition warm: a thread encodes what changed a few times a second, off
 the scrape path, for the formats Prometheus asked for lately.
@@ -31,11 +32,12 @@ scrapers that arrive meanwhile get the same cached bytes.
 
 from __future__ import annotations
 
-import gzip
 import logging
+import struct
 import threading
 import time
 import weakref
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -112,7 +114,7 @@ class _Chunk:
 
     frags: list[_Fragment]  # held: the cache key is their ids
     raw: dict[str, bytes]
-    gz: dict[str, bytes] = field(default_factory=dict)
+    gz: dict[str, bytes] = field(default_factory=dict)  # deflate segments per family
 
 
 @dataclass
@@ -141,9 +143,10 @@ class Exposition:
         self._bodies: dict[str, _Body] = {}
         self._chunks: dict[tuple[Any, ...], _Chunk] = {}
         self._gz_headers: dict[tuple[str, str], bytes] = {}
+        self._deflater = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)  # raw, under the lock
         self._wanted: dict[str, tuple[Encoder, float, bool]] = {}  # ctype -> encoder, when, gzip
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
-        self.stats: Counter[str] = Counter()  # renders, samples_encoded, gzip members (tests)
+        self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
         self.warm_thread: threading.Thread | None = None
         if warm_interval is not None:
             self.warm_thread = threading.Thread(
@@ -163,7 +166,7 @@ class Exposition:
             body = self._current(encoder, ctype, want_gzip)
             if want_gzip:
                 if body.gzipped is None:
-                    body.gzipped = b"".join(self._gzip_members(body))
+                    body.gzipped = self._gzip(body)
                 return body.gzipped, ctype, True
             if body.plain is None:
                 body.plain = b"".join(self._plain_parts(body))
@@ -181,7 +184,7 @@ class Exposition:
                 body = self._current(encoder, ctype, want_gzip)
                 if want_gzip:
                     if body.gzipped is None:
-                        body.gzipped = b"".join(self._gzip_members(body))
+                        body.gzipped = self._gzip(body)
                 elif body.plain is None:
                     body.plain = b"".join(self._plain_parts(body))
         self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
@@ -327,25 +330,47 @@ class Exposition:
         if _is_openmetrics(ctype):
             yield _EOF
 
-    def _gzip_members(self, body: _Body) -> Iterator[bytes]:
+    def _gzip(self, body: _Body) -> bytes:
+        """One gzip member whose deflate stream is the cached segments, joined.
+
+        Each (chunk, family) is deflated once into a segment ending with a full flush: the
+        segment is byte-aligned and refers to nothing before it, so segments can follow each
+        other in any order. The member's CRC-32 and length are the plain body's."""
+        if body.plain is None:
+            body.plain = b"".join(self._plain_parts(body))
+        plain = body.plain
+        parts = [_GZ_HEADER]
+        parts.extend(self._segments(body))
+        parts.append(_DEFLATE_END)
+        parts.append(struct.pack("<II", zlib.crc32(plain), len(plain) & 0xFFFFFFFF))
+        return b"".join(parts)
+
+    def _deflate(self, data: bytes) -> bytes:
+        self.stats["gzip_members_compressed"] += 1
+        d = self._deflater
+        return d.compress(data) + d.flush(zlib.Z_FULL_FLUSH)
+
+    def _segments(self, body: _Body) -> Iterator[bytes]:
         ctype = body.ctype
         for name in body.names:
             key = (ctype, name)
-            member = self._gz_headers.get(key)
-            if member is None:
-                member = self._gz_headers[key] = _gz(self._headers[key])
-            yield member
+            segment = self._gz_headers.get(key)
+            if segment is None:
+                segment = self._gz_headers[key] = self._deflate(self._headers[key])
+            yield segment
             for chunk in body.chunks:
                 raw = chunk.raw.get(name)
                 if raw is None:
                     continue
-                member = chunk.gz.get(name)
-                if member is None:
-                    self.stats["gzip_members_compressed"] += 1
-                    member = chunk.gz[name] = _gz(raw)
-                yield member
+                segment = chunk.gz.get(name)
+                if segment is None:
+                    segment = chunk.gz[name] = self._deflate(raw)
+                yield segment
         if _is_openmetrics(ctype):
-            yield _GZ_EOF
+            segment = self._gz_headers.get((ctype, ""))
+            if segment is None:
+                segment = self._gz_headers[ctype, ""] = self._deflate(_EOF)
+            yield segment
 
 
 def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:
@@ -361,12 +386,9 @@ def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:
         del ex
 
 
-def _gz(data: bytes) -> bytes:
-    return gzip.compress(data, GZIP_LEVEL, mtime=0)
-
-
 def _is_openmetrics(ctype: str) -> bool:
     return ctype.startswith("application/openmetrics-text")
 
 
-_GZ_EOF = _gz(_EOF)
+_GZ_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0
+_DEFLATE_END = b"\x03\x00"  # an empty final block (fixed Huffman)
