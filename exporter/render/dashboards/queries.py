@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
-from .style import change_codes, reason_codes, verdict_codes
+from ..rules.recording import VERDICT_CODE
+from .style import change_codes, reason_codes
 
 JOB_LABELS = ("project", "experiment")
 BY_JOB = "project, experiment"
@@ -49,7 +50,9 @@ def coded(metric: str, codes: Mapping[tuple[str, ...] | str, int], labels: tuple
 
 
 def verdict_code() -> str:
-    return coded("rlhf_bottleneck", verdict_codes(), ("verdict",))
+    """The recorded verdict code (exporter/render/rules/recording.py): the same numbers as
+    `coded("rlhf_bottleneck", verdict_codes(), ...)`, one series per job to read."""
+    return f"max by ({BY_JOB}) ({sel(VERDICT_CODE)})"
 
 
 def reason_code() -> str:

@@ -20,6 +20,7 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate30m` | tokens per second of step time |
 | `instance_gpu:rlhf_gpu_busy:ratio_rate30m` | busy ratio per GPU |
 | `instance:rlhf_gpu_busy:ratio_rate30m` | mean busy ratio of an exporter's GPUs |
+| `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |
 
 The suffix follows the configured window (`alerts.window`). Rules never aggregate across
 scrape targets (they use `without`), so the target labels survive for routing and joins.
