@@ -199,11 +199,11 @@ def test_a_new_step_of_one_job_re_encodes_that_job_only():
     # per format: the job's 6 samples, the verl snapshot's health (3 + records) and
     # rlhf_exporter_jobs (at most); never the other 199 jobs' samples
     assert encoded <= 2 * (len(parts[7]) + 5 + 1), encoded
-    # gzip: the members of the changed job's chunk only (its 4 job families, the 4 health
+    # gzip: the segments of the changed job's chunk only (its 4 job families, the 4 health
     # families and build_info that share the first chunk), not the whole body
-    members = ex.stats["gzip_members_compressed"] - before["gzip_members_compressed"]
+    members = ex.stats["segments_deflated"] - before["segments_deflated"]
     assert members <= 2 * 9, members
-    assert before["gzip_members_compressed"] > 5 * members
+    assert before["segments_deflated"] > 5 * members
 
 
 def test_an_unchanged_scrape_re_serves_the_same_bytes():

@@ -110,7 +110,7 @@ def split_parts(snap: Snapshot) -> tuple[tuple[tuple[Sample, ...], ...], tuple[S
 
 @dataclass
 class _Chunk:
-    """A run of consecutive fragments: their lines joined per family, and gzip members."""
+    """A run of consecutive fragments: their lines joined per family, and deflate segments."""
 
     frags: list[_Fragment]  # held: the cache key is their ids
     raw: dict[str, bytes]
@@ -346,7 +346,7 @@ class Exposition:
         return b"".join(parts)
 
     def _deflate(self, data: bytes) -> bytes:
-        self.stats["gzip_members_compressed"] += 1
+        self.stats["segments_deflated"] += 1
         d = self._deflater
         return d.compress(data) + d.flush(zlib.Z_FULL_FLUSH)
 
