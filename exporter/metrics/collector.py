@@ -76,7 +76,7 @@ def _check(sample: Any) -> tuple[Metric, tuple[str, ...], float] | str:
 
 
 def add_samples(
-    by_name: dict[str, Family],
+    by_name: dict[str, Any],
     samples: Iterable[Any],
     collector: str = "",
     dropped: Counter[tuple[str, str]] | None = None,
@@ -93,10 +93,10 @@ def add_samples(
                 dropped[collector, checked] += 1
             continue
         metric, labels, value = checked
-        family = by_name.get(metric.name)
+        family: Any = by_name.get(metric.name)
         if family is None:
             family = by_name[metric.name] = new_family(metric)
-        family.add_metric(labels, value)
+        family.add_metric(labels, value)  # a Counter/GaugeMetricFamily
 
 
 def families(

@@ -298,7 +298,7 @@ class Exposition:
             frag = _Fragment(samples, "", counted=True)
             self._lines(frag, encoder, ctype)
             frags.append(frag)
-        old, new = self._chunks, {}
+        old, new = self._chunks, dict[tuple[Any, ...], _Chunk]()
         chunks = []
         names: set[str] = set()
         for i in range(0, len(frags), CHUNK):
