@@ -5,7 +5,8 @@ A real `serve` with a small fleet, a real Prometheus (examples/prometheus/promet
 `victoria-metrics`) on 127.0.0.1. Every query of the fleet dashboard, and every recording
 rule's output, is asked of both stores at the same instant: the same series (VictoriaMetrics
 adds only the `cluster` external label) with the same values, within a scrape's tolerance.
-vmalert (same package) accepts every rule file as-is.
+vmalert (same package) accepts every rule file as-is, and evaluates the recording rules
+against VictoriaMetrics to the same ratios as Prometheus.
 
 MetricsQL differences met here (see docs/fleet.md): `increase()`/`rate()` do not extrapolate
 to the window's edges as PromQL's do, so a ratio of two increases agrees, a bare increase
@@ -214,6 +215,54 @@ def test_fleet_queries_agree_between_prometheus_and_victoriametrics(tmp_path):
         assert not differ, differ
         # most of them have data (the rest need Ray or GPUs, absent here)
         assert checked >= len(queries) // 2, (checked, empty)
+
+        # the recording rules under vmalert too, reading and writing VictoriaMetrics (its
+        # outputs carry ruler="vmalert"): the ratios agree with Prometheus's; a bare rate/increase over a window longer than the data does not
+        # (MetricsQL divides by the time the samples span, PromQL by the window)
+        procs.append(
+            Proc(
+                [
+                    vm_binary("vmalert"),
+                    f"-datasource.url={vm_url}",
+                    f"-remoteWrite.url={vm_url}",
+                    f"-rule={tmp_path / 'alerts' / 'recording.rules.yaml'}",
+                    "-evaluationInterval=1s",
+                    "-remoteWrite.flushInterval=1s",
+                    "-external.label=ruler=vmalert",
+                    f"-httpListenAddr=127.0.0.1:{free_port()}",
+                ],
+                tmp_path / "vmalert.log",
+            )
+        )
+        ratios = [n for n in recording_outputs() if ":ratio_" in n]
+
+        def vmalert_ran() -> bool:
+            got = instant(vm_url, f'count({ratios[0]}{{ruler="vmalert"}})', time.time() - 2)
+            return bool(got)
+
+        wait_until(vmalert_ran, 30, 0.5, f"vmalert's outputs in VictoriaMetrics\n{explain()}")
+        time.sleep(3)
+        at = time.time() - 3
+        agreed = 0
+        for name in ratios:
+            p = instant(prom_url, name, at)
+            v = {
+                k - {("ruler", "vmalert")}: x
+                for k, x in instant(vm_url, f'{name}{{ruler="vmalert"}}', at).items()
+            }
+            if not p:
+                continue  # GPU ratios: no GPUs here
+            assert set(p) == set(v), f"vmalert {name}: series differ\n{p}\n{v}"
+            bad = {k: (p[k], v[k]) for k in p if not close(p[k], v[k])}
+            assert not bad, f"vmalert {name}: {bad}"
+            agreed += 1
+        assert agreed >= 5, agreed
+        # the verdict code: the same series (a job's verdict may change between the two
+        # rulers' evaluations, so values are not compared)
+        code = next(n for n in recording_outputs() if n.endswith(":code"))
+        p = instant(prom_url, code, at)
+        v = instant(vm_url, f'{code}{{ruler="vmalert"}}', at)
+        assert p and set(p) == {k - {("ruler", "vmalert")} for k in v}
     finally:
         stop.set()
         for p in reversed(procs):
