@@ -336,13 +336,14 @@ class Exposition:
         Each (chunk, family) is deflated once into a segment ending with a full flush: the
         segment is byte-aligned and refers to nothing before it, so segments can follow each
         other in any order. The member's CRC-32 and length are the plain body's."""
-        if body.plain is None:
-            body.plain = b"".join(self._plain_parts(body))
-        plain = body.plain
+        crc = size = 0
+        for part in (body.plain,) if body.plain is not None else self._plain_parts(body):
+            crc = zlib.crc32(part, crc)  # no need to join the plain body for it
+            size += len(part)
         parts = [_GZ_HEADER]
         parts.extend(self._segments(body))
         parts.append(_DEFLATE_END)
-        parts.append(struct.pack("<II", zlib.crc32(plain), len(plain) & 0xFFFFFFFF))
+        parts.append(struct.pack("<II", crc, size & 0xFFFFFFFF))
         return b"".join(parts)
 
     def _deflate(self, data: bytes) -> bytes:
