@@ -46,6 +46,7 @@ OPENMETRICS = "application/openmetrics-text;version=1.0.0;q=0.6,text/plain;versi
 PERIOD = 60.0  # seconds between two records of one job
 HISTORY = 30  # steps each file starts with
 CLK = os.sysconf("SC_CLK_TCK")
+BURST = 1  # scrapers asking at the same moment (--burst)
 
 BARE = """
 import json, sys, time
@@ -188,8 +189,20 @@ def scrape_for(
     n = 0
     while time.monotonic() - t0 < seconds:
         for fmt in formats:  # both: an HA pair of Prometheus, one of each kind
-            elapsed, zipped = get(port, TEXT if fmt == "text" else OPENMETRICS)
+            accept = TEXT if fmt == "text" else OPENMETRICS
+            if BURST > 1:  # BURST - 1 other scrapers at the same moment
+                out, acc = times[fmt], accept
+                burst = [
+                    threading.Thread(target=lambda o=out, a=acc: o.append(get(port, a)[0]))
+                    for _ in range(BURST - 1)
+                ]
+                for t in burst:
+                    t.start()
+            elapsed, zipped = get(port, accept)
             times[fmt].append(elapsed)
+            if BURST > 1:
+                for t in burst:
+                    t.join(120)
             if fmt == formats[0] or fmt not in sizes:
                 plain = gzip.decompress(zipped)
                 sizes[fmt] = (len(plain), len(zipped))
@@ -316,9 +329,15 @@ def main() -> int:
         default="both",
         help="what the scraper asks for (both: an HA pair of Prometheus, one of each kind)",
     )
+    ap.add_argument(
+        "--burst", type=int, default=1, help="concurrent scrapers at each tick (issue 14: 64)"
+    )
     args = ap.parse_args()
+    global BURST
+    BURST = args.burst
     print(
-        f"scrape every {args.interval:g} s for {args.seconds:g} s; gzip; format {args.format}; "
+        f"scrape every {args.interval:g} s for {args.seconds:g} s, {args.burst} at once; gzip; "
+        f"format {args.format}; "
         f"cpus {os.cpu_count()}"
     )
     hdr = (
