@@ -1,9 +1,10 @@
 """HTTP for `serve`, and nothing else: /metrics, /healthz, /readyz, /, the push endpoint.
 
 - `GET /metrics`: the sources' current snapshots in Prometheus text format (OpenMetrics when
-  the scraper asks for it; gzip when accepted). The exposition is rendered from the
-  snapshots and kept until one of them is replaced, so a scrape that finds nothing new
-  re-serves the same bytes; it never waits on a source.
+  the scraper asks for it; gzip when accepted). The exposition is cached per job and per
+  metric family (exporter/metrics/exposition.py): a scrape re-encodes only the jobs whose
+  series changed, and one that finds nothing new re-serves the same bytes; it never waits
+  on a source.
 - `GET /healthz`: 200 while the process serves HTTP (liveness).
 - `GET /readyz`: 200 once a source has finished a first collection, successful or not (or
   when only the push endpoint is configured); 503 before (readiness). A source's health
@@ -25,23 +26,21 @@ the configured log format), then at debug level; never as a raw traceback.
 
 from __future__ import annotations
 
-import gzip
 import logging
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote
 
 import orjson
-from prometheus_client.exposition import choose_encoder
 
 from . import __version__
-from .metrics.collector import families
+from .metrics.exposition import Exposition
 from .metrics.snapshot import Snapshot
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
@@ -51,90 +50,8 @@ from .view.pages import not_found_page
 log = logging.getLogger(__name__)
 
 SnapshotFn = Callable[[], Snapshot]
+EXPOSITION_WARM_INTERVAL = 0.25  # seconds: encode new job series off the scrape path
 JobsFn = Callable[[], Iterable[dict]]
-
-
-class _Families:
-    """Duck-types a registry for prometheus_client's encoders: collect() over fixed families."""
-
-    def __init__(self, fams: list):
-        self._fams = fams
-
-    def collect(self):
-        return iter(self._fams)
-
-
-HEALTH_PREFIX = "rlhf_exporter_"  # the catalog's last section: rendered after the jobs' series
-_EOF = b"# EOF\n"
-
-
-def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-@dataclass
-class _Rendered:
-    snaps: tuple[Snapshot, ...]
-    samples: tuple[tuple, ...]  # each snapshot's samples tuple (identity is the cache key)
-    health_samples: tuple[tuple, ...]  # each snapshot's rlhf_exporter_* samples
-    jobs_body: bytes
-    body: bytes
-    gzipped: bytes | None = None
-
-
-class Exposition:
-    """The /metrics body, rebuilt only when a source has published something new.
-
-    Two parts, each cached: the jobs' series (large; rebuilt only when a source publishes a
-    new samples tuple) and the exporter's own health series (small; rebuilt whenever a
-    snapshot is replaced, e.g. after every poll). Both are built by prometheus_client's
-    encoders from the families that `exporter.metrics.collector.families` makes.
-    """
-
-    def __init__(self, snapshot_fns: Sequence[SnapshotFn]):
-        self._fns = tuple(snapshot_fns)
-        self._lock = threading.Lock()
-        self._cache: dict[str, _Rendered] = {}
-
-    def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
-        """(body, content type, gzipped) for a scrape with this Accept header."""
-        encoder, content_type = choose_encoder(accept or "")
-        snaps = tuple(fn() for fn in self._fns)
-        with self._lock:  # one render at a time; concurrent scrapes then share it
-            cached = self._cache.get(content_type)
-            if cached is None or not _same(cached.snaps, snaps):
-                cached = self._cache[content_type] = self._build(encoder, snaps, cached)
-            if not want_gzip:
-                return cached.body, content_type, False
-            if cached.gzipped is None:
-                cached.gzipped = gzip.compress(cached.body, compresslevel=4)
-            return cached.gzipped, content_type, True
-
-    @staticmethod
-    def _build(encoder, snaps: tuple[Snapshot, ...], old: _Rendered | None) -> _Rendered:
-        samples = tuple(s.samples for s in snaps)
-        if old is not None and _same(old.samples, samples):
-            jobs_body, health_samples = old.jobs_body, old.health_samples
-        else:
-            jobs = Snapshot(
-                "jobs",
-                samples=tuple(
-                    x
-                    for snap in snaps
-                    for x in snap.samples
-                    if not x.name.startswith(HEALTH_PREFIX)
-                ),
-            )
-            fams = [f for f in families([jobs]) if not f.name.startswith(HEALTH_PREFIX)]
-            jobs_body = encoder(_Families(fams)) if fams else b""
-            if jobs_body.endswith(_EOF):
-                jobs_body = jobs_body[: -len(_EOF)]
-            health_samples = tuple(
-                tuple(x for x in snap.samples if x.name.startswith(HEALTH_PREFIX)) for snap in snaps
-            )
-        health = [replace(snap, samples=h) for snap, h in zip(snaps, health_samples)]
-        body = jobs_body + encoder(_Families(families(health)))
-        return _Rendered(snaps, samples, health_samples, jobs_body, body)
 
 
 @dataclass
@@ -152,7 +69,7 @@ class Endpoints:
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
-        self.exposition = Exposition(self.snapshot_fns)
+        self.exposition = Exposition(self.snapshot_fns, warm_interval=EXPOSITION_WARM_INTERVAL)
 
     def ready(self) -> bool:
         if not self.ready_fns:

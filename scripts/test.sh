@@ -4,12 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# promtool (prometheus) and amtool (prometheus-alertmanager) come from Debian's packages.
+# promtool (prometheus) and amtool (prometheus-alertmanager) come from Debian's packages, and
+# so do VictoriaMetrics and vmalert (victoria-metrics: the remote-write fleet test).
 need=()
 # Debian's headless Chromium drives the job view's browser tests (tests/test_view_browser.py).
 command -v chromium-headless-shell >/dev/null 2>&1 || need+=(chromium-headless-shell)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
+command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing ${need[*]} (Debian packages)" >&2

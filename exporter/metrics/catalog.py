@@ -294,6 +294,13 @@ EXPORTER = _section(
         "Input rejected or dropped (lines, records, keys, values, names), by reason.",
         ("collector", "reason"),
     ),
+    Metric(
+        "rlhf_exporter_samples_dropped_total",
+        COUNTER,
+        "Samples a source published that /metrics could not serve (unknown_metric, bad_labels, "
+        "bad_value, render_failed); counted once per published version of a job's series.",
+        ("collector", "reason"),
+    ),
     Metric("rlhf_exporter_jobs", GAUGE, "verl jobs currently exported.", ("collector",)),
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
 )

@@ -6,8 +6,9 @@ from the immutable snapshots the sources last published.
 
 from __future__ import annotations
 
-import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
@@ -17,7 +18,6 @@ from .catalog import BY_NAME, COUNTER, Metric
 from .snapshot import Sample, Snapshot
 
 SnapshotFn = Callable[[], Snapshot]
-log = logging.getLogger(__name__)
 
 
 def new_family(metric: Metric) -> Family:
@@ -28,41 +28,90 @@ def new_family(metric: Metric) -> Family:
     return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
 
 
-def families(snapshots: Sequence[Snapshot]) -> list[Family]:
-    """Every family for these snapshots, in catalog order, empty families left out."""
-    by_name: dict[str, Family] = {}
+def health_samples(snap: Snapshot) -> tuple[Sample, ...]:
+    """A snapshot's own health as samples (collector_up, errors, records, ...)."""
+    c = (snap.collector,)
+    out = [
+        Sample("rlhf_exporter_collector_up", c, 1.0 if snap.up else 0.0),
+        Sample("rlhf_exporter_collector_duration_seconds", c, snap.duration),
+    ]
+    if snap.last_success is not None:
+        out.append(
+            Sample("rlhf_exporter_collector_last_success_timestamp_seconds", c, snap.last_success)
+        )
+    for reason, n in snap.errors.items():
+        out.append(Sample("rlhf_exporter_collector_errors_total", (snap.collector, reason), n))
+    if snap.records is not None:
+        out.append(Sample("rlhf_exporter_records_total", c, snap.records))
+    for reason, n in snap.record_errors.items():
+        out.append(Sample("rlhf_exporter_record_errors_total", (snap.collector, reason), n))
+    return tuple(out)
 
-    def add(name: str, labels: tuple[str, ...], value: float) -> None:
-        family = by_name.get(name)
+
+def build_info() -> Sample:
+    return Sample("rlhf_exporter_build_info", (__version__,), 1.0)
+
+
+def _check(sample: Any) -> tuple[Metric, tuple[str, ...], float] | str:
+    """(metric, labels, value) of a servable sample, or why it cannot be served."""
+    try:
+        name, labels, value = sample
+    except (TypeError, ValueError):
+        return "malformed"
+    metric = BY_NAME.get(name) if isinstance(name, str) else None
+    if metric is None:
+        return "unknown_metric"
+    if (
+        not isinstance(labels, tuple)
+        or len(labels) != len(metric.labels)
+        or not all(isinstance(v, str) for v in labels)
+    ):
+        return "bad_labels"
+    if isinstance(value, (str, bytes)):
+        return "bad_value"
+    try:
+        return metric, labels, float(value)
+    except (TypeError, ValueError):
+        return "bad_value"
+
+
+def add_samples(
+    by_name: dict[str, Any],
+    samples: Iterable[Any],
+    collector: str = "",
+    dropped: Counter[tuple[str, str]] | None = None,
+) -> None:
+    """Add samples to families keyed by catalog name (made in first-seen order).
+
+    A sample the catalog cannot serve (unknown name, wrong label count or types, a value
+    that is not a number) is left out and counted in `dropped` by (collector, reason): one
+    bad sample never fails the whole scrape."""
+    for sample in samples:
+        checked = _check(sample)
+        if isinstance(checked, str):
+            if dropped is not None:
+                dropped[collector, checked] += 1
+            continue
+        metric, labels, value = checked
+        family: Any = by_name.get(metric.name)
         if family is None:
-            family = by_name[name] = new_family(BY_NAME[name])
-        family.add_metric(labels, value)
+            family = by_name[metric.name] = new_family(metric)
+        family.add_metric(labels, value)  # a Counter/GaugeMetricFamily
 
-    add("rlhf_exporter_build_info", (__version__,), 1.0)
+
+def families(
+    snapshots: Sequence[Snapshot], dropped: Counter[tuple[str, str]] | None = None
+) -> list[Family]:
+    """Every family for these snapshots, in catalog order, empty families left out.
+
+    Within a family, samples keep their order: build_info, then each snapshot's health and
+    its samples. Unservable samples are dropped (and counted in `dropped`)."""
+    by_name: dict[str, Family] = {}
+    add_samples(by_name, (build_info(),))
     for snap in snapshots:
-        c = (snap.collector,)
-        add("rlhf_exporter_collector_up", c, 1.0 if snap.up else 0.0)
-        add("rlhf_exporter_collector_duration_seconds", c, snap.duration)
-        if snap.last_success is not None:
-            add("rlhf_exporter_collector_last_success_timestamp_seconds", c, snap.last_success)
-        for reason, n in snap.errors.items():
-            add("rlhf_exporter_collector_errors_total", (snap.collector, reason), n)
-        if snap.records is not None:
-            add("rlhf_exporter_records_total", c, snap.records)
-        for reason, n in snap.record_errors.items():
-            add("rlhf_exporter_record_errors_total", (snap.collector, reason), n)
-        try:  # last resort: a bad sample costs its source's remaining series, not the scrape
-            for sample in snap.samples:
-                add(*sample)
-        except Exception:
-            log.error("bad sample from %s dropped with the rest of its samples", snap.collector,
-                      exc_info=True, extra={"collector": snap.collector})  # fmt: skip
-    order = {name: i for i, name in enumerate(BY_NAME)}
-    return sorted(by_name.values(), key=lambda f: order[_catalog_name(f)])
-
-
-def _catalog_name(family: Family) -> str:
-    return family.name + "_total" if family.type == COUNTER else family.name
+        add_samples(by_name, health_samples(snap), snap.collector, dropped)
+        add_samples(by_name, snap.samples, snap.collector, dropped)
+    return [by_name[name] for name in BY_NAME if name in by_name]
 
 
 class SnapshotCollector:

@@ -33,3 +33,7 @@ class Snapshot:
     record_errors: Mapping[str, int] = field(default_factory=dict)  # rejected input by reason
     samples: tuple[Sample, ...] = ()
     created: float = field(default_factory=time.time)
+    # Optional grouping of `samples` for incremental exposition: when set, `samples` begins
+    # with these tuples' samples, in order (one tuple per job, the same tuple object for as
+    # long as the job's series are unchanged), followed by the snapshot's other samples.
+    parts: tuple[tuple[Sample, ...], ...] = ()

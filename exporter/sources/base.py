@@ -77,6 +77,7 @@ class PollResult(NamedTuple):
     records: int | None = None
     record_errors: Mapping[str, int] | None = None
     down: str | None = None  # a reason: the poll ran, but the source is broken (`up` 0)
+    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job groups at the front of samples
 
 
 class UnavailableSource:
@@ -222,6 +223,7 @@ class PollingSource:
             MappingProxyType(dict(result.record_errors)) if result.record_errors else _EMPTY,
             tuple(result.samples),
             self.wall(),
+            parts=tuple(result.parts),
         )
 
     def _failed(
@@ -250,6 +252,7 @@ class PollingSource:
             up=False,
             duration=duration,
             samples=(),
+            parts=(),
             errors=MappingProxyType(dict(self._errors)),
             created=self.wall(),
         )
@@ -259,5 +262,5 @@ class PollingSource:
         snap = self._snapshot
         started = self._poll_started
         if started is not None and time.monotonic() - started > self.stale_after:
-            return replace(snap, up=False, samples=())
+            return replace(snap, up=False, samples=(), parts=())
         return snap

@@ -365,13 +365,14 @@ class PushSource:
     def _build(self) -> Snapshot:
         now = self.clock()
         self._expire(now)
-        samples: list[Sample] = []
+        parts: list[tuple[Sample, ...]] = []
         for p in self._jobs.values():
             try:
-                samples.extend(p.job.samples())
+                parts.append(p.job.samples())
             except Exception:  # never lets one job remove the others' series
                 self._rejected["internal_error"] += 1
                 log.warning("push: building the series of a job failed (a bug)", exc_info=True)
+        samples: list[Sample] = [x for part in parts for x in part]
         samples.append(Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))))
         self._next_expiry = min(
             (p.last_push + self.job_expiry for p in self._jobs.values()), default=float("inf")
@@ -386,6 +387,7 @@ class PushSource:
             MappingProxyType(dict(self._rejected)),
             tuple(samples),
             now,
+            parts=tuple(parts),
         )
 
     def describe(self) -> str:

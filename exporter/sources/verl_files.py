@@ -434,7 +434,9 @@ class VerlFileSource(PollingSource):
                 {**job.summary(), "source": _shown(self._jobs[job.labels])} for job in jobs
             )
         down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
-        return PollResult(self._samples, self._records, dict(self._rejected), down)
+        return PollResult(
+            self._samples, self._records, dict(self._rejected), down, tuple(self._parts)
+        )
 
     def _forget(self, w: Watched) -> None:
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""

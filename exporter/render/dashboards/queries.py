@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
-from .style import change_codes, reason_codes, verdict_codes
+from ..rules.recording import VERDICT_CODE
+from .style import change_codes, reason_codes
 
 BY_JOB = "project, experiment"
 TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
@@ -52,7 +53,9 @@ def coded(
 
 
 def verdict_code() -> str:
-    return coded("rlhf_bottleneck", verdict_codes(), ("verdict",))
+    """The recorded verdict code (exporter/render/rules/recording.py): the same numbers as
+    `coded("rlhf_bottleneck", verdict_codes(), ...)`, one series per job to read."""
+    return f"max by ({BY_JOB}) ({sel(VERDICT_CODE)})"
 
 
 def reason_code() -> str:

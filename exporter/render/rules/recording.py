@@ -9,7 +9,19 @@ window ends where the window begins).
 
 from __future__ import annotations
 
+from ...diagnosis import VERDICTS
 from .model import Context, _num
+
+# The one-hot verdict gauge as one number per job, recorded once per evaluation: a fleet
+# panel's range query over 1,000 jobs then reads one series per job instead of evaluating a
+# nine-way `or` at every step (measured: bench/prometheus_fleet.py, bench/README.md).
+VERDICT_CODE = "project_experiment:rlhf_bottleneck_verdict:code"
+VERDICT_CODES = {v: i + 1 for i, v in enumerate(VERDICTS)}  # the dashboards' value mappings
+
+
+def verdict_code_expr() -> str:
+    terms = [f'rlhf_bottleneck{{verdict="{v}"}} * {code}' for v, code in VERDICT_CODES.items()]
+    return "max without (verdict) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
 def _ratio(numerator: str, label: str, floor: str = "> 0") -> str:
@@ -47,6 +59,7 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
             "record": ctx.gpus_busy,
             "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))",
         },
+        {"record": VERDICT_CODE, "expr": verdict_code_expr()},
     ]
 
 

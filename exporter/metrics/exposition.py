@@ -1,0 +1,395 @@
+"""The /metrics body, rebuilt in proportion to what changed.
+
+The snapshots are cut into fragments, each a tuple of samples that a source keeps (by
+identity) for as long as it is unchanged:
+
+- one fragment per job: a snapshot's `parts` (see `Snapshot.parts`);
+- a snapshot's other samples (Ray, GPUs, `rlhf_exporter_jobs`);
+- a snapshot's own health series (`rlhf_exporter_collector_*`), rebuilt at every poll;
+- build_info, and the count of samples that could not be served.
+
+Each fragment is encoded once per format by prometheus_client's own encoder (text 0.0.4 or
+OpenMetrics, whichever the scraper asks for; prometheus_client stays the format authority)
+and cut at the family headers into its sample lines per family. A scrape joins, family by
+family in catalog order, the family's HELP/TYPE header and every fragment's lines for it:
+the same bytes a from-scratch render of all the snapshots gives (a property test checks
+this). A new step of one job re-encodes that job's fragment and nothing else.
+
+Fragments are grouped in chunks of `CHUNK` consecutive ones, each chunk's lines joined per
+family and cached, so a scrape joins a few hundred byte strings, not one per job and family.
+gzip is incremental too: each (chunk, family) is deflated once into a byte-aligned segment
+that refers to nothing before it (a full flush), and the gzip body is one member whose
+deflate stream is the segments joined (the approach of pigz's independent blocks), so a
+change recompresses only the segments that hold a changed fragment.
+
+`serve` keeps the exposition warm: a thread encodes what changed a few times a second, off
+the scrape path, for the formats Prometheus asked for lately.
+
+A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
+it never takes another job's series or the whole scrape with it. One render at a time;
+scrapers that arrive meanwhile get the same cached bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+import weakref
+import zlib
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.exposition import choose_encoder
+
+from .catalog import BY_NAME
+from .collector import add_samples, build_info, health_samples, new_family
+from .snapshot import Sample, Snapshot
+
+log = logging.getLogger(__name__)
+
+SnapshotFn = Callable[[], Snapshot]
+Encoder = Callable[[Any], bytes]
+DROPPED = "rlhf_exporter_samples_dropped_total"
+CHUNK = 16  # consecutive fragments (jobs) cached and gzipped together, per family
+WARM_FOR = 600.0  # seconds after its last scrape that a format is kept warm
+GZIP_LEVEL = 4
+_EOF = b"# EOF\n"
+_CATALOG_ORDER = tuple(BY_NAME)
+
+
+class Families:
+    """Duck-types a registry for prometheus_client's encoders: collect() over fixed families."""
+
+    def __init__(self, fams: Sequence[Any]):
+        self._fams = fams
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self._fams)
+
+
+def encode(encoder: Encoder, fams: Sequence[Any]) -> bytes:
+    """prometheus_client's encoding of these families, without OpenMetrics' `# EOF`."""
+    out = encoder(Families(fams))
+    return out[: -len(_EOF)] if out.endswith(_EOF) else out
+
+
+@dataclass
+class _Fragment:
+    samples: tuple[Any, ...]  # held: while cached, its id() is not reused
+    collector: str
+    lines: dict[str, dict[str, bytes]] = field(default_factory=dict)  # format -> name -> lines
+    counted: bool = False  # its dropped samples were added to the total
+
+
+def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def split_parts(snap: Snapshot) -> tuple[tuple[tuple[Sample, ...], ...], tuple[Sample, ...]]:
+    """(the snapshot's per-job parts, its other samples). Parts that do not match the front
+    of `samples` (a source that broke the contract) are ignored: all samples, one fragment."""
+    samples, parts = snap.samples, snap.parts
+    if not parts:
+        return (), samples
+    off = 0
+    for part in parts:
+        n = len(part)
+        if n and (
+            off + n > len(samples)
+            or samples[off] is not part[0]
+            or samples[off + n - 1] is not part[-1]
+        ):
+            return (), samples
+        off += n
+    return parts, (samples[off:] if off else samples)
+
+
+@dataclass
+class _Chunk:
+    """A run of consecutive fragments: their lines joined per family, and deflate segments."""
+
+    frags: list[_Fragment]  # held: the cache key is their ids
+    raw: dict[str, bytes]
+    gz: dict[str, bytes] = field(default_factory=dict)  # deflate segments per family
+
+
+@dataclass
+class _Body:
+    snaps: tuple[Snapshot, ...]
+    ctype: str
+    chunks: list[_Chunk]
+    names: list[str]  # families with samples, catalog order
+    plain: bytes | None = None
+    gzipped: bytes | None = None
+
+
+class Exposition:
+    """The /metrics body for the sources' current snapshots, cached per fragment.
+
+    With `warm_interval`, a daemon thread re-encodes what changed every so many seconds,
+    for the formats scraped in the last `WARM_FOR` seconds, so that a scrape mostly finds
+    its bytes ready (the thread ends when the exposition is garbage-collected)."""
+
+    def __init__(self, snapshot_fns: Sequence[SnapshotFn], warm_interval: float | None = None):
+        self._fns = tuple(snapshot_fns)
+        self._lock = threading.Lock()
+        self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
+        self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
+        self._headers: dict[tuple[str, str], bytes] = {}
+        self._bodies: dict[str, _Body] = {}
+        self._chunks: dict[tuple[Any, ...], _Chunk] = {}
+        self._gz_headers: dict[tuple[str, str], bytes] = {}
+        self._deflater = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)  # raw, under the lock
+        self._wanted: dict[str, tuple[Encoder, float, bool]] = {}  # ctype -> encoder, when, gzip
+        self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
+        self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
+        self.warm_thread: threading.Thread | None = None
+        if warm_interval is not None:
+            self.warm_thread = threading.Thread(
+                target=_warm_loop,
+                args=(weakref.ref(self), warm_interval),
+                name="exposition",
+                daemon=True,
+            )
+            self.warm_thread.start()
+
+    # -- the scrape ---------------------------------------------------------------------
+    def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
+        """(body, content type, gzipped) for a scrape with this Accept header."""
+        encoder, ctype = choose_encoder(accept or "")
+        with self._lock:  # one render at a time; scrapers that wait then share its bytes
+            self._wanted[ctype] = (encoder, time.monotonic(), want_gzip)
+            body = self._current(encoder, ctype, want_gzip)
+            if want_gzip:
+                if body.gzipped is None:
+                    body.gzipped = self._gzip(body)
+                return body.gzipped, ctype, True
+            if body.plain is None:
+                body.plain = b"".join(self._plain_parts(body))
+            return body.plain, ctype, False
+
+    def warm(self) -> None:
+        """Encode what changed for the formats scraped lately (the warm thread calls this)."""
+        now, cpu = time.monotonic(), time.thread_time()
+        for ctype, (encoder, when, want_gzip) in list(self._wanted.items()):
+            with self._lock:  # one format at a time: a scrape waits for one build at most
+                if now - when > WARM_FOR:
+                    self._wanted.pop(ctype, None)
+                    self._bodies.pop(ctype, None)
+                    continue
+                body = self._current(encoder, ctype, want_gzip)
+                if want_gzip:
+                    if body.gzipped is None:
+                        body.gzipped = self._gzip(body)
+                elif body.plain is None:
+                    body.plain = b"".join(self._plain_parts(body))
+        self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
+
+    def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
+        snaps = tuple(fn() for fn in self._fns)
+        body = self._bodies.get(ctype)
+        if body is None or not _same(body.snaps, snaps):
+            body = self._bodies[ctype] = self._assemble(encoder, ctype, snaps)
+        return body
+
+    # -- fragments ------------------------------------------------------------------------
+    def _fragments(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
+        by_id, by_value = self._by_id, self._by_value
+        new_id: dict[tuple[int, str], _Fragment] = {}
+        new_value: dict[tuple[Any, str], _Fragment] = {}
+
+        def keyed(samples: tuple[Any, ...], collector: str) -> _Fragment:
+            key = (id(samples), collector)
+            frag = new_id.get(key) or by_id.get(key)
+            if frag is None or frag.samples is not samples:
+                frag = _Fragment(samples, collector)
+            new_id[key] = frag
+            return frag
+
+        def valued(samples: tuple[Any, ...], collector: str) -> _Fragment:
+            try:
+                key = (samples, collector)
+                frag = new_value.get(key) or by_value.get(key)
+            except TypeError:  # an unhashable (malformed) sample: encode it every time
+                return _Fragment(samples, collector)
+            if frag is None:
+                frag = _Fragment(samples, collector)
+            new_value[key] = frag
+            return frag
+
+        out = [valued((build_info(),), "")]
+        for snap in snaps:
+            out.append(valued(health_samples(snap), snap.collector))
+            parts, rest = split_parts(snap)
+            out.extend(keyed(part, snap.collector) for part in parts if part)
+            if rest:
+                out.append(
+                    keyed(rest, snap.collector)
+                    if rest is snap.samples
+                    else valued(rest, snap.collector)
+                )
+        self._by_id, self._by_value = new_id, new_value
+        return out
+
+    def _lines(self, frag: _Fragment, encoder: Encoder, ctype: str) -> dict[str, bytes]:
+        lines = frag.lines.get(ctype)
+        if lines is not None:
+            return lines
+        dropped: Counter[tuple[str, str]] = Counter()
+        by_name: dict[str, Any] = {}
+        self.stats["samples_encoded"] += len(frag.samples)
+        try:
+            add_samples(by_name, frag.samples, frag.collector, dropped)
+            lines = self._split(encoder, ctype, by_name)
+        except Exception:  # a bug: this fragment is left out, every other one is served
+            log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
+            dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
+            lines = {}
+        if not frag.counted:
+            frag.counted = True
+            self.dropped.update(dropped)
+        frag.lines[ctype] = lines
+        return lines
+
+    def _header(self, encoder: Encoder, ctype: str, name: str) -> bytes:
+        key = (ctype, name)
+        header = self._headers.get(key)
+        if header is None:
+            header = self._headers[key] = encode(encoder, [new_family(BY_NAME[name])])
+        return header
+
+    def _split(self, encoder: Encoder, ctype: str, by_name: dict[str, Any]) -> dict[str, bytes]:
+        """Each family's sample lines, cut from one encoding of all of them at the headers."""
+        if not by_name:
+            return {}
+        names = list(by_name)
+        out = encode(encoder, list(by_name.values()))
+        lines: dict[str, bytes] = {}
+        pos = 0
+        for i, name in enumerate(names):
+            header = self._header(encoder, ctype, name)
+            if not out.startswith(header, pos):
+                raise ValueError(f"{name}: the encoder's output does not start with its header")
+            start = pos + len(header)
+            if i + 1 < len(names):
+                end = out.find(self._header(encoder, ctype, names[i + 1]), start)
+                if end < 0:
+                    raise ValueError(f"{names[i + 1]}: header not found in the encoder's output")
+            else:
+                end = len(out)
+            lines[name] = out[start:end]
+            pos = end
+        return lines
+
+    # -- assembly ---------------------------------------------------------------------------
+    def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Snapshot, ...]) -> _Body:
+        self.stats["renders"] += 1
+        frags = self._fragments(snaps)
+        for frag in frags:
+            self._lines(frag, encoder, ctype)
+        if self.dropped:
+            samples = tuple(
+                Sample(DROPPED, key, float(n)) for key, n in sorted(self.dropped.items())
+            )
+            frag = _Fragment(samples, "", counted=True)
+            self._lines(frag, encoder, ctype)
+            frags.append(frag)
+        old, new = self._chunks, dict[tuple[Any, ...], _Chunk]()
+        chunks = []
+        names: set[str] = set()
+        for i in range(0, len(frags), CHUNK):
+            run = frags[i : i + CHUNK]
+            key = (ctype, *map(id, run))
+            chunk = new.get(key) or old.get(key)
+            if chunk is None:
+                joined: dict[str, list[bytes]] = {}
+                for frag in run:
+                    for name, lines in frag.lines[ctype].items():
+                        joined.setdefault(name, []).append(lines)
+                chunk = _Chunk(run, {name: b"".join(parts) for name, parts in joined.items()})
+            new[key] = chunk
+            chunks.append(chunk)
+            names.update(chunk.raw)
+        # keep the other formats' chunks; drop this format's unused ones
+        self._chunks = {k: v for k, v in old.items() if k[0] != ctype}
+        self._chunks.update(new)
+        return _Body(snaps, ctype, chunks, [n for n in _CATALOG_ORDER if n in names])
+
+    def _plain_parts(self, body: _Body) -> Iterator[bytes]:
+        ctype = body.ctype
+        for name in body.names:
+            yield self._headers[ctype, name]
+            for chunk in body.chunks:
+                raw = chunk.raw.get(name)
+                if raw is not None:
+                    yield raw
+        if _is_openmetrics(ctype):
+            yield _EOF
+
+    def _gzip(self, body: _Body) -> bytes:
+        """One gzip member whose deflate stream is the cached segments, joined.
+
+        Each (chunk, family) is deflated once into a segment ending with a full flush: the
+        segment is byte-aligned and refers to nothing before it, so segments can follow each
+        other in any order. The member's CRC-32 and length are the plain body's."""
+        crc = size = 0
+        for part in (body.plain,) if body.plain is not None else self._plain_parts(body):
+            crc = zlib.crc32(part, crc)  # no need to join the plain body for it
+            size += len(part)
+        parts = [_GZ_HEADER]
+        parts.extend(self._segments(body))
+        parts.append(_DEFLATE_END)
+        parts.append(struct.pack("<II", crc, size & 0xFFFFFFFF))
+        return b"".join(parts)
+
+    def _deflate(self, data: bytes) -> bytes:
+        self.stats["segments_deflated"] += 1
+        d = self._deflater
+        return d.compress(data) + d.flush(zlib.Z_FULL_FLUSH)
+
+    def _segments(self, body: _Body) -> Iterator[bytes]:
+        ctype = body.ctype
+        for name in body.names:
+            key = (ctype, name)
+            segment = self._gz_headers.get(key)
+            if segment is None:
+                segment = self._gz_headers[key] = self._deflate(self._headers[key])
+            yield segment
+            for chunk in body.chunks:
+                raw = chunk.raw.get(name)
+                if raw is None:
+                    continue
+                segment = chunk.gz.get(name)
+                if segment is None:
+                    segment = chunk.gz[name] = self._deflate(raw)
+                yield segment
+        if _is_openmetrics(ctype):
+            segment = self._gz_headers.get((ctype, ""))
+            if segment is None:
+                segment = self._gz_headers[ctype, ""] = self._deflate(_EOF)
+            yield segment
+
+
+def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:
+    while True:
+        time.sleep(interval)
+        ex = ref()
+        if ex is None:
+            return
+        try:
+            ex.warm()
+        except Exception:  # never let the warm thread die: scrapes then render themselves
+            log.exception("warming the exposition failed")
+        del ex
+
+
+def _is_openmetrics(ctype: str) -> bool:
+    return ctype.startswith("application/openmetrics-text")
+
+
+_GZ_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # deflate, no name, mtime 0
+_DEFLATE_END = b"\x03\x00"  # an empty final block (fixed Huffman)

@@ -1,0 +1,332 @@
+"""The incremental /metrics exposition (exporter/metrics/exposition.py).
+
+- Property: on random job sets, changed step by step, every incremental render (text and
+  OpenMetrics, plain and gzip) is byte for byte prometheus_client's from-scratch render.
+- Every byte parses with prometheus_client's parsers and passes `promtool check metrics`.
+- The cache is real: a new step of one job re-encodes that job's samples and nothing else,
+  and an unchanged scrape re-serves the very same bytes (these tests fail without it).
+- One unservable sample is dropped and counted; it never fails the scrape, and a fragment
+  that fails to encode never takes another job's series with it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import shutil
+import subprocess
+import threading
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.parser import (
+    text_string_to_metric_families as parse_openmetrics,
+)
+from prometheus_client.parser import text_string_to_metric_families as parse_text
+
+from exporter.metrics.catalog import BY_NAME
+from exporter.metrics.collector import families
+from exporter.metrics.exposition import DROPPED, Exposition, encode
+from exporter.metrics.snapshot import Sample, Snapshot
+
+TEXT = ""
+OPENMETRICS = "application/openmetrics-text; version=1.0.0"
+FORMATS = (TEXT, OPENMETRICS)
+VERL_NAMES = sorted(n for n, m in BY_NAME.items() if m.section == "verl steps")
+
+
+def from_scratch(snaps, accept: str) -> bytes:
+    encoder, ctype = choose_encoder(accept)
+    body = encode(encoder, families(snaps))
+    return body + (b"# EOF\n" if ctype.startswith("application/openmetrics-text") else b"")
+
+
+class Sources:
+    """Snapshot functions over a mutable list (what the sources publish, replaced whole)."""
+
+    def __init__(self, snaps):
+        self.snaps = list(snaps)
+
+    def fns(self):
+        return [lambda i=i: self.snaps[i] for i in range(len(self.snaps))]
+
+
+def job_part(project: str, experiment: str, step: int, extra: int = 3) -> tuple[Sample, ...]:
+    j = (project, experiment)
+    out = [
+        Sample("rlhf_step", j, float(step)),
+        Sample("rlhf_steps_total", j, float(step)),
+        Sample("rlhf_last_step_timestamp_seconds", j, 1.7e9 + step),
+    ]
+    for i, group in enumerate(("generate", "train", "weight_sync", "other")[:extra]):
+        out.append(Sample("rlhf_group_seconds_total", j + (group,), step * (i + 1.5)))
+    return tuple(out)
+
+
+def verl_snapshot(parts, collector: str = "verl", **kw) -> Snapshot:
+    parts = tuple(parts)
+    samples = tuple(x for p in parts for x in p) + (
+        Sample("rlhf_exporter_jobs", (collector,), float(len(parts))),
+    )
+    return Snapshot(collector, True, 0.01, 1.7e9, {}, 10, {}, samples, parts=parts, **kw)
+
+
+def ray_snapshot(n: int = 2) -> Snapshot:
+    samples = tuple(Sample("rlhf_ray_actors", (f"role{i}", "ALIVE"), float(i)) for i in range(n))
+    return Snapshot("ray", False, 0.2, None, {"timeout": 3}, None, {}, samples)
+
+
+def check_all(ex: Exposition, snaps) -> None:
+    for accept in FORMATS:
+        body, ctype, gz = ex.render(accept)
+        assert not gz
+        assert body == from_scratch(snaps, accept)
+        zipped, ctype2, gz = ex.render(accept, want_gzip=True)
+        assert gz and ctype2 == ctype
+        assert gzip.decompress(zipped) == body
+
+
+# -- property: incremental == from scratch ----------------------------------------------------
+label_text = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12
+)
+value = st.one_of(
+    st.floats(allow_nan=False, width=64),
+    st.just(math.inf),
+    st.just(-math.inf),
+    st.integers(min_value=-(2**53), max_value=2**53).map(float),
+)
+
+
+@st.composite
+def job_samples(draw, project: str, experiment: str) -> tuple[Sample, ...]:
+    out = []
+    for name in draw(st.lists(st.sampled_from(VERL_NAMES), min_size=1, max_size=6, unique=True)):
+        extra = BY_NAME[name].labels[2:]
+        for _ in range(draw(st.integers(1, 3)) if extra else 1):
+            out.append(
+                Sample(
+                    name,
+                    (project, experiment) + tuple(draw(label_text) for _ in extra),
+                    draw(value),
+                )
+            )
+    # duplicate series are the source's business; keep the set valid for promtool
+    seen, unique = set(), []
+    for s in draw(st.permutations(out)):
+        if (s.name, s.labels) not in seen:
+            seen.add((s.name, s.labels))
+            unique.append(s)
+    return tuple(unique)
+
+
+@st.composite
+def fleets(draw):
+    """A list of states of one exporter's sources: each state changes a few jobs."""
+    n = draw(st.integers(0, 8))
+    names = draw(st.lists(label_text, min_size=n, max_size=n, unique=True))
+    jobs = {name: draw(job_samples(name, "exp")) for name in names}
+    states = []
+    for _ in range(draw(st.integers(1, 4))):
+        if jobs:
+            for name in draw(st.lists(st.sampled_from(sorted(jobs)), max_size=3)):
+                jobs[name] = draw(job_samples(name, "exp"))  # a new step: a new tuple
+            if draw(st.booleans()):
+                del jobs[draw(st.sampled_from(sorted(jobs)))]
+        if draw(st.booleans()):
+            new = draw(label_text)
+            if new not in jobs:
+                jobs[new] = draw(job_samples(new, "exp"))
+        states.append(dict(jobs))
+    return states
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(states=fleets(), ray=st.booleans(), order=st.booleans())
+def test_incremental_render_is_the_from_scratch_render(states, ray, order):
+    sources = Sources([verl_snapshot(())] + ([ray_snapshot()] if ray else []))
+    if order:
+        sources.snaps.reverse()
+    ex = Exposition(sources.fns())
+    i = sources.snaps.index(next(s for s in sources.snaps if s.collector == "verl"))
+    for jobs in states:
+        sources.snaps[i] = verl_snapshot(jobs.values())
+        check_all(ex, sources.snaps)
+        check_all(ex, sources.snaps)  # cached: the same bytes again
+
+
+def test_every_byte_parses_and_promtool_accepts_it(tmp_path):
+    tricky = ['a"b', "back\\slash", "new\nline", "ünïcødé", "x" * 100]
+    parts = [job_part(p, f"exp-{i}", i + 1) for i, p in enumerate(tricky)]
+    snaps = [verl_snapshot(parts), ray_snapshot()]
+    ex = Exposition(Sources(snaps).fns())
+    text, _, _ = ex.render(TEXT)
+    om, _, _ = ex.render(OPENMETRICS)
+    fams = {f.name: f for f in parse_text(text.decode())}
+    assert {s.labels["project"] for s in fams["rlhf_step"].samples} == set(tricky)
+    om_fams = {f.name: f for f in parse_openmetrics(om.decode())}
+    assert len(om_fams["rlhf_group_seconds"].samples) == 3 * len(tricky)
+    assert om_fams["rlhf_exporter_collector_errors"].samples[0].labels == {
+        "collector": "ray",
+        "reason": "timeout",
+    }
+    if not shutil.which("promtool"):
+        pytest.skip("promtool is not installed")
+    # promtool lints the Prometheus text format (it reads OpenMetrics counters as unnamed)
+    out = subprocess.run(
+        ["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+# -- the cache is real ------------------------------------------------------------------------
+def test_a_new_step_of_one_job_re_encodes_that_job_only():
+    parts = [job_part(f"p{i}", "e", 1) for i in range(200)]
+    sources = Sources([verl_snapshot(parts), ray_snapshot()])
+    ex = Exposition(sources.fns())
+    for accept in FORMATS:
+        ex.render(accept, want_gzip=True)
+    before = dict(ex.stats)
+    parts[7] = job_part("p7", "e", 2)
+    sources.snaps[0] = verl_snapshot(parts)
+    for accept in FORMATS:
+        ex.render(accept, want_gzip=True)
+    check_all(ex, sources.snaps)
+    encoded = ex.stats["samples_encoded"] - before["samples_encoded"]
+    # per format: the job's 6 samples, the verl snapshot's health (3 + records) and
+    # rlhf_exporter_jobs (at most); never the other 199 jobs' samples
+    assert encoded <= 2 * (len(parts[7]) + 5 + 1), encoded
+    # gzip: the segments of the changed job's chunk only (its 4 job families, the 4 health
+    # families and build_info that share the first chunk), not the whole body
+    members = ex.stats["segments_deflated"] - before["segments_deflated"]
+    assert members <= 2 * 9, members
+    assert before["segments_deflated"] > 5 * members
+
+
+def test_an_unchanged_scrape_re_serves_the_same_bytes():
+    sources = Sources([verl_snapshot([job_part("p", "e", 1)])])
+    ex = Exposition(sources.fns())
+    for accept in FORMATS:
+        for want_gzip in (False, True):
+            first, _, _ = ex.render(accept, want_gzip)
+            again, _, _ = ex.render(accept, want_gzip)
+            assert again is first
+    # a replaced snapshot with the same job tuple: new body, the job is not re-encoded
+    before = ex.stats["samples_encoded"]
+    sources.snaps[0] = replace(sources.snaps[0], duration=0.5)
+    body, _, _ = ex.render(TEXT)
+    assert b'rlhf_exporter_collector_duration_seconds{collector="verl"} 0.5' in body
+    assert ex.stats["samples_encoded"] - before <= 5
+
+
+def test_concurrent_scrapes_share_one_render():
+    parts = [job_part(f"p{i}", "e", 1) for i in range(200)]
+    sources = Sources([verl_snapshot(parts)])
+    ex = Exposition(sources.fns())
+    bodies, barrier = [], threading.Barrier(16)
+
+    def scrape():
+        barrier.wait()
+        bodies.append(ex.render(TEXT, want_gzip=True)[0])
+
+    threads = [threading.Thread(target=scrape) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert len(bodies) == 16 and all(b is bodies[0] for b in bodies)
+    assert ex.stats["renders"] == 1
+
+
+# -- bad samples: dropped, counted, isolated --------------------------------------------------
+def dropped_series(body: bytes) -> dict[tuple[str, str], float]:
+    fams = {f.name: f for f in parse_text(body.decode())}
+    fam = fams.get(DROPPED.removesuffix("_total"))
+    if fam is None:
+        return {}
+    return {(s.labels["collector"], s.labels["reason"]): s.value for s in fam.samples}
+
+
+def test_an_unknown_sample_is_dropped_and_counted_never_fails_the_scrape():
+    good = job_part("good", "e", 3)
+    bad = job_part("bad", "e", 3) + (
+        Sample("rlhf_no_such_metric", ("bad", "e"), 1.0),
+        Sample("rlhf_step", ("bad",), 1.0),  # one label short
+        Sample("rlhf_run", ("bad", "e"), "three"),  # not a number
+    )
+    snaps = [verl_snapshot([good, bad]), ray_snapshot()]
+    ex = Exposition(Sources(snaps).fns())
+    body, _, _ = ex.render(TEXT)
+    fams = {f.name: f for f in parse_text(body.decode())}
+    assert {s.labels["project"] for s in fams["rlhf_step"].samples} == {"good", "bad"}
+    assert "rlhf_run" not in fams and "rlhf_no_such_metric" not in fams
+    assert dropped_series(body) == {
+        ("verl", "unknown_metric"): 1.0,
+        ("verl", "bad_labels"): 1.0,
+        ("verl", "bad_value"): 1.0,
+    }
+    assert len(fams["rlhf_ray_actors"].samples) == 2
+    # the same (unchanged) job is not counted again on the next scrape or format
+    ex.render(OPENMETRICS)
+    snaps[1] = ray_snapshot(3)
+    body, _, _ = ex.render(TEXT)
+    assert dropped_series(body)[("verl", "unknown_metric")] == 1.0
+
+
+class Hostile(str):
+    """A label value that passes as a str but breaks prometheus_client's escaping."""
+
+    def replace(self, *args):
+        raise RuntimeError("boom")
+
+
+def test_a_fragment_that_fails_to_encode_leaves_the_other_jobs_alone():
+    good = [job_part(f"p{i}", "e", 1) for i in range(3)]
+    broken = job_part(Hostile("evil"), "e", 1)
+    snaps = [verl_snapshot(good[:1] + [broken] + good[1:])]
+    ex = Exposition(Sources(snaps).fns())
+    for accept in FORMATS:
+        body, _, _ = ex.render(accept)
+        fams = {
+            f.name: f for f in (parse_text if accept == TEXT else parse_openmetrics)(body.decode())
+        }
+        assert {s.labels["project"] for s in fams["rlhf_step"].samples} == {"p0", "p1", "p2"}
+    assert dropped_series(ex.render(TEXT)[0]) == {("verl", "render_failed"): float(len(broken))}
+
+
+def test_parts_that_do_not_match_the_samples_fall_back_to_one_fragment():
+    parts = (job_part("a", "e", 1), job_part("b", "e", 1))
+    samples = tuple(x for p in reversed(parts) for x in p)  # not parts' order: contract broken
+    snaps = [Snapshot("verl", True, samples=samples, parts=parts)]
+    ex = Exposition(Sources(snaps).fns())
+    check_all(ex, snaps)
+
+
+def test_the_warm_thread_encodes_changes_before_the_scrape_and_ends_with_the_exposition():
+    import gc
+    import time
+
+    parts = [job_part(f"p{i}", "e", 1) for i in range(20)]
+    sources = Sources([verl_snapshot(parts)])
+    ex = Exposition(sources.fns(), warm_interval=0.05)
+    ex.render(OPENMETRICS, want_gzip=True)  # the format Prometheus asks for is now kept warm
+    parts[3] = job_part("p3", "e", 2)
+    sources.snaps[0] = verl_snapshot(parts)
+    deadline = time.monotonic() + 10
+    while ex.stats["renders"] < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert ex.stats["renders"] == 2  # the thread rendered the change, no scrape asked
+    encoded = ex.stats["samples_encoded"]
+    body, _, _ = ex.render(OPENMETRICS, want_gzip=True)
+    assert ex.stats["renders"] == 2 and ex.stats["samples_encoded"] == encoded
+    assert b'rlhf_step{experiment="e",project="p3"} 2.0' in gzip.decompress(body)
+    assert gzip.decompress(body) == from_scratch(sources.snaps, OPENMETRICS)
+    thread = ex.warm_thread
+    assert thread is not None and thread.is_alive()
+    del ex
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
