@@ -7,6 +7,7 @@ its trailing newline has arrived. One bad line never stops the lines after it.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -64,8 +65,6 @@ def parse_line(line: bytes) -> Record | str:
 
 def _parse_slow(line: bytes) -> Any:
     """What orjson refuses: bare NaN/Infinity (verl <= 0.7), huge ints, or real garbage."""
-    import json  # only for lines orjson refuses (rare): keeps `diagnose` starting fast
-
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError:
