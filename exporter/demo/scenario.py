@@ -34,6 +34,7 @@ from .simulator import BASE_COST, REGIMES, Regime, regressed, shifted, step_data
 
 BUSY, IDLE = 0.88, 0.04  # GPU utilization ratios
 ROLLOUT_ALIVE, ROLLOUT_RESTARTING, ROLLOUT_RESTARTED = "alive", "restarting", "restarted"
+ROLLOUT_PENDING = "pending"  # its replacement waits for resources (PENDING_CREATION)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,17 @@ UPDATE = REGIMES["update_low_mfu"]
 CHECKPOINT = replace(
     STEADY, name="checkpoint", cost={**BASE_COST, "gen": 8.0, "save_checkpoint": 40.0}
 )
+# the bottleneck moves: each new bottleneck costs throughput (seconds per million tokens up by
+# a third or more over the job's usual ~27-32), so it is worth a notification (the bound
+# alerts' "costs" clause), and the last one halves it (below the baseline)
+ROLLOUT_SLOW = replace(STEADY, name="rollout_slow", cost={**BASE_COST, "gen": 36.0})
+REWARD = Regime("reward_model", {**BASE_COST, "gen": 6.0, "reward": 34.0})
+LOGPROB = Regime(
+    "logprob_low_mfu",
+    {**BASE_COST, "gen": 6.0, "old_log_prob": 22.0, "ref": 16.0},
+    mfu_infer=0.12,
+)
+OTHER = Regime("driver_untimed", {**BASE_COST, "gen": 5.0}, untimed=60.0)
 VALIDATION = {"timing_s/testing": 240.0, "val-core/openai/gsm8k/reward/mean@1": 0.63}
 
 INCIDENTS: dict[str, list[Phase]] = {
@@ -61,11 +73,18 @@ INCIDENTS: dict[str, list[Phase]] = {
     ],
     "checkpoint": [Phase("checkpoint", CHECKPOINT, 2)],
     "long_validation": [
-        Phase("long validation (240 s of testing)", STEADY, 1, pause=20, extra=VALIDATION)
+        Phase("long validation (240 s of testing)", STEADY, 1, pause=2, extra=VALIDATION)
     ],
     "actor_restart": [
         Phase("rollout actor died: restarting", STEADY, 6, rollout=ROLLOUT_RESTARTING),
+        Phase("its replacement waits for resources", STEADY, 6, rollout=ROLLOUT_PENDING),
         Phase("rollout actor restarted", STEADY, 6, rollout=ROLLOUT_RESTARTED),
+    ],
+    "bottleneck_moves": [
+        Phase("the bottleneck moves: rollout, slower generation", ROLLOUT_SLOW, 14),
+        Phase("the bottleneck moves: a colocated reward model", REWARD, 14),
+        Phase("the bottleneck moves: log-prob inference, low MFU", LOGPROB, 14),
+        Phase("the bottleneck moves: driver overhead, untimed", OTHER, 14),
     ],
     "gpus_idle": [Phase("GPUs idle while steps progress", STEADY, 15, gpu_busy=IDLE)],
     "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85)],
@@ -85,6 +104,7 @@ def _all() -> list[Phase]:
         "long_validation",
         "actor_restart",
         "gpus_idle",
+        "bottleneck_moves",
         "stall",
     ):
         out += INCIDENTS[name]
@@ -121,7 +141,8 @@ class ActorLife:
     def enter(self, phase: Phase) -> None:
         if phase.rollout == ROLLOUT_RESTARTING and self.state != ROLLOUT_RESTARTING:
             self.deaths += 1
-        if phase.rollout == ROLLOUT_RESTARTED and self.state == ROLLOUT_RESTARTING:
+        dying = (ROLLOUT_RESTARTING, ROLLOUT_PENDING)
+        if phase.rollout == ROLLOUT_RESTARTED and self.state in dying:
             self.restarts += 1
         self.state = phase.rollout
 
