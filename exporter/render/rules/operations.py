@@ -94,10 +94,17 @@ def stalled(ctx: Context) -> Alert:
     )
 
 
+NEW_SERIES_LOOKBACK = "6h"
+"""How far before the window a series must be absent to be new. A series back after a gap
+(the exporter or its collector down, a missed scrape) is not new: `X unless X offset 15m`
+alone read a 5-minute gap as a first event, and paged the old deaths again."""
+
+
 def _counter_increase(metric: str, window: str, without: str | None = None) -> str:
     """Increase over `window`, counting a series that appeared within it from 0 (a counter
     that starts at its first event would otherwise lose that event)."""
-    inner = f"({metric} unless {metric} offset {window})\n  or increase({metric}[{window}])"
+    before = f"last_over_time({metric}[{NEW_SERIES_LOOKBACK}] offset {window})"
+    inner = f"({metric} unless {before})\n  or increase({metric}[{window}])"
     if without:
         return f"sum without ({without}) (\n  {inner}\n) > 0"
     return f"(\n  {inner}\n) > 0"
