@@ -2,26 +2,32 @@
 
 A scenario is a list of `Phase`s. Each phase fixes the job's shape (a simulator `Regime`) for
 a number of steps, how busy the simulated GPUs are, what the rollout actor is doing, and an
-optional pause (no record, for a number of steps' time) after it. `serve --demo` runs `all`; `--demo-scenario NAME` runs
-one incident between steady steps. The timeline of `all`, at the default 0.7 s per step:
+optional pause (no record, for a number of steps' time) after it. `serve --demo` runs `all`;
+`--demo-scenario NAME` runs one incident between steady steps. The timeline of `all`, at the
+default 0.7 s per step:
 
 | # | phase | steps | what shows |
 |---|---|---|---|
 | 1 | steady, rollout-bound (long tail) | 15 | rollout verdict, `long_tail` reason; busy GPUs |
-| 2 | sync-bound | 10 | sync verdict, `weight_sync` |
-| 3 | update-bound, low MFU | 12 | update verdict, `low_mfu` |
+| 2 | sync-bound | 10 | sync verdict, `weight_sync`; the bottleneck moved (RLHFJobSyncBound) |
+| 3 | update-bound, low MFU | 12 | update verdict, `low_mfu` (RLHFJobUpdateBound) |
 | 4 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
-| 5 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` |
+| 5 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
 | 6 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
-| 7 | long validation (`timing_s/testing` 240 s) | 1, then 20 steps' pause | a late step; validation is outside the step |
-| 8 | rollout actor dies and restarts | 6 + 6 | `rlhf_ray_actors{state="RESTARTING"}`, the deaths and restarts counters |
-| 9 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 |
-| 10 | stall: no step | 1, then 85 steps' pause | the last step's age grows |
+| 7 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
+| 8 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 6 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
+| 9 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
+| 10 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
+| 11 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled) |
 
-88 steps and 105 steps' time of pauses: about 2.3 minutes per loop at 0.7 s a step (faster
+146 steps and 87 steps' time of pauses: about 2.7 minutes per loop at 0.7 s a step (faster
 with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
-Alerts with a `for:` longer than a loop (bound alerts: 15m) need the accelerated promtool
-harness, not this live demo.
+The alerts named above keep their real windows and `for:` (15 minutes for the bound alerts),
+so the live demo is too quick for most of them: tests/test_demo_alerts.py plays this
+timeline at 4 simulated minutes a step through the exporter and promtool, and checks that
+each fires in its incident and that no other alert fires. The exporter's own alerts
+(collector down or stale, exporter down or absent) are about infrastructure: that test
+injects them.
 """
 
 from __future__ import annotations
