@@ -33,7 +33,7 @@ from exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
 from exporter.demo.simulator import encode
 from exporter.sources.base import SourceError
 from exporter.sources.verl_files import VerlFileSource
-from tests.support.simday import RULE_FILES, Day
+from tests.support.simday import RULE_FILES, SCRAPE, Day
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")
 
@@ -166,7 +166,7 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     day.run(1.0, [run])
     stall_at = None
     while stall_at is None:
-        day.run(day.scrapes * 15 + HOUR, [run])
+        day.run(day.scrapes * SCRAPE + HOUR, [run])
         if "stall" in " ".join(run.phases):
             stall_at = _phase(run, "stall")[0]
     assert run.loops == 0
@@ -181,6 +181,7 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     day.at(t0, lambda: setattr(devices, "poll", failing_poll))
     day.at(t0 + 8 * 60, lambda: setattr(devices, "poll", poll))
     t1 = t0 + 30 * 60
+    # the harness polls a source when its next poll is due: not for 25 minutes
     day.at(t1, lambda: target._next_poll.__setitem__(devices.name, t1 + 25 * 60))
     t2 = t1 + 55 * 60
     day.at(t2, lambda: setattr(target, "up", False))
@@ -213,27 +214,16 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
         _fires_only_within(day, end, alert, value, a, z)
 
     # and nothing else fires: each (alert, label) above is the one series of its kind
+    def labels(alert: str, value: str) -> str:
+        return "{" + f'alertname="{alert}"' + (f', {LABEL[alert]}="{value}"' if value else "") + "}"
+
     by = ", ".join(sorted({"alertname", *LABEL.values()}))
-    expected = [
-        {"alert": a, "value": v} for a, v in sorted({(a, v) for a, v in [*JOB_ALERTS, *infra]})
-    ]
     day.checks.append(
         {
-            "expr": (
-                f'count by ({by}) (max_over_time(ALERTS{{alertstate="firing"}}[{int(end)}s]))'
-            ),
+            "expr": f'count by ({by}) (max_over_time(ALERTS{{alertstate="firing"}}[{int(end)}s]))',
             "eval_time": f"{int(end)}s",
             "exp_samples": [
-                {
-                    "labels": "{"
-                    + ", ".join(
-                        [f'alertname="{e["alert"]}"']
-                        + ([f'{LABEL[e["alert"]]}="{e["value"]}"'] if e["value"] else [])
-                    )
-                    + "}",
-                    "value": 1,
-                }
-                for e in expected
+                {"labels": labels(a, v), "value": 1} for a, v in sorted({*JOB_ALERTS, *infra})
             ],
         }
     )
