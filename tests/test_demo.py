@@ -141,3 +141,10 @@ def test_devices_count_busy_seconds_on_the_given_clock():
     )
     assert 600 * 0.85 <= busy <= 600 * 0.91  # the steady phase's ~0.88, for 600 s
     assert snap.last_success == 700.0
+
+
+def test_the_option_help_names_every_scenario():
+    from exporter.settings import OPTIONS
+
+    (option,) = [o for o in OPTIONS if o.name == "demo_scenario"]
+    assert all(name in option.help for name in NAMES)
