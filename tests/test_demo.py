@@ -1,8 +1,8 @@
 """The demo: its scripted incidents show in the diagnosis, and its simulated GPUs and Ray
 actors are published through the same snapshot path as the real sources, labelled as demo.
 
-Not tested here (it needs the on-call issue's promtool harness): that every alert of the
-rules fires at least once in an accelerated run of the timeline, and no other.
+That every alert of the rules fires in an accelerated run of the timeline, and no other, is
+tests/test_demo_alerts.py (the on-call issue's promtool harness).
 """
 
 from __future__ import annotations
@@ -31,13 +31,13 @@ def test_every_incident_shows_in_the_all_scenario():
     assert ("regression", "update") in changes
     assert ("workload_shift", None) in changes
     verdicts = {d.verdict for d in steps}
-    assert {"rollout", "sync", "update", "checkpoint"} <= verdicts
+    assert {"rollout", "sync", "update", "checkpoint", "reward", "logprob", "other"} <= verdicts
     assert any("timing_s/testing" in r["data"] for r in records)  # the long validation
     phases = [p.name for p in scenario("all")]
     for incident in INCIDENTS.values():
         assert all(p.name in phases for p in incident)
     pauses = [p for p, r in play(scenario("all")) if r is None]
-    assert {p.pause for p in pauses} == {20, 85}  # validation, stall (in steps' time)
+    assert {p.pause for p in pauses} == {2, 85}  # validation, stall (in steps' time)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "all"])
@@ -75,10 +75,15 @@ def test_devices_follow_the_phase_and_speak_the_catalog():
         seen.append(snap.samples)
         for s in snap.samples:  # every series is a catalog metric with its labels
             assert len(s.labels) == len(BY_NAME[s.name].labels), s
-    steady, dying, restarted, _, idle = seen
+    steady, dying, pending, restarted, _, idle = seen
     assert _value(dying, "rlhf_ray_actors", "rollout", "RESTARTING") == 1
+    assert _value(dying, "rlhf_ray_actors", "rollout", "ALIVE") == 7
     assert _value(dying, "rlhf_ray_actor_deaths_total", "rollout", "WORKER_DIED") == 1
-    assert _value(restarted, "rlhf_ray_actors", "rollout", "RESTARTING") == 0
+    assert _value(pending, "rlhf_ray_actors", "rollout", "RESTARTING") == 0
+    assert _value(pending, "rlhf_ray_actors", "rollout", "PENDING_CREATION") == 1
+    assert _value(pending, "rlhf_ray_actor_restarts_total", "rollout") == 0
+    assert _value(restarted, "rlhf_ray_actors", "rollout", "PENDING_CREATION") == 0
+    assert _value(restarted, "rlhf_ray_actors", "rollout", "ALIVE") == 8
     assert _value(restarted, "rlhf_ray_actor_restarts_total", "rollout") == 1
     assert _value(steady, "rlhf_ray_cluster_info", "demo", "demo-simulated") == 1
     busy = _value(
@@ -118,3 +123,28 @@ def test_serve_refuses_an_unknown_scenario(tmp_path):
         assert "unknown scenario 'nope'" in exp.output()
     finally:
         exp.terminate()
+
+
+def test_devices_count_busy_seconds_on_the_given_clock():
+    """A simulated clock (tests/test_demo_alerts.py) drives the GPUs' busy seconds."""
+    now = [100.0]
+    job = _Job(scenario("gpus_idle"))
+    dev = DemoDevices(job, n_gpus=1, clock=lambda: now[0], wall=lambda: now[0])
+    dev.poll_once()
+    now[0] += 600.0
+    snap = dev.poll_once()
+    busy = _value(
+        snap.samples,
+        "rlhf_gpu_busy_seconds_total",
+        "0",
+        "GPU-demo-0000-0000-0000-0000-000000000000",
+    )
+    assert 600 * 0.85 <= busy <= 600 * 0.91  # the steady phase's ~0.88, for 600 s
+    assert snap.last_success == 700.0
+
+
+def test_the_option_help_names_every_scenario():
+    from exporter.settings import OPTIONS
+
+    (option,) = [o for o in OPTIONS if o.name == "demo_scenario"]
+    assert all(name in option.help for name in NAMES)

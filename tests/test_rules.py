@@ -583,6 +583,28 @@ def logic_cases() -> list[dict]:
         }
     )
 
+    # An old death's counter back after a 10-minute gap (the exporter was down): not new.
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series(
+                    "rlhf_ray_actor_deaths_total",
+                    "3x30 stale _x9 3x40",
+                    TARGET,
+                    role="actor",
+                    reason="OOM",
+                )
+            ],
+            "alert_rule_test": [
+                case("10m", "RLHFRayActorsDied", died),  # it appeared with its deaths
+                case("42m", "RLHFRayActorsDied"),
+                case("50m", "RLHFRayActorsDied"),
+                case("60m", "RLHFRayActorsDied"),
+            ],
+        }
+    )
+
     # Restarting.
     tests.append(
         {

@@ -15,10 +15,10 @@ import time
 from typing import Any
 
 from ..metrics.snapshot import Sample
-from ..sources.base import Context, PollingSource, PollResult
+from ..sources.base import Clock, Context, PollingSource, PollResult
 from ..sources.ray import STATES
 from ..sources.roles import ROLES
-from .scenario import ROLLOUT_RESTARTING
+from .scenario import ROLLOUT_PENDING, ROLLOUT_RESTARTING
 
 NAME = "demo"
 GPU_NAME = "rlhf-exporter demo (simulated)"
@@ -28,14 +28,23 @@ DEATH_REASON = "WORKER_DIED"
 
 
 class DemoDevices(PollingSource):
-    def __init__(self, job: Any, n_gpus: int = 8, interval: float = 1.0, seed: int = 0):
-        super().__init__(NAME, interval)
+    def __init__(
+        self,
+        job: Any,
+        n_gpus: int = 8,
+        interval: float = 1.0,
+        seed: int = 0,
+        clock: Clock = time.monotonic,
+        wall: Clock = time.time,
+    ):
+        super().__init__(NAME, interval, wall=wall)
         self.job = job  # a DemoJob: its `phase` and `rollout` say what the devices do
         self.n_gpus = n_gpus
         self._rng = random.Random(seed)
         self._busy = [0.0] * n_gpus
         self._samples = 0
-        self._last = time.monotonic()
+        self._clock = clock  # the busy seconds' clock (a test's simulated one)
+        self._last = clock()
 
     @classmethod
     def from_settings(cls, settings: Any, context: Context) -> DemoDevices | None:
@@ -50,7 +59,7 @@ class DemoDevices(PollingSource):
         return f"demo (simulated: {self.n_gpus} GPUs, Ray actors)"
 
     def poll(self) -> PollResult:
-        now = time.monotonic()
+        now = self._clock()
         dt, self._last = now - self._last, now
         phase, life = self.job.phase, self.job.rollout
         self._samples += 1
@@ -74,15 +83,16 @@ class DemoDevices(PollingSource):
                 Sample("rlhf_gpu_role_memory_bytes", (*key, "trainer"), MEMORY_TOTAL * 0.45 * util),
                 Sample("rlhf_gpu_role_memory_bytes", (*key, "rollout"), MEMORY_TOTAL * 0.2),
             ]
-        restarting = 1 if life.state == ROLLOUT_RESTARTING else 0
+        # the rollout actor that died: RESTARTING, then (its replacement) PENDING_CREATION
+        away = {"RESTARTING": ROLLOUT_RESTARTING, "PENDING_CREATION": ROLLOUT_PENDING}
         for role in ROLES:
             n = ACTORS.get(role, 0)
             for state in STATES:
                 value = 0
                 if state == "ALIVE":
-                    value = n - (restarting if role == "rollout" else 0)
-                elif state == "RESTARTING" and role == "rollout":
-                    value = restarting
+                    value = n - (life.state in away.values() if role == "rollout" else 0)
+                elif state in away and role == "rollout":
+                    value = int(life.state == away[state])
                 out.append(Sample("rlhf_ray_actors", (role, state), float(value)))
         out.append(Sample("rlhf_ray_actor_restarts_total", ("rollout",), float(life.restarts)))
         out.append(

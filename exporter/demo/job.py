@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from .scenario import ActorLife, Phase, play, scenario
@@ -64,18 +65,26 @@ class DemoJob:
         except OSError as exc:  # the temp root vanished, a full disk: the demo just ends
             log.warning("demo job stopped: %s", exc, extra={"path": str(self.path)})
 
+    def timeline(self, seed: int) -> Iterator[tuple[float, dict | None]]:
+        """One run, in order: (wait, record): wait `wait` steps' time, then write `record`
+        (`None`: nothing, the phase's pause). The current `phase` and `rollout` change as the
+        run enters each phase, before its wait. The thread below plays it on the wall clock;
+        a test plays it on a simulated one (tests/test_demo_alerts.py)."""
+        for phase, record in play(self.phases, seed):
+            if phase is not self.phase:
+                self.rollout.enter(phase)
+                self.phase = phase
+            if record is None:  # the phase's pause: validation running, or a stall
+                yield phase.pause, None
+            else:
+                yield (1.0 if record["step"] else 0.0), record
+
     def _one_run(self, seed: int) -> None:
         # "wb" truncates, as verl does on every (re)start; buffering=0: one write per record
         with open(self.path, "wb", buffering=0) as f:
-            for phase, record in play(self.phases, seed):
-                if phase is not self.phase:
-                    self.rollout.enter(phase)
-                    self.phase = phase
-                if record is None:  # the phase's pause: validation running, or a stall
-                    if self._stop.wait(phase.pause * self.step_seconds):
-                        return
-                    continue
-                if record["step"] and self._stop.wait(self.step_seconds):
+            for wait, record in self.timeline(seed):
+                if wait and self._stop.wait(wait * self.step_seconds):
                     return
-                f.write(encode(record))
-                self.written += 1
+                if record is not None:
+                    f.write(encode(record))
+                    self.written += 1

@@ -2,26 +2,32 @@
 
 A scenario is a list of `Phase`s. Each phase fixes the job's shape (a simulator `Regime`) for
 a number of steps, how busy the simulated GPUs are, what the rollout actor is doing, and an
-optional pause (no record, for a number of steps' time) after it. `serve --demo` runs `all`; `--demo-scenario NAME` runs
-one incident between steady steps. The timeline of `all`, at the default 0.7 s per step:
+optional pause (no record, for a number of steps' time) after it. `serve --demo` runs `all`;
+`--demo-scenario NAME` runs one incident between steady steps. The timeline of `all`, at the
+default 0.7 s per step:
 
 | # | phase | steps | what shows |
 |---|---|---|---|
 | 1 | steady, rollout-bound (long tail) | 15 | rollout verdict, `long_tail` reason; busy GPUs |
-| 2 | sync-bound | 10 | sync verdict, `weight_sync` |
-| 3 | update-bound, low MFU | 12 | update verdict, `low_mfu` |
+| 2 | sync-bound | 10 | sync verdict, `weight_sync`; the bottleneck moved (RLHFJobSyncBound) |
+| 3 | update-bound, low MFU | 12 | update verdict, `low_mfu` (RLHFJobUpdateBound) |
 | 4 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
-| 5 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` |
+| 5 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
 | 6 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
-| 7 | long validation (`timing_s/testing` 240 s) | 1, then 20 steps' pause | a late step; validation is outside the step |
-| 8 | rollout actor dies and restarts | 6 + 6 | `rlhf_ray_actors{state="RESTARTING"}`, the deaths and restarts counters |
-| 9 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 |
-| 10 | stall: no step | 1, then 85 steps' pause | the last step's age grows |
+| 7 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
+| 8 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 6 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
+| 9 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
+| 10 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
+| 11 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled) |
 
-88 steps and 105 steps' time of pauses: about 2.3 minutes per loop at 0.7 s a step (faster
+146 steps and 87 steps' time of pauses: about 2.7 minutes per loop at 0.7 s a step (faster
 with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
-Alerts with a `for:` longer than a loop (bound alerts: 15m) need the accelerated promtool
-harness, not this live demo.
+The alerts named above keep their real windows and `for:` (15 minutes for the bound alerts),
+so the live demo is too quick for most of them: tests/test_demo_alerts.py plays this
+timeline at 4 simulated minutes a step through the exporter and promtool, and checks that
+each fires in its incident and that no other alert fires. The exporter's own alerts
+(collector down or stale, exporter down or absent) are about infrastructure: that test
+injects them.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from .simulator import BASE_COST, REGIMES, Regime, regressed, shifted, step_data
 
 BUSY, IDLE = 0.88, 0.04  # GPU utilization ratios
 ROLLOUT_ALIVE, ROLLOUT_RESTARTING, ROLLOUT_RESTARTED = "alive", "restarting", "restarted"
+ROLLOUT_PENDING = "pending"  # its replacement waits for resources (PENDING_CREATION)
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,17 @@ UPDATE = REGIMES["update_low_mfu"]
 CHECKPOINT = replace(
     STEADY, name="checkpoint", cost={**BASE_COST, "gen": 8.0, "save_checkpoint": 40.0}
 )
+# the bottleneck moves: each new bottleneck costs throughput (seconds per million tokens up by
+# a third or more over the job's usual ~27-32), so it is worth a notification (the bound
+# alerts' "costs" clause), and the last one halves it (below the baseline)
+ROLLOUT_SLOW = replace(STEADY, name="rollout_slow", cost={**BASE_COST, "gen": 36.0})
+REWARD = Regime("reward_model", {**BASE_COST, "gen": 6.0, "reward": 34.0})
+LOGPROB = Regime(
+    "logprob_low_mfu",
+    {**BASE_COST, "gen": 6.0, "old_log_prob": 22.0, "ref": 16.0},
+    mfu_infer=0.12,
+)
+OTHER = Regime("driver_untimed", {**BASE_COST, "gen": 5.0}, untimed=60.0)
 VALIDATION = {"timing_s/testing": 240.0, "val-core/openai/gsm8k/reward/mean@1": 0.63}
 
 INCIDENTS: dict[str, list[Phase]] = {
@@ -61,11 +79,18 @@ INCIDENTS: dict[str, list[Phase]] = {
     ],
     "checkpoint": [Phase("checkpoint", CHECKPOINT, 2)],
     "long_validation": [
-        Phase("long validation (240 s of testing)", STEADY, 1, pause=20, extra=VALIDATION)
+        Phase("long validation (240 s of testing)", STEADY, 1, pause=2, extra=VALIDATION)
     ],
     "actor_restart": [
         Phase("rollout actor died: restarting", STEADY, 6, rollout=ROLLOUT_RESTARTING),
+        Phase("its replacement waits for resources", STEADY, 6, rollout=ROLLOUT_PENDING),
         Phase("rollout actor restarted", STEADY, 6, rollout=ROLLOUT_RESTARTED),
+    ],
+    "bottleneck_moves": [
+        Phase("the bottleneck moves: rollout, slower generation", ROLLOUT_SLOW, 14),
+        Phase("the bottleneck moves: a colocated reward model", REWARD, 14),
+        Phase("the bottleneck moves: log-prob inference, low MFU", LOGPROB, 14),
+        Phase("the bottleneck moves: driver overhead, untimed", OTHER, 14),
     ],
     "gpus_idle": [Phase("GPUs idle while steps progress", STEADY, 15, gpu_busy=IDLE)],
     "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85)],
@@ -85,6 +110,7 @@ def _all() -> list[Phase]:
         "long_validation",
         "actor_restart",
         "gpus_idle",
+        "bottleneck_moves",
         "stall",
     ):
         out += INCIDENTS[name]
@@ -121,7 +147,8 @@ class ActorLife:
     def enter(self, phase: Phase) -> None:
         if phase.rollout == ROLLOUT_RESTARTING and self.state != ROLLOUT_RESTARTING:
             self.deaths += 1
-        if phase.rollout == ROLLOUT_RESTARTED and self.state == ROLLOUT_RESTARTING:
+        dying = (ROLLOUT_RESTARTING, ROLLOUT_PENDING)
+        if phase.rollout == ROLLOUT_RESTARTED and self.state in dying:
             self.restarts += 1
         self.state = phase.rollout
 

@@ -202,6 +202,7 @@ class Target:
     sources: list[Source]
     keep: frozenset[str] = frozenset()  # series names to record (empty: all)
     up: bool = True
+    scraped: bool = True  # False: dropped from service discovery (no `up` series at all)
     _next_poll: dict[str, float] = field(default_factory=dict)
     _key: tuple | None = None
     _held: list = field(default_factory=list)
@@ -345,6 +346,13 @@ class Day:
             self.scrapes += 1
 
     def _scrape(self, t: Target, k: int, now: float) -> None:
+        if not t.scraped:  # not a target any more: its series, `up` included, go stale once
+            for (_, labels), values in self.series.items():
+                if dict(labels).get("instance") == t.instance and isinstance(
+                    values.get(k - 1), float
+                ):
+                    values[k] = STALE
+            return
         up = ("up", (("instance", t.instance), ("job", JOB)))
         self.series.setdefault(up, {})[k] = 1.0 if t.up else 0.0
         if not t.up:  # a failed scrape: Prometheus marks the target's series stale once

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .model import JOB_MATCH, JOB_NAME, Alert, Context, Runbook, _num, _tq
+from ...diagnosis.thresholds import seconds
+from .model import JOB_MATCH, JOB_NAME, Alert, Context, Runbook, _num, _tq, duration
 
 
 def stalled(ctx: Context) -> Alert:
@@ -94,10 +95,18 @@ def stalled(ctx: Context) -> Alert:
     )
 
 
-def _counter_increase(metric: str, window: str, without: str | None = None) -> str:
+NEW_SERIES_LOOKBACK = "6h"
+"""How far before the window a series must be absent to be new. A series back after a gap
+(the exporter or its collector down, a missed scrape) is not new: `X unless X offset 15m`
+alone read a 5-minute gap as a first event, and paged the old deaths again."""
+
+
+def _counter_increase(ctx: Context, metric: str, window: str, without: str | None = None) -> str:
     """Increase over `window`, counting a series that appeared within it from 0 (a counter
     that starts at its first event would otherwise lose that event)."""
-    inner = f"({metric} unless {metric} offset {window})\n  or increase({metric}[{window}])"
+    lookback = duration(seconds(NEW_SERIES_LOOKBACK) * ctx.scale)
+    before = f"last_over_time({metric}[{lookback}] offset {window})"
+    inner = f"({metric} unless {before})\n  or increase({metric}[{window}])"
     if without:
         return f"sum without ({without}) (\n  {inner}\n) > 0"
     return f"(\n  {inner}\n) > 0"
@@ -107,7 +116,7 @@ def actors_died(ctx: Context) -> Alert:
     win = ctx.dur("actors_window")
     return Alert(
         name="RLHFRayActorsDied",
-        expr=_counter_increase("rlhf_ray_actor_deaths_total", win, "reason"),
+        expr=_counter_increase(ctx, "rlhf_ray_actor_deaths_total", win, "reason"),
         for_=ctx.dur("actors_dead_for"),
         severity="critical",
         category="ray",
@@ -146,7 +155,7 @@ def actors_restarting(ctx: Context) -> Alert:
     win = ctx.dur("actors_window")
     return Alert(
         name="RLHFRayActorsRestarting",
-        expr=_counter_increase("rlhf_ray_actor_restarts_total", win),
+        expr=_counter_increase(ctx, "rlhf_ray_actor_restarts_total", win),
         for_=ctx.dur("actors_restarting_for"),
         severity="warning",
         category="ray",
