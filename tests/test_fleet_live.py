@@ -115,8 +115,7 @@ def test_a_300_job_fleet_on_the_example_prometheus(tmp_path):
             r.raise_for_status()
             groups = r.json()["data"]["groups"]
             evaluated = all(
-                g["interval"] > 60
-                or (g["lastEvaluation"] and _unix(g["lastEvaluation"]) > arrived)
+                g["interval"] > 60 or (g["lastEvaluation"] and _unix(g["lastEvaluation"]) > arrived)
                 for g in groups
             )
             return groups if groups and evaluated else None
