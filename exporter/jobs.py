@@ -47,6 +47,7 @@ from .diagnosis import (
     Thresholds,
 )
 from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence
+from .diagnosis.timeline import rebuild
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
 from .metrics.catalog import BY_NAME
@@ -214,6 +215,7 @@ class Job:
         *,
         clock: Callable[[], float] = time.time,
         total_steps: int | None = None,
+        windows: Any = None,
     ):
         # what ingestion drops is counted here (a source passes its record_errors counter)
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
@@ -237,6 +239,8 @@ class Job:
         self._run_base = 0  # runs before the current diagnoser (explicit new_run calls)
         self._clock = clock
         self.total_steps = total_steps
+        self._windows = windows  # a WindowBoard: each classified step's timeline goes there
+        self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
         self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
@@ -291,6 +295,7 @@ class Job:
     def feed(self, records: Iterable[Record], now: float | None = None) -> int:
         """Ingest records in order; returns how many."""
         n = 0
+        self._arrival = self._clock() if now is None else now
         for record in records:
             try:
                 clean = self._clean(record)
@@ -434,6 +439,10 @@ class Job:
 
     def _classified(self, d: StepDiagnosis) -> None:
         self.last = d
+        if self._windows is not None:
+            self._windows.post(
+                self.labels, rebuild(d.step, d.windows, d.timers, self._arrival, self._th)
+            )
         self.step_seconds += d.windows.step_seconds
         self.untimed_seconds += d.windows.untimed_seconds
         for group, seconds in d.windows.group_seconds.items():

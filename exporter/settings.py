@@ -356,6 +356,21 @@ OPTIONS: tuple[Option, ...] = (
         "attribute GPU memory to Ray roles by PID (default: on when Ray is on)",
         "nvml",
     ),
+    Option(
+        "gpu_windows",
+        _bool,
+        True,
+        "GPU busy time by step window and GPU role: join NVML's samples to verl's step windows",
+        "nvml",
+    ),
+    Option(
+        "gpu_windows_keep",
+        _count,
+        32,
+        "steps' window timelines kept per job for the GPU window join",
+        "nvml",
+        "STEPS",
+    ),
 )
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 GROUP_TITLES = {

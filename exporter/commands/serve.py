@@ -112,7 +112,12 @@ class Sidecar:
                 self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
             )
             extra_roots.append(self.tempdir)
-        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo)
+        windows = None
+        if settings.nvml and settings.gpu_windows:  # issue 17: GPU time by step window
+            from ..gpuwindows import WindowBoard
+
+            windows = WindowBoard(keep=settings.gpu_windows_keep)
+        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo, windows=windows)
         self.sources: list[Source] = []
         self.verl = VerlFileSource.from_settings(settings, context)
         self.push = None

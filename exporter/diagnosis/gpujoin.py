@@ -62,8 +62,9 @@ class GpuWindowJoin:
     def __init__(self, horizon: float = 900.0):
         self.horizon = horizon  # seconds of samples kept; a step longer than this is cut
         self._gpus: dict[str, _Track] = {}
-        self.busy: dict[tuple[str, str], float] = {}
-        self.available: dict[tuple[str, str], float] = {}
+        # (job, group, role) -> seconds; `job` is whatever the caller names a job by
+        self.busy: dict[tuple, float] = {}
+        self.available: dict[tuple, float] = {}
 
     def add_samples(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
         """Samples of one GPU: (end time in epoch seconds, utilization ratio 0..1), each
@@ -84,16 +85,21 @@ class GpuWindowJoin:
                 ends.popleft()
                 ratios.popleft()
 
+    def covered_until(self) -> float | None:
+        """The time up to which every GPU's samples are in (None: no GPU yet)."""
+        ends = [t.ends[-1] for t in self._gpus.values() if t.ends]
+        return min(ends) if ends else None
+
     def forget(self, gpu: str) -> None:
         """A GPU that failed: its history restarts (a gap is never attributed)."""
         self._gpus.pop(gpu, None)
 
-    def add_timeline(self, tl: Timeline) -> None:
-        """Attribute every kept GPU's samples overlapping the step's windows."""
+    def add_timeline(self, tl: Timeline, job: tuple = ()) -> None:
+        """Attribute every kept GPU's samples overlapping the step's windows to `job`."""
         for track in self._gpus.values():
-            self._attribute(track, tl)
+            self._attribute(track, tl, job)
 
-    def _attribute(self, track: _Track, tl: Timeline) -> None:
+    def _attribute(self, track: _Track, tl: Timeline, job: tuple) -> None:
         ends, ratios = track.ends, track.ratios
         if len(ends) < 2:
             return
@@ -105,7 +111,7 @@ class GpuWindowJoin:
                 continue
             # span i covers (ends[i-1], ends[i]]; the first span that ends after a
             i = max(bisect_right(ends, a), 1)
-            key = (iv.group, role)
+            key = (job, iv.group, role)
             total = busy_s = 0.0
             n = len(ends)
             while i < n:
@@ -123,6 +129,6 @@ class GpuWindowJoin:
         if tl.end > track.done:
             track.done = tl.end
 
-    def counters(self) -> Mapping[tuple[str, str], tuple[float, float]]:
-        """(group, role) -> (busy seconds, available seconds), both monotonic."""
+    def counters(self) -> Mapping[tuple, tuple[float, float]]:
+        """(job, group, role) -> (busy seconds, available seconds), both monotonic."""
         return {k: (self.busy.get(k, 0.0), v) for k, v in self.available.items()}
