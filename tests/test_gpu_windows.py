@@ -316,3 +316,129 @@ def test_window_metrics_are_in_the_catalog():
     for name in ("rlhf_window_gpu_busy_seconds_total", "rlhf_window_gpu_seconds_total"):
         assert BY_NAME[name].labels == ("project", "experiment", "group", "gpu_role")
         assert BY_NAME[name].type == "counter"
+
+
+# -- modes with a known imbalance: the new verdicts and the GPU-move estimate --------------
+def _join_modes(records, busy_by_role, roles, start):
+    """Run the pure join over fake-pynvml GPUs whose utilization is `busy_by_role[role]`:
+    [(start, end, percent)], IDLE_PERCENT elsewhere."""
+    gpus = []
+    for i, role in enumerate(roles):
+        util = [(0.0, IDLE_PERCENT)]
+        for s, e, pct in sorted(busy_by_role[role]):
+            util += [(s - start, pct), (e - start, IDLE_PERCENT)]
+        gpus.append(FakeGpu(i, util=util, start=start, buffer=10**6))
+    clock = FakeClock(start)
+    nv = make_module(gpus, clock)
+    nv.nvmlInit()
+    join = GpuWindowJoin(horizon=600.0)
+    last = dict.fromkeys(range(len(roles)), 0)
+    tls = timelines(records, delay=0.0)
+    for tl, (arrival, _r) in zip(tls, records, strict=True):
+        while clock() < arrival + 1.0:
+            clock.advance(1.0)
+            for i, role in enumerate(roles):
+                h = nv.nvmlDeviceGetHandleByIndex(i)
+                try:
+                    _vt, ss = nv.nvmlDeviceGetSamples(h, nv.NVML_GPU_UTILIZATION_SAMPLES, last[i])
+                except nv.NVMLError_NotFound:
+                    continue
+                last[i] = ss[-1].timeStamp
+                join.add_samples(
+                    str(i), role, [(s.timeStamp / 1e6, s.sampleValue.uiVal / 100) for s in ss]
+                )
+        join.add_timeline(tl)
+    counters = {(g, r): v for (_job, g, r), v in join.counters().items()}
+    wall = sum(tl.end - tl.start for tl in tls)
+    return counters, wall
+
+
+def _optimal_rollout_gpus(n: int, rollout_cost: float, trainer_cost: float) -> float:
+    """The simulation's truth: GPU-seconds per sample on each side, linear scaling."""
+    return n * rollout_cost / (rollout_cost + trainer_cost)
+
+
+def test_fully_async_with_too_few_rollout_gpus_is_trainer_starved():
+    from exporter.diagnosis.balance import balance
+
+    n_r, n_t, batch = 2, 6, 60
+    rollout_cost, trainer_cost = 1.0, 1.0  # GPU-seconds per sample
+    start, t = 1000.0, 1005.0
+    records, busy = [], {"rollout": [], "trainer": []}
+    for step in range(1, 21):
+        produce = batch * rollout_cost / n_r  # the queue fills this fast (30 s)
+        train = batch * trainer_cost / n_t  # the trainer consumes it in 10 s
+        gen = produce - train  # fully-async's trainer waits on the queue for the rest
+        s0 = t
+        logp, upd, sync = 0.3 * train, 0.7 * train, 0.5
+        busy["trainer"].append((s0 + gen, s0 + gen + train, 95))
+        busy["rollout"].append((s0, s0 + gen + train, 92))  # generates until the weight sync
+        t = s0 + gen + train + sync
+        data = {
+            "timing_s/step": t - s0,
+            "timing_s/gen": gen,
+            "timing_s/old_log_prob": logp,
+            "timing_s/update_actor": upd,
+            "timing_s/timing_s/param_sync": sync,
+            "fully_async/count/stale_samples_processed": 0,
+        }
+        t += 0.1
+        records.append((t, Record(step, data)))
+    counters, wall = _join_modes(records, busy, ["rollout"] * n_r + ["trainer"] * n_t, start)
+    b = balance(counters, wall, TH.document["balance"])
+    assert b.verdict == "trainer_starved", b
+    truth = _optimal_rollout_gpus(n_r + n_t, rollout_cost, trainer_cost) - n_r  # +2
+    assert abs(b.move_to_rollout - truth) <= 1, (b.move_to_rollout, truth)
+    assert b.move_to_rollout > 0
+    assert b.trainer_gpus == pytest.approx(n_t, rel=0.02)
+    assert b.trainer_idle_seconds > b.rollout_idle_seconds
+    assert b.starved_idle > 0.5 > b.overprovisioned_idle
+
+
+def test_one_step_off_with_too_many_rollout_gpus_is_rollout_overprovisioned():
+    from exporter.diagnosis.balance import balance
+
+    n_r, n_t, batch = 6, 2, 60
+    rollout_cost, trainer_cost = 1.0, 1.0
+    start, t = 1000.0, 1005.0
+    records, busy = [], {"rollout": [], "trainer": []}
+    for step in range(1, 21):
+        produce = batch * rollout_cost / n_r  # 10 s: the next batch, during this training
+        train = batch * trainer_cost / n_t  # 30 s
+        s0 = t
+        gen, sync = 0.2, 1.0  # the previous step's batch is ready: gen waits almost nothing
+        busy["rollout"].append((s0 + gen + sync, s0 + gen + sync + produce, 92))
+        busy["trainer"].append((s0 + gen + sync, s0 + gen + sync + train, 95))
+        t = s0 + gen + sync + train
+        data = {
+            "timing_s/step": t - s0,
+            "timing_s/gen": gen,
+            "timing_s/sync_rollout_weights": sync,
+            "timing_s/update_weights": 0.9,
+            "timing_s/old_log_prob": 0.3 * train,
+            "timing_s/update_actor": 0.7 * train,
+            "timing_s/generate_async": produce,
+        }
+        t += 0.1
+        records.append((t, Record(step, data)))
+    counters, wall = _join_modes(records, busy, ["rollout"] * n_r + ["trainer"] * n_t, start)
+    b = balance(counters, wall, TH.document["balance"])
+    assert b.verdict == "rollout_overprovisioned", b
+    truth = _optimal_rollout_gpus(n_r + n_t, rollout_cost, trainer_cost) - n_r  # -2
+    assert abs(b.move_to_rollout - truth) <= 1, (b.move_to_rollout, truth)
+    assert b.move_to_rollout < 0
+    assert b.rollout_gpus == pytest.approx(n_r, rel=0.02)
+    assert b.overprovisioned_idle > 0.5 > b.starved_idle
+
+
+def test_balance_needs_two_sides_and_enough_gpu_seconds():
+    from exporter.diagnosis.balance import balance
+
+    limits = TH.document["balance"]
+    colocated = {("rollout", "colocated"): (50.0, 100.0)}
+    assert balance(colocated, 100.0, limits) is None
+    small = {("rollout", "rollout"): (10.0, 20.0), ("update", "trainer"): (10.0, 20.0)}
+    assert balance(small, 20.0, limits).verdict is None  # under min_gpu_seconds
+    even = {("rollout", "rollout"): (900.0, 1000.0), ("update", "trainer"): (900.0, 1000.0)}
+    b = balance(even, 1000.0, limits)
+    assert b.verdict == "balanced" and b.move_to_rollout == 0
