@@ -119,3 +119,83 @@ class WindowJoiner:
             out.append(Sample(BUSY_METRIC, labels, busy))
             out.append(Sample(TOTAL_METRIC, labels, total))
         return out
+
+
+# -- multi-node: the head's recent windows, read by worker sidecars ------------------------------
+WINDOWS_PATH = "/api/v1/windows"
+MAX_BODY = 4 << 20  # bytes a worker reads from the head at most
+MAX_INTERVALS = 64  # intervals per step a worker accepts
+
+
+def timeline_json(tl: Timeline) -> dict:
+    return {
+        "step": tl.step,
+        "start": tl.start,
+        "end": tl.end,
+        "error_seconds": tl.error_seconds,
+        "intervals": [[iv.timer, iv.group, iv.start, iv.end] for iv in tl.intervals],
+    }
+
+
+def board_json(board: WindowBoard) -> dict:
+    with board._lock:
+        jobs = [(k, tuple(r)) for k, r in board._jobs.items()]
+    return {
+        "jobs": [
+            {"project": p, "experiment": e, "steps": [timeline_json(tl) for tl in tls]}
+            for (p, e), tls in jobs
+        ]
+    }
+
+
+def parse_board(doc: object) -> list[tuple[tuple[str, str], Timeline]]:
+    """The head's answer, checked: anything malformed raises ValueError."""
+    from .diagnosis.timeline import Interval
+
+    def num(x: object) -> float:
+        if type(x) not in (int, float) or x != x or x in (float("inf"), float("-inf")):
+            raise ValueError(f"not a number: {x!r}")
+        return float(x)
+
+    def text(x: object) -> str:
+        if not isinstance(x, str) or len(x) > 256:
+            raise ValueError(f"not a label: {x!r}")
+        return x
+
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise ValueError("no jobs list")
+    out = []
+    for job in doc["jobs"]:
+        labels = (text(job["project"]), text(job["experiment"]))
+        for st in job["steps"]:
+            ivs = st["intervals"]
+            if not isinstance(ivs, list) or len(ivs) > MAX_INTERVALS:
+                raise ValueError("bad intervals")
+            step = st["step"]
+            if type(step) is not int:
+                raise ValueError(f"bad step: {step!r}")
+            intervals = tuple(Interval(text(t), text(g), num(a), num(b)) for t, g, a, b in ivs)
+            tl = Timeline(
+                step, num(st["start"]), num(st["end"]), intervals, num(st["error_seconds"])
+            )
+            out.append((labels, tl))
+    return out
+
+
+class WindowsApi:
+    """`GET /api/v1/windows` on the head sidecar: its jobs' recent step windows, read-only,
+    behind the push token when one is set (`Authorization: Bearer <token>`, as for push)."""
+
+    def __init__(self, board: WindowBoard, token: str | None):
+        self.board = board
+        self._token = token.encode() if token else None
+
+    def handle(self, authorization: str | None) -> tuple[int, dict]:
+        if self._token is not None:
+            import hmac
+
+            scheme, _, given = (authorization or "").partition(" ")
+            ok = hmac.compare_digest(given.strip().encode(), self._token)
+            if scheme.lower() != "bearer" or not ok:
+                return 401, {"error": "missing or wrong 'Authorization: Bearer <token>'"}
+        return 200, board_json(self.board)

@@ -66,6 +66,7 @@ class Endpoints:
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
+    windows_api: Any = None  # GET /api/v1/windows (exporter/gpuwindows.py): None when off
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -210,6 +211,10 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/v1/jobs":  # the view's step history stays out of the JSON
             jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]
             self._json(200, {"jobs": jobs})
+        elif path == "/api/v1/windows" and ep.windows_api is not None:
+            status, doc = ep.windows_api.handle(self.headers.get("Authorization"))
+            extra = {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if status == 401 else None
+            self._send(status, orjson.dumps(doc) + b"\n", "application/json", extra)
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:

@@ -371,6 +371,22 @@ OPTIONS: tuple[Option, ...] = (
         "nvml",
         "STEPS",
     ),
+    Option(
+        "gpu_windows_from",
+        str,
+        None,
+        "a worker sidecar: the head sidecar's URL to read the job's step windows from (GET /api/v1/windows, with --push-token as bearer token)",
+        "nvml",
+        "URL",
+    ),
+    Option(
+        "gpu_windows_interval",
+        _positive,
+        2.0,
+        "seconds between reads of the head's step windows (--gpu-windows-from)",
+        "nvml",
+        "SECONDS",
+    ),
 )
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 GROUP_TITLES = {

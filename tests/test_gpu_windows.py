@@ -442,3 +442,85 @@ def test_balance_needs_two_sides_and_enough_gpu_seconds():
     even = {("rollout", "rollout"): (900.0, 1000.0), ("update", "trainer"): (900.0, 1000.0)}
     b = balance(even, 1000.0, limits)
     assert b.verdict == "balanced" and b.move_to_rollout == 0
+
+
+# -- multi-node: a worker sidecar reads the head's windows over HTTP on 127.0.0.1 ------------
+def test_worker_sidecar_matches_a_single_node_run(tmp_path, monkeypatch):
+    import json
+    import sys
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from exporter.gpuwindows import WINDOWS_PATH, WindowBoard, WindowsApi
+    from exporter.server import Endpoints, make_server
+    from exporter.sources.nvml import NvmlSource
+    from exporter.sources.ray import ActorProcess
+    from exporter.sources.verl_files import VerlFileSource
+    from exporter.sources.windows_remote import RemoteWindowsSource
+    from tests.support.fake_pynvml import FakeRay
+
+    roles = ["rollout", "rollout", "trainer", "trainer"]
+    start = 1000.0
+    records, truth = simulate(12, seed=7, t0=start)
+    clock = FakeClock(start)
+    gpus = _fake_gpus(truth, roles, start)
+    for g, role in zip(gpus, roles, strict=True):
+        g.processes = [(200 if role == "rollout" else 100, 1 << 30)]
+    monkeypatch.setitem(sys.modules, "pynvml", make_module(gpus, clock))
+    root = tmp_path / "proc"
+    _proc(root, 100, b"ray::WorkerDict")
+    _proc(root, 200, b"ray::vLLMHttpServer")
+    ray = FakeRay(
+        {100: ActorProcess("WorkerDict", "trainer"), 200: ActorProcess("vLLM", "rollout")}
+    )
+
+    def nvml(board):
+        return NvmlSource(1.0, ray=ray, clock=clock, proc_root=str(root), wall=clock, windows=board)
+
+    head_board, worker_board = WindowBoard(), WindowBoard()
+    log_file = tmp_path / "job.jsonl"
+    log_file.write_text("")
+    verl = VerlFileSource(TH, files=[(log_file, "p", "e")], clock=clock, windows=head_board)
+    head_nvml, worker_nvml = nvml(head_board), nvml(worker_board)  # the same GPUs: same truth
+    server = make_server(
+        "127.0.0.1:0", Endpoints(snapshot_fns=[], windows_api=WindowsApi(head_board, "s3cret"))
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        remote = RemoteWindowsSource(url, worker_board, token="s3cret", wall=clock)
+        intruder = RemoteWindowsSource(url, WindowBoard(), token="wrong", wall=clock)
+        for arrival, rec in records:
+            while clock() + 1.0 < arrival:
+                clock.advance(1.0)
+                head_snap = head_nvml.poll_once()
+                remote_snap = remote.poll_once()
+                worker_snap = worker_nvml.poll_once()
+            clock.advance(arrival - clock())
+            with log_file.open("a") as f:
+                f.write(json.dumps({"step": rec.step, "data": dict(rec.data)}) + "\n")
+            verl.poll_once()
+        for _ in range(3):
+            clock.advance(1.0)
+            head_snap = head_nvml.poll_once()
+            remote_snap = remote.poll_once()
+            worker_snap = worker_nvml.poll_once()
+        assert remote_snap.up, remote_snap.errors
+        bad = intruder.poll_once()
+        assert not bad.up and "unauthorized" in str(bad.errors)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(url + WINDOWS_PATH, timeout=5)
+        assert err.value.code == 401
+    finally:
+        server.shutdown()
+        server.server_close()
+    head_busy, head_total = _window_values(head_snap)
+    worker_busy, worker_total = _window_values(worker_snap)
+    assert len(head_total) >= 8  # groups x roles
+    assert worker_total.keys() == head_total.keys()
+    for key in head_total:
+        assert worker_total[key] == pytest.approx(head_total[key], rel=1e-9, abs=1e-9), key
+        assert worker_busy[key] == pytest.approx(head_busy[key], rel=1e-9, abs=1e-9), key
+    assert [tl.step for tl in worker_board.recent(("p", "e"))] == list(range(1, 13))
