@@ -81,6 +81,12 @@ class WindowJoiner:
         self._join = GpuWindowJoin(horizon)
         self._skipped_logged = False
         self._pending: list[tuple[tuple[str, str], Timeline]] = []
+        self._wall: dict[tuple[str, str], float] = {}  # step seconds joined, per job
+        # per job: ((group, role) -> (busy, available), step seconds); replaced whole after
+        # each join, so the job view reads it from another thread without a lock
+        self.view: dict[
+            tuple[str, str], tuple[dict[tuple[str, str], tuple[float, float]], float]
+        ] = {}
 
     def add_samples(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
         self._join.add_samples(gpu, role, samples)
@@ -111,6 +117,11 @@ class WindowJoiner:
             return
         for labels, tl in new:
             self._join.add_timeline(tl, labels)
+            self._wall[labels] = self._wall.get(labels, 0.0) + (tl.end - tl.start)
+        view: dict = {}
+        for (job, group, role), value in self._join.counters().items():
+            view.setdefault(job, ({}, self._wall.get(job, 0.0)))[0][group, role] = value
+        self.view = view
 
     def samples(self) -> list[Sample]:
         out: list[Sample] = []

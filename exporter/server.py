@@ -67,6 +67,8 @@ class Endpoints:
     demo: bool = False  # the job view labels its data as simulated
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
     windows_api: Any = None  # GET /api/v1/windows (exporter/gpuwindows.py): None when off
+    window_view: Any = None  # the NVML source's WindowJoiner: GPU time by window in the job view
+    balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -130,7 +132,16 @@ def job_view(endpoints: Endpoints, path: str, host: str | None = None) -> tuple[
     for job in endpoints.jobs():
         if job["project"] == project and job["experiment"] == experiment:
             snaps = [fn() for fn in endpoints.snapshot_fns]
-            return 200, job_page(job, snaps, *_facts(endpoints, host)).encode()
+            joiner = endpoints.window_view
+            windows = joiner.view.get((project, experiment)) if joiner is not None else None
+            page = job_page(
+                job,
+                snaps,
+                *_facts(endpoints, host),
+                windows=windows,
+                balance_limits=endpoints.balance_limits,
+            )
+            return 200, page.encode()
     return 404, not_found_page(project, experiment).encode()
 
 

@@ -431,6 +431,21 @@ def test_one_step_off_with_too_many_rollout_gpus_is_rollout_overprovisioned():
     assert b.overprovisioned_idle > 0.5 > b.starved_idle
 
 
+def test_job_view_shows_who_waits_on_whom():
+    from exporter.view.pages import gpu_windows_section
+
+    counters = {
+        ("rollout", "rollout"): (1100.0, 1200.0),
+        ("update", "rollout"): (550.0, 600.0),
+        ("rollout", "trainer"): (108.0, 3600.0),
+        ("update", "trainer"): (1710.0, 1800.0),
+    }
+    html = gpu_windows_section((counters, 900.0), TH.document["balance"])
+    assert "<td>update</td><td>trainer</td><td>1,800</td><td>95%</td><td>90</td>" in html
+    assert "trainer_starved" in html and "move +2 GPUs to the rollout" in html
+    assert gpu_windows_section(None, TH.document["balance"]) == ""
+
+
 def test_balance_needs_two_sides_and_enough_gpu_seconds():
     from exporter.diagnosis.balance import balance
 

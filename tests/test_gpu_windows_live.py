@@ -115,6 +115,8 @@ def test_live_window_series_rules_and_panels(tmp_path):
         }
         assert {"rollout", "update", "other"} <= groups, groups
         assert prom.query(gpuwindows.fleet_idle(ctx))
+        page = requests.get(exporter.url + "/jobs/p/e", timeout=10).text
+        assert "GPU time by step window and role" in page and "unknown" in page
         range_ = f"{int(end - start) + 1}s"
         exprs = panel_exprs(job.render(th), "GPU busy by window and role")
         exprs += panel_exprs(fleet.render(th), "GPU-hours idle by window, top jobs")

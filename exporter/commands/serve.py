@@ -150,6 +150,8 @@ class Sidecar:
             ready_fns=[s.snapshot for s in self.sources if s is not self.push],
             sources_text=", ".join(s.describe() for s in self.sources) or "none",
             windows_api=_windows_api(windows, settings),
+            window_view=getattr(self.nvml, "joiner", None),
+            balance_limits=self.th.document.get("balance", {}),
         )
         self.server = make_server(
             settings.listen,
