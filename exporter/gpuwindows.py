@@ -71,6 +71,20 @@ class WindowBoard:
             return {k for k, r in self._jobs.items() if any(tl.end > since for tl in r)}
 
 
+OVERLAP_TOLERANCE = 1.0  # seconds two consecutive steps of a job may overlap (anchor error)
+
+
+def _latest_anchors(posted: list[tuple[tuple[str, str], Timeline]]) -> list:
+    """Drop a step that a later-posted step of the same job overlaps: both were anchored at
+    one read time (a backlog read in several chunks), so only the later one is right."""
+    out = []
+    for i, (labels, tl) in enumerate(posted):
+        later = (t for lab, t in posted[i + 1 :] if lab == labels)
+        if not any(t.start < tl.end - OVERLAP_TOLERANCE for t in later):
+            out.append((labels, tl))
+    return out
+
+
 class WindowJoiner:
     """The NVML source's half: one GpuWindowJoin, counters per job."""
 
@@ -102,6 +116,7 @@ class WindowJoiner:
         if covered is None:
             self._pending = pending[-self.board.keep :]
             return
+        pending = _latest_anchors(pending)
         new = [p for p in pending if p[1].end <= covered]
         self._pending = [p for p in pending if p[1].end > covered][-self.board.keep :]
         if not new:

@@ -296,6 +296,9 @@ class Job:
         """Ingest records in order; returns how many."""
         n = 0
         self._arrival = self._clock() if now is None else now
+        # GPU windows: only a step from the batch's last record has a known arrival time (the
+        # file's mtime, or the push); earlier records of a backlog were written before it
+        post: StepDiagnosis | None = None
         for record in records:
             try:
                 clean = self._clean(record)
@@ -311,6 +314,7 @@ class Job:
                 self._extra.update(extra_values(clean.data))
                 self._between_steps(clean.data)
                 self._remember_evidence(clean.data)
+                post = event.diagnosis
                 if event.diagnosis is not None:
                     self._classified(event.diagnosis)
                 n += 1
@@ -320,6 +324,10 @@ class Job:
         if n:
             self.records += n
             self._samples = None
+        if post is not None and self._windows is not None:
+            self._windows.post(
+                self.labels, rebuild(post.step, post.windows, post.timers, self._arrival, self._th)
+            )
         return n
 
     def _remember_evidence(self, data: Mapping[str, Any]) -> None:
@@ -439,10 +447,6 @@ class Job:
 
     def _classified(self, d: StepDiagnosis) -> None:
         self.last = d
-        if self._windows is not None:
-            self._windows.post(
-                self.labels, rebuild(d.step, d.windows, d.timers, self._arrival, self._th)
-            )
         self.step_seconds += d.windows.step_seconds
         self.untimed_seconds += d.windows.untimed_seconds
         for group, seconds in d.windows.group_seconds.items():

@@ -539,3 +539,51 @@ def test_worker_sidecar_matches_a_single_node_run(tmp_path, monkeypatch):
         assert worker_total[key] == pytest.approx(head_total[key], rel=1e-9, abs=1e-9), key
         assert worker_busy[key] == pytest.approx(head_busy[key], rel=1e-9, abs=1e-9), key
     assert [tl.step for tl in worker_board.recent(("p", "e"))] == list(range(1, 13))
+
+
+def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp_path):
+    """An exporter (re)started beside a running job reads the log's backlog in one poll:
+    only the last step's arrival is known (the file's mtime), the others are not posted."""
+    import json
+    import os
+
+    from exporter.gpuwindows import WindowBoard, WindowJoiner
+    from exporter.sources.verl_files import VerlFileSource
+
+    records, _ = simulate(20, seed=8, t0=1000.0)
+    log_file = tmp_path / "job.jsonl"
+    with log_file.open("w") as f:
+        for _arrival, rec in records:
+            f.write(json.dumps({"step": rec.step, "data": dict(rec.data)}) + "\n")
+    written = records[-1][0]
+    os.utime(log_file, (written, written))
+    clock = FakeClock(written + 300.0)  # read five minutes later
+    board = WindowBoard()
+    verl = VerlFileSource(TH, files=[(log_file, "p", "e")], clock=clock, windows=board)
+    assert verl.poll_once().up
+    (tl,) = board.recent(("p", "e"))
+    assert tl.step == 20
+    want = timelines(records, delay=0.0)[-1]
+    assert tl.end == pytest.approx(want.end) and tl.start == pytest.approx(want.start)
+    # steps anchored at one read time overlap: only the later-posted one is joined
+    joiner = WindowJoiner(board)
+    (early, late) = timelines(records[-2:], delay=0.0)
+    shifted = early._replace(
+        start=early.start + (late.end - early.end),
+        end=late.end,
+        intervals=tuple(
+            iv._replace(start=iv.start + late.end - early.end, end=iv.end + late.end - early.end)
+            for iv in early.intervals
+        ),
+    )
+    joiner.add_samples(
+        "0", "trainer", [(float(t), 1.0) for t in range(int(late.end) - 100, int(late.end) + 5)]
+    )
+    board.take_new()
+    board.post(("p", "e"), shifted)
+    board.post(("p", "e"), late)
+    joiner.join(now=late.end + 1.0)
+    busy, total = {}, {}
+    for s in joiner.samples():
+        (busy if "busy" in s.name else total)[s.labels] = s.value
+    assert sum(total.values()) == pytest.approx(late.end - late.start)
