@@ -59,6 +59,11 @@ class WindowBoard:
             recent = self._jobs.get(labels)
             return tuple(recent) if recent is not None else ()
 
+    def snapshot(self) -> list[tuple[tuple[str, str], tuple[Timeline, ...]]]:
+        """Every job's kept timelines, oldest first (for GET /api/v1/windows)."""
+        with self._lock:
+            return [(k, tuple(r)) for k, r in self._jobs.items()]
+
     def take_new(self) -> list[tuple[tuple[str, str], Timeline]]:
         """The timelines posted since the last call."""
         with self._lock:
@@ -164,8 +169,7 @@ def timeline_json(tl: Timeline) -> dict:
 
 
 def board_json(board: WindowBoard) -> dict:
-    with board._lock:
-        jobs = [(k, tuple(r)) for k, r in board._jobs.items()]
+    jobs = board.snapshot()
     return {
         "jobs": [
             {"project": p, "experiment": e, "steps": [timeline_json(tl) for tl in tls]}

@@ -40,8 +40,10 @@ separated trainers, verl 0.6; `windows.split` decides). Both are timed in the sa
 so the step ended at `arrival - testing - checkpoint outside`.
 
 The alignment error (seconds), per window edge, is at most:
-  delay (how late the exporter sees the record: the file poll interval, plus the time verl
-  spends computing metrics after `step`, typically well under a second)
+  delay (how late the arrival time is after the step's end: the time verl spends computing
+  metrics after `step`, typically well under a second; the file source takes the file's
+  mtime as the arrival of a poll's last record, so its poll interval does not add, while a
+  pushed record arrives when its push does)
   + R (where the untimed remainder really ran is unknown; spread evenly, the error is
     usually a fraction of R, never more)
 `Timeline.error_seconds` carries `delay + R` for each step; tests measure it.

@@ -74,8 +74,12 @@ class RemoteWindowsSource(PollingSource):
             steps = parse_board(json.loads(raw))
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError("bad_answer", f"{self.url}: {exc}") from None
+        seen = {}  # only the jobs the head still has: bounded by its board
         for labels, tl in steps:
-            if tl.end > self._seen.get(labels, float("-inf")):
+            last = seen.get(labels, self._seen.get(labels, float("-inf")))
+            if tl.end > last:
                 self.board.post(labels, tl)
-                self._seen[labels] = tl.end
+                last = tl.end
+            seen[labels] = last
+        self._seen = seen
         return PollResult(())
