@@ -587,3 +587,30 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
     for s in joiner.samples():
         (busy if "busy" in s.name else total)[s.labels] = s.value
     assert sum(total.values()) == pytest.approx(late.end - late.start)
+
+
+def test_two_jobs_on_one_node_are_not_joined(caplog):
+    """NVML cannot tell which job a GPU serves: with two active jobs nothing is attributed."""
+    from exporter.gpuwindows import WindowBoard, WindowJoiner
+
+    records, _ = simulate(2, seed=9, t0=1000.0)
+    a, b = timelines(records, delay=0.0)
+    board = WindowBoard()
+    joiner = WindowJoiner(board)
+    joiner.add_samples("0", "trainer", [(float(t), 0.5) for t in range(990, int(b.end) + 5)])
+    board.post(("p", "one"), a)
+    board.post(("p", "two"), b)
+    with caplog.at_level("WARNING"):
+        joiner.join(now=b.end + 1.0)
+        board.post(("p", "one"), b)
+        joiner.join(now=b.end + 2.0)
+    assert joiner.samples() == []
+    assert sum("more than one verl job" in r.message for r in caplog.records) == 1
+    # one job alone is joined
+    alone = WindowBoard()
+    joiner = WindowJoiner(alone)
+    joiner.add_samples("0", "trainer", [(float(t), 0.5) for t in range(990, int(b.end) + 5)])
+    alone.post(("p", "one"), a)
+    joiner.join(now=a.end + 1.0)
+    total = sum(s.value for s in joiner.samples() if s.name == "rlhf_window_gpu_seconds_total")
+    assert total == pytest.approx(a.end - a.start)

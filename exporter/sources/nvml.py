@@ -237,6 +237,7 @@ class NvmlSource(PollingSource):
     def _gpu_failed(self, gpu: Gpu, reason: str, exc: BaseException) -> None:
         gpu.errors[reason] = gpu.errors.get(reason, 0) + 1
         gpu.last_ts = gpu.last_time = None  # integrate again from the next good sample
+        gpu.recent = []
         if self.joiner is not None:
             self.joiner.forget(gpu.label)
         if gpu.failing != reason:
@@ -337,7 +338,8 @@ class NvmlSource(PollingSource):
                     if gpu.last_ts is not None and ts - gpu.last_ts <= MAX_GAP_US:
                         gpu.busy += ratio * (ts - gpu.last_ts) / 1e6
                         gpu.samples += 1
-                    gpu.recent.append((ts / 1e6, ratio))  # NVML stamps: epoch microseconds
+                    if self.joiner is not None:  # NVML stamps: epoch microseconds
+                        gpu.recent.append((ts / 1e6, ratio))
                     gpu.last_ts = ts
                     gpu.utilization = ratio
                 return
@@ -346,7 +348,8 @@ class NvmlSource(PollingSource):
         if gpu.last_time is not None:
             gpu.busy += ratio * (now - gpu.last_time)
             gpu.samples += 1
-        gpu.recent.append((self.wall(), ratio))  # covers the time since the last poll
+        if self.joiner is not None:  # covers the time since the last poll
+            gpu.recent.append((self.wall(), ratio))
         gpu.last_time = now
         gpu.utilization = ratio
 
