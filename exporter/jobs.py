@@ -47,6 +47,7 @@ from .diagnosis import (
     Thresholds,
 )
 from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence
+from .diagnosis.timeline import rebuild
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
 from .metrics.catalog import BY_NAME
@@ -214,6 +215,7 @@ class Job:
         *,
         clock: Callable[[], float] = time.time,
         total_steps: int | None = None,
+        windows: Any = None,
     ):
         # what ingestion drops is counted here (a source passes its record_errors counter)
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
@@ -237,6 +239,8 @@ class Job:
         self._run_base = 0  # runs before the current diagnoser (explicit new_run calls)
         self._clock = clock
         self.total_steps = total_steps
+        self._windows = windows  # a WindowBoard: each classified step's timeline goes there
+        self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
         self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
@@ -291,6 +295,10 @@ class Job:
     def feed(self, records: Iterable[Record], now: float | None = None) -> int:
         """Ingest records in order; returns how many."""
         n = 0
+        self._arrival = self._clock() if now is None else now
+        # GPU windows: only a step from the batch's last record has a known arrival time (the
+        # file's mtime, or the push); earlier records of a backlog were written before it
+        post: StepDiagnosis | None = None
         for record in records:
             try:
                 clean = self._clean(record)
@@ -306,6 +314,7 @@ class Job:
                 self._extra.update(extra_values(clean.data))
                 self._between_steps(clean.data)
                 self._remember_evidence(clean.data)
+                post = event.diagnosis
                 if event.diagnosis is not None:
                     self._classified(event.diagnosis)
                 n += 1
@@ -315,6 +324,10 @@ class Job:
         if n:
             self.records += n
             self._samples = None
+        if post is not None and self._windows is not None:
+            self._windows.post(
+                self.labels, rebuild(post.step, post.windows, post.timers, self._arrival, self._th)
+            )
         return n
 
     def _remember_evidence(self, data: Mapping[str, Any]) -> None:

@@ -66,6 +66,9 @@ class Endpoints:
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
+    windows_api: Any = None  # GET /api/v1/windows (exporter/gpuwindows.py): None when off
+    window_view: Any = None  # the NVML source's WindowJoiner: GPU time by window in the job view
+    balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -129,7 +132,16 @@ def job_view(endpoints: Endpoints, path: str, host: str | None = None) -> tuple[
     for job in endpoints.jobs():
         if job["project"] == project and job["experiment"] == experiment:
             snaps = [fn() for fn in endpoints.snapshot_fns]
-            return 200, job_page(job, snaps, *_facts(endpoints, host)).encode()
+            joiner = endpoints.window_view
+            windows = joiner.view.get((project, experiment)) if joiner is not None else None
+            page = job_page(
+                job,
+                snaps,
+                *_facts(endpoints, host),
+                windows=windows,
+                balance_limits=endpoints.balance_limits,
+            )
+            return 200, page.encode()
     return 404, not_found_page(project, experiment).encode()
 
 
@@ -210,6 +222,10 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/api/v1/jobs":  # the view's step history stays out of the JSON
             jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]
             self._json(200, {"jobs": jobs})
+        elif path == "/api/v1/windows" and ep.windows_api is not None:
+            status, doc = ep.windows_api.handle(self.headers.get("Authorization"))
+            extra = {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if status == 401 else None
+            self._send(status, orjson.dumps(doc) + b"\n", "application/json", extra)
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:

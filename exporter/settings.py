@@ -357,6 +357,37 @@ OPTIONS: tuple[Option, ...] = (
         "attribute GPU memory to Ray roles by PID (default: on when Ray is on)",
         "nvml",
     ),
+    Option(
+        "gpu_windows",
+        _bool,
+        True,
+        "GPU busy time by step window and GPU role: join NVML's samples to verl's step windows",
+        "nvml",
+    ),
+    Option(
+        "gpu_windows_keep",
+        _count,
+        32,
+        "steps' window timelines kept per job for the GPU window join",
+        "nvml",
+        "STEPS",
+    ),
+    Option(
+        "gpu_windows_from",
+        str,
+        None,
+        "a worker sidecar: the head sidecar's URL to read the job's step windows from (GET /api/v1/windows, with --push-token as bearer token)",
+        "nvml",
+        "URL",
+    ),
+    Option(
+        "gpu_windows_interval",
+        _positive,
+        2.0,
+        "seconds between reads of the head's step windows (--gpu-windows-from)",
+        "nvml",
+        "SECONDS",
+    ),
 )
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 GROUP_TITLES = {

@@ -906,6 +906,26 @@ def test_example_worker_ray_address_can_be_set(example_chart):
     assert "RAY_CLUSTER_NAME" not in env
 
 
+def test_example_worker_reads_the_heads_gpu_windows_when_wired(example_chart):
+    """Issue 17: worker sidecars read the head sidecar's step windows (with the push token)."""
+    url = "http://rlhf-head.ray-jobs.svc:9400"
+    cluster = {"ray.io/cluster": "c"}
+    values = example_values(sidecar={"worker": {"gpuWindowsFrom": url}})
+    rayjob = rayjob_of(render(values, chart=example_chart, namespace="ray-jobs"))
+    worker = ray_pod_templates(rayjob)["worker-gpu"]["spec"]
+    conf, env = serve_settings(container(worker, "rlhf-exporter"), labels=cluster)
+    assert conf.gpu_windows_from == url and conf.push is False
+    head = ray_pod_templates(rayjob)["head"]["spec"]
+    head_conf, head_env = serve_settings(container(head, "rlhf-exporter"), labels=cluster)
+    assert head_conf.gpu_windows_from is None
+    # the token the head's API checks (push's) travels to the worker from the same Secret
+    assert ("RLHF_EXPORTER_PUSH_TOKEN" in env) == ("RLHF_EXPORTER_PUSH_TOKEN" in head_env)
+    unwired = rayjob_of(render(example_values(), chart=example_chart, namespace="ray-jobs"))
+    worker = ray_pod_templates(unwired)["worker-gpu"]["spec"]
+    conf, env = serve_settings(container(worker, "rlhf-exporter"), labels=cluster)
+    assert conf.gpu_windows_from is None and "RLHF_EXPORTER_PUSH_TOKEN" not in env
+
+
 def test_example_chart_lints_strictly(example_chart):
     report = helm.lint(str(example_chart), None, strict=True)
     problems = [m for m in report["messages"] if m["severity"] >= 2]

@@ -112,7 +112,12 @@ class Sidecar:
                 self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
             )
             extra_roots.append(self.tempdir)
-        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo)
+        windows = None
+        if settings.nvml and settings.gpu_windows:  # issue 17: GPU time by step window
+            from ..gpuwindows import WindowBoard
+
+            windows = WindowBoard(keep=settings.gpu_windows_keep)
+        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo, windows=windows)
         self.sources: list[Source] = []
         self.verl = VerlFileSource.from_settings(settings, context)
         self.push = None
@@ -128,6 +133,10 @@ class Sidecar:
         self.nvml = self._optional(
             "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray)
         )
+        if windows is not None and settings.gpu_windows_from:  # a worker: the head's windows
+            from ..sources.windows_remote import RemoteWindowsSource
+
+            self.sources += [RemoteWindowsSource.from_settings(settings, context)]
         if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
             from ..demo.devices import DemoDevices
 
@@ -140,6 +149,9 @@ class Sidecar:
             push=self.push,
             ready_fns=[s.snapshot for s in self.sources if s is not self.push],
             sources_text=", ".join(s.describe() for s in self.sources) or "none",
+            windows_api=_windows_api(windows, settings),
+            window_view=getattr(self.nvml, "joiner", None),
+            balance_limits=self.th.document.get("balance", {}),
         )
         self.server = make_server(
             settings.listen,
@@ -202,6 +214,15 @@ class Sidecar:
             t.join(3.0)
         if self.tempdir is not None:
             shutil.rmtree(self.tempdir, ignore_errors=True)
+
+
+def _windows_api(windows: Any, settings: Any) -> Any:
+    """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
+    if windows is None:
+        return None
+    from ..gpuwindows import WindowsApi
+
+    return WindowsApi(windows, settings.push_token)
 
 
 def _check_push_exposure(settings: Any) -> None:

@@ -256,6 +256,28 @@ GPU = _section(
     ),
 )
 
+WINDOW_GPU = _section(
+    "GPU time by step window",
+    _job(
+        "rlhf_window_gpu_busy_seconds_total",
+        COUNTER,
+        "GPU-seconds of utilization (NVML's timestamped samples) during the job's step windows "
+        "of a decision-table group, on this node's GPUs of a role (rollout, trainer, "
+        "colocated: both on one GPU; unknown: no process matched). Windows are rebuilt in "
+        "time from each step's record (docs/gpu-windows.md).",
+        "group",
+        "gpu_role",
+    ),
+    _job(
+        "rlhf_window_gpu_seconds_total",
+        COUNTER,
+        "GPU-seconds available during the job's step windows of a group, on this node's GPUs "
+        "of a role. Minus rlhf_window_gpu_busy_seconds_total: the idle GPU-seconds, exactly.",
+        "group",
+        "gpu_role",
+    ),
+)
+
 EXPORTER = _section(
     "The exporter itself",
     Metric(
@@ -305,6 +327,6 @@ EXPORTER = _section(
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
 )
 
-CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + EXPORTER)
+CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + WINDOW_GPU + EXPORTER)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)

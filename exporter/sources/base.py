@@ -32,6 +32,7 @@ class Context:
     extra_roots: tuple[Path, ...] = ()  # more verl roots (the demo's)
     ray: Any = None  # the Ray source once built (NVML matches GPU processes to its actors)
     demo: Any = None  # the demo job (`serve --demo`), whose devices the demo source simulates
+    windows: Any = None  # the WindowBoard: jobs post step timelines, NVML joins GPU time
 
 
 class Source(Protocol):

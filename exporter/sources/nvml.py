@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..diagnosis.gpujoin import gpu_role
+from ..gpuwindows import WindowJoiner
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .roles import short_name
@@ -80,6 +82,8 @@ class Gpu:
         self.unsupported: set[str] = set()
         self.errors: dict[str, int] = {}
         self.failing: str | None = None
+        self.recent: list[tuple[float, float]] = []  # this poll's (end time, ratio) samples
+        self.role = UNKNOWN_ROLE  # gpu_role() of its processes, for the window join
 
 
 class NvmlSource(PollingSource):
@@ -94,6 +98,7 @@ class NvmlSource(PollingSource):
         retry_after: float = 30.0,
         proc_root: str = "/proc",
         wall: Clock = time.time,
+        windows: Any = None,
     ):
         super().__init__("nvml", interval, stale_after, wall=wall)
         self.ray = ray
@@ -101,6 +106,8 @@ class NvmlSource(PollingSource):
         self.clock = clock
         self.retry_after = retry_after
         self.proc_root = proc_root
+        # GPU time by step window (exporter/gpuwindows.py): None when off
+        self.joiner = WindowJoiner(windows) if windows is not None else None
         self._nv: Any = None  # the pynvml module, once initialised
         self._gpus: list[Gpu] = []
         self._driver = "unknown"
@@ -120,7 +127,13 @@ class NvmlSource(PollingSource):
                 "gpu_roles is on but the Ray source is off: all GPU memory goes to role 'unknown'",
                 extra={"collector": "nvml"},
             )
-        return cls(settings.nvml_interval, ray=ray, roles=roles, wall=context.clock)
+        return cls(
+            settings.nvml_interval,
+            ray=ray,
+            roles=roles,
+            wall=context.clock,
+            windows=context.windows,
+        )
 
     def describe(self) -> str:
         return f"nvml (every {self.interval:g}s{', GPU memory by role' if self.roles else ''})"
@@ -212,6 +225,9 @@ class NvmlSource(PollingSource):
                     gpu.failing = None
             for reason, n in gpu.errors.items():
                 out.append(Sample("rlhf_gpu_errors_total", (gpu.label, gpu.uuid, reason), float(n)))
+        if self.joiner is not None:
+            self.joiner.join(self.wall())
+            out += self.joiner.samples()
         if failed and failed == len(self._gpus):
             self._shutdown(nv)  # start over next poll: the driver may have been reloaded
             self._nv = None
@@ -221,6 +237,9 @@ class NvmlSource(PollingSource):
     def _gpu_failed(self, gpu: Gpu, reason: str, exc: BaseException) -> None:
         gpu.errors[reason] = gpu.errors.get(reason, 0) + 1
         gpu.last_ts = gpu.last_time = None  # integrate again from the next good sample
+        gpu.recent = []
+        if self.joiner is not None:
+            self.joiner.forget(gpu.label)
         if gpu.failing != reason:
             log.warning(
                 "GPU %s (%s) failed (%s): %s; its series are dropped until it answers",
@@ -272,6 +291,10 @@ class NvmlSource(PollingSource):
                     Sample("rlhf_gpu_role_memory_bytes", (*key, role), v)
                     for role, v in sorted(by_role.items())
                 ]
+                gpu.role = gpu_role(by_role)
+        if self.joiner is not None:
+            self.joiner.add_samples(gpu.label, gpu.role, gpu.recent)
+        gpu.recent = []
         return out
 
     def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable, *args: Any) -> Any:
@@ -315,6 +338,8 @@ class NvmlSource(PollingSource):
                     if gpu.last_ts is not None and ts - gpu.last_ts <= MAX_GAP_US:
                         gpu.busy += ratio * (ts - gpu.last_ts) / 1e6
                         gpu.samples += 1
+                    if self.joiner is not None:  # NVML stamps: epoch microseconds
+                        gpu.recent.append((ts / 1e6, ratio))
                     gpu.last_ts = ts
                     gpu.utilization = ratio
                 return
@@ -323,6 +348,8 @@ class NvmlSource(PollingSource):
         if gpu.last_time is not None:
             gpu.busy += ratio * (now - gpu.last_time)
             gpu.samples += 1
+        if self.joiner is not None:  # covers the time since the last poll
+            gpu.recent.append((self.wall(), ratio))
         gpu.last_time = now
         gpu.utilization = ratio
 

@@ -169,10 +169,12 @@ class PushSource:
         max_jobs_per_client: int = MAX_JOBS_PER_CLIENT,
         clock: Clock = time.time,
         total_steps: int | None = None,
+        windows: Any = None,
     ):
         self.th = th
         self.clock = clock
         self.total_steps = total_steps
+        self.windows = windows  # the WindowBoard its jobs post step timelines to
         self.max_bytes = max_bytes
         self._token = token.encode() if token else None
         self.job_expiry = job_expiry
@@ -204,6 +206,7 @@ class PushSource:
             max_jobs_per_client=settings.push_max_jobs_per_client,
             clock=context.clock,
             total_steps=settings.total_steps,
+            windows=context.windows,
         )
 
     def start(self) -> None:
@@ -322,6 +325,7 @@ class PushSource:
                     self._rejected,
                     clock=self.clock,
                     total_steps=self.total_steps,
+                    windows=self.windows,
                 )
                 pushed = self._jobs[key] = _Pushed(job, now, client)
                 self._per_client[client] += 1

@@ -115,10 +115,12 @@ class VerlFileSource(PollingSource):
         max_files: int = MAX_FILES,
         clock: Clock = time.time,
         total_steps: int | None = None,
+        windows: Any = None,
     ):
         super().__init__(NAME, interval, wall=clock)
         self.clock = clock
         self.total_steps = total_steps
+        self.windows = windows  # the WindowBoard its jobs post step timelines to
         self.th = th
         self.roots = [Path(r) for r in roots]
         self.files = [(Path(p), proj, exp) for p, proj, exp in files]
@@ -247,6 +249,7 @@ class VerlFileSource(PollingSource):
                 self._rejected,
                 clock=self.clock,
                 total_steps=self.total_steps,
+                windows=self.windows,
             ),
             RecordReader(self.max_line),
         )
@@ -472,6 +475,7 @@ class VerlFileSource(PollingSource):
             max_files=settings.max_files,
             clock=context.clock,
             total_steps=settings.total_steps,
+            windows=context.windows,
         )
 
 

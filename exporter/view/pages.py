@@ -349,8 +349,48 @@ def cannot_show(lines: Sequence[str]) -> str:
     )
 
 
+def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
+    """GPU time by step window and role (docs/gpu-windows.md): GPU-seconds, busy share and
+    idle GPU-seconds per window group and GPU role since the exporter started; for separate
+    rollout and trainer GPUs, who waits on whom and the GPU-move estimate."""
+    if not windows:
+        return ""
+    from ..diagnosis.balance import balance
+
+    counters, wall = windows
+    rows = "".join(
+        f"<tr><td>{escape(group)}</td><td>{escape(role)}</td><td>{total:,.0f}</td>"
+        f"<td>{busy / total:.0%}</td><td>{total - busy:,.0f}</td></tr>"
+        for (group, role), (busy, total) in sorted(counters.items())
+        if total > 0
+    )
+    out = (
+        "<h2>GPU time by step window and role</h2>"
+        "<table><tr><th>window group</th><th>GPU role</th><th>GPU-seconds</th><th>busy</th>"
+        f"<th>idle GPU-seconds</th></tr>{rows}</table>"
+    )
+    b = balance(counters, wall, limits) if limits else None
+    if b is not None:
+        verdict = b.verdict or "not enough GPU-seconds yet"
+        out += (
+            f"<p><b>Who waits on whom:</b> {escape(verdict)}: trainer idle "
+            f"{b.trainer_idle:.0%} ({b.starved_idle:.0%} waiting for samples, "
+            f"{b.trainer_idle_seconds:,.0f} GPU-seconds), rollout idle {b.rollout_idle:.0%} "
+            f"({b.overprovisioned_idle:.0%} while the trainer works, "
+            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: move "
+            f"{b.move_to_rollout:+d} GPUs to the rollout (negative: to the trainer; "
+            "assumptions in docs/gpu-windows.md).</p>"
+        )
+    return out
+
+
 def job_page(
-    job: Mapping[str, Any], snapshots: Sequence[Snapshot], facts: Facts, links: Links
+    job: Mapping[str, Any],
+    snapshots: Sequence[Snapshot],
+    facts: Facts,
+    links: Links,
+    windows: Any = None,
+    balance_limits: Mapping[str, Any] | None = None,
 ) -> str:
     """`/jobs/<project>/<experiment>`: one job's pictures, verdict and sources."""
     now = time.time()
@@ -376,6 +416,7 @@ def job_page(
         )
         + cannot_show(job.get("cannot_show") or ())
         + charts(job.get("history") or ())
+        + gpu_windows_section(windows, balance_limits or {})
         + "<h2>Sources</h2>"
         + sources_table(snapshots, now)
         + facts_section(facts, links)

@@ -331,6 +331,25 @@ def gpus_waiting_per_group(c: Context) -> PanelBuilder:
     )
 
 
+def idle_gpu_hours_by_window(c: Context) -> PanelBuilder:
+    busy, total = "rlhf_window_gpu_busy_seconds_total", "rlhf_window_gpu_seconds_total"
+    return bar_gauge(
+        "GPU-hours idle by window, top jobs",
+        "Idle GPU-hours in the time range per job, step-window group and GPU role, the 10 "
+        "largest: GPU-seconds available during the job's windows minus the busy ones (NVML's "
+        "samples joined to the windows, summed over each job's nodes; docs/gpu-windows.md).",
+        [
+            Q(
+                f"topk(10, sum by (project, experiment, group, gpu_role) (\n"
+                f"  increase({sel(total)}[{RANGE}])\n  - increase({sel(busy)}[{RANGE}])\n) / 3600)",
+                "{{project}}/{{experiment}} {{group}} {{gpu_role}}",
+                instant=True,
+            )
+        ],
+        "h",
+    ).decimals(1)
+
+
 def stall_budget_used(c: Context) -> PanelBuilder:
     alerts = c.alerts
     return threshold_line(
@@ -457,6 +476,7 @@ def gpu_time_row(c: Context) -> Row:
         [
             Cell(301, gpu_hours_per_group(c), w=8, h=9),
             Cell(302, gpus_waiting_per_group(c), w=16, h=9),
+            Cell(303, idle_gpu_hours_by_window(c), w=24, h=9),
         ],
     )
 

@@ -613,6 +613,32 @@ def gpu_busy(c: Context) -> PanelBuilder:
     )
 
 
+def gpu_busy_by_window_and_role(c: Context) -> PanelBuilder:
+    busy, total = "rlhf_window_gpu_busy_seconds_total", "rlhf_window_gpu_seconds_total"
+    return time_series(
+        "GPU busy by window and role",
+        "GPU-seconds per step-window group and GPU role (rollout, trainer, colocated), busy and "
+        "idle, stacked: NVML's timestamped samples joined to each step's windows, summed over "
+        "the job's nodes (docs/gpu-windows.md). A tall idle band on the trainer in `rollout` "
+        "means the trainer waits for samples; on the rollout outside `rollout`, rollout GPUs "
+        "wait for the trainer.",
+        [
+            Q(
+                f"sum by (gpu_role, group) (increase({sel(busy)}[{RATE}]))",
+                "{{gpu_role}} {{group}} busy",
+            ),
+            Q(
+                f"sum by (gpu_role, group) (\n  increase({sel(total)}[{RATE}])\n"
+                f"  - increase({sel(busy)}[{RATE}])\n)",
+                "{{gpu_role}} {{group}} idle",
+            ),
+        ],
+        "s",
+        stacked=True,
+        bars=True,
+    ).min(0)
+
+
 def gpu_memory(c: Context) -> PanelBuilder:
     return time_series(
         "GPU memory used per GPU",
@@ -829,6 +855,7 @@ def gpu_row(c: Context) -> Row:
             Cell(601, gpu_busy(c), w=8, h=8),
             Cell(602, gpu_memory(c), w=8, h=8),
             Cell(603, gpu_memory_by_role(c), w=8, h=8),
+            Cell(604, gpu_busy_by_window_and_role(c), w=24, h=9),
         ],
     )
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
-from . import decision, operations
+from . import decision, gpuwindows, operations
 from .model import (
     BOUND_ALERTS,
     DECISION_FILE,
@@ -95,7 +95,7 @@ Rules = Context
 
 
 def all_alerts(ctx: Context) -> list[Alert]:
-    return decision.alerts(ctx) + operations.alerts(ctx)
+    return decision.alerts(ctx) + operations.alerts(ctx) + gpuwindows.alerts(ctx)
 
 
 def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
@@ -125,6 +125,7 @@ def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
                 "rules": [a.rule(base) for a in operations.alerts(ctx)],
             }
         ],
+        gpuwindows.GPU_WINDOWS_FILE: gpuwindows.groups(ctx),
     }
 
 

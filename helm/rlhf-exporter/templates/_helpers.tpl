@@ -119,6 +119,13 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ACTORS" "value" "false") }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_NVML" "value" "true") }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_ROLES" "value" (toString $v.sidecar.gpuRoles)) }}
+{{- with $v.sidecar.worker.gpuWindowsFrom }}
+{{- /* GPU time by step window: the head sidecar's recent step windows, read with the push token */}}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_WINDOWS_FROM" "value" .) }}
+{{- if $v.push.tokenSecret.name }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.push.tokenSecret.name "key" $v.push.tokenSecret.key))) }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and $v.sidecar.nvidiaVisibleDevices (or (eq $role "worker") $v.sidecar.head.nvml) }}
 {{- $env = append $env (dict "name" "NVIDIA_VISIBLE_DEVICES" "value" $v.sidecar.nvidiaVisibleDevices) }}

@@ -1,0 +1,117 @@
+"""Benchmark (issue 17): the GPU-window join's CPU cost on the sidecar, 8 GPUs, a step per 30 s.
+
+No GPU here, so `pynvml` is the scripted fake from tests/support/fake_pynvml.py, injected as
+`sys.modules['pynvml']` (the collector's own code path; each GPU has a trainer or rollout
+process matched through a /proc tree, so the role join is paid for too). Side by side, on
+this process's CPU clock, over the same simulated hour (one poll per simulated second, NVML
+sampling 6 times a second):
+  (a) the NVML collector with the join: samples kept per GPU, a step timeline rebuilt from
+      its record every 30 s (what the Job does) and joined, the window counters exported;
+  (b) the same collector without it.
+The join's cost = (a) - (b), as a share of one core at one poll per second. Goal: <= 0.5 %.
+
+    .venv/bin/python bench/gpuwindows.py [--seconds 3600] [--gpus 8] [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from exporter.config import load_thresholds  # noqa: E402
+from exporter.diagnosis import Record, StreamDiagnoser  # noqa: E402
+from exporter.diagnosis.timeline import rebuild  # noqa: E402
+from exporter.gpuwindows import WindowBoard  # noqa: E402
+from exporter.sources.nvml import NvmlSource  # noqa: E402
+from exporter.sources.ray import ActorProcess  # noqa: E402
+from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
+
+STEP = 30.0
+TH = load_thresholds()
+
+
+def _proc(root: Path, pid: int, title: bytes) -> None:
+    d = root / str(pid)
+    d.mkdir(parents=True)
+    (d / "cmdline").write_bytes(title + b"\0" * 20)
+    (d / "stat").write_bytes(f"{pid} (x) S 1 {pid} {pid} 0".encode())
+
+
+def run(seconds: int, n_gpus: int, join: bool, root: Path) -> tuple[float, int]:
+    """CPU seconds for `seconds` polls, and the window samples exported at the end."""
+    start = 1000.0
+    clock = FakeClock(start)
+    util = [(float(t), 90.0 if (t % 30) < 20 else 5.0) for t in range(0, seconds + 60, 5)]
+    gpus = [
+        FakeGpu(i, util=util, start=start, buffer=120, processes=[(100 + i % 2, 1 << 30)])
+        for i in range(n_gpus)
+    ]
+    sys.modules["pynvml"] = make_module(gpus, clock)
+    actors = {100: ActorProcess("WorkerDict", "trainer"), 101: ActorProcess("vLLM", "rollout")}
+    board = WindowBoard(keep=32) if join else None
+    src = NvmlSource(
+        1.0, ray=FakeRay(actors), clock=clock, proc_root=str(root), wall=clock, windows=board
+    )
+    sd = StreamDiagnoser(TH)
+    data = {
+        "timing_s/gen": 18.0,
+        "timing_s/reward": 1.0,
+        "timing_s/old_log_prob": 3.0,
+        "timing_s/adv": 0.5,
+        "timing_s/update_actor": 6.0,
+        "timing_s/update_weights": 1.0,
+        "timing_s/step": 29.8,
+    }
+    src.poll_once()
+    cpu0 = time.process_time()
+    for t in range(1, seconds + 1):
+        clock.advance(1.0)
+        if join and t % int(STEP) == 0:  # the Job's part: classify, rebuild, post
+            d = sd.feed(Record(t // int(STEP), data)).diagnosis
+            board.post(("p", "e"), rebuild(d.step, d.windows, d.timers, clock(), TH))
+        snap = src.poll_once()
+    cpu = time.process_time() - cpu0
+    assert snap.up, snap.errors
+    n = sum(1 for s in snap.samples if s.name.startswith("rlhf_window_gpu"))
+    return cpu, n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--seconds", type=int, default=3600)
+    ap.add_argument("--gpus", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=5)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "proc"
+        _proc(root, 100, b"ray::WorkerDict")
+        _proc(root, 101, b"ray::vLLM")
+        with_join, without = [], []
+        for _ in range(args.runs):  # interleaved, best of each
+            cpu, n = run(args.seconds, args.gpus, True, root)
+            with_join.append(cpu)
+            without.append(run(args.seconds, args.gpus, False, root)[0])
+    a, b = min(with_join), min(without)
+    per_s = (a - b) / args.seconds
+    print(
+        f"{args.gpus} GPUs, {args.seconds} s simulated, a step per {STEP:g} s, best of {args.runs}"
+    )
+    print(f"  NVML collector with the join:    {a / args.seconds * 1e6:8.1f} us CPU per poll")
+    print(f"  NVML collector without the join: {b / args.seconds * 1e6:8.1f} us CPU per poll")
+    print(f"  ratio with/without: {a / b:.3f}x; window series exported: {n}")
+    print(
+        f"  the join: {per_s * 1e6:.1f} us per second = {per_s * 100:.4f} % of one core (goal <= 0.5 %)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

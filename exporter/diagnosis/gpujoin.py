@@ -1,0 +1,134 @@
+"""GPU busy time by step window and GPU role: NVML's timestamped samples joined to timelines.
+
+Pure (no I/O). Each GPU's utilization samples (`nvmlDeviceGetSamples`: a sample at `t`
+covers `(previous t, t]`) are kept for a bounded horizon; when a step's `Timeline` arrives
+(its record comes after the step), every sample span overlapping one of its intervals adds
+`overlap` to the available GPU-seconds of (interval group, GPU role) and `ratio x overlap`
+to the busy ones. A span crossing a window edge is split by the overlap, so
+
+    idle = available - busy           exactly, per (group, role), by construction;
+    busy / available                  the true busy share of that window on that side.
+
+Each moment of a GPU is attributed at most once (per GPU, time before the last attributed
+step end is never attributed again). Samples older than the horizon, and time no step
+covers (validation, checkpoints after `step`, gaps), are not attributed.
+
+GPU roles: `rollout`, `trainer`, or `colocated` when one GPU holds processes of both (the
+hybrid engine); `unknown` when no process could be matched (docs/gpu-roles.md).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import deque
+from collections.abc import Iterable, Mapping
+
+from .timeline import Timeline
+
+ROLLOUT, TRAINER, COLOCATED, UNKNOWN = "rollout", "trainer", "colocated", "unknown"
+GPU_ROLES = (ROLLOUT, TRAINER, COLOCATED, UNKNOWN)
+_ROLLOUT_SIDE = frozenset({"rollout", "agent_loop"})
+_TRAINER_SIDE = frozenset({"trainer"})
+
+
+def gpu_role(process_roles: Iterable[str]) -> str:
+    """One GPU's role from the roles of the processes on it (docs/gpu-roles.md)."""
+    roles = set(process_roles)
+    rollout, trainer = bool(roles & _ROLLOUT_SIDE), bool(roles & _TRAINER_SIDE)
+    if rollout and trainer:
+        return COLOCATED
+    if rollout:
+        return ROLLOUT
+    if trainer:
+        return TRAINER
+    return UNKNOWN
+
+
+class _Track:
+    """One GPU's recent sample spans, in time order: span i is (ends[i-1], ends[i]]."""
+
+    __slots__ = ("done", "ends", "ratios", "role")
+
+    def __init__(self) -> None:
+        self.ends: deque[float] = deque()
+        self.ratios: deque[float] = deque()
+        self.done = float("-inf")  # attributed up to here
+        self.role = UNKNOWN
+
+
+class GpuWindowJoin:
+    """Per-GPU sample history and the (group, role) -> [busy, available] seconds counters."""
+
+    def __init__(self, horizon: float = 900.0):
+        self.horizon = horizon  # seconds of samples kept; a step longer than this is cut
+        self._gpus: dict[str, _Track] = {}
+        # (job, group, role) -> seconds; `job` is whatever the caller names a job by
+        self.busy: dict[tuple, float] = {}
+        self.available: dict[tuple, float] = {}
+
+    def add_samples(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
+        """Samples of one GPU: (end time in epoch seconds, utilization ratio 0..1), each
+        covering the time since the GPU's previous sample. Old ones beyond the horizon go."""
+        track = self._gpus.get(gpu)
+        if track is None:
+            track = self._gpus[gpu] = _Track()
+        track.role = role
+        ends, ratios = track.ends, track.ratios
+        for t, ratio in samples:
+            if ends and t <= ends[-1]:
+                continue
+            ends.append(t)
+            ratios.append(ratio)
+        if ends:
+            cut = ends[-1] - self.horizon
+            while len(ends) > 1 and ends[1] <= cut:
+                ends.popleft()
+                ratios.popleft()
+
+    def covered_until(self) -> float | None:
+        """The time up to which every GPU's samples are in (None: no GPU yet)."""
+        ends = [t.ends[-1] for t in self._gpus.values() if t.ends]
+        return min(ends) if ends else None
+
+    def forget(self, gpu: str) -> None:
+        """A GPU that failed: its history restarts (a gap is never attributed)."""
+        self._gpus.pop(gpu, None)
+
+    def add_timeline(self, tl: Timeline, job: tuple = ()) -> None:
+        """Attribute every kept GPU's samples overlapping the step's windows to `job`."""
+        for track in self._gpus.values():
+            self._attribute(track, tl, job)
+
+    def _attribute(self, track: _Track, tl: Timeline, job: tuple) -> None:
+        ends, ratios = track.ends, track.ratios
+        if len(ends) < 2:
+            return
+        role, busy, avail = track.role, self.busy, self.available
+        lo = max(tl.start, track.done)
+        for iv in tl.intervals:
+            a, b = max(iv.start, lo), iv.end
+            if b <= a:
+                continue
+            # span i covers (ends[i-1], ends[i]]; the first span that ends after a
+            i = max(bisect_right(ends, a), 1)
+            key = (job, iv.group, role)
+            total = busy_s = 0.0
+            n = len(ends)
+            while i < n:
+                s0, s1 = ends[i - 1], ends[i]
+                if s0 >= b:
+                    break
+                overlap = min(s1, b) - max(s0, a)
+                if overlap > 0.0:
+                    total += overlap
+                    busy_s += ratios[i] * overlap
+                i += 1
+            if total > 0.0:
+                avail[key] = avail.get(key, 0.0) + total
+                busy[key] = busy.get(key, 0.0) + busy_s
+        if tl.end > track.done:
+            track.done = tl.end
+
+    def counters(self) -> Mapping[tuple, tuple[float, float]]:
+        """(job, group, role) -> (busy seconds, available seconds), both monotonic."""
+        return {k: (self.busy.get(k, 0.0), v) for k, v in self.available.items()}
