@@ -183,9 +183,15 @@ def parse_board(doc: object) -> list[tuple[tuple[str, str], Timeline]]:
     from .diagnosis.timeline import Interval
 
     def num(x: object) -> float:
-        if type(x) not in (int, float) or x != x or x in (float("inf"), float("-inf")):
+        if not isinstance(x, (int, float)) or isinstance(x, bool):
             raise ValueError(f"not a number: {x!r}")
-        return float(x)
+        try:
+            value = float(x)  # an int too big for a float raises OverflowError
+        except OverflowError:
+            raise ValueError(f"not a number: {x!r}") from None
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ValueError(f"not a number: {x!r}")
+        return value
 
     def text(x: object) -> str:
         if not isinstance(x, str) or len(x) > 256:

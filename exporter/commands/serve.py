@@ -136,7 +136,9 @@ class Sidecar:
         if windows is not None and settings.gpu_windows_from:  # a worker: the head's windows
             from ..sources.windows_remote import RemoteWindowsSource
 
-            self.sources += [RemoteWindowsSource.from_settings(settings, context)]
+            self.sources += [
+                s for s in (RemoteWindowsSource.from_settings(settings, context),) if s
+            ]
         if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
             from ..demo.devices import DemoDevices
 

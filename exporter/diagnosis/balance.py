@@ -51,7 +51,10 @@ class Balance(NamedTuple):
     move_to_rollout: int  # the first-order estimate (negative: to the trainer)
 
 
-def _side(counters: Mapping[tuple[str, str], tuple[float, float]], role: str):
+def _side(
+    counters: Mapping[tuple[str, str], tuple[float, float]], role: str
+) -> tuple[float, float, float, float]:
+    """(busy, available, idle while rolling out, idle outside rollout) GPU-seconds of a role."""
     busy = total = idle_in_rollout = idle_outside = 0.0
     for (group, r), (b, a) in counters.items():
         if r != role:

@@ -74,7 +74,7 @@ class RemoteWindowsSource(PollingSource):
             steps = parse_board(json.loads(raw))
         except (ValueError, KeyError, TypeError) as exc:
             raise SourceError("bad_answer", f"{self.url}: {exc}") from None
-        seen = {}  # only the jobs the head still has: bounded by its board
+        seen: dict[tuple[str, str], float] = {}  # only the jobs the head still has (bounded)
         for labels, tl in steps:
             last = seen.get(labels, self._seen.get(labels, float("-inf")))
             if tl.end > last:
