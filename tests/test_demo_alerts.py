@@ -31,6 +31,7 @@ import yaml
 from exporter.demo.devices import DemoDevices
 from exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
 from exporter.demo.simulator import encode
+from exporter.gpuwindows import WindowBoard
 from exporter.sources.base import SourceError
 from exporter.sources.verl_files import VerlFileSource
 from tests.support.simday import RULE_FILES, SCRAPE, Day
@@ -69,6 +70,8 @@ class DemoRun:
         name = self.job.phase.name  # the devices follow the phase from here, the wait included
         self.phases.setdefault(name, (self.at, self.at))
         self.at += wait * self.step
+        if record is not None:  # the step runs until its record is due, as in the thread
+            self.job.schedule(self.at, record)
         return (record,)
 
     def advance(self, now: float) -> None:
@@ -103,9 +106,12 @@ def _rule_alerts() -> set[str]:
 # The bottleneck's moves are also regressions of the group that became slow: it costs more
 # seconds per token than the job's own baseline, with no more tokens to explain it.
 JOB_ALERTS: dict[tuple[str, str], tuple[str, str]] = {
+    # separated: the same records as the phases around them, the GPUs apart (GPU-window join)
+    ("RLHFTrainerStarved", ""): ("trainer starved", "trainer starved"),
+    ("RLHFRolloutOverprovisioned", ""): ("rollout over-provisioned", "rollout over-provisioned"),
     ("RLHFJobSyncBound", ""): ("sync-bound", "sync-bound"),
     ("RLHFJobRegression", "sync"): ("sync-bound", "sync-bound"),
-    ("RLHFJobUpdateBound", ""): ("update-bound", "regression"),
+    ("RLHFJobUpdateBound", ""): ("update-bound", "regression"),  # over-provisioned included
     ("RLHFJobRegression", "update"): ("update-bound", "regression"),
     ("RLHFRayActorsDied", "rollout"): ("rollout actor died", "rollout actor died"),
     ("RLHFRayActorsPending", "rollout"): ("its replacement waits", "its replacement waits"),
@@ -159,8 +165,10 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     root = tmp_path / "demo-root"
     job = DemoJob(root, step_seconds=STEP)
     run = DemoRun(job, STEP)
-    devices = DemoDevices(job, clock=c, wall=c)
-    target = day.target(INSTANCE, [VerlFileSource(day.th, [root], clock=c), devices])
+    board = WindowBoard()  # as `serve --demo` wires it: the job posts, the devices join
+    devices = DemoDevices(job, clock=c, wall=c, windows=board, th=day.th)
+    verl = VerlFileSource(day.th, [root], clock=c, windows=board)
+    target = day.target(INSTANCE, [verl, devices])
 
     # the job's timeline, to the stall's alert
     day.run(1.0, [run])

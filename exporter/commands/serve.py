@@ -97,6 +97,7 @@ class Sidecar:
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
         self.demo: DemoJob | None = None
+        self.demo_devices: Any = None  # the demo's simulated GPUs and Ray actors
         extra_roots: list[Path] = []
         if settings.demo:
             from ..demo.job import DemoJob
@@ -113,7 +114,8 @@ class Sidecar:
             )
             extra_roots.append(self.tempdir)
         windows = None
-        if settings.nvml and settings.gpu_windows:  # issue 17: GPU time by step window
+        # issue 17: GPU time by step window (the demo's simulated GPUs join it too)
+        if (settings.nvml or self.demo is not None) and settings.gpu_windows:
             from ..gpuwindows import WindowBoard
 
             windows = WindowBoard(keep=settings.gpu_windows_keep)
@@ -130,8 +132,11 @@ class Sidecar:
         self.sources += [s for s in (self.verl, self.push) if s is not None]
         self.ray = self._optional("ray", settings.ray, _ray, settings, context)
         ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
+        # in the demo the board holds the simulated job's steps, which no real GPU serves:
+        # the simulated devices join them, not NVML
+        nvml_windows = windows if self.demo is None else None
         self.nvml = self._optional(
-            "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray)
+            "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray, windows=nvml_windows)
         )
         if windows is not None and settings.gpu_windows_from:  # a worker: the head's windows
             from ..sources.windows_remote import RemoteWindowsSource
@@ -142,7 +147,8 @@ class Sidecar:
         if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
             from ..demo.devices import DemoDevices
 
-            self.sources += [s for s in (DemoDevices.from_settings(settings, context),) if s]
+            self.demo_devices = DemoDevices.from_settings(settings, context)
+            self.sources += [s for s in (self.demo_devices,) if s]
         self.endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
@@ -152,7 +158,7 @@ class Sidecar:
             ready_fns=[s.snapshot for s in self.sources if s is not self.push],
             sources_text=", ".join(s.describe() for s in self.sources) or "none",
             windows_api=_windows_api(windows, settings),
-            window_view=getattr(self.nvml, "joiner", None),
+            window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
         )
         self.server = make_server(

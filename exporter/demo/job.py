@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +43,9 @@ class DemoJob:
         self.phases = scenario(scenario_name)  # KeyError for an unknown name
         self.phase: Phase = self.phases[0]  # read by the demo devices source
         self.rollout = ActorLife()  # the simulated rollout actor's deaths and restarts
+        # (wall time its record is due, record) of the last few steps scheduled: the step
+        # runs until then, so the simulated GPUs follow its windows (exporter/demo/devices.py)
+        self.upcoming: deque[tuple[float, dict]] = deque(maxlen=3)
         self.written = 0  # records written, all loops
         self.loops = 0
         self._stop = threading.Event()
@@ -79,10 +84,17 @@ class DemoJob:
             else:
                 yield (1.0 if record["step"] else 0.0), record
 
+    def schedule(self, due: float, record: dict) -> None:
+        """The step whose record is written at wall time `due` runs now (its players call
+        this before they wait: the thread below, and tests/test_demo_alerts.py)."""
+        self.upcoming.append((due, record))
+
     def _one_run(self, seed: int) -> None:
         # "wb" truncates, as verl does on every (re)start; buffering=0: one write per record
         with open(self.path, "wb", buffering=0) as f:
             for wait, record in self.timeline(seed):
+                if record is not None:
+                    self.schedule(time.time() + wait * self.step_seconds, record)
                 if wait and self._stop.wait(wait * self.step_seconds):
                     return
                 if record is not None:

@@ -50,6 +50,10 @@ class Phase:
     steps: int
     gpu_busy: float = BUSY
     rollout: str = ROLLOUT_ALIVE  # the rollout actor: alive, restarting (died), restarted
+    # a separated job: half the simulated GPUs roll out, half train (else both share each GPU,
+    # colocated); the trainer's GPUs idle in `rollout` windows (waiting for samples)
+    separated: bool = False
+    rollout_waits: bool = False  # separated: rollout GPUs idle outside `rollout` windows
     pause: float = 0.0  # no record for this many steps' time after the phase's steps
     extra: Mapping[str, float] = field(default_factory=dict)  # added to every step's data
 
@@ -93,6 +97,20 @@ INCIDENTS: dict[str, list[Phase]] = {
         Phase("the bottleneck moves: driver overhead, untimed", OTHER, 14),
     ],
     "gpus_idle": [Phase("GPUs idle while steps progress", STEADY, 15, gpu_busy=IDLE)],
+    # separated (rollout and trainer GPUs apart): the same records as the phases around them,
+    # only the GPUs differ, so no other alert moves (exporter/demo/devices.py)
+    "trainer_starved": [
+        Phase("separated: the trainer starved, waiting for samples", STEADY, 15, separated=True)
+    ],
+    "rollout_overprovisioned": [
+        Phase(
+            "separated: rollout over-provisioned, idle while the trainer works",
+            UPDATE,
+            15,
+            separated=True,
+            rollout_waits=True,
+        )
+    ],
     "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85)],
 }
 
@@ -100,8 +118,10 @@ INCIDENTS: dict[str, list[Phase]] = {
 def _all() -> list[Phase]:
     out = [
         Phase("steady: rollout-bound, long tail", STEADY, 15),
+        *INCIDENTS["trainer_starved"],
         Phase("sync-bound: weights to the rollout engines", REGIMES["sync_bound"], 10),
         Phase("update-bound, low MFU", UPDATE, 12),
+        *INCIDENTS["rollout_overprovisioned"],
     ]
     for name in (
         "workload_shift",
@@ -123,7 +143,7 @@ def scenario(name: str) -> list[Phase]:
         return _all()
     if name not in INCIDENTS:
         raise KeyError(name)
-    base = UPDATE if name in ("workload_shift", "regression") else STEADY
+    base = UPDATE if name in ("workload_shift", "regression", "rollout_overprovisioned") else STEADY
     return [
         Phase("steady", base, 12),
         *INCIDENTS[name],
