@@ -144,8 +144,8 @@ OPTIONS: tuple[Option, ...] = (
         str,
         "all",
         "with --demo: the scripted incidents to play: all (default), workload_shift, "
-        "regression, checkpoint, long_validation, actor_restart, gpus_idle, bottleneck_moves "
-        "or stall "
+        "regression, checkpoint, long_validation, actor_restart, gpus_idle, trainer_starved, "
+        "rollout_overprovisioned, bottleneck_moves or stall "
         "(timeline: exporter/demo/scenario.py)",
         metavar="NAME",
     ),

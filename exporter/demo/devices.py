@@ -79,7 +79,7 @@ class DemoDevices(PollingSource):
         """The demo's simulated devices, when `serve --demo` runs a demo job."""
         if context.demo is None:
             return None
-        return cls(context.demo, windows=context.windows, th=context.th)
+        return cls(context.demo, windows=context.windows, th=context.thresholds)
 
     def jobs(self) -> tuple:
         """No verl job of its own: the demo job is read from its file like any other."""
