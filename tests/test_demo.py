@@ -148,3 +148,61 @@ def test_the_option_help_names_every_scenario():
 
     (option,) = [o for o in OPTIONS if o.name == "demo_scenario"]
     assert all(name in option.help for name in NAMES)
+
+
+def _idle_shares(phase, th):
+    """(trainer idle in `rollout` windows, rollout idle outside them), each over its side's
+    GPU-seconds, after six 240 s steps of `phase` joined through a board, as in the demo."""
+    from exporter.diagnosis.change import Baseline
+    from exporter.diagnosis.steps import classify
+    from exporter.diagnosis.timeline import rebuild
+    from exporter.gpuwindows import WindowBoard
+
+    job = _Job([phase])
+    job.upcoming = []
+    board = WindowBoard()
+    now = [1000.0]
+    dev = DemoDevices(job, n_gpus=4, clock=lambda: now[0], wall=lambda: now[0], windows=board)
+    dev.poll_once()
+    records = [r for _, r in play([phase], seed=1) if r is not None and r["step"]]
+    for record in records[:6]:
+        due = now[0] + 240.0
+        job.upcoming.append((due, record))  # the step runs until its record is due
+        while now[0] < due:
+            now[0] += 15.0
+            dev.poll_once()
+        # the verl side: the record arrives when due, its step posted to the board
+        d = classify(0, record["step"], record["data"], Baseline(th), th)
+        board.post(("demo", "e"), rebuild(d.step, d.windows, d.timers, due, th))
+    now[0] += 15.0
+    samples = dev.poll_once().samples
+    busy, total = {}, {}
+    for s in samples:
+        if s.name == "rlhf_window_gpu_busy_seconds_total":
+            busy[s.labels[2], s.labels[3]] = s.value
+        elif s.name == "rlhf_window_gpu_seconds_total":
+            total[s.labels[2], s.labels[3]] = s.value
+    assert {role for _, role in total} == {"rollout", "trainer"}
+    roles = {s.labels[2] for s in samples if s.name == "rlhf_gpu_role_memory_bytes"}
+    assert roles == {"rollout", "trainer"}
+
+    def idle_share(role, inside):
+        keys = [k for k in total if k[1] == role]
+        idle = sum(total[k] - busy[k] for k in keys if (k[0] == "rollout") == inside)
+        return idle / sum(total[k] for k in keys)
+
+    return idle_share("trainer", True), idle_share("rollout", False)
+
+
+def test_separated_devices_join_their_windows_like_nvml():
+    """A separated phase: the simulated GPUs' samples go through a WindowJoiner from the
+    board, as NVML's do; trainer GPUs idle in `rollout` windows when starved, rollout GPUs
+    idle outside them when over-provisioned (the alerts' threshold is 0.3)."""
+    from exporter.config import load_thresholds
+
+    th = load_thresholds()
+    (starved_phase,) = INCIDENTS["trainer_starved"]
+    (over_phase,) = INCIDENTS["rollout_overprovisioned"]
+    starved, over = _idle_shares(starved_phase, th), _idle_shares(over_phase, th)
+    assert starved[0] > 0.5 and starved[1] < 0.1  # the trainer waits for samples
+    assert over[1] > 0.5 and over[0] < 0.3  # the rollout waits for the trainer
