@@ -9,25 +9,36 @@ default 0.7 s per step:
 | # | phase | steps | what shows |
 |---|---|---|---|
 | 1 | steady, rollout-bound (long tail) | 15 | rollout verdict, `long_tail` reason; busy GPUs |
-| 2 | sync-bound | 10 | sync verdict, `weight_sync`; the bottleneck moved (RLHFJobSyncBound) |
-| 3 | update-bound, low MFU | 12 | update verdict, `low_mfu` (RLHFJobUpdateBound) |
-| 4 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
-| 5 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
-| 6 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
-| 7 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
-| 8 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 6 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
-| 9 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
-| 10 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
-| 11 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled) |
+| 2 | separated: the trainer starved (same records as 1) | 15 | half the GPUs roll out, half train; trainer GPUs idle in `rollout` windows, waiting for samples (`rlhf_window_gpu_*`; RLHFTrainerStarved) |
+| 3 | sync-bound | 10 | sync verdict, `weight_sync`; the bottleneck moved (RLHFJobSyncBound) |
+| 4 | update-bound, low MFU | 12 | update verdict, `low_mfu` (RLHFJobUpdateBound) |
+| 5 | separated: rollout over-provisioned (same records as 4) | 15 | rollout GPUs idle outside `rollout` windows, while the trainer works (RLHFRolloutOverprovisioned) |
+| 6 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
+| 7 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
+| 8 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
+| 9 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
+| 10 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 6 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
+| 11 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
+| 12 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
+| 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled) |
 
-146 steps and 87 steps' time of pauses: about 2.7 minutes per loop at 0.7 s a step (faster
+176 steps and 87 steps' time of pauses: about 3 minutes per loop at 0.7 s a step (faster
 with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
+
 The alerts named above keep their real windows and `for:` (15 minutes for the bound alerts),
 so the live demo is too quick for most of them: tests/test_demo_alerts.py plays this
 timeline at 4 simulated minutes a step through the exporter and promtool, and checks that
 each fires in its incident and that no other alert fires. The exporter's own alerts
 (collector down or stale, exporter down or absent) are about infrastructure: that test
 injects them.
+
+The separated phases (2 and 5) change only the simulated GPUs (exporter/demo/devices.py):
+the verl records are those of the phase before, so no other alert moves. Their GPUs' samples
+follow the demo job's step windows and go through the GPU-window join (`WindowJoiner`), as
+NVML's do. The join needs the records' step times to fit between the records: at 0.7 s a
+step each record still claims its ~95 s windows, so the steps overlap and only each one's
+last 0.7 s (its last windows: `update`, `sync`, `other`) is joined live; the counters appear
+but the idle shares are the test's (at 240 s a step), not the live demo's.
 """
 
 from __future__ import annotations
