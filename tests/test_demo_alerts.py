@@ -206,6 +206,9 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     assert day.value("rlhf_ray_actor_restarts_total", role="rollout") == 1.0
     assert day.value("rlhf_between_steps_max_seconds", experiment=EXPERIMENT) == 240.0
     assert day.value("rlhf_run", project=PROJECT, experiment=EXPERIMENT) == 0.0  # the first run
+    # the separated phases went through the GPU-window join: each side has GPU-seconds
+    for role in ("trainer", "rollout"):
+        assert day.value("rlhf_window_gpu_seconds_total", gpu_role=role, group="rollout") > 600
 
     # every alert of the rules is scripted, and fires in its incident only
     infra = {
