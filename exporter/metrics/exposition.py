@@ -3,8 +3,8 @@
 The snapshots are cut into fragments, each a tuple of samples that a source keeps (by
 identity) for as long as it is unchanged:
 
-- one fragment per job: a snapshot's `parts` (see `Snapshot.parts`);
-- a snapshot's other samples (Ray, GPUs, `rlhf_exporter_jobs`);
+- one fragment per job: a snapshot's `parts` (see `Snapshot`);
+- a snapshot's `rest`, its other samples (Ray, GPUs, `rlhf_exporter_jobs`);
 - a snapshot's own health series (`rlhf_exporter_collector_*`), rebuilt at every poll;
 - build_info, and the count of samples that could not be served.
 
@@ -87,25 +87,6 @@ class _Fragment:
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def split_parts(snap: Snapshot) -> tuple[tuple[tuple[Sample, ...], ...], tuple[Sample, ...]]:
-    """(the snapshot's per-job parts, its other samples). Parts that do not match the front
-    of `samples` (a source that broke the contract) are ignored: all samples, one fragment."""
-    samples, parts = snap.samples, snap.parts
-    if not parts:
-        return (), samples
-    off = 0
-    for part in parts:
-        n = len(part)
-        if n and (
-            off + n > len(samples)
-            or samples[off] is not part[0]
-            or samples[off + n - 1] is not part[-1]
-        ):
-            return (), samples
-        off += n
-    return parts, (samples[off:] if off else samples)
 
 
 @dataclass
@@ -224,13 +205,11 @@ class Exposition:
         out = [valued((build_info(),), "")]
         for snap in snaps:
             out.append(valued(health_samples(snap), snap.collector))
-            parts, rest = split_parts(snap)
-            out.extend(keyed(part, snap.collector) for part in parts if part)
-            if rest:
+            out.extend(keyed(part, snap.collector) for part in snap.parts if part)
+            rest = snap.rest
+            if rest:  # beside parts, a source's own few samples: cached by value
                 out.append(
-                    keyed(rest, snap.collector)
-                    if rest is snap.samples
-                    else valued(rest, snap.collector)
+                    valued(rest, snap.collector) if snap.parts else keyed(rest, snap.collector)
                 )
         self._by_id, self._by_value = new_id, new_value
         return out

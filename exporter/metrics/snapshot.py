@@ -7,8 +7,9 @@ Both import from here, so no import climbs back up a layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 
@@ -22,7 +23,13 @@ class Sample(NamedTuple):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What a source knows right now. Replaced whole, never changed in place."""
+    """What a source knows right now. Replaced whole, never changed in place.
+
+    A source with many jobs publishes each job's samples as one tuple in `parts` (the same
+    tuple object for as long as the job's series are unchanged) and its other samples in
+    `rest`: a new step of one job then costs a new `parts` tuple of references, never a copy
+    of every job's samples. Consumers iterate `series()`; `samples` (every sample, flattened)
+    is built on first use only, for readers that want one tuple."""
 
     collector: str
     up: bool = False
@@ -31,9 +38,19 @@ class Snapshot:
     errors: Mapping[str, int] = field(default_factory=dict)  # failed collections by reason
     records: int | None = None  # input records ingested (sources that take records)
     record_errors: Mapping[str, int] = field(default_factory=dict)  # rejected input by reason
-    samples: tuple[Sample, ...] = ()
+    rest: tuple[Sample, ...] = ()  # the samples that are in no part (all, without parts)
     created: float = field(default_factory=time.time)
-    # Optional grouping of `samples` for incremental exposition: when set, `samples` begins
-    # with these tuples' samples, in order (one tuple per job, the same tuple object for as
-    # long as the job's series are unchanged), followed by the snapshot's other samples.
-    parts: tuple[tuple[Sample, ...], ...] = ()
+    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job sample tuples, served before `rest`
+
+    def series(self) -> Iterator[Sample]:
+        """Every sample: each part's in order, then `rest`'s."""
+        for part in self.parts:
+            yield from part
+        yield from self.rest
+
+    @cached_property
+    def samples(self) -> tuple[Sample, ...]:
+        """Every sample as one tuple (flattened on first use, then kept)."""
+        if not self.parts:
+            return self.rest
+        return tuple(self.series())

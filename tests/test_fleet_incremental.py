@@ -1,0 +1,104 @@
+"""Fleet scale, in process: a new step of one job costs that job's work, not the fleet's.
+
+The sources publish each job's samples as its own tuple (`Snapshot.parts`) and never copy
+every job's samples into one flat tuple; the verl source rebuilds the landing page's summary
+of the jobs that changed only. Each test counts the work (calls, cache misses), not time.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from exporter.config import load_thresholds
+from exporter.demo.simulator import REGIMES, encode, records
+from exporter.jobs import Job
+from exporter.metrics.collector import families
+from exporter.metrics.exposition import Exposition
+from exporter.sources.push import PushSource
+from exporter.sources.verl_files import VerlFileSource
+
+JOBS = 40
+
+
+@pytest.fixture(scope="module")
+def th():
+    return load_thresholds()
+
+
+class Fleet:
+    """JOBS verl files under one root, each with a few steps; `step(i)` appends one."""
+
+    def __init__(self, root):
+        regimes = list(REGIMES.values())
+        self.paths, self.streams = [], []
+        for i in range(JOBS):
+            path = root / f"team{i % 4}" / f"exp{i:03d}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stream = records([(regimes[i % len(regimes)], 10**6)], seed=i, validation=False)
+            path.write_bytes(b"".join(encode(next(stream)) for _ in range(4)))
+            self.paths.append(path)
+            self.streams.append(stream)
+
+    def step(self, i: int) -> None:
+        with open(self.paths[i], "ab") as f:
+            f.write(encode(next(self.streams[i])))
+
+
+def test_a_new_step_summarises_one_job_and_copies_no_samples(tmp_path, th, monkeypatch):
+    calls = {"summary": 0}
+    real = Job.summary
+
+    def counted(self):
+        calls["summary"] += 1
+        return real(self)
+
+    monkeypatch.setattr(Job, "summary", counted)
+    fleet = Fleet(tmp_path)
+    src = VerlFileSource(th, [tmp_path])
+    first = src.poll_once()
+    assert len(first.parts) == JOBS and calls["summary"] == JOBS
+    assert [s.name for s in first.rest] == ["rlhf_exporter_jobs"]  # the jobs' samples: parts
+
+    fleet.step(7)
+    snap = src.poll_once()
+    assert calls["summary"] == JOBS + 1  # only the job with a new step
+    assert src.stats["summaries_built"] == JOBS + 1
+    changed = [i for i, (a, b) in enumerate(zip(first.parts, snap.parts)) if a is not b]
+    assert len(changed) == 1  # every other job's tuple is the same object
+    assert [s.name for s in snap.rest] == ["rlhf_exporter_jobs"]
+
+    # the summaries are those of the jobs as they are now
+    fresh = {
+        (j["project"], j["experiment"]): {**j}
+        for j in ({**w.job.summary(), "source": str(w.path)} for w in src._watched.values())
+    }
+    calls["summary"] = 0
+    assert {(j["project"], j["experiment"]): j for j in src.jobs()} == fresh
+    assert calls["summary"] == 0  # reading the landing page builds nothing
+
+    src.poll_once()  # nothing new: nothing summarised, the same snapshot contents
+    assert calls["summary"] == 0
+
+    # no consumer flattens the jobs' samples: the exposition and a from-scratch render
+    ex = Exposition([src.snapshot])
+    ex.render("text/plain")
+    families([src.snapshot()])
+    assert "samples" not in vars(src.snapshot())
+
+
+def test_push_publishes_each_job_as_its_own_tuple(th):
+    push = PushSource(th)
+    for i, step in itertools.product(range(3), (1, 2)):
+        body = encode({"project": "p", "experiment": f"e{i}", "step": step, "data": {}})
+        assert push.handle(None, str(len(body)), lambda n, b=body: b[:n]).status == 200
+    before = push.snapshot()
+    assert len(before.parts) == 3 and [s.name for s in before.rest] == ["rlhf_exporter_jobs"]
+    body = encode({"project": "p", "experiment": "e1", "step": 3, "data": {}})
+    assert push.handle(None, str(len(body)), lambda n, b=body: b[:n]).status == 200
+    after = push.snapshot()
+    assert after.parts[0] is before.parts[0] and after.parts[2] is before.parts[2]
+    assert after.parts[1] is not before.parts[1]
+    steps = {s.labels: s.value for s in after.samples if s.name == "rlhf_step"}
+    assert steps == {("p", "e0"): 2.0, ("p", "e1"): 3.0, ("p", "e2"): 2.0}
