@@ -102,3 +102,36 @@ def test_push_publishes_each_job_as_its_own_tuple(th):
     assert after.parts[1] is not before.parts[1]
     steps = {s.labels: s.value for s in after.samples if s.name == "rlhf_step"}
     assert steps == {("p", "e0"): 2.0, ("p", "e1"): 3.0, ("p", "e2"): 2.0}
+
+
+def test_a_new_step_encodes_only_the_families_it_changed():
+    """A job's new tuple whose families mostly hold the same values (new Sample objects, equal
+    values) re-encodes the changed families only; the body stays what a from-scratch render
+    gives, in both formats."""
+    from prometheus_client.exposition import choose_encoder
+
+    from exporter.metrics.exposition import encode as encode_families
+    from exporter.metrics.snapshot import Sample, Snapshot
+
+    def part(project: str, step: int) -> tuple[Sample, ...]:
+        j = (project, "e")
+        return (
+            Sample("rlhf_step", j, float(step)),
+            Sample("rlhf_run", j, 0.0),
+            *(Sample("rlhf_group_seconds_total", j + (g,), 5.0) for g in ("generate", "train")),
+        )
+
+    snaps = [Snapshot("verl", True, rest=(), parts=(part("a", 1), part("b", 1)))]
+    ex = Exposition([lambda: snaps[0]])
+    formats = ("text/plain", "application/openmetrics-text;version=1.0.0")
+    for accept in formats:
+        ex.render(accept)
+    encoded, hits = ex.stats["samples_encoded"], ex.stats["family_hits"]
+    snaps[0] = Snapshot("verl", True, rest=(), parts=(part("a", 2), snaps[0].parts[1]))
+    for accept in formats:
+        body, _, _ = ex.render(accept)
+        encoder, ctype = choose_encoder(accept)
+        eof = b"# EOF\n" if "openmetrics" in ctype else b""
+        assert body == encode_families(encoder, families(snaps)) + eof
+    assert ex.stats["samples_encoded"] - encoded == 2  # rlhf_step of a, once per format
+    assert ex.stats["family_hits"] - hits == 2 * 2  # a's rlhf_run and group seconds, twice

@@ -33,6 +33,7 @@ scrapers that arrive meanwhile get the same cached bytes.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import threading
 import time
@@ -83,6 +84,7 @@ class _Fragment:
     collector: str
     lines: dict[str, dict[str, bytes]] = field(default_factory=dict)  # format -> name -> lines
     counted: bool = False  # its dropped samples were added to the total
+    families: tuple[tuple[Sample, ...], ...] = ()  # its samples per family (cache keys)
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
@@ -121,6 +123,9 @@ class Exposition:
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
         self._headers: dict[tuple[str, str], bytes] = {}
+        # (format, one family's samples of one fragment) -> their lines: a job's families
+        # that a new step left as they were (equal samples) are not encoded again
+        self._family_lines: dict[tuple[str, tuple[Sample, ...]], bytes] = {}
         self._bodies: dict[str, _Body] = {}
         self._chunks: dict[tuple[Any, ...], _Chunk] = {}
         self._gz_headers: dict[tuple[str, str], bytes] = {}
@@ -218,21 +223,58 @@ class Exposition:
         lines = frag.lines.get(ctype)
         if lines is not None:
             return lines
+        groups = _families_of(frag.samples)
+        if groups is None:  # a malformed sample: the fragment as a whole, its drops counted
+            lines = self._encode(frag, frag.samples, encoder, ctype)[0]
+        else:
+            # a new step changes some of a job's families only: the others' lines are reused
+            cache = self._family_lines
+            lines, missed = {}, []
+            for name, fam in groups.items():
+                hit = cache.get((ctype, fam))
+                if hit is None:
+                    missed.append(fam)
+                else:
+                    self.stats["family_hits"] += 1
+                    lines[name] = hit
+            if missed:
+                fresh, dropped = self._encode(frag, [s for f in missed for s in f], encoder, ctype)
+                if not dropped:  # every sample served: its family's lines can be reused
+                    for fam in missed:
+                        cache[ctype, fam] = fresh[fam[0].name]
+                lines.update(fresh)
+            frag.families = tuple(groups.values())
+        if not frag.counted:
+            frag.counted = True
+        frag.lines[ctype] = lines
+        return lines
+
+    def _encode(
+        self, frag: _Fragment, samples: Sequence[Any], encoder: Encoder, ctype: str
+    ) -> tuple[dict[str, bytes], int]:
+        """These samples' lines per family, encoded by prometheus_client, and how many were
+        left out (counted in `dropped` once per fragment)."""
         dropped: Counter[tuple[str, str]] = Counter()
         by_name: dict[str, Any] = {}
-        self.stats["samples_encoded"] += len(frag.samples)
+        self.stats["samples_encoded"] += len(samples)
         try:
-            add_samples(by_name, frag.samples, frag.collector, dropped)
+            add_samples(by_name, samples, frag.collector, dropped)
             lines = self._split(encoder, ctype, by_name)
         except Exception:  # a bug: this fragment is left out, every other one is served
             log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
             dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
             lines = {}
         if not frag.counted:
-            frag.counted = True
             self.dropped.update(dropped)
-        frag.lines[ctype] = lines
-        return lines
+        return lines, sum(dropped.values())
+
+    def _prune_family_lines(self, frags: Sequence[_Fragment]) -> None:
+        """Forget the family lines no current fragment holds, once they are half the cache."""
+        live = sum(len(f.families) * len(f.lines) for f in frags)  # per format
+        if len(self._family_lines) <= 2 * live + 1024:
+            return
+        keep = {(c, fam) for f in frags for fam in f.families for c in f.lines}
+        self._family_lines = {k: v for k, v in self._family_lines.items() if k in keep}
 
     def _header(self, encoder: Encoder, ctype: str, name: str) -> bytes:
         key = (ctype, name)
@@ -270,6 +312,7 @@ class Exposition:
         frags = self._fragments(snaps)
         for frag in frags:
             self._lines(frag, encoder, ctype)
+        self._prune_family_lines(frags)
         if self.dropped:
             samples = tuple(
                 Sample(DROPPED, key, float(n)) for key, n in sorted(self.dropped.items())
@@ -351,6 +394,30 @@ class Exposition:
             if segment is None:
                 segment = self._gz_headers[ctype, ""] = self._deflate(_EOF)
             yield segment
+
+
+def _families_of(samples: Sequence[Any]) -> dict[str, tuple[Sample, ...]] | None:
+    """The samples grouped per family name, in order; None if one is not a well-formed
+    `Sample` (those take the checked path) or the group cannot key a cache: an unhashable
+    value, or a -0.0 (equal to 0.0, yet encoded differently)."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        if type(s) is not Sample or type(s.labels) is not tuple:
+            return None
+        for v in s.labels:
+            if type(v) is not str:  # a str subclass may equal a cached value, yet encode
+                return None  # otherwise (or fail): the checked path
+        value = s.value
+        if value == 0 and type(value) is float and math.copysign(1.0, value) < 0:
+            return None
+        groups.setdefault(s.name, []).append(s)
+    out = {name: tuple(fam) for name, fam in groups.items()}
+    try:
+        for fam in out.values():
+            hash(fam)
+    except TypeError:
+        return None
+    return out
 
 
 def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:
