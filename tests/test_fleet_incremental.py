@@ -7,6 +7,7 @@ of the jobs that changed only. Each test counts the work (calls, cache misses), 
 
 from __future__ import annotations
 
+import gzip
 import itertools
 
 import pytest
@@ -135,3 +136,36 @@ def test_a_new_step_encodes_only_the_families_it_changed():
         assert body == encode_families(encoder, families(snaps)) + eof
     assert ex.stats["samples_encoded"] - encoded == 2  # rlhf_step of a, once per format
     assert ex.stats["family_hits"] - hits == 2 * 2  # a's rlhf_run and group seconds, twice
+
+
+def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
+    """Scraped every 10 s, with jobs changing every second: between scrapes the warm pass
+    encodes the changed jobs only; the body is joined and gzipped once, just before the
+    scrape, which then finds it ready."""
+    from exporter.metrics.exposition import BUILD_AHEAD
+    from exporter.metrics.snapshot import Sample, Snapshot
+
+    def part(project: str, step: int) -> tuple[Sample, ...]:
+        return (Sample("rlhf_step", (project, "e"), float(step)),)
+
+    now = [0.0]
+    snaps = [Snapshot("verl", True, rest=(), parts=(part("a", 1), part("b", 1)))]
+    ex = Exposition([lambda: snaps[0]], clock=lambda: now[0])
+    om = "application/openmetrics-text;version=1.0.0"
+    ex.render(om, want_gzip=True)
+    now[0] = 10.0
+    ex.render(om, want_gzip=True)  # the scrape interval is now known: 10 s
+    renders, gzips = ex.stats["renders"], ex.stats["segments_deflated"]
+    for t in range(11, 20):
+        now[0] = float(t)
+        snaps[0] = Snapshot("verl", True, rest=(), parts=(part("a", t), snaps[0].parts[1]))
+        ex.warm()
+        if t < 20 - BUILD_AHEAD:
+            assert ex.stats["renders"] == renders and ex.stats["segments_deflated"] == gzips
+    assert ex.stats["prepares"] == 20 - BUILD_AHEAD - 11  # t = 11 .. 17: encoded, not built
+    assert ex.stats["renders"] == renders + 2  # t = 18 and 19: built ahead of the scrape
+    encoded, renders = ex.stats["samples_encoded"], ex.stats["renders"]
+    now[0] = 20.0
+    body, _, gz = ex.render(om, want_gzip=True)
+    assert gz and b'rlhf_step{experiment="e",project="a"} 19.0' in gzip.decompress(body)
+    assert ex.stats["renders"] == renders and ex.stats["samples_encoded"] == encoded

@@ -129,6 +129,7 @@ class VerlFileSource(PollingSource):
         self.file_budget = max(file_budget, CHUNK)
         self.poll_budget = max(poll_budget, self.file_budget)
         self._watched: dict[Path, Watched] = {}
+        self._known: set[str] = set()  # str(path) of every watched file, for discovery
         self._jobs: dict[tuple[str, str], Path] = {}
         self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
         self._records = 0
@@ -165,8 +166,9 @@ class VerlFileSource(PollingSource):
                 except OSError as exc:
                     self._root_problem(Path(folder.path), exc)
                     continue
-                for entry in entries:
-                    if entry.name.endswith(SUFFIX):
+                known = self._known
+                for entry in entries:  # no Path made for the files already watched
+                    if entry.name.endswith(SUFFIX) and entry.path not in known:
                         path = Path(entry.path)
                         if path not in self._watched:
                             self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
@@ -238,6 +240,7 @@ class VerlFileSource(PollingSource):
                 experiment,
                 extra={"path": _shown(path), "reason": "job_conflict"},
             )
+        self._known.add(str(path))
         self._watched[path] = Watched(
             path,
             project,
@@ -448,6 +451,7 @@ class VerlFileSource(PollingSource):
     def _forget(self, w: Watched) -> None:
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
         self._watched.pop(w.path, None)
+        self._known.discard(str(w.path))
         self._jobs.pop((w.project, w.experiment), None)
 
     def has_job(self, project: str, experiment: str) -> bool:
