@@ -140,9 +140,9 @@ def test_a_new_step_encodes_only_the_families_it_changed():
 
 def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
     """Scraped every 10 s, with jobs changing every second: between scrapes the warm pass
-    encodes, joins and deflates what changed; the gzip body (a CRC-32 over the whole plain
-    body, the final join) is made only just before the scrape, which then finds it ready."""
-    from exporter.metrics.exposition import BUILD_AHEAD
+    encodes the changed jobs only; the body (joined, deflated, checksummed) is built just
+    before the scrape, which then finds it ready."""
+    from exporter.metrics import exposition as mod
     from exporter.metrics.snapshot import Sample, Snapshot
 
     def part(project: str, step: int) -> tuple[Sample, ...]:
@@ -150,22 +150,23 @@ def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
 
     now = [0.0]
     snaps = [Snapshot("verl", True, rest=(), parts=(part("a", 1), part("b", 1)))]
-    ex = Exposition([lambda: snaps[0]], clock=lambda: now[0])
+    ex = mod.Exposition([lambda: snaps[0]], clock=lambda: now[0])
     om = "application/openmetrics-text;version=1.0.0"
     ex.render(om, want_gzip=True)
     now[0] = 10.0
     ex.render(om, want_gzip=True)  # the scrape interval is now known: 10 s
-    bodies = ex.stats["gzip_bodies"]
+    renders, bodies = ex.stats["renders"], ex.stats["gzip_bodies"]
     for t in range(11, 20):
         now[0] = float(t)
         snaps[0] = Snapshot("verl", True, rest=(), parts=(part("a", t), snaps[0].parts[1]))
         encoded = ex.stats["samples_encoded"]
         ex.warm()
         assert ex.stats["samples_encoded"] == encoded + 1  # the change, encoded at once
-        if t < 20 - BUILD_AHEAD:
-            assert ex.stats["gzip_bodies"] == bodies  # no body: the scrape is not near
-    assert ex.stats["prepares"] == 20 - BUILD_AHEAD - 11  # t = 11 .. 17
-    assert ex.stats["gzip_bodies"] == bodies + 2  # t = 18 and 19: made ahead of the scrape
+        if t <= 17:  # 20 - BUILD_AHEAD - 2 x the (tiny) build time: not near yet
+            assert ex.stats["renders"] == renders and ex.stats["gzip_bodies"] == bodies
+    assert mod.BUILD_AHEAD == 2.0 and ex.stats["prepares"] == 7  # t = 11 .. 17
+    assert ex.stats["renders"] == renders + 2  # t = 18 and 19: built ahead of the scrape
+    assert ex.stats["gzip_bodies"] == bodies + 2
     stats = dict(ex.stats)
     now[0] = 20.0
     body, _, gz = ex.render(om, want_gzip=True)

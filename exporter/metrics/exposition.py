@@ -58,6 +58,7 @@ DROPPED = "rlhf_exporter_samples_dropped_total"
 CHUNK = 16  # consecutive fragments (jobs) cached and gzipped together, per family
 WARM_FOR = 600.0  # seconds after its last scrape that a format is kept warm
 BUILD_AHEAD = 2.0  # seconds before a format's next expected scrape that its body is built
+MAX_LEAD = 5.0  # seconds: one build's time counted towards the lead at most
 GZIP_LEVEL = 4
 _EOF = b"# EOF\n"
 _CATALOG_ORDER = tuple(BY_NAME)
@@ -139,6 +140,7 @@ class Exposition:
         # ctype -> (encoder, last scrape, the scrape before it, gzip)
         self._wanted: dict[str, tuple[Encoder, float, float | None, bool]] = {}
         self._clock = clock
+        self._build_s: dict[str, float] = {}  # ctype -> seconds the warm pass's last build took
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
         self.warm_thread: threading.Thread | None = None
@@ -170,33 +172,45 @@ class Exposition:
     def warm(self) -> None:
         """Encode what changed for the formats scraped lately (the warm thread calls this).
 
-        The jobs that changed are encoded, joined per chunk and deflated at once, so that a
-        scrape never waits for many; the body itself (the CRC-32 of the plain body and the
-        final join: at 1,000 jobs 12 MB to checksum) is made only when the next scrape is
-        near. Prometheus scrapes at a steady interval: at 15 s, a body made at every change
-        would be made 15 times for one scrape."""
+        The jobs that changed are encoded at once, so that a scrape never waits for many.
+        The body (joining per chunk, deflating, the CRC-32 of the plain body) is built only
+        when the next scrape is near: Prometheus scrapes at a steady interval, and at 15 s a
+        body built at every change would be built 15 times for one scrape, each chunk of 16
+        jobs re-deflated about four times. "Near" is BUILD_AHEAD seconds plus twice what the
+        last builds took (all formats: one pass builds them in turn), so that a scrape does
+        not wait for a whole fleet's deflating."""
         now, cpu = self._clock(), time.thread_time()
+        lead = BUILD_AHEAD + 2 * sum(self._build_s.values())
         for ctype, (encoder, when, before, want_gzip) in list(self._wanted.items()):
             with self._lock:  # one format at a time: a scrape waits for one build at most
                 if now - when > WARM_FOR:
                     self._wanted.pop(ctype, None)
                     self._bodies.pop(ctype, None)
+                    self._build_s.pop(ctype, None)
                     continue
-                body = self._current(encoder, ctype, want_gzip)
                 period = when - before if before is not None else 0.0
-                if period > BUILD_AHEAD and now < when + period - BUILD_AHEAD:
-                    if body.gzipped is None and body.plain is None:
-                        self.stats["prepares"] += 1  # the next scrape is not near
-                        if want_gzip:
-                            for _ in self._segments(body):  # deflate the changed chunks
-                                pass
+                if period > lead and now < when + period - lead:
+                    self._prepare(encoder, ctype)  # the next scrape is not near
                     continue
+                t = time.monotonic()
+                body = self._current(encoder, ctype, want_gzip)
                 if want_gzip:
                     if body.gzipped is None:
                         body.gzipped = self._gzip(body)
                 elif body.plain is None:
                     body.plain = b"".join(self._plain_parts(body))
+                self._build_s[ctype] = min(time.monotonic() - t, MAX_LEAD)
         self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
+
+    def _prepare(self, encoder: Encoder, ctype: str) -> None:
+        """Encode the fragments that changed since the last build; build no body."""
+        snaps = tuple(fn() for fn in self._fns)
+        body = self._bodies.get(ctype)
+        if body is not None and _same(body.snaps, snaps):
+            return
+        self.stats["prepares"] += 1
+        for frag in self._fragments(snaps):
+            self._lines(frag, encoder, ctype)
 
     def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
         snaps = tuple(fn() for fn in self._fns)
