@@ -172,3 +172,20 @@ def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
     body, _, gz = ex.render(om, want_gzip=True)
     assert gz and b'rlhf_step{experiment="e",project="a"} 19.0' in gzip.decompress(body)
     assert ex.stats == stats  # the scrape found its bytes ready
+
+
+def test_the_former_samples_keyword_still_builds_the_same_snapshot():
+    """Callers written against `Snapshot(..., samples=every sample, parts=...)` get the
+    same snapshot as with `rest=` (the parts' samples cut off the front)."""
+    from dataclasses import replace
+
+    from exporter.metrics.snapshot import Sample, Snapshot
+
+    parts = ((Sample("rlhf_step", ("a", "e"), 1.0),), (Sample("rlhf_step", ("b", "e"), 2.0),))
+    jobs = Sample("rlhf_exporter_jobs", ("verl",), 2.0)
+    old = Snapshot("verl", True, created=5.0, parts=parts, samples=(*parts[0], *parts[1], jobs))
+    assert old == Snapshot("verl", True, created=5.0, parts=parts, rest=(jobs,))
+    assert old.samples == (*parts[0], *parts[1], jobs) and old.rest == (jobs,)
+    bare = Snapshot("adhoc", True, samples=(jobs,))
+    assert bare.rest == (jobs,) and bare.samples is bare.rest
+    assert list(replace(old, up=False, samples=(), parts=()).series()) == []

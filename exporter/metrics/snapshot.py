@@ -21,7 +21,7 @@ class Sample(NamedTuple):
     value: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Snapshot:
     """What a source knows right now. Replaced whole, never changed in place.
 
@@ -41,6 +41,37 @@ class Snapshot:
     rest: tuple[Sample, ...] = ()  # the samples that are in no part (all, without parts)
     created: float = field(default_factory=time.time)
     parts: tuple[tuple[Sample, ...], ...] = ()  # per-job sample tuples, served before `rest`
+
+    def __init__(
+        self,
+        collector: str,
+        up: bool = False,
+        duration: float = 0.0,
+        last_success: float | None = None,
+        errors: Mapping[str, int] | None = None,
+        records: int | None = None,
+        record_errors: Mapping[str, int] | None = None,
+        rest: tuple[Sample, ...] = (),
+        created: float | None = None,
+        parts: tuple[tuple[Sample, ...], ...] = (),
+        *,
+        samples: tuple[Sample, ...] | None = None,
+    ):
+        """`samples=` is the former contract, kept for callers written against it: every
+        sample, beginning with the parts' (those are cut off into `rest`'s place)."""
+        if samples is not None:
+            rest = tuple(samples)[sum(map(len, parts)) :]
+        init = object.__setattr__
+        init(self, "collector", collector)
+        init(self, "up", up)
+        init(self, "duration", duration)
+        init(self, "last_success", last_success)
+        init(self, "errors", {} if errors is None else errors)
+        init(self, "records", records)
+        init(self, "record_errors", {} if record_errors is None else record_errors)
+        init(self, "rest", rest)
+        init(self, "created", time.time() if created is None else created)
+        init(self, "parts", parts)
 
     def series(self) -> Iterator[Sample]:
         """Every sample: each part's in order, then `rest`'s."""
