@@ -192,14 +192,15 @@ class Exposition:
                 if period > lead and now < when + period - lead:
                     self._prepare(encoder, ctype)  # the next scrape is not near
                     continue
-                t = time.monotonic()
+                t, renders = time.monotonic(), self.stats["renders"]
                 body = self._current(encoder, ctype, want_gzip)
                 if want_gzip:
                     if body.gzipped is None:
                         body.gzipped = self._gzip(body)
                 elif body.plain is None:
                     body.plain = b"".join(self._plain_parts(body))
-                self._build_s[ctype] = min(time.monotonic() - t, MAX_LEAD)
+                if self.stats["renders"] != renders:  # a build, not a body found ready
+                    self._build_s[ctype] = min(time.monotonic() - t, MAX_LEAD)
         self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
 
     def _prepare(self, encoder: Encoder, ctype: str) -> None:
