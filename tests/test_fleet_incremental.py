@@ -189,29 +189,3 @@ def test_the_former_samples_keyword_still_builds_the_same_snapshot():
     bare = Snapshot("adhoc", True, samples=(jobs,))
     assert bare.rest == (jobs,) and bare.samples is bare.rest
     assert list(replace(old, up=False, samples=(), parts=()).series()) == []
-
-
-def test_a_scrape_never_waits_for_the_other_formats_build():
-    """One lock per format: while OpenMetrics is being built (its lock held), a text scrape
-    renders and returns; a second OpenMetrics scrape waits and then shares the bytes."""
-    import threading
-
-    from exporter.metrics.snapshot import Sample, Snapshot
-
-    parts = tuple((Sample("rlhf_step", (f"p{i}", "e"), 1.0),) for i in range(3))
-    snaps = [Snapshot("verl", True, rest=(), parts=parts)]
-    ex = Exposition([lambda: snaps[0]])
-    om = "application/openmetrics-text;version=1.0.0"
-    _, om_ctype, _ = ex.render(om)
-    snaps[0] = Snapshot("verl", True, rest=(), parts=parts[:2])
-    got: dict[str, bytes] = {}
-    with ex._lock(om_ctype):  # an OpenMetrics build in progress
-        text = threading.Thread(target=lambda: got.setdefault("text", ex.render("text/plain")[0]))
-        other = threading.Thread(target=lambda: got.setdefault("om", ex.render(om)[0]))
-        text.start()
-        other.start()
-        text.join(30)
-        assert "text" in got and b'project="p2"' not in got["text"]  # served meanwhile
-        assert other.is_alive() and "om" not in got  # waits for its own format's build
-    other.join(30)
-    assert b'project="p1"' in got["om"] and b'project="p2"' not in got["om"]

@@ -26,9 +26,8 @@ change recompresses only the segments that hold a changed fragment.
 the scrape path, for the formats Prometheus asked for lately.
 
 A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
-it never takes another job's series or the whole scrape with it. One render at a time per
-format (text, OpenMetrics): scrapers of that format that arrive meanwhile get the same cached
-bytes, and a scrape never waits for the other format's build.
+it never takes another job's series or the whole scrape with it. One render at a time;
+scrapers that arrive meanwhile get the same cached bytes.
 """
 
 from __future__ import annotations
@@ -127,11 +126,7 @@ class Exposition:
         clock: Callable[[], float] = time.monotonic,
     ):
         self._fns = tuple(snapshot_fns)
-        # one lock per format: a scrape waits for a build of its own format only (whose
-        # bytes it then shares), never for the other format's; `_shared` guards the state
-        # both formats' builds touch (the fragments in use, the count of dropped samples)
-        self._locks: dict[str, threading.Lock] = {}
-        self._shared = threading.Lock()
+        self._lock = threading.Lock()
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
         self._headers: dict[tuple[str, str], bytes] = {}
@@ -139,9 +134,9 @@ class Exposition:
         # that a new step left as they were (equal samples) are not encoded again
         self._family_lines: dict[tuple[str, tuple[Sample, ...]], bytes] = {}
         self._bodies: dict[str, _Body] = {}
-        self._chunks: dict[str, dict[tuple[int, ...], _Chunk]] = {}  # per format
+        self._chunks: dict[tuple[Any, ...], _Chunk] = {}
         self._gz_headers: dict[tuple[str, str], bytes] = {}
-        self._deflaters: dict[str, Any] = {}  # per format: raw deflate, under its lock
+        self._deflater = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)  # raw, under the lock
         # ctype -> (encoder, last scrape, the scrape before it, gzip)
         self._wanted: dict[str, tuple[Encoder, float, float | None, bool]] = {}
         self._clock = clock
@@ -162,7 +157,7 @@ class Exposition:
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
         """(body, content type, gzipped) for a scrape with this Accept header."""
         encoder, ctype = choose_encoder(accept or "")
-        with self._lock(ctype):  # one render per format; scrapers that wait share its bytes
+        with self._lock:  # one render at a time; scrapers that wait then share its bytes
             last = self._wanted.get(ctype)
             self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
             body = self._current(encoder, ctype, want_gzip)
@@ -187,7 +182,7 @@ class Exposition:
         now, cpu = self._clock(), time.thread_time()
         lead = BUILD_AHEAD + 2 * sum(self._build_s.values())
         for ctype, (encoder, when, before, want_gzip) in list(self._wanted.items()):
-            with self._lock(ctype):  # a scrape of this format waits for this build at most
+            with self._lock:  # one format at a time: a scrape waits for one build at most
                 if now - when > WARM_FOR:
                     self._wanted.pop(ctype, None)
                     self._bodies.pop(ctype, None)
@@ -227,10 +222,6 @@ class Exposition:
 
     # -- fragments ------------------------------------------------------------------------
     def _fragments(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
-        with self._shared:  # both formats' builds replace the fragments in use
-            return self._fragments_of(snaps)
-
-    def _fragments_of(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
         by_id, by_value = self._by_id, self._by_value
         new_id: dict[tuple[int, str], _Fragment] = {}
         new_value: dict[tuple[Any, str], _Fragment] = {}
@@ -291,6 +282,8 @@ class Exposition:
                         cache[ctype, fam] = fresh[fam[0].name]
                 lines.update(fresh)
             frag.families = tuple(groups.values())
+        if not frag.counted:
+            frag.counted = True
         frag.lines[ctype] = lines
         return lines
 
@@ -309,10 +302,8 @@ class Exposition:
             log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
             dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
             lines = {}
-        with self._shared:  # counted once per fragment, whichever format encodes it first
-            if not frag.counted:
-                frag.counted = True
-                self.dropped.update(dropped)
+        if not frag.counted:
+            self.dropped.update(dropped)
         return lines, sum(dropped.values())
 
     def _prune_family_lines(self, frags: Sequence[_Fragment]) -> None:
@@ -323,10 +314,8 @@ class Exposition:
         if len(self._family_lines) <= live + live // 8 + 1024:
             return
         self.stats["family_prunes"] += 1
-        # copies first: the other format's build may be adding to both meanwhile
-        keep = {(c, fam) for f in frags for c in tuple(f.lines) for fam in f.families}
-        items = list(self._family_lines.items())
-        self._family_lines = {k: v for k, v in items if k in keep}
+        keep = {(c, fam) for f in frags for fam in f.families for c in f.lines}
+        self._family_lines = {k: v for k, v in self._family_lines.items() if k in keep}
 
     def _header(self, encoder: Encoder, ctype: str, name: str) -> bytes:
         key = (ctype, name)
@@ -365,19 +354,19 @@ class Exposition:
         for frag in frags:
             self._lines(frag, encoder, ctype)
         self._prune_family_lines(frags)
-        with self._shared:  # the other format's build may be counting
-            dropped = sorted(self.dropped.items())
-        if dropped:
-            samples = tuple(Sample(DROPPED, key, float(n)) for key, n in dropped)
+        if self.dropped:
+            samples = tuple(
+                Sample(DROPPED, key, float(n)) for key, n in sorted(self.dropped.items())
+            )
             frag = _Fragment(samples, "", counted=True)
             self._lines(frag, encoder, ctype)
             frags.append(frag)
-        old, new = self._chunks.get(ctype, {}), dict[tuple[int, ...], _Chunk]()
+        old, new = self._chunks, dict[tuple[Any, ...], _Chunk]()
         chunks = []
         names: set[str] = set()
         for i in range(0, len(frags), CHUNK):
             run = frags[i : i + CHUNK]
-            key = tuple(map(id, run))
+            key = (ctype, *map(id, run))
             chunk = new.get(key) or old.get(key)
             if chunk is None:
                 joined: dict[str, list[bytes]] = {}
@@ -389,7 +378,8 @@ class Exposition:
             chunks.append(chunk)
             names.update(chunk.raw)
         # keep the other formats' chunks; drop this format's unused ones
-        self._chunks[ctype] = new  # this format's unused chunks are dropped
+        self._chunks = {k: v for k, v in old.items() if k[0] != ctype}
+        self._chunks.update(new)
         return _Body(snaps, ctype, chunks, [n for n in _CATALOG_ORDER if n in names])
 
     def _plain_parts(self, body: _Body) -> Iterator[bytes]:
@@ -420,19 +410,10 @@ class Exposition:
         parts.append(struct.pack("<II", crc, size & 0xFFFFFFFF))
         return b"".join(parts)
 
-    def _deflate(self, ctype: str, data: bytes) -> bytes:
+    def _deflate(self, data: bytes) -> bytes:
         self.stats["segments_deflated"] += 1
-        d = self._deflaters.get(ctype)
-        if d is None:
-            d = self._deflaters[ctype] = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)
+        d = self._deflater
         return d.compress(data) + d.flush(zlib.Z_FULL_FLUSH)
-
-    def _lock(self, ctype: str) -> threading.Lock:
-        lock = self._locks.get(ctype)
-        if lock is None:
-            with self._shared:
-                lock = self._locks.setdefault(ctype, threading.Lock())
-        return lock
 
     def _segments(self, body: _Body) -> Iterator[bytes]:
         ctype = body.ctype
@@ -440,7 +421,7 @@ class Exposition:
             key = (ctype, name)
             segment = self._gz_headers.get(key)
             if segment is None:
-                segment = self._gz_headers[key] = self._deflate(ctype, self._headers[key])
+                segment = self._gz_headers[key] = self._deflate(self._headers[key])
             yield segment
             for chunk in body.chunks:
                 raw = chunk.raw.get(name)
@@ -448,12 +429,12 @@ class Exposition:
                     continue
                 segment = chunk.gz.get(name)
                 if segment is None:
-                    segment = chunk.gz[name] = self._deflate(ctype, raw)
+                    segment = chunk.gz[name] = self._deflate(raw)
                 yield segment
         if _is_openmetrics(ctype):
             segment = self._gz_headers.get((ctype, ""))
             if segment is None:
-                segment = self._gz_headers[ctype, ""] = self._deflate(ctype, _EOF)
+                segment = self._gz_headers[ctype, ""] = self._deflate(_EOF)
             yield segment
 
 
