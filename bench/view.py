@@ -78,7 +78,7 @@ def main() -> None:
     js = jobs(args.jobs)
     summaries = tuple(j.summary() for j in js)
     samples = tuple(x for j in js for x in j.samples())
-    snap = Snapshot("verl", True, 0.002, time.time(), samples=samples)
+    snap = Snapshot("verl", True, 0.002, time.time(), rest=samples)
     facts, links = Facts("bench", "http://127.0.0.1:1", "verl"), Links("https://x/docs/r.md")
     ep = Endpoints(snapshot_fns=[lambda: snap], jobs_fns=[lambda: summaries])
 

@@ -110,7 +110,7 @@ def families(
     add_samples(by_name, (build_info(),))
     for snap in snapshots:
         add_samples(by_name, health_samples(snap), snap.collector, dropped)
-        add_samples(by_name, snap.samples, snap.collector, dropped)
+        add_samples(by_name, snap.series(), snap.collector, dropped)
     return [by_name[name] for name in BY_NAME if name in by_name]
 
 
@@ -129,4 +129,4 @@ class SnapshotCollector:
 
 def render_samples(samples: Iterable[Sample]) -> list[Family]:
     """Families for a bare list of samples (tests, `diagnose --format prom`)."""
-    return families([Snapshot("adhoc", True, samples=tuple(samples))])
+    return families([Snapshot("adhoc", True, rest=tuple(samples))])

@@ -3,8 +3,8 @@
 The snapshots are cut into fragments, each a tuple of samples that a source keeps (by
 identity) for as long as it is unchanged:
 
-- one fragment per job: a snapshot's `parts` (see `Snapshot.parts`);
-- a snapshot's other samples (Ray, GPUs, `rlhf_exporter_jobs`);
+- one fragment per job: a snapshot's `parts` (see `Snapshot`);
+- a snapshot's `rest`, its other samples (Ray, GPUs, `rlhf_exporter_jobs`);
 - a snapshot's own health series (`rlhf_exporter_collector_*`), rebuilt at every poll;
 - build_info, and the count of samples that could not be served.
 
@@ -33,6 +33,7 @@ scrapers that arrive meanwhile get the same cached bytes.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import threading
 import time
@@ -56,6 +57,8 @@ Encoder = Callable[[Any], bytes]
 DROPPED = "rlhf_exporter_samples_dropped_total"
 CHUNK = 16  # consecutive fragments (jobs) cached and gzipped together, per family
 WARM_FOR = 600.0  # seconds after its last scrape that a format is kept warm
+BUILD_AHEAD = 2.0  # seconds before a format's next expected scrape that its body is built
+MAX_LEAD = 5.0  # seconds: one build's time counted towards the lead at most
 GZIP_LEVEL = 4
 _EOF = b"# EOF\n"
 _CATALOG_ORDER = tuple(BY_NAME)
@@ -83,29 +86,11 @@ class _Fragment:
     collector: str
     lines: dict[str, dict[str, bytes]] = field(default_factory=dict)  # format -> name -> lines
     counted: bool = False  # its dropped samples were added to the total
+    families: tuple[tuple[Sample, ...], ...] = ()  # its samples per family (cache keys)
 
 
 def _same(a: Sequence[Any], b: Sequence[Any]) -> bool:
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def split_parts(snap: Snapshot) -> tuple[tuple[tuple[Sample, ...], ...], tuple[Sample, ...]]:
-    """(the snapshot's per-job parts, its other samples). Parts that do not match the front
-    of `samples` (a source that broke the contract) are ignored: all samples, one fragment."""
-    samples, parts = snap.samples, snap.parts
-    if not parts:
-        return (), samples
-    off = 0
-    for part in parts:
-        n = len(part)
-        if n and (
-            off + n > len(samples)
-            or samples[off] is not part[0]
-            or samples[off + n - 1] is not part[-1]
-        ):
-            return (), samples
-        off += n
-    return parts, (samples[off:] if off else samples)
 
 
 @dataclass
@@ -134,17 +119,28 @@ class Exposition:
     for the formats scraped in the last `WARM_FOR` seconds, so that a scrape mostly finds
     its bytes ready (the thread ends when the exposition is garbage-collected)."""
 
-    def __init__(self, snapshot_fns: Sequence[SnapshotFn], warm_interval: float | None = None):
+    def __init__(
+        self,
+        snapshot_fns: Sequence[SnapshotFn],
+        warm_interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self._fns = tuple(snapshot_fns)
         self._lock = threading.Lock()
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
         self._headers: dict[tuple[str, str], bytes] = {}
+        # (format, one family's samples of one fragment) -> their lines: a job's families
+        # that a new step left as they were (equal samples) are not encoded again
+        self._family_lines: dict[tuple[str, tuple[Sample, ...]], bytes] = {}
         self._bodies: dict[str, _Body] = {}
         self._chunks: dict[tuple[Any, ...], _Chunk] = {}
         self._gz_headers: dict[tuple[str, str], bytes] = {}
         self._deflater = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -15)  # raw, under the lock
-        self._wanted: dict[str, tuple[Encoder, float, bool]] = {}  # ctype -> encoder, when, gzip
+        # ctype -> (encoder, last scrape, the scrape before it, gzip)
+        self._wanted: dict[str, tuple[Encoder, float, float | None, bool]] = {}
+        self._clock = clock
+        self._build_s: dict[str, float] = {}  # ctype -> seconds the warm pass's last build took
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
         self.warm_thread: threading.Thread | None = None
@@ -162,7 +158,8 @@ class Exposition:
         """(body, content type, gzipped) for a scrape with this Accept header."""
         encoder, ctype = choose_encoder(accept or "")
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
-            self._wanted[ctype] = (encoder, time.monotonic(), want_gzip)
+            last = self._wanted.get(ctype)
+            self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
             body = self._current(encoder, ctype, want_gzip)
             if want_gzip:
                 if body.gzipped is None:
@@ -173,21 +170,48 @@ class Exposition:
             return body.plain, ctype, False
 
     def warm(self) -> None:
-        """Encode what changed for the formats scraped lately (the warm thread calls this)."""
-        now, cpu = time.monotonic(), time.thread_time()
-        for ctype, (encoder, when, want_gzip) in list(self._wanted.items()):
+        """Encode what changed for the formats scraped lately (the warm thread calls this).
+
+        The jobs that changed are encoded at once, so that a scrape never waits for many.
+        The body (joining per chunk, deflating, the CRC-32 of the plain body) is built only
+        when the next scrape is near: Prometheus scrapes at a steady interval, and at 15 s a
+        body built at every change would be built 15 times for one scrape, each chunk of 16
+        jobs re-deflated about four times. "Near" is BUILD_AHEAD seconds plus twice what the
+        last builds took (all formats: one pass builds them in turn), so that a scrape does
+        not wait for a whole fleet's deflating."""
+        now, cpu = self._clock(), time.thread_time()
+        lead = BUILD_AHEAD + 2 * sum(self._build_s.values())
+        for ctype, (encoder, when, before, want_gzip) in list(self._wanted.items()):
             with self._lock:  # one format at a time: a scrape waits for one build at most
                 if now - when > WARM_FOR:
                     self._wanted.pop(ctype, None)
                     self._bodies.pop(ctype, None)
+                    self._build_s.pop(ctype, None)
                     continue
+                period = when - before if before is not None else 0.0
+                if period > lead and now < when + period - lead:
+                    self._prepare(encoder, ctype)  # the next scrape is not near
+                    continue
+                t, renders = time.monotonic(), self.stats["renders"]
                 body = self._current(encoder, ctype, want_gzip)
                 if want_gzip:
                     if body.gzipped is None:
                         body.gzipped = self._gzip(body)
                 elif body.plain is None:
                     body.plain = b"".join(self._plain_parts(body))
+                if self.stats["renders"] != renders:  # a build, not a body found ready
+                    self._build_s[ctype] = min(time.monotonic() - t, MAX_LEAD)
         self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
+
+    def _prepare(self, encoder: Encoder, ctype: str) -> None:
+        """Encode the fragments that changed since the last build; build no body."""
+        snaps = tuple(fn() for fn in self._fns)
+        body = self._bodies.get(ctype)
+        if body is not None and _same(body.snaps, snaps):
+            return
+        self.stats["prepares"] += 1
+        for frag in self._fragments(snaps):
+            self._lines(frag, encoder, ctype)
 
     def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
         snaps = tuple(fn() for fn in self._fns)
@@ -224,13 +248,11 @@ class Exposition:
         out = [valued((build_info(),), "")]
         for snap in snaps:
             out.append(valued(health_samples(snap), snap.collector))
-            parts, rest = split_parts(snap)
-            out.extend(keyed(part, snap.collector) for part in parts if part)
-            if rest:
+            out.extend(keyed(part, snap.collector) for part in snap.parts if part)
+            rest = snap.rest
+            if rest:  # beside parts, a source's own few samples: cached by value
                 out.append(
-                    keyed(rest, snap.collector)
-                    if rest is snap.samples
-                    else valued(rest, snap.collector)
+                    valued(rest, snap.collector) if snap.parts else keyed(rest, snap.collector)
                 )
         self._by_id, self._by_value = new_id, new_value
         return out
@@ -239,21 +261,61 @@ class Exposition:
         lines = frag.lines.get(ctype)
         if lines is not None:
             return lines
+        groups = _families_of(frag.samples)
+        if groups is None:  # a malformed sample: the fragment as a whole, its drops counted
+            lines = self._encode(frag, frag.samples, encoder, ctype)[0]
+        else:
+            # a new step changes some of a job's families only: the others' lines are reused
+            cache = self._family_lines
+            lines, missed = {}, []
+            for name, fam in groups.items():
+                hit = cache.get((ctype, fam))
+                if hit is None:
+                    missed.append(fam)
+                else:
+                    self.stats["family_hits"] += 1
+                    lines[name] = hit
+            if missed:
+                fresh, dropped = self._encode(frag, [s for f in missed for s in f], encoder, ctype)
+                if not dropped:  # every sample served: its family's lines can be reused
+                    for fam in missed:
+                        cache[ctype, fam] = fresh[fam[0].name]
+                lines.update(fresh)
+            frag.families = tuple(groups.values())
+        if not frag.counted:
+            frag.counted = True
+        frag.lines[ctype] = lines
+        return lines
+
+    def _encode(
+        self, frag: _Fragment, samples: Sequence[Any], encoder: Encoder, ctype: str
+    ) -> tuple[dict[str, bytes], int]:
+        """These samples' lines per family, encoded by prometheus_client, and how many were
+        left out (counted in `dropped` once per fragment)."""
         dropped: Counter[tuple[str, str]] = Counter()
         by_name: dict[str, Any] = {}
-        self.stats["samples_encoded"] += len(frag.samples)
+        self.stats["samples_encoded"] += len(samples)
         try:
-            add_samples(by_name, frag.samples, frag.collector, dropped)
+            add_samples(by_name, samples, frag.collector, dropped)
             lines = self._split(encoder, ctype, by_name)
         except Exception:  # a bug: this fragment is left out, every other one is served
             log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
             dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
             lines = {}
         if not frag.counted:
-            frag.counted = True
             self.dropped.update(dropped)
-        frag.lines[ctype] = lines
-        return lines
+        return lines, sum(dropped.values())
+
+    def _prune_family_lines(self, frags: Sequence[_Fragment]) -> None:
+        """Forget the family lines no current fragment holds, once they are an eighth of the
+        cache (their keys hold replaced samples alive: at 1,000 jobs each stale family is
+        a few KB)."""
+        live = sum(len(f.families) * len(f.lines) for f in frags)  # per format
+        if len(self._family_lines) <= live + live // 8 + 1024:
+            return
+        self.stats["family_prunes"] += 1
+        keep = {(c, fam) for f in frags for fam in f.families for c in f.lines}
+        self._family_lines = {k: v for k, v in self._family_lines.items() if k in keep}
 
     def _header(self, encoder: Encoder, ctype: str, name: str) -> bytes:
         key = (ctype, name)
@@ -291,6 +353,7 @@ class Exposition:
         frags = self._fragments(snaps)
         for frag in frags:
             self._lines(frag, encoder, ctype)
+        self._prune_family_lines(frags)
         if self.dropped:
             samples = tuple(
                 Sample(DROPPED, key, float(n)) for key, n in sorted(self.dropped.items())
@@ -336,6 +399,7 @@ class Exposition:
         Each (chunk, family) is deflated once into a segment ending with a full flush: the
         segment is byte-aligned and refers to nothing before it, so segments can follow each
         other in any order. The member's CRC-32 and length are the plain body's."""
+        self.stats["gzip_bodies"] += 1
         crc = size = 0
         for part in (body.plain,) if body.plain is not None else self._plain_parts(body):
             crc = zlib.crc32(part, crc)  # no need to join the plain body for it
@@ -372,6 +436,30 @@ class Exposition:
             if segment is None:
                 segment = self._gz_headers[ctype, ""] = self._deflate(_EOF)
             yield segment
+
+
+def _families_of(samples: Sequence[Any]) -> dict[str, tuple[Sample, ...]] | None:
+    """The samples grouped per family name, in order; None if one is not a well-formed
+    `Sample` (those take the checked path) or the group cannot key a cache: an unhashable
+    value, or a -0.0 (equal to 0.0, yet encoded differently)."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        if type(s) is not Sample or type(s.labels) is not tuple:
+            return None
+        for v in s.labels:
+            if type(v) is not str:  # a str subclass may equal a cached value, yet encode
+                return None  # otherwise (or fail): the checked path
+        value = s.value
+        if value == 0 and type(value) is float and math.copysign(1.0, value) < 0:
+            return None
+        groups.setdefault(s.name, []).append(s)
+    out = {name: tuple(fam) for name, fam in groups.items()}
+    try:
+        for fam in out.values():
+            hash(fam)
+    except TypeError:
+        return None
+    return out
 
 
 def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:

@@ -78,7 +78,7 @@ class PollResult(NamedTuple):
     records: int | None = None
     record_errors: Mapping[str, int] | None = None
     down: str | None = None  # a reason: the poll ran, but the source is broken (`up` 0)
-    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job groups at the front of samples
+    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job sample tuples (not in `samples`)
 
 
 class UnavailableSource:
@@ -252,7 +252,7 @@ class PollingSource:
             old,
             up=False,
             duration=duration,
-            samples=(),
+            rest=(),
             parts=(),
             errors=MappingProxyType(dict(self._errors)),
             created=self.wall(),
@@ -263,5 +263,5 @@ class PollingSource:
         snap = self._snapshot
         started = self._poll_started
         if started is not None and time.monotonic() - started > self.stale_after:
-            return replace(snap, up=False, samples=(), parts=())
+            return replace(snap, up=False, rest=(), parts=())
         return snap

@@ -376,8 +376,8 @@ class PushSource:
             except Exception:  # never lets one job remove the others' series
                 self._rejected["internal_error"] += 1
                 log.warning("push: building the series of a job failed (a bug)", exc_info=True)
-        samples: list[Sample] = [x for part in parts for x in part]
-        samples.append(Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))))
+        # the jobs' samples are referenced (parts), never copied into one flat tuple
+        rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))),)
         self._next_expiry = min(
             (p.last_push + self.job_expiry for p in self._jobs.values()), default=float("inf")
         )
@@ -389,7 +389,7 @@ class PushSource:
             MappingProxyType({}),
             self._records,
             MappingProxyType(dict(self._rejected)),
-            tuple(samples),
+            rest,
             now,
             parts=tuple(parts),
         )

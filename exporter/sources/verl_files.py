@@ -131,14 +131,18 @@ class VerlFileSource(PollingSource):
         self.file_budget = max(file_budget, CHUNK)
         self.poll_budget = max(poll_budget, self.file_budget)
         self._watched: dict[Path, Watched] = {}
+        self._known: set[str] = set()  # str(path) of every watched file, for discovery
         self._jobs: dict[tuple[str, str], Path] = {}
         self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
         self._records = 0
         self._root_problems: dict[Path, str] = {}
         self._rotate = 0
         self._summaries: tuple[dict[str, Any], ...] = ()
-        self._parts: list[tuple[Sample, ...]] = []  # each exported job's samples, last poll
-        self._samples: tuple[Sample, ...] = ()
+        self._parts: tuple[tuple[Sample, ...], ...] = ()  # each exported job's samples
+        self._rest: tuple[Sample, ...] = ()  # the source's own samples (rlhf_exporter_jobs)
+        # path -> (the job's samples when summarised, its summary): rebuilt when they change
+        self._summary_of: dict[Path, tuple[tuple[Sample, ...], dict[str, Any]]] = {}
+        self.stats: Counter[str] = Counter()  # summaries_built
         self._duplicates: set[tuple[str, str]] = set()
         self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
         # drops a pushed job of this name, if any (a file job always wins its name)
@@ -164,8 +168,9 @@ class VerlFileSource(PollingSource):
                 except OSError as exc:
                     self._root_problem(Path(folder.path), exc)
                     continue
-                for entry in entries:
-                    if entry.name.endswith(SUFFIX):
+                known = self._known
+                for entry in entries:  # no Path made for the files already watched
+                    if entry.name.endswith(SUFFIX) and entry.path not in known:
                         path = Path(entry.path)
                         if path not in self._watched:
                             self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
@@ -237,6 +242,7 @@ class VerlFileSource(PollingSource):
                 experiment,
                 extra={"path": _shown(path), "reason": "job_conflict"},
             )
+        self._known.add(str(path))
         self._watched[path] = Watched(
             path,
             project,
@@ -408,7 +414,9 @@ class VerlFileSource(PollingSource):
                 self._file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
                 log.debug("internal error reading %s", _shown(w.path), exc_info=True)
         parts: list[tuple[Sample, ...]] = []
-        jobs: list[Job] = []
+        summaries: list[dict[str, Any]] = []
+        cached = self._summary_of
+        self._summary_of = {}
         for w in list(self._watched.values()):
             if now - w.last_change > self.job_expiry:
                 if w.problem in (FILE_DELETED, FILE_MISSING) and w.identity is not None:
@@ -417,7 +425,7 @@ class VerlFileSource(PollingSource):
             if w.job.records == 0 and w.identity is None:
                 continue  # never read anything: nothing to export yet
             try:
-                parts.append(w.job.samples())
+                part = w.job.samples()
             except Exception:  # never lets one job remove the others' series
                 if w.job.labels not in self._broken:
                     self._broken.add(w.job.labels)
@@ -426,24 +434,27 @@ class VerlFileSource(PollingSource):
                               _shown(w.path), exc_info=True,
                               extra={"path": _shown(w.path), "reason": INTERNAL_ERROR})  # fmt: skip
                 continue
-            jobs.append(w.job)
+            parts.append(part)
+            # a job's summary changes only with its samples (the same tuple while unchanged)
+            hit = cached.get(w.path)
+            if hit is None or hit[0] is not part:
+                self.stats["summaries_built"] += 1
+                hit = (part, {**w.job.summary(), "source": _shown(w.path)})
+            self._summary_of[w.path] = hit
+            summaries.append(hit[1])
         if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
-            # something changed: a new samples tuple (an unchanged one lets scrapes reuse bytes)
-            self._parts = parts
-            self._samples = tuple(x for part in parts for x in part) + (
-                Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),
-            )
-            self._summaries = tuple(
-                {**job.summary(), "source": _shown(self._jobs[job.labels])} for job in jobs
-            )
+            # something changed: a new parts tuple (an unchanged one lets scrapes reuse bytes);
+            # the jobs' samples are referenced, never copied into one flat tuple
+            self._parts = tuple(parts)
+            self._rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
+            self._summaries = tuple(summaries)
         down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
-        return PollResult(
-            self._samples, self._records, dict(self._rejected), down, tuple(self._parts)
-        )
+        return PollResult(self._rest, self._records, dict(self._rejected), down, self._parts)
 
     def _forget(self, w: Watched) -> None:
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
         self._watched.pop(w.path, None)
+        self._known.discard(str(w.path))
         self._jobs.pop((w.project, w.experiment), None)
 
     def has_job(self, project: str, experiment: str) -> bool:
