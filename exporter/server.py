@@ -41,7 +41,7 @@ import orjson
 
 from . import __version__
 from .metrics.exposition import Exposition
-from .metrics.snapshot import Snapshot
+from .metrics.snapshot import SnapshotFn
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
 from .view import Facts, Links, index_page, job_page
@@ -49,7 +49,6 @@ from .view.pages import not_found_page
 
 log = logging.getLogger(__name__)
 
-SnapshotFn = Callable[[], Snapshot]
 EXPOSITION_WARM_INTERVAL = 0.25  # seconds: encode new job series off the scrape path
 JobsFn = Callable[[], Iterable[dict]]
 

@@ -21,12 +21,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.config import load_thresholds
 from exporter.metrics.catalog import NAMES
-from exporter.metrics.collector import SnapshotCollector, families
+from exporter.metrics.collector import families
 from exporter.sources.base import Context
 from exporter.sources.nvml import NvmlSource, error_reason
 from exporter.sources.ray import ActorProcess
 from tests.support import fake_pynvml
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module
+from tests.support.families import SnapshotCollector
 from tests.support.procs import wait_until
 from tests.support.serve import Exporter
 

@@ -13,7 +13,7 @@ from exporter.demo.simulator import DEMO_PLAN, REGIMES, records
 from exporter.diagnosis import CHANGES, COST_GROUPS, GROUPS, VERDICTS, BatchDiagnoser, Record
 from exporter.jobs import GIB, Job, verl_metric_names
 from exporter.metrics.catalog import BY_NAME
-from exporter.metrics.collector import render_samples
+from tests.support.families import render_samples
 
 
 def recs(plan, seed=0):

@@ -7,7 +7,7 @@ from the immutable snapshots the sources last published.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -16,8 +16,6 @@ from prometheus_client.core import Metric as Family
 from .. import __version__
 from .catalog import BY_NAME, COUNTER, Metric
 from .snapshot import Sample, Snapshot
-
-SnapshotFn = Callable[[], Snapshot]
 
 
 def new_family(metric: Metric) -> Family:
@@ -112,21 +110,3 @@ def families(
         add_samples(by_name, health_samples(snap), snap.collector, dropped)
         add_samples(by_name, snap.series(), snap.collector, dropped)
     return [by_name[name] for name in BY_NAME if name in by_name]
-
-
-class SnapshotCollector:
-    """A prometheus_client collector over a fixed list of sources' `snapshot` methods."""
-
-    def __init__(self, snapshot_fns: Iterable[SnapshotFn]):
-        self._fns = tuple(snapshot_fns)
-
-    def collect(self) -> Iterator[Family]:
-        return iter(families([fn() for fn in self._fns]))
-
-    def describe(self) -> Iterator[Family]:
-        return iter(())  # no fixed description: avoids a collect() at registration
-
-
-def render_samples(samples: Iterable[Sample]) -> list[Family]:
-    """Families for a bare list of samples (tests, `diagnose --format prom`)."""
-    return families([Snapshot("adhoc", True, rest=tuple(samples))])

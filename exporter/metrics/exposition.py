@@ -48,11 +48,10 @@ from prometheus_client.exposition import choose_encoder
 
 from .catalog import BY_NAME
 from .collector import add_samples, build_info, health_samples, new_family
-from .snapshot import Sample, Snapshot
+from .snapshot import Sample, Snapshot, SnapshotFn
 
 log = logging.getLogger(__name__)
 
-SnapshotFn = Callable[[], Snapshot]
 Encoder = Callable[[Any], bytes]
 DROPPED = "rlhf_exporter_samples_dropped_total"
 CHUNK = 16  # consecutive fragments (jobs) cached and gzipped together, per family

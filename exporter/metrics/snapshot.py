@@ -7,7 +7,7 @@ Both import from here, so no import climbs back up a layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
@@ -85,3 +85,7 @@ class Snapshot:
         if not self.parts:
             return self.rest
         return tuple(self.series())
+
+
+SnapshotFn = Callable[[], Snapshot]
+"""A source's `snapshot` method: what the exposition and the server read."""
