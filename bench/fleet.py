@@ -12,10 +12,12 @@ series, for the same time. Printed side by side, the table of issue 14:
     series, /metrics bytes (plain / gzip), scrape p50 / p99 per format, process CPU (% of
     one core over the measured window), RSS (peak), record -> visible p99
 
-record -> visible: `rlhf_last_step_timestamp_seconds` (when the exporter read the step's
-first record) minus the time the bench wrote it, for every job whose last write the final
-scrape shows; the exposition renders at scrape time, so a read step is visible at the next
-scrape. Nothing is asserted: the figures go to bench/README.md.
+record -> visible: after the measured window (so that its scrapes do not count in the CPU
+figure), `--probes` times: one job (spread over the fleet) writes its next record while the
+others go on stepping, and a scraper GETs /metrics every 0.1 s until that step shows in
+`rlhf_step`; the time from the write to the end of that response. It includes the
+exporter's poll interval (1 s) and the build of the body. Nothing is asserted: the figures go
+to bench/README.md.
 """
 
 from __future__ import annotations
@@ -108,7 +110,7 @@ class Jobs:
         regimes = list(REGIMES.values())
         self.paths: list[Path] = []
         self.streams = []
-        self.written: dict[tuple[str, str], dict[int, float]] = {}
+        self._lock = threading.Lock()  # the writer thread and the probes
         for i in range(n):
             project = root / f"team{i % 10}"
             project.mkdir(parents=True, exist_ok=True)
@@ -125,13 +127,18 @@ class Jobs:
         record["data"].update(extra_keys(record["step"], i))
         return encode(record)
 
-    def write(self, i: int) -> None:
-        record = next(self.streams[i])
-        line = self._line(record, i)
-        with open(self.paths[i], "ab") as f:
-            f.write(line)
+    def write(self, i: int) -> tuple[bytes, float]:
+        """Append job i's next record: (its `rlhf_step` line as the exporter will show it,
+        the time it was written)."""
+        with self._lock:
+            record = next(self.streams[i])
+            line = self._line(record, i)
+            at = time.time()
+            with open(self.paths[i], "ab") as f:
+                f.write(line)
         key = (f"team{i % 10}", f"exp{i:05d}")
-        self.written.setdefault(key, {})[record["step"]] = time.time()
+        shown = f'rlhf_step{{experiment="{key[1]}",project="{key[0]}"}} {float(record["step"])}'
+        return shown.encode(), at
 
     def run(self, stop: threading.Event, t0: float) -> None:
         """Job i writes at t0 + (i / n + k) * PERIOD, k = 0, 1, ..."""
@@ -215,25 +222,29 @@ def scrape_for(
     return {"times": times, "sizes": sizes, "cpu": cpu, "rss": peak_rss_mb(pid), "text": last}
 
 
-TS = re.compile(
-    rb'^rlhf_last_step_timestamp_seconds\{experiment="([^"]*)",project="([^"]*)"\} (\S+)$', re.M
-)
-STEP = re.compile(rb'^rlhf_step\{experiment="([^"]*)",project="([^"]*)"\} (\S+)$', re.M)
-
-
-def visible_latencies(text: bytes, jobs: Jobs) -> list[float]:
-    steps = {(p.decode(), e.decode()): int(float(v)) for e, p, v in STEP.findall(text)}
+def probe_visible(port: int, jobs: Jobs, accept: str, probes: int) -> list[float]:
+    """Seconds from a record's write to the end of the first scrape that shows its step."""
     out = []
-    for e, p, v in TS.findall(text):
-        key = (p.decode(), e.decode())
-        at = jobs.written.get(key, {}).get(steps.get(key, -1))
-        if at is not None:
-            out.append(float(v) - at)
+    for k in range(probes):
+        i = (k * 7919) % jobs.n  # spread over the fleet (and over chunks of jobs)
+        shown, at = jobs.write(i)
+        deadline = at + 30.0
+        while time.time() < deadline:
+            _elapsed, zipped = get(port, accept)
+            if shown + b"\n" in gzip.decompress(zipped):
+                out.append(time.time() - at)
+                break
+            time.sleep(0.1)
     return out
 
 
 def bench(
-    n: int, interval: float, seconds: float, bare_too: bool, formats: tuple[str, ...]
+    n: int,
+    interval: float,
+    seconds: float,
+    bare_too: bool,
+    formats: tuple[str, ...],
+    probes: int = 20,
 ) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -266,7 +277,7 @@ def bench(
             writer.start()
             time.sleep(min(5.0, interval))
             r = scrape_for(port, exporter.pid, seconds, interval, formats)
-            r["visible"] = visible_latencies(r["text"], jobs)
+            r["visible"] = probe_visible(port, jobs, accept, probes)
             r["name"], r["setup"], r["ingest"] = "exporter", setup, ingest
             rows.append(r)
             stop.set()
@@ -332,6 +343,9 @@ def main() -> int:
     ap.add_argument(
         "--burst", type=int, default=1, help="concurrent scrapers at each tick (issue 14: 64)"
     )
+    ap.add_argument(
+        "--probes", type=int, default=20, help="record -> visible probes after the window"
+    )
     args = ap.parse_args()
     global BURST
     BURST = args.burst
@@ -348,7 +362,7 @@ def main() -> int:
     print(hdr)
     for n in args.jobs:
         formats = ("text", "openmetrics") if args.format == "both" else (args.format,)
-        rows = bench(n, args.interval, args.seconds, not args.no_bare, formats)
+        rows = bench(n, args.interval, args.seconds, not args.no_bare, formats, args.probes)
         for r in rows:
             t, o = r["times"]["text"], r["times"]["openmetrics"]
             plain, zipped = next(iter(r["sizes"].values()), (0, 0))

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from exporter.metrics.catalog import BY_NAME
 from exporter.metrics.collector import families
-from exporter.metrics.exposition import DROPPED, Exposition, encode
+from exporter.metrics.exposition import DROPPED, MAX_FORMATS, Exposition, encode, line_format
 from exporter.metrics.snapshot import Sample, Snapshot
 
 TEXT = ""
@@ -77,8 +77,8 @@ def ray_snapshot(n: int = 2) -> Snapshot:
     return Snapshot("ray", False, 0.2, None, {"timeout": 3}, None, {}, samples)
 
 
-def check_all(ex: Exposition, snaps) -> None:
-    for accept in FORMATS:
+def check_all(ex: Exposition, snaps, formats=FORMATS) -> None:
+    for accept in formats:
         body, ctype, gz = ex.render(accept)
         assert not gz
         assert body == from_scratch(snaps, accept)
@@ -142,9 +142,19 @@ def fleets(draw):
     return states
 
 
+# what scrapers ask for: text, OpenMetrics (sharing text's sample lines), and an escaping
+# scheme whose sample lines differ (its own lines); in any order
+SCRAPED = (*FORMATS, "application/openmetrics-text;version=1.0.0;escaping=dots")
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(states=fleets(), ray=st.booleans(), order=st.booleans())
-def test_incremental_render_is_the_from_scratch_render(states, ray, order):
+@given(
+    states=fleets(),
+    ray=st.booleans(),
+    order=st.booleans(),
+    formats=st.permutations(SCRAPED).flatmap(lambda p: st.lists(st.sampled_from(p), min_size=1)),
+)
+def test_incremental_render_is_the_from_scratch_render(states, ray, order, formats):
     sources = Sources([verl_snapshot(())] + ([ray_snapshot()] if ray else []))
     if order:
         sources.snaps.reverse()
@@ -152,8 +162,38 @@ def test_incremental_render_is_the_from_scratch_render(states, ray, order):
     i = sources.snaps.index(next(s for s in sources.snaps if s.collector == "verl"))
     for jobs in states:
         sources.snaps[i] = verl_snapshot(jobs.values())
-        check_all(ex, sources.snaps)
-        check_all(ex, sources.snaps)  # cached: the same bytes again
+        check_all(ex, sources.snaps, formats)
+        check_all(ex, sources.snaps, formats[::-1])  # cached: the same bytes again
+
+
+def test_formats_share_sample_lines_only_where_prometheus_client_writes_them_alike():
+    text, om, dots = (choose_encoder(a) for a in SCRAPED)
+    assert line_format(*text) == line_format(*om)
+    assert line_format(*dots) == dots[1]  # `escaping=dots` writes `_` as `__`: its own lines
+    sources = Sources([verl_snapshot([job_part("p", "e", 1)])])
+    ex = Exposition(sources.fns())
+    check_all(ex, sources.snaps, SCRAPED)
+    assert {k[0] for k in ex._chunks} == {line_format(*text), dots[1]}
+
+
+def test_a_scraper_inventing_content_types_cannot_grow_the_cache():
+    parts = [job_part(f"p{i}", "e", 1) for i in range(40)]
+    sources = Sources([verl_snapshot(parts)])
+    ex = Exposition(sources.fns())
+    for v in range(50):  # every scrape a new OpenMetrics version, some with odd escaping
+        accept = f"application/openmetrics-text;version=1.{v}.0" + (
+            ";escaping=dots" if v % 2 else ""
+        )
+        body, _, _ = ex.render(accept, want_gzip=True)
+        assert gzip.decompress(body) == from_scratch(sources.snaps, accept)
+    assert len(ex._bodies) <= MAX_FORMATS and len(ex._wanted) <= MAX_FORMATS
+    assert ex.stats["formats_evicted"] == 50 - MAX_FORMATS
+    # the cached chunks and lines are those of the formats still kept, no more
+    kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
+    assert {k[0] for k in ex._chunks} <= kept
+    assert all(set(f.lines) <= kept for f in ex._by_id.values())
+    assert {k[0] for k in ex._family_lines} <= kept
+    check_all(ex, sources.snaps)  # and the usual formats are still right
 
 
 def test_every_byte_parses_and_promtool_accepts_it(tmp_path):
@@ -194,13 +234,14 @@ def test_a_new_step_of_one_job_re_encodes_that_job_only():
         ex.render(accept, want_gzip=True)
     check_all(ex, sources.snaps)
     encoded = ex.stats["samples_encoded"] - before["samples_encoded"]
-    # per format: the job's 6 samples, the verl snapshot's health (3 + records) and
-    # rlhf_exporter_jobs (at most); never the other 199 jobs' samples
-    assert encoded <= 2 * (len(parts[7]) + 5 + 1), encoded
+    # once for both formats (they share sample lines): the job's 6 samples, the verl
+    # snapshot's health (3 + records) and rlhf_exporter_jobs (at most); never the other
+    # 199 jobs' samples
+    assert encoded <= len(parts[7]) + 5 + 1, encoded
     # gzip: the segments of the changed job's chunk only (its 4 job families, the 4 health
-    # families and build_info that share the first chunk), not the whole body
+    # families and build_info that share the first chunk), once for both formats
     members = ex.stats["segments_deflated"] - before["segments_deflated"]
-    assert members <= 2 * 9, members
+    assert members <= 9, members
     assert before["segments_deflated"] > 5 * members
 
 

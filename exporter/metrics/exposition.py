@@ -8,9 +8,15 @@ identity) for as long as it is unchanged:
 - a snapshot's own health series (`rlhf_exporter_collector_*`), rebuilt at every poll;
 - build_info, and the count of samples that could not be served.
 
-Each fragment is encoded once per format by prometheus_client's own encoder (text 0.0.4 or
-OpenMetrics, whichever the scraper asks for; prometheus_client stays the format authority)
-and cut at the family headers into its sample lines per family. A scrape joins, family by
+Each fragment is encoded by prometheus_client's own encoder (text 0.0.4 or OpenMetrics,
+whichever the scraper asks for; prometheus_client stays the format authority) and cut at the
+family headers into its sample lines per family. The formats differ in their headers (HELP,
+TYPE, `_total` on a counter's name, OpenMetrics' `# EOF`), not in the sample lines of the
+gauges and counters this exporter serves: a format whose encoder writes every sample line
+exactly as the text format does (checked once per format, on a probe of every catalog
+family with the hardest label values and numbers, see `line_format`) shares one set of
+lines, chunks and deflate segments with it, so a change is encoded and deflated once
+whatever the number of formats scraped. A scrape joins, family by
 family in catalog order, the family's HELP/TYPE header and every fragment's lines for it:
 the same bytes a from-scratch render of all the snapshots gives (a property test checks
 this). A new step of one job re-encodes that job's fragment and nothing else.
@@ -59,6 +65,8 @@ WARM_FOR = 600.0  # seconds after its last scrape that a format is kept warm
 BUILD_AHEAD = 2.0  # seconds before a format's next expected scrape that its body is built
 MAX_LEAD = 5.0  # seconds: one build's time counted towards the lead at most
 GZIP_LEVEL = 4
+MAX_FORMATS = 4  # content types served from cache at once; the least recently scraped goes
+_MAX_PROBED = 16  # content types whose line format is remembered; others get lines of their own
 _EOF = b"# EOF\n"
 _CATALOG_ORDER = tuple(BY_NAME)
 
@@ -79,11 +87,83 @@ def encode(encoder: Encoder, fams: Sequence[Any]) -> bytes:
     return out[: -len(_EOF)] if out.endswith(_EOF) else out
 
 
+_SHARED = "lines"  # the line format of every format that writes text 0.0.4's sample lines
+_LINE_FORMATS: dict[str, str] = {}  # content type -> its line format
+_PROBE_LABELS = ("", "a", 'quote " back \\ slash', "new\nline", "ünïcødé €𝄞", "\ufffd", "x" * 300)
+_PROBE_VALUES = (
+    0.0,
+    -0.0,
+    1.0,
+    -1.5,
+    1e-7,
+    0.1,
+    1e300,
+    -1e-300,
+    2.0**53 + 2,
+    math.nan,
+    math.inf,
+    -math.inf,
+)
+
+
+def line_format(encoder: Encoder, ctype: str) -> str:
+    """The key under which this format's sample lines are cached: `_SHARED` when its
+    encoder writes every sample line exactly as prometheus_client's text 0.0.4 encoder
+    does, its own content type otherwise.
+
+    Checked once per content type, by prometheus_client itself: every catalog family is
+    encoded by both encoders with samples carrying quotes, backslashes, newlines, non-ASCII
+    and long label values and zero, negative zero, tiny, huge, NaN and infinite values, and
+    the lines per family compared. A future encoder (or an escaping scheme a scraper asks
+    for) that writes samples differently gets lines of its own, encoded by itself."""
+    key = _LINE_FORMATS.get(ctype)
+    if key is None:
+        if len(_LINE_FORMATS) >= _MAX_PROBED:  # a scraper inventing versions: not probed
+            return ctype
+        key = _LINE_FORMATS[ctype] = _SHARED if _same_lines(encoder) else ctype
+    return key
+
+
+def _same_lines(encoder: Encoder) -> bool:
+    reference, _ = choose_encoder("")
+    if encoder is reference:
+        return True
+    metrics, fams = list(BY_NAME.values()), []
+    for i, metric in enumerate(metrics):
+        fam = new_family(metric)
+        for j, v in enumerate(_PROBE_VALUES):
+            k = i + j
+            labels = [
+                _PROBE_LABELS[(k + n) % len(_PROBE_LABELS)] + str(j)
+                for n in range(len(metric.labels))
+            ]
+            fam.add_metric(labels, v)
+        fams.append(fam)
+    try:
+        return _probe_lines(encoder, metrics, fams) == _probe_lines(reference, metrics, fams)
+    except ValueError:
+        return False
+
+
+def _probe_lines(encoder: Encoder, metrics: Sequence[Any], fams: Sequence[Any]) -> list[bytes]:
+    """Each family's sample lines, cut from one encoding at the headers."""
+    out, lines, pos = encode(encoder, fams), [], 0
+    headers = [encode(encoder, [new_family(m)]) for m in metrics]
+    for i, header in enumerate(headers):
+        if not out.startswith(header, pos):
+            raise ValueError("the encoder's output does not start with a family's header")
+        start = pos + len(header)
+        end = out.find(headers[i + 1], start) if i + 1 < len(headers) else len(out)
+        lines.append(out[start:end])
+        pos = end
+    return lines
+
+
 @dataclass
 class _Fragment:
     samples: tuple[Any, ...]  # held: while cached, its id() is not reused
     collector: str
-    lines: dict[str, dict[str, bytes]] = field(default_factory=dict)  # format -> name -> lines
+    lines: dict[str, dict[str, bytes]] = field(default_factory=dict)  # line format -> name -> lines
     counted: bool = False  # its dropped samples were added to the total
     families: tuple[tuple[Sample, ...], ...] = ()  # its samples per family (cache keys)
 
@@ -104,6 +184,7 @@ class _Chunk:
 @dataclass
 class _Body:
     snaps: tuple[Snapshot, ...]
+    encoder: Encoder
     ctype: str
     chunks: list[_Chunk]
     names: list[str]  # families with samples, catalog order
@@ -129,7 +210,7 @@ class Exposition:
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
         self._headers: dict[tuple[str, str], bytes] = {}
-        # (format, one family's samples of one fragment) -> their lines: a job's families
+        # (line format, one family's samples of one fragment) -> their lines: a job's families
         # that a new step left as they were (equal samples) are not encoded again
         self._family_lines: dict[tuple[str, tuple[Sample, ...]], bytes] = {}
         self._bodies: dict[str, _Body] = {}
@@ -158,6 +239,9 @@ class Exposition:
         encoder, ctype = choose_encoder(accept or "")
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
             last = self._wanted.get(ctype)
+            if last is None and len(self._wanted) >= MAX_FORMATS:
+                self._forget(min(self._wanted, key=lambda c: self._wanted[c][1]))
+                self.stats["formats_evicted"] += 1
             self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
             body = self._current(encoder, ctype, want_gzip)
             if want_gzip:
@@ -183,9 +267,7 @@ class Exposition:
         for ctype, (encoder, when, before, want_gzip) in list(self._wanted.items()):
             with self._lock:  # one format at a time: a scrape waits for one build at most
                 if now - when > WARM_FOR:
-                    self._wanted.pop(ctype, None)
-                    self._bodies.pop(ctype, None)
-                    self._build_s.pop(ctype, None)
+                    self._forget(ctype)
                     continue
                 period = when - before if before is not None else 0.0
                 if period > lead and now < when + period - lead:
@@ -201,6 +283,25 @@ class Exposition:
                 if self.stats["renders"] != renders:  # a build, not a body found ready
                     self._build_s[ctype] = min(time.monotonic() - t, MAX_LEAD)
         self.stats["warm_cpu_us"] += int((time.thread_time() - cpu) * 1e6)
+
+    def _forget(self, ctype: str) -> None:
+        """Stop serving this format from cache: its body, and what only it used (a scraper
+        that asks for a new content type at every scrape cannot grow the cache: at most
+        MAX_FORMATS are kept, each a body's worth of bytes)."""
+        entry = self._wanted.pop(ctype, None)
+        self._bodies.pop(ctype, None)
+        self._build_s.pop(ctype, None)
+        self._headers = {k: v for k, v in self._headers.items() if k[0] != ctype}
+        self._gz_headers = {k: v for k, v in self._gz_headers.items() if k[0] != ctype}
+        if entry is None:
+            return
+        lkey = line_format(entry[0], ctype)
+        if any(line_format(e[0], c) == lkey for c, e in self._wanted.items()):
+            return  # another format scraped lately shares its lines
+        self._chunks = {k: v for k, v in self._chunks.items() if k[0] != lkey}
+        self._family_lines = {k: v for k, v in self._family_lines.items() if k[0] != lkey}
+        for frag in (*self._by_id.values(), *self._by_value.values()):
+            frag.lines.pop(lkey, None)
 
     def _prepare(self, encoder: Encoder, ctype: str) -> None:
         """Encode the fragments that changed since the last build; build no body."""
@@ -257,7 +358,9 @@ class Exposition:
         return out
 
     def _lines(self, frag: _Fragment, encoder: Encoder, ctype: str) -> dict[str, bytes]:
-        lines = frag.lines.get(ctype)
+        """The fragment's sample lines per family in this format's line format."""
+        key = line_format(encoder, ctype)
+        lines = frag.lines.get(key)
         if lines is not None:
             return lines
         groups = _families_of(frag.samples)
@@ -268,7 +371,7 @@ class Exposition:
             cache = self._family_lines
             lines, missed = {}, []
             for name, fam in groups.items():
-                hit = cache.get((ctype, fam))
+                hit = cache.get((key, fam))
                 if hit is None:
                     missed.append(fam)
                 else:
@@ -278,12 +381,12 @@ class Exposition:
                 fresh, dropped = self._encode(frag, [s for f in missed for s in f], encoder, ctype)
                 if not dropped:  # every sample served: its family's lines can be reused
                     for fam in missed:
-                        cache[ctype, fam] = fresh[fam[0].name]
+                        cache[key, fam] = fresh[fam[0].name]
                 lines.update(fresh)
             frag.families = tuple(groups.values())
         if not frag.counted:
             frag.counted = True
-        frag.lines[ctype] = lines
+        frag.lines[key] = lines
         return lines
 
     def _encode(
@@ -360,31 +463,32 @@ class Exposition:
             frag = _Fragment(samples, "", counted=True)
             self._lines(frag, encoder, ctype)
             frags.append(frag)
+        lkey = line_format(encoder, ctype)
         old, new = self._chunks, dict[tuple[Any, ...], _Chunk]()
         chunks = []
         names: set[str] = set()
         for i in range(0, len(frags), CHUNK):
             run = frags[i : i + CHUNK]
-            key = (ctype, *map(id, run))
+            key = (lkey, *map(id, run))
             chunk = new.get(key) or old.get(key)
             if chunk is None:
                 joined: dict[str, list[bytes]] = {}
                 for frag in run:
-                    for name, lines in frag.lines[ctype].items():
+                    for name, lines in frag.lines[lkey].items():
                         joined.setdefault(name, []).append(lines)
                 chunk = _Chunk(run, {name: b"".join(parts) for name, parts in joined.items()})
             new[key] = chunk
             chunks.append(chunk)
             names.update(chunk.raw)
-        # keep the other formats' chunks; drop this format's unused ones
-        self._chunks = {k: v for k, v in old.items() if k[0] != ctype}
+        # keep the other line formats' chunks; drop this one's unused ones
+        self._chunks = {k: v for k, v in old.items() if k[0] != lkey}
         self._chunks.update(new)
-        return _Body(snaps, ctype, chunks, [n for n in _CATALOG_ORDER if n in names])
+        return _Body(snaps, encoder, ctype, chunks, [n for n in _CATALOG_ORDER if n in names])
 
     def _plain_parts(self, body: _Body) -> Iterator[bytes]:
         ctype = body.ctype
         for name in body.names:
-            yield self._headers[ctype, name]
+            yield self._header(body.encoder, ctype, name)
             for chunk in body.chunks:
                 raw = chunk.raw.get(name)
                 if raw is not None:
@@ -420,7 +524,8 @@ class Exposition:
             key = (ctype, name)
             segment = self._gz_headers.get(key)
             if segment is None:
-                segment = self._gz_headers[key] = self._deflate(self._headers[key])
+                header = self._header(body.encoder, ctype, name)
+                segment = self._gz_headers[key] = self._deflate(header)
             yield segment
             for chunk in body.chunks:
                 raw = chunk.raw.get(name)
