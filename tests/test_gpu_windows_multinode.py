@@ -242,8 +242,11 @@ def test_worker_sidecar_matches_a_single_node_run(run):
         assert 0.0 <= busy <= avail
     # ... and both are near the truth the simulation used (every step was joined once: the
     # fixture waited for available GPU-seconds = GPUs x the steps' durations)
+    # (the groups of 1 s windows and longer: a 0.2 s window's share also carries how late the
+    # test wrote a record, x5 -- the anchor error the docs state, not the join's)
     truth = truth_shares(run["steps"])
-    for (group, _role), (busy, avail) in head_result.items():
+    for group in ("rollout", "logprob", "update"):
+        busy, avail = head_result[group, "unknown"]
         assert abs(busy / avail - truth[group]) <= NEAR_TRUTH, (group, busy / avail, run["late"])
     # the worker read no log: its windows came over the head's API, and its source is up
     head, worker = run["head"], run["worker"]
