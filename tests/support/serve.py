@@ -7,9 +7,10 @@
         text = exp.metrics_text()
 
 Defaults added unless the extra arguments set them: `--verl-root <workdir>/verl`
-(`.verl_root`), `--verl-interval 0.2`, `--no-ray`, `--no-nvml`. The constructor returns once
-/readyz answers 200 (or raises with the process's log). `prefix` runs the command under a
-wrapper (e.g. `setpriv ...`).
+(`.verl_root`), `--verl-interval 0.2`, `--no-ray`, `--no-nvml`; `defaults=False` adds none
+(only `--listen`: the rest comes from `env`, as the chart configures a pod). The constructor
+returns once /readyz answers 200 (or raises with the process's log). `prefix` runs the
+command under a wrapper (e.g. `setpriv ...`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Exporter(Proc):
         ready: bool = True,
         timeout: float = 30.0,
         prefix: tuple[str, ...] = (),
+        defaults: bool = True,
     ):
         workdir = Path(workdir)
         workdir.mkdir(parents=True, exist_ok=True)
@@ -69,15 +71,15 @@ class Exporter(Proc):
         self.url = f"http://127.0.0.1:{self.port}"
         self.verl_root: Path | None = None
         args = ["serve", "--listen", f"127.0.0.1:{self.port}"]
-        if not _given(extra_args, "--verl-root"):
+        if defaults and not _given(extra_args, "--verl-root"):
             self.verl_root = workdir / "verl"
             self.verl_root.mkdir(exist_ok=True)
             args += ["--verl-root", str(self.verl_root)]
-        if not _given(extra_args, "--verl-interval"):
+        if defaults and not _given(extra_args, "--verl-interval"):
             args += ["--verl-interval", "0.2"]
-        if not _given(extra_args, "--ray", "--no-ray"):
+        if defaults and not _given(extra_args, "--ray", "--no-ray"):
             args.append("--no-ray")
-        if not _given(extra_args, "--nvml", "--no-nvml"):
+        if defaults and not _given(extra_args, "--nvml", "--no-nvml"):
             args.append("--no-nvml")
         args += list(extra_args)
         log = workdir / f"exporter-{self.port}.log"
