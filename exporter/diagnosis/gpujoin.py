@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from .timeline import Timeline, place_untimed
 
@@ -106,9 +106,9 @@ class GpuWindowJoin:
             self._attribute(track, tl, job)
         return tl
 
-    def _busy_function(self, lo: float, hi: float):
+    def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
         """t -> GPU-seconds busy from `lo` to t (t in [lo, hi]), summed over every GPU."""
-        parts = []
+        parts: list[tuple[list[float], list[float], list[float]]] = []
         for track in self._gpus.values():
             ends, ratios = track.ends, track.ratios
             n = len(ends)

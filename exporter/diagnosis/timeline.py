@@ -227,8 +227,12 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
         lo, hi = at[k], at[k + 1]
         row, arg = [], []
         for j in range(quanta + 1):
-            i = max(range(j + 1), key=lambda i, j=j: best[i] - tie[j - i])
-            row.append(best[i] - tie[j - i] + (hi[j] - lo[j]) ** 2 / dur[k])
+            top, i = best[j], j  # the gap before window k: j - i quanta
+            for m in range(1, j + 1):
+                value = best[j - m] - tie[m]
+                if value > top:
+                    top, i = value, j - m
+            row.append(top + (hi[j] - lo[j]) ** 2 / dur[k])
             arg.append(i)
         best = row
         back.append(arg)
