@@ -245,7 +245,7 @@ def test_placing_r_where_the_gpus_idled_shrinks_the_window_edge_error():
     edges, within NVML's 1/6 s sample period; the CPU-only windows between them follow,
     their gaps spread evenly between the pinned ones. Measured here (seeds 1-3, 90 steps):
     see the asserts; over seeds 1-4 and 6 (docs/gpu-windows.md): busy windows 0.100 s mean,
-    0.376 s worst spread evenly -> 0.034 s mean, 0.087 s worst placed; CPU-only windows
+    0.376 s worst spread evenly -> 0.035 s mean, 0.087 s worst placed; CPU-only windows
     0.106 s mean -> 0.070 s mean."""
     busy_windows = {GEN, LOGP, UPD}
     cpu_windows = {"reward", "ref", "adv", "update_weights"}
