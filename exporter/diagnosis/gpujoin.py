@@ -107,7 +107,8 @@ class GpuWindowJoin:
         return tl
 
     def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
-        """t -> GPU-seconds busy from `lo` to t (t in [lo, hi]), summed over every GPU."""
+        """t -> GPU-seconds busy up to t (from an origin at or before `lo`; read for t in
+        [lo, hi]), summed over every GPU: a sample span counts its ratio x its length."""
         parts: list[tuple[list[float], list[float], list[float]]] = []
         for track in self._gpus.values():
             ends, ratios = track.ends, track.ratios
