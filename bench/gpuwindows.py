@@ -7,8 +7,9 @@ this process's CPU clock, over the same simulated hour (one poll per simulated s
 sampling 6 times a second):
   (a) the NVML collector with the join: samples kept per GPU, a step timeline rebuilt from
       its record every 30 s (what the Job does) and joined, the window counters exported;
-  (b) the same collector without it.
-The join's cost = (a) - (b), as a share of one core at one poll per second. Goal: <= 0.5 %.
+  (b) the same, with R left spread evenly (no `place_untimed`: the placement's own cost);
+  (c) the same collector without the join.
+The join's cost = (a) - (c), as a share of one core at one poll per second. Goal: <= 0.5 %.
 
     .venv/bin/python bench/gpuwindows.py [--seconds 3600] [--gpus 8] [--runs 5]
 """
@@ -25,8 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from exporter.config import load_thresholds  # noqa: E402
-from exporter.diagnosis import Record, StreamDiagnoser  # noqa: E402
-from exporter.diagnosis.timeline import rebuild  # noqa: E402
+from exporter.diagnosis import Record, StreamDiagnoser, gpujoin  # noqa: E402
+from exporter.diagnosis.timeline import place_untimed, rebuild  # noqa: E402
 from exporter.gpuwindows import WindowBoard  # noqa: E402
 from exporter.sources.nvml import NvmlSource  # noqa: E402
 from exporter.sources.ray import ActorProcess  # noqa: E402
@@ -43,8 +44,9 @@ def _proc(root: Path, pid: int, title: bytes) -> None:
     (d / "stat").write_bytes(f"{pid} (x) S 1 {pid} {pid} 0".encode())
 
 
-def run(seconds: int, n_gpus: int, join: bool, root: Path) -> tuple[float, int]:
+def run(seconds: int, n_gpus: int, join: bool, root: Path, place: bool = True) -> tuple[float, int]:
     """CPU seconds for `seconds` polls, and the window samples exported at the end."""
+    gpujoin.place_untimed = place_untimed if place else (lambda tl, busy: tl)
     start = 1000.0
     clock = FakeClock(start)
     util = [(float(t), 90.0 if (t % 30) < 20 else 5.0) for t in range(0, seconds + 60, 5)]
@@ -94,18 +96,22 @@ def main() -> int:
         root = Path(tmp) / "proc"
         _proc(root, 100, b"ray::WorkerDict")
         _proc(root, 101, b"ray::vLLM")
-        with_join, without = [], []
+        with_join, even, without = [], [], []
         for _ in range(args.runs):  # interleaved, best of each
             cpu, n = run(args.seconds, args.gpus, True, root)
             with_join.append(cpu)
+            even.append(run(args.seconds, args.gpus, True, root, place=False)[0])
             without.append(run(args.seconds, args.gpus, False, root)[0])
-    a, b = min(with_join), min(without)
+    a, e, b = min(with_join), min(even), min(without)
     per_s = (a - b) / args.seconds
     print(
         f"{args.gpus} GPUs, {args.seconds} s simulated, a step per {STEP:g} s, best of {args.runs}"
     )
     print(f"  NVML collector with the join:    {a / args.seconds * 1e6:8.1f} us CPU per poll")
+    print(f"  ... with R spread evenly:        {e / args.seconds * 1e6:8.1f} us CPU per poll")
     print(f"  NVML collector without the join: {b / args.seconds * 1e6:8.1f} us CPU per poll")
+    steps = args.seconds // int(STEP)
+    print(f"  placing R: {(a - e) / steps * 1e3:.2f} ms CPU per step")
     print(f"  ratio with/without: {a / b:.3f}x; window series exported: {n}")
     print(
         f"  the join: {per_s * 1e6:.1f} us per second = {per_s * 100:.4f} % of one core (goal <= 0.5 %)"

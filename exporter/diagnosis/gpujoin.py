@@ -9,6 +9,10 @@ to the busy ones. A span crossing a window edge is split by the overlap, so
     idle = available - busy           exactly, per (group, role), by construction;
     busy / available                  the true busy share of that window on that side.
 
+Before the split, the step's untimed remainder R (driver work outside every timer) is
+moved to where this node's GPUs were idle (`timeline.place_untimed`, fed the summed busy
+time of every GPU here); with no signal it stays spread evenly, as `rebuild` put it.
+
 Each moment of a GPU is attributed at most once (per GPU, time before the last attributed
 step end is never attributed again). Samples older than the horizon, and time no step
 covers (validation, checkpoints after `step`, gaps), are not attributed.
@@ -21,9 +25,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
-from .timeline import Timeline
+from .timeline import Timeline, place_untimed
 
 ROLLOUT, TRAINER, COLOCATED, UNKNOWN = "rollout", "trainer", "colocated", "unknown"
 GPU_ROLES = (ROLLOUT, TRAINER, COLOCATED, UNKNOWN)
@@ -94,10 +98,46 @@ class GpuWindowJoin:
         """A GPU that failed: its history restarts (a gap is never attributed)."""
         self._gpus.pop(gpu, None)
 
-    def add_timeline(self, tl: Timeline, job: tuple = ()) -> None:
-        """Attribute every kept GPU's samples overlapping the step's windows to `job`."""
+    def add_timeline(self, tl: Timeline, job: tuple = ()) -> Timeline:
+        """Attribute every kept GPU's samples overlapping the step's windows to `job`, after
+        placing its untimed remainder where the GPUs idled; returns the placed timeline."""
+        tl = place_untimed(tl, self._busy_function(tl.start, tl.end))
         for track in self._gpus.values():
             self._attribute(track, tl, job)
+        return tl
+
+    def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
+        """t -> GPU-seconds busy up to t (from an origin at or before `lo`; read for t in
+        [lo, hi]), summed over every GPU: a sample span counts its ratio x its length."""
+        parts: list[tuple[list[float], list[float], list[float]]] = []
+        for track in self._gpus.values():
+            ends, ratios = track.ends, track.ratios
+            n = len(ends)
+            i = max(bisect_right(ends, lo), 1)
+            if i >= n:
+                continue
+            xs, cum, rs = [ends[i - 1]], [0.0], []
+            while i < n and ends[i - 1] < hi:
+                s0, s1, ratio = ends[i - 1], ends[i], ratios[i]
+                xs.append(s1)
+                rs.append(ratio)
+                cum.append(cum[-1] + ratio * (s1 - s0))
+                i += 1
+            parts.append((xs, cum, rs))
+
+        def busy(t: float) -> float:
+            total = 0.0
+            for xs, cum, rs in parts:
+                j = bisect_right(xs, t) - 1
+                if j < 0:
+                    continue
+                if j >= len(rs):
+                    total += cum[-1]
+                else:
+                    total += cum[j] + rs[j] * (t - xs[j])
+            return total
+
+        return busy
 
     def _attribute(self, track: _Track, tl: Timeline, job: tuple) -> None:
         ends, ratios = track.ends, track.ratios

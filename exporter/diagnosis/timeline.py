@@ -32,7 +32,9 @@ The order, checked in verl 0.9.1's source (`pip download --no-deps verl==0.9.1`)
 One order covers every mode, because no mode times two of these windows in opposite order:
 `ORDER` below. A timer the order does not name (a new verl timer) runs after the named ones;
 the untimed remainder R (driver time outside every timer: DataProto movement, batching)
-is spread evenly over the gaps before each window and after the last.
+is spread evenly over the gaps before each window and after the last. Where GPU samples
+exist, `place_untimed` then moves R to where the GPUs were idle (verl's untimed work is
+driver-side CPU work, the GPUs wait through it); without a signal it keeps the even spread.
 
 The anchor: a step's record is written after `step` ends and after what runs between
 `step` and the logger: `testing`, and `save_checkpoint` where it ran outside the step (the
@@ -45,14 +47,16 @@ The alignment error (seconds), per window edge, is at most:
   mtime as the arrival of a poll's last record, so its poll interval does not add, while a
   pushed record arrives when its push does)
   + R (where the untimed remainder really ran is unknown; spread evenly, the error is
-    usually a fraction of R, never more)
-`Timeline.error_seconds` carries `delay + R` for each step; tests measure it.
+    usually a fraction of R, never more; placed by `place_untimed`, a window whose GPUs
+    were busy lands on its busy edges, within a sample period)
+`Timeline.error_seconds` carries `delay + R` for each step (the bound holds for any
+placement); tests measure the actual edge error of both placements.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import NamedTuple
 
 from .thresholds import Thresholds
@@ -157,6 +161,104 @@ def rebuild(
     if gap > 0.0:
         intervals.append(Interval(UNTIMED, "other", t, end))
     return Timeline(step, start, end, tuple(intervals), delay + windows.untimed_seconds)
+
+
+QUANTA = 64  # R is placed in steps of R / QUANTA
+EVEN = 0.2  # weight of the prior that the gaps are alike (measured flat from 0.05 to 0.5)
+TIE = 1e-7  # the prior's floor, for a step without a GPU signal (ties go to the even spread)
+GAIN = 1e-6  # GPU^2 x seconds a placement must gain over the even spread to replace it
+
+
+def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QUANTA) -> Timeline:
+    """The step with its untimed remainder R moved to where the GPUs were idle.
+
+    `busy(t)`: GPU-seconds busy from a fixed origin up to `t`, summed over the job's GPUs
+    (non-decreasing; flat where nothing was sampled). The windows keep their order and
+    durations and the step its edges; only the n+1 gaps g_0..g_n (before each window, after
+    the last; each >= 0, summing to R) move. The model: the GPUs' summed utilization u(t) is
+    zero in the gaps (R is driver-side CPU work) and some level of its own in each window.
+    Its least-squares fit, sum over windows of the integral of (u - window mean)^2 plus over
+    gaps of u^2, equals a constant minus sum_k B_k^2 / d_k (B_k: window k's busy
+    GPU-seconds, d_k its duration), and B_k depends only on C_k = g_0 + .. + g_k, the
+    untimed seconds before window k. So: maximise sum_k B_k(C_k)^2 / d_k less a prior that
+    the gaps are alike, EVEN x level^2 x sum_k (g_k - R/(n+1))^2 / (R/(n+1)) (level: the
+    busiest window's mean summed utilization; the prior keeps a CPU-only window from
+    swallowing a gap for a sample's worth of its neighbour's busy time), over
+    0 <= C_0 <= .. <= C_{n-1} <= R: a dynamic programme over C quantised to R / `quanta`,
+    (n+1) x (quanta+1) evaluations of `busy` and n x quanta^2 / 2 steps.
+
+    Why squares, not the busy time in the gaps alone: that one cannot tell which window holds
+    a busy stretch, so a CPU-only neighbour may take a busy window's edge at no cost and the
+    busy window slides off its edges; the squares prefer each window holding its own.
+
+    Without a signal (no samples, idle GPUs, a constant rate) every placement fits equally,
+    and `tl` itself (the even spread) is returned: the placement must gain `GAIN` over it.
+
+    The assumption: the untimed work leaves the GPUs idle. Where it does not, `other`'s
+    busy share comes out a lower bound and its neighbours' an upper bound.
+    """
+    windows: list[Interval] = []
+    r = 0.0
+    for iv in tl.intervals:
+        if iv.end < iv.start:
+            return tl
+        if iv.timer == UNTIMED:
+            r += iv.end - iv.start
+        else:
+            windows.append(iv)
+    n = len(windows)
+    if r <= 0.0 or n == 0 or quanta < 1:
+        return tl
+    s, q = tl.start, r / quanta
+    timed = [0.0]  # D_k: timed seconds before window k
+    for iv in windows:
+        timed.append(timed[-1] + (iv.end - iv.start))
+    # window k placed at C_k = j q covers [s + D_k + j q, s + D_{k+1} + j q]
+    at = [[busy(s + d + j * q) for j in range(quanta + 1)] for d in timed]
+    dur = [max(timed[k + 1] - timed[k], 1e-9) for k in range(n)]
+    level = max((busy(iv.end) - busy(iv.start)) / dur[k] for k, iv in enumerate(windows))
+    even_gap = r / (n + 1)
+    weight = EVEN * level * level / even_gap + TIE / (r * r)
+    tie = [weight * (m * q) ** 2 for m in range(quanta + 1)]  # a gap of m quanta
+    # best[j]: the best fit (less the prior) of windows 0..k with C_k = j quanta
+    best = [(at[1][j] - at[0][j]) ** 2 / dur[0] - tie[j] for j in range(quanta + 1)]
+    back: list[list[int]] = []
+    for k in range(1, n):
+        lo, hi = at[k], at[k + 1]
+        row, arg = [], []
+        for j in range(quanta + 1):
+            top, i = best[j], j  # the gap before window k: j - i quanta
+            for m in range(1, j + 1):
+                value = best[j - m] - tie[m]
+                if value > top:
+                    top, i = value, j - m
+            row.append(top + (hi[j] - lo[j]) ** 2 / dur[k])
+            arg.append(i)
+        best = row
+        back.append(arg)
+    j = max(range(quanta + 1), key=lambda j: best[j] - tie[quanta - j])
+    cs = [0] * n
+    for k in range(n - 1, -1, -1):
+        cs[k] = j
+        if k:
+            j = back[k - 1][j]
+    placed = sum((at[k + 1][c] - at[k][c]) ** 2 / dur[k] for k, c in enumerate(cs))
+    even = 0.0
+    for k, iv in enumerate(windows):
+        even += (busy(iv.end) - busy(iv.start)) ** 2 / dur[k]
+    if placed - even < GAIN:
+        return tl
+    intervals: list[Interval] = []
+    t = s
+    for k, iv in enumerate(windows):
+        a, b = s + timed[k] + cs[k] * q, min(s + timed[k + 1] + cs[k] * q, tl.end)
+        if a > t:
+            intervals.append(Interval(UNTIMED, "other", t, a))
+        intervals.append(iv._replace(start=a, end=b))
+        t = b
+    if tl.end > t:
+        intervals.append(Interval(UNTIMED, "other", t, tl.end))
+    return tl._replace(intervals=tuple(intervals))
 
 
 class Recent:
