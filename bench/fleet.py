@@ -127,9 +127,9 @@ class Jobs:
         record["data"].update(extra_keys(record["step"], i))
         return encode(record)
 
-    def write(self, i: int) -> tuple[bytes, float]:
-        """Append job i's next record: (its `rlhf_step` line as the exporter will show it,
-        the time it was written)."""
+    def write(self, i: int) -> tuple[bytes, int, float]:
+        """Append job i's next record: (the start of its `rlhf_step` line, its step, the
+        time it was written)."""
         with self._lock:
             record = next(self.streams[i])
             line = self._line(record, i)
@@ -137,8 +137,8 @@ class Jobs:
             with open(self.paths[i], "ab") as f:
                 f.write(line)
         key = (f"team{i % 10}", f"exp{i:05d}")
-        shown = f'rlhf_step{{experiment="{key[1]}",project="{key[0]}"}} {float(record["step"])}'
-        return shown.encode(), at
+        shown = f'\nrlhf_step{{experiment="{key[1]}",project="{key[0]}"}} '
+        return shown.encode(), record["step"], at
 
     def run(self, stop: threading.Event, t0: float) -> None:
         """Job i writes at t0 + (i / n + k) * PERIOD, k = 0, 1, ..."""
@@ -227,14 +227,19 @@ def probe_visible(port: int, jobs: Jobs, accept: str, probes: int) -> list[float
     out = []
     for k in range(probes):
         i = (k * 7919) % jobs.n  # spread over the fleet (and over chunks of jobs)
-        shown, at = jobs.write(i)
+        line, step, at = jobs.write(i)
         deadline = at + 30.0
         while time.time() < deadline:
             _elapsed, zipped = get(port, accept)
-            if shown + b"\n" in gzip.decompress(zipped):
+            body = gzip.decompress(zipped)
+            pos = body.find(line)
+            # this step or a later one (the job's own writer may have stepped meanwhile)
+            if pos >= 0 and float(body[pos + len(line) : body.index(b"\n", pos + 1)]) >= step:
                 out.append(time.time() - at)
                 break
             time.sleep(0.1)
+        else:
+            print(f"      probe {k}: step {step} of job {i} not visible in 30 s", flush=True)
     return out
 
 
