@@ -128,17 +128,24 @@ def _same_lines(encoder: Encoder) -> bool:
     reference, _ = choose_encoder("")
     if encoder is reference:
         return True
-    metrics, fams = list(BY_NAME.values()), []
-    for i, metric in enumerate(metrics):
-        fam = new_family(metric)
-        for j, v in enumerate(_PROBE_VALUES):
-            k = i + j
-            labels = [
-                _PROBE_LABELS[(k + n) % len(_PROBE_LABELS)] + str(j)
-                for n in range(len(metric.labels))
-            ]
-            fam.add_metric(labels, v)
-        fams.append(fam)
+    metrics = list(BY_NAME.values())
+    by_name: dict[str, Any] = {}
+    add_samples(  # the way every served sample becomes a family
+        by_name,
+        (
+            Sample(
+                metric.name,
+                tuple(
+                    _PROBE_LABELS[(i + j + n) % len(_PROBE_LABELS)] + str(j)
+                    for n in range(len(metric.labels))
+                ),
+                v,
+            )
+            for i, metric in enumerate(metrics)
+            for j, v in enumerate(_PROBE_VALUES)
+        ),
+    )
+    fams = [by_name[m.name] for m in metrics]
     try:
         return _probe_lines(encoder, metrics, fams) == _probe_lines(reference, metrics, fams)
     except ValueError:
