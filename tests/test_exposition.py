@@ -374,3 +374,16 @@ def test_the_warm_thread_encodes_changes_before_the_scrape_and_ends_with_the_exp
     gc.collect()
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_evicting_a_format_keeps_the_lines_the_newcomer_shares():
+    sources = Sources([verl_snapshot([job_part(f"p{i}", "e", 1) for i in range(20)])])
+    ex = Exposition(sources.fns())
+    ex.render(TEXT)
+    for v in range(MAX_FORMATS - 1):  # formats with lines of their own fill the cache
+        ex.render(f"application/openmetrics-text;version=1.0.{v};escaping=dots")
+    encoded = ex.stats["samples_encoded"]
+    body, _, _ = ex.render(OPENMETRICS)  # evicts text, the oldest, but shares its lines
+    assert body == from_scratch(sources.snaps, OPENMETRICS)
+    assert ex.stats["formats_evicted"] == 1
+    assert ex.stats["samples_encoded"] == encoded  # nothing encoded again

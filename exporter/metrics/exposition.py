@@ -246,10 +246,11 @@ class Exposition:
         encoder, ctype = choose_encoder(accept or "")
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
             last = self._wanted.get(ctype)
-            if last is None and len(self._wanted) >= MAX_FORMATS:
-                self._forget(min(self._wanted, key=lambda c: self._wanted[c][1]))
-                self.stats["formats_evicted"] += 1
+            oldest = min(self._wanted, key=lambda c: self._wanted[c][1]) if self._wanted else None
             self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
+            if last is None and oldest is not None and len(self._wanted) > MAX_FORMATS:
+                self._forget(oldest)  # after this one is wanted: lines it shares are kept
+                self.stats["formats_evicted"] += 1
             body = self._current(encoder, ctype, want_gzip)
             if want_gzip:
                 if body.gzipped is None:
