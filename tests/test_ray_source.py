@@ -401,70 +401,18 @@ def test_pids_only_mode_exports_no_actor_series(fake_state):
 
 # -- the real Ray head -------------------------------------------------------------------------
 ray = pytest.importorskip("ray")
-from tests.support.ray_head import RayHead  # noqa: E402
+from tests.support.ray_head import RayHead, connected_head, verl_actor_classes  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def head():
-    h = RayHead()
-    try:
-        ray.init(
-            address=h.gcs_address,
-            namespace="rlhf-exporter-tests",
-            log_to_driver=False,
-            configure_logging=False,
-        )
+    with connected_head("rlhf-exporter-tests") as h:
         yield h
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        h.stop()
-
-
-def _classes():
-    """Actor classes named as verl's. WorkerDict is made inside a function, as verl does, so
-    Ray reports it as `...<locals>.WorkerDict`; the others look module-level."""
-    import subprocess
-
-    def named(name, cls):
-        cls.__name__ = cls.__qualname__ = name
-        return cls
-
-    class Worker:
-        def __init__(self):
-            self.child = None
-
-        def pid(self):
-            return os.getpid()
-
-        def spawn_child(self):  # like vLLM's engine process under the rollout server
-            self.child = subprocess.Popen(["sleep", "120"])
-            return self.child.pid
-
-        def exit(self):
-            os._exit(1)
-
-    def colocated():
-        class WorkerDict(Worker):
-            pass
-
-        return WorkerDict
-
-    out = {"WorkerDict": colocated()}
-    for name in (
-        "vLLMHttpServer",
-        "AgentLoopWorker",
-        "TaskRunner",
-        "RewardLoopWorker",
-        "MessageQueue",
-    ):
-        out[name] = named(name, type(name, (Worker,), {}))
-    return {name: ray.remote(num_cpus=0)(cls) for name, cls in out.items()}
 
 
 @pytest.fixture(scope="module")
 def cluster(head):
-    classes = _classes()
+    classes = verl_actor_classes()
     actors = {"WorkerDict": [classes["WorkerDict"].remote() for _ in range(2)]}
     for name in (
         "vLLMHttpServer",

@@ -4,6 +4,10 @@
     head.dashboard_url            # http://127.0.0.1:<port>, what the exporter reads
     head.stop()                   # stops this head's processes only
 
+    with connected_head("my-namespace") as head:    # ... with this process as its driver
+        classes = verl_actor_classes()              # actor classes named as verl names them
+        pid = ray.get(classes["WorkerDict"].remote().pid.remote())
+
 `ray stop` would stop every Ray process of every user on the machine (other engineers'
 heads included), so `stop()` ends exactly the processes of this head: `ray start` runs in a
 new session, every daemon and worker it spawns stays in that session, and stop() signals
@@ -12,6 +16,7 @@ that session's processes (SIGTERM, then SIGKILL after a grace period).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,7 +24,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -162,3 +169,69 @@ class RayHead:
         wait_until(lambda: not self.pids(), 10, 0.1, what="Ray processes gone")
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         self.log_path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def connected_head(namespace: str, grace: float = 10.0, **kwargs: Any) -> Iterator[RayHead]:
+    """A RayHead with this process connected to it as a Ray driver (`ray.init`). On exit,
+    also on failure, the driver disconnects first (a driver whose GCS vanishes may end this
+    process), then the head stops (`stop(grace)`: Ray's GCS and raylet take ~10 s to end on
+    SIGTERM; a head whose state nobody reads afterwards can be killed sooner)."""
+    import ray
+
+    head = RayHead(**kwargs)
+    try:
+        ray.init(
+            address=head.gcs_address,
+            namespace=namespace,
+            log_to_driver=False,
+            configure_logging=False,
+        )
+        yield head
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        head.stop(grace)
+
+
+def verl_actor_classes() -> dict[str, Any]:
+    """Remote actor classes named as verl's (connect a driver first). WorkerDict is made
+    inside a function, as verl does, so Ray reports it as `...<locals>.WorkerDict`; the others
+    look module-level. Every actor answers `pid()` (its worker process), `spawn_child()` (a
+    child process, like vLLM's engine under the rollout server) and `exit()` (a crash)."""
+    import ray
+
+    def named(name: str, cls: type) -> type:
+        cls.__name__ = cls.__qualname__ = name
+        return cls
+
+    class Worker:
+        def __init__(self) -> None:
+            self.child: subprocess.Popen | None = None
+
+        def pid(self) -> int:
+            return os.getpid()
+
+        def spawn_child(self) -> int:
+            self.child = subprocess.Popen(["sleep", "120"])
+            return self.child.pid
+
+        def exit(self) -> None:
+            os._exit(1)
+
+    def colocated() -> type:
+        class WorkerDict(Worker):
+            pass
+
+        return WorkerDict
+
+    out = {"WorkerDict": colocated()}
+    for name in (
+        "vLLMHttpServer",
+        "AgentLoopWorker",
+        "TaskRunner",
+        "RewardLoopWorker",
+        "MessageQueue",
+    ):
+        out[name] = named(name, type(name, (Worker,), {}))
+    return {name: ray.remote(num_cpus=0)(cls) for name, cls in out.items()}

@@ -7,11 +7,14 @@ The scenario (re-read when the file changes, so a test can script the GPUs after
 sidecar has started):
 
     {"sample_period": 0.05,
-     "gpus": [{"util": [[EPOCH_SECONDS, PERCENT], ...]}, ...]}
+     "gpus": [{"util": [[EPOCH_SECONDS, PERCENT], ...],
+               "processes": [[PID, USED_BYTES], ...]}, ...]}
 
 Utilization follows the WALL clock: each GPU's `util` is a step function of epoch seconds
 (a value holds from its time on), and the fake stamps its buffered samples in epoch
-microseconds as NVML does. The number of GPUs is fixed by the file's first version.
+microseconds as NVML does. `processes` (optional, none when absent) is what
+`nvmlDeviceGetComputeRunningProcesses` reports: real PIDs (e.g. Ray actors') make the
+sidecar's GPU roles real. The number of GPUs is fixed by the file's first version.
 """
 
 from __future__ import annotations
@@ -39,11 +42,20 @@ def _scenario() -> dict:
 
 
 class ScenarioGpu(FakeGpu):
-    """A FakeGpu whose utilization schedule is the scenario file's, in epoch seconds."""
+    """A FakeGpu whose utilization schedule (in epoch seconds) and processes are the scenario
+    file's."""
 
     def percent(self, t: float) -> float:
         self.util = [tuple(u) for u in _scenario()["gpus"][self.index]["util"]]
         return super().percent(t)
+
+    @property  # type: ignore[override]
+    def processes(self) -> list[tuple[int, int | None]]:
+        return [(int(p), m) for p, m in _scenario()["gpus"][self.index].get("processes", ())]
+
+    @processes.setter
+    def processes(self, value: object) -> None:
+        pass  # FakeGpu's constructor sets its default: the scenario file decides
 
 
 _doc = _scenario()
