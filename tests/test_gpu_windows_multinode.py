@@ -4,8 +4,9 @@
 - The head reads the job's verl log (the verl file source) and joins the steps' windows to
   its GPUs: a single-node run of the job.
 - The worker is configured as the chart configures a worker pod (environment only: NVML on,
-  Ray off, `RLHF_EXPORTER_GPU_WINDOWS_FROM` = the head's URL, `RLHF_EXPORTER_PUSH_TOKEN`);
-  it has no verl log and gets the steps over the head's `GET /api/v1/windows`.
+  Ray off or for PIDs only (below), `RLHF_EXPORTER_GPU_WINDOWS_FROM` = the head's URL,
+  `RLHF_EXPORTER_PUSH_TOKEN`); it has no verl log and gets the steps over the head's
+  `GET /api/v1/windows`.
 - Both load `pynvml` from tests/support/nvml_shim (the fake of tests/support/fake_pynvml.py
   at the import boundary, nothing else patched), reading one scenario file: five GPUs whose
   utilization follows the job's true windows on the wall clock (GPUs 0-1 busy in `gen`,
