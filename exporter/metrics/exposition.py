@@ -246,10 +246,12 @@ class Exposition:
         encoder, ctype = choose_encoder(accept or "")
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
             last = self._wanted.get(ctype)
-            oldest = min(self._wanted, key=lambda c: self._wanted[c][1]) if self._wanted else None
             self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
-            if last is None and oldest is not None and len(self._wanted) > MAX_FORMATS:
-                self._forget(oldest)  # after this one is wanted: lines it shares are kept
+            if last is None and len(self._wanted) > MAX_FORMATS:
+                # the least recently scraped other format goes; the lines it shares with
+                # this one are kept, as this one is wanted already
+                others = (c for c in self._wanted if c != ctype)
+                self._forget(min(others, key=lambda c: self._wanted[c][1]))
                 self.stats["formats_evicted"] += 1
             body = self._current(encoder, ctype, want_gzip)
             if want_gzip:
