@@ -35,22 +35,12 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from fleet import Jobs  # noqa: E402
 
+from tests.support import grafana_vars  # noqa: E402
 from tests.support.procs import free_port, wait_until  # noqa: E402
 
 
 def substitute(expr: str) -> str:
-    values = {
-        "$__rate_interval": "1m",
-        "$__interval": "15s",
-        "$__range": "1h",
-        "$cluster": ".*",
-        "$namespace": ".*",
-        "$project": ".*",
-        "$experiment": ".*",
-    }
-    for var in sorted(values, key=len, reverse=True):
-        expr = expr.replace(var, values[var])
-    return expr
+    return grafana_vars.substitute(expr)  # Grafana's defaults for a 1 h view at 15 s
 
 
 def dashboard_queries() -> list[tuple[str, str]]:

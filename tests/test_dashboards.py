@@ -24,21 +24,13 @@ from exporter.metrics.catalog import BY_NAME, NAMES
 from exporter.render import repo_root
 from exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
 from exporter.render.dashboards.style import CHANGE_COLOURS, VERDICT_COLOURS
+from tests.support import grafana_vars
 
 ROOT = repo_root()
 PATHS = (JOB_PATH, FLEET_PATH)
 TARGET_LABELS = {"cluster", "namespace", "job", "instance", "pod"}  # added by Prometheus
 # Prometheus's own series for alert state; the fleet table counts firing alerts per job.
 PROMETHEUS_SERIES = {"ALERTS": {"alertname", "alertstate", "severity", "project", "experiment"}}
-DUMMY = {
-    "$__rate_interval": "1m",
-    "$__range": "1h",
-    "$__interval": "30s",
-    "$cluster": ".*",
-    "$namespace": ".*",
-    "$project": ".+",
-    "$experiment": ".+",
-}
 
 
 def recording_rules() -> dict[str, set[str] | None]:
@@ -72,9 +64,7 @@ def panels(board: dict) -> list[dict]:
 
 
 def substitute(expr: str) -> str:
-    for var in sorted(DUMMY, key=len, reverse=True):
-        expr = expr.replace(var, DUMMY[var])
-    return expr
+    return grafana_vars.substitute(expr, interval="30s", project=".+", experiment=".+")
 
 
 def exprs(board: dict) -> list[tuple[str, str]]:

@@ -36,6 +36,7 @@ from exporter.render import rules as rules_mod
 from exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
 from exporter.render.dashboards.queries import gpus_per_job
 from exporter.render.dashboards.style import verdict_codes
+from tests.support import grafana_vars
 from tests.support.procs import REPO, wait_until
 from tests.support.prometheus import Prometheus
 from tests.support.serve import Exporter
@@ -100,19 +101,14 @@ def needs_absent_source(expr: str, absent: set[str]) -> bool:
 
 
 def substitute(expr: str, project: str, experiment: str, range_: str) -> str:
-    values = {
-        "$__rate_interval": RATE_INTERVAL,
-        "$__interval": "1s",
-        "$__range": range_,
-        "$cluster": ".*",
-        "$namespace": ".*",
-        "$project": project,
-        "$experiment": experiment,
-    }
-    for var in sorted(values, key=len, reverse=True):
-        expr = expr.replace(var, values[var])
-    assert "$" not in expr, f"unsubstituted variable in {expr}"
-    return expr
+    return grafana_vars.substitute(
+        expr,
+        rate_interval=RATE_INTERVAL,
+        interval="1s",
+        range_=range_,
+        project=project,
+        experiment=experiment,
+    )
 
 
 def all_panels(doc: dict) -> list[dict]:

@@ -154,13 +154,9 @@ def _truth_shares(truth, role, steps):
     return {g: busy[g] / total[g] for g in total}
 
 
-def _join_simulation(seed: int, roles, steps: int = 30, start: float = 1000.0):
-    """The pure join over fake-pynvml GPUs following a simulated job; polled every second
-    until each record arrives. Returns (join, [(even timeline, placed timeline)], truth)."""
-    records, truth = simulate(steps, seed=seed, t0=start)
-    clock = FakeClock(start)
-    nv = make_module(_fake_gpus(truth, roles, start), clock)
-    join = GpuWindowJoin(horizon=600.0)
+def _nvml_poller(nv, join: GpuWindowJoin, roles):
+    """What the sidecar's NVML source feeds the join at each poll: every GPU's buffered
+    utilization samples since its last one (fake pynvml, the import boundary)."""
     last = dict.fromkeys(range(len(roles)), 0)
     nv.nvmlInit()
 
@@ -176,6 +172,16 @@ def _join_simulation(seed: int, roles, steps: int = 30, start: float = 1000.0):
                 str(i), role, [(s.timeStamp / 1e6, s.sampleValue.uiVal / 100) for s in samples]
             )
 
+    return poll
+
+
+def _join_simulation(seed: int, roles, steps: int = 30, start: float = 1000.0):
+    """The pure join over fake-pynvml GPUs following a simulated job; polled every second
+    until each record arrives. Returns (join, [(even timeline, placed timeline)], truth)."""
+    records, truth = simulate(steps, seed=seed, t0=start)
+    clock = FakeClock(start)
+    join = GpuWindowJoin(horizon=600.0)
+    poll = _nvml_poller(make_module(_fake_gpus(truth, roles, start), clock), join, roles)
     placed = []
     for tl, (arrival, _rec) in zip(timelines(records), records, strict=True):
         while clock() < arrival:  # the sidecar polls NVML every second until the record
@@ -463,24 +469,13 @@ def _join_modes(records, busy_by_role, roles, start):
             util += [(s - start, pct), (e - start, IDLE_PERCENT)]
         gpus.append(FakeGpu(i, util=util, start=start, buffer=10**6))
     clock = FakeClock(start)
-    nv = make_module(gpus, clock)
-    nv.nvmlInit()
     join = GpuWindowJoin(horizon=600.0)
-    last = dict.fromkeys(range(len(roles)), 0)
+    poll = _nvml_poller(make_module(gpus, clock), join, roles)
     tls = timelines(records, delay=0.0)
     for tl, (arrival, _r) in zip(tls, records, strict=True):
         while clock() < arrival + 1.0:
             clock.advance(1.0)
-            for i, role in enumerate(roles):
-                h = nv.nvmlDeviceGetHandleByIndex(i)
-                try:
-                    _vt, ss = nv.nvmlDeviceGetSamples(h, nv.NVML_GPU_UTILIZATION_SAMPLES, last[i])
-                except nv.NVMLError_NotFound:
-                    continue
-                last[i] = ss[-1].timeStamp
-                join.add_samples(
-                    str(i), role, [(s.timeStamp / 1e6, s.sampleValue.uiVal / 100) for s in ss]
-                )
+            poll()
         join.add_timeline(tl)
     counters = {(g, r): v for (_job, g, r), v in join.counters().items()}
     wall = sum(tl.end - tl.start for tl in tls)

@@ -20,6 +20,7 @@ from exporter.diagnosis import Thresholds
 from exporter.render import rules as rules_mod
 from exporter.render.dashboards import fleet, job
 from exporter.render.rules import gpuwindows
+from tests.support import grafana_vars
 from tests.support.procs import REPO, wait_until
 from tests.support.prometheus import Prometheus
 from tests.support.serve import Exporter
@@ -54,16 +55,9 @@ def panel_exprs(board: str, title: str) -> list[str]:
 
 
 def substitute(expr: str, range_: str) -> str:
-    for var, value in {
-        "$__rate_interval": "5s",
-        "$__range": range_,
-        "$cluster": ".*",
-        "$namespace": ".*",
-        "$project": "p",
-        "$experiment": "e",
-    }.items():
-        expr = expr.replace(var, value)
-    return expr
+    return grafana_vars.substitute(
+        expr, rate_interval="5s", range_=range_, project="p", experiment="e"
+    )
 
 
 def test_live_window_series_rules_and_panels(tmp_path):

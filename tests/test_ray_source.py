@@ -414,14 +414,9 @@ def head():
 def cluster(head):
     classes = verl_actor_classes()
     actors = {"WorkerDict": [classes["WorkerDict"].remote() for _ in range(2)]}
-    for name in (
-        "vLLMHttpServer",
-        "AgentLoopWorker",
-        "TaskRunner",
-        "RewardLoopWorker",
-        "MessageQueue",
-    ):
-        actors[name] = [classes[name].remote()]
+    for name, cls in classes.items():  # one of each other verl actor
+        if name != "WorkerDict":
+            actors[name] = [cls.remote()]
     pids = {
         name: ray.get([a.pid.remote() for a in group], timeout=120)
         for name, group in actors.items()

@@ -30,6 +30,7 @@ import yaml
 
 from exporter.demo.simulator import REGIMES, encode, records
 from exporter.render.dashboards import FLEET_PATH
+from tests.support import grafana_vars
 from tests.support.procs import REPO, Proc, free_port, wait_until
 from tests.support.prometheus import binary
 from tests.support.serve import Exporter
@@ -70,19 +71,7 @@ def write_fleet(root: Path, stop: threading.Event) -> None:
 
 
 def substitute(expr: str) -> str:
-    values = {
-        "$__rate_interval": "30s",
-        "$__interval": "1s",
-        "$__range": "1m",
-        "$cluster": ".*",
-        "$namespace": ".*",
-        "$project": ".*",
-        "$experiment": ".*",
-    }
-    for var in sorted(values, key=len, reverse=True):
-        expr = expr.replace(var, values[var])
-    assert "$" not in expr, expr
-    return expr
+    return grafana_vars.substitute(expr, rate_interval="30s", interval="1s", range_="1m")
 
 
 def fleet_queries() -> list[tuple[str, str]]:

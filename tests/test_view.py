@@ -16,7 +16,7 @@ import pytest
 
 from exporter.config import load_thresholds
 from exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_jsonl
-from exporter.diagnosis import GROUPS, BatchDiagnoser, Record
+from exporter.diagnosis import BatchDiagnoser, Record
 from exporter.diagnosis.advice import EVIDENCE_KEYS
 from exporter.history import HISTORY_STEPS, point
 from exporter.jobs import Job
@@ -27,6 +27,7 @@ from exporter.report import Style, Table
 from exporter.view import Facts, Links, index_page, job_page, pages
 from exporter.view.pages import attention
 from tests.support.browser import Elements
+from tests.support.segments import expected_segments
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOKS = "https://example.org/rlhf/blob/main/docs/runbooks.md"
@@ -43,18 +44,6 @@ def fed_job(project="p", experiment="e", plan=DEMO_PLAN, seed=1) -> Job:
     job = Job(project, experiment, load_thresholds())
     job.feed(Record(r["step"], r["data"]) for r in records(plan, seed))
     return job
-
-
-def expected_segments(d) -> list[str]:
-    """Nonzero groups of a step, `other` without the untimed remainder, which is its own."""
-    out = []
-    for g in GROUPS:
-        s = d.windows.group_seconds[g] - (d.windows.untimed_seconds if g == "other" else 0.0)
-        if s > 1e-9:
-            out.append(g)
-    if d.windows.untimed_seconds > 1e-9:
-        out.append("untimed")
-    return out
 
 
 def test_job_keeps_its_last_steps_as_points():

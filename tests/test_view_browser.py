@@ -17,11 +17,12 @@ import pytest
 
 from exporter.config import load_thresholds
 from exporter.demo.simulator import DEMO_PLAN, REGIMES, encode, records, write_jsonl
-from exporter.diagnosis import GROUPS, BatchDiagnoser
+from exporter.diagnosis import BatchDiagnoser
 from exporter.history import HISTORY_STEPS
 from exporter.reader import RecordReader
 from tests.support import browser
 from tests.support.browser import Elements
+from tests.support.segments import expected_segments
 from tests.support.serve import Exporter
 
 pytestmark = [
@@ -55,17 +56,6 @@ def dashboard_colours() -> dict[str, str]:
 def offline(plan=PLAN, seed=1):
     data = b"".join(encode(r) for r in records(plan, seed))
     return list(BatchDiagnoser(load_thresholds()).diagnose(RecordReader().feed(data)))
-
-
-def expected_segments(d) -> list[str]:
-    out = []
-    for g in GROUPS:
-        s = d.windows.group_seconds[g] - (d.windows.untimed_seconds if g == "other" else 0.0)
-        if s > 1e-9:
-            out.append(g)
-    if d.windows.untimed_seconds > 1e-9:
-        out.append("untimed")
-    return out
 
 
 def check_anatomy(dom: str, steps) -> Elements:
