@@ -14,7 +14,7 @@ ENV RLHF_EXPORTER_PUSH=false \
 
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
-COPY exporter ./exporter
+COPY rlhf_exporter ./rlhf_exporter
 RUN pip install . && cd / && rm -rf /src
 
 # Numeric, so that Kubernetes' runAsNonRoot can verify it (the chart runs 10001:10001).

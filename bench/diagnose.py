@@ -22,7 +22,7 @@ import time
 
 import orjson
 
-from exporter.demo.simulator import REGIMES, encode, records, regressed, shifted
+from rlhf_exporter.demo.simulator import REGIMES, encode, records, regressed, shifted
 
 
 def build_log(path: str, steps: int) -> int:
@@ -60,7 +60,7 @@ def end_to_end(path: str) -> tuple[float, float]:
     start = time.perf_counter()
     with open(os.devnull, "wb") as devnull:
         subprocess.run(
-            [sys.executable, "-m", "exporter", "diagnose", "--format", "jsonl", path],
+            [sys.executable, "-m", "rlhf_exporter", "diagnose", "--format", "jsonl", path],
             stdout=devnull,
             check=True,
             env=INSTALLED_ENV,

@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.demo.simulator import REGIMES, encode, records  # noqa: E402
+from rlhf_exporter.demo.simulator import REGIMES, encode, records  # noqa: E402
 from tests.support.procs import free_port, wait_until  # noqa: E402
 from tests.support.serve import parse_samples  # noqa: E402
 
@@ -259,7 +259,7 @@ def bench(
         setup = time.monotonic() - t
         port = free_port()
         exporter = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}"]
+            [sys.executable, "-m", "rlhf_exporter", "serve", "--listen", f"127.0.0.1:{port}"]
             + ["--verl-root", str(root), "--no-ray", "--no-nvml", "--no-push"],
             cwd=REPO,
             stdout=subprocess.DEVNULL,

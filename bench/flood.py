@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.demo.simulator import REGIMES, encode, records  # noqa: E402
+from rlhf_exporter.demo.simulator import REGIMES, encode, records  # noqa: E402
 from tests.support.serve import Exporter, parse_samples  # noqa: E402
 
 TOKEN = "bench-token"

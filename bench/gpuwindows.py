@@ -25,12 +25,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.config import load_thresholds  # noqa: E402
-from exporter.diagnosis import Record, StreamDiagnoser, gpujoin  # noqa: E402
-from exporter.diagnosis.timeline import place_untimed, rebuild  # noqa: E402
-from exporter.gpuwindows import WindowBoard  # noqa: E402
-from exporter.sources.nvml import NvmlSource  # noqa: E402
-from exporter.sources.ray import ActorProcess  # noqa: E402
+from rlhf_exporter.config import load_thresholds  # noqa: E402
+from rlhf_exporter.diagnosis import Record, StreamDiagnoser, gpujoin  # noqa: E402
+from rlhf_exporter.diagnosis.timeline import place_untimed, rebuild  # noqa: E402
+from rlhf_exporter.gpuwindows.board import WindowBoard  # noqa: E402
+from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
+from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
 
 STEP = 30.0

@@ -28,9 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.sources.base import PollingSource, PollResult  # noqa: E402
-from exporter.sources.nvml import NvmlSource  # noqa: E402
-from exporter.sources.ray import ActorProcess  # noqa: E402
+from rlhf_exporter.sources.base import PollingSource, PollResult  # noqa: E402
+from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
+from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
 
 

@@ -68,7 +68,7 @@ def main() -> int:
         jobs = Jobs(tmp / "verl", args.jobs)
         port = free_port()
         exporter = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--listen", f"127.0.0.1:{port}"]
+            [sys.executable, "-m", "rlhf_exporter", "serve", "--listen", f"127.0.0.1:{port}"]
             + ["--verl-root", str(tmp / "verl"), "--no-ray", "--no-nvml", "--no-push"],
             cwd=REPO,
             stdout=subprocess.DEVNULL,

@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO))
 
 import requests  # noqa: E402
 
-from exporter.demo.simulator import DEMO_PLAN, write_jsonl  # noqa: E402
-from exporter.sources.ray import RaySource  # noqa: E402
+from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl  # noqa: E402
+from rlhf_exporter.sources.ray import RaySource  # noqa: E402
 from tests.support.ray_head import RayHead  # noqa: E402
 from tests.support.serve import Exporter  # noqa: E402
 

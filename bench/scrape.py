@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from exporter.demo.simulator import (  # noqa: E402
+from rlhf_exporter.demo.simulator import (  # noqa: E402
     DEMO_PLAN,
     REGIMES,
     encode,
@@ -185,7 +185,7 @@ def main() -> int:
     r50 = pct(ex_times, 50) / pct(bare_times, 50)
     r99 = pct(ex_times, 99) / pct(bare_times, 99)
     print(
-        f"ratio exporter/bare: p50 {r50:.2f}x (goal <= 1.5x: {'met' if r50 <= 1.5 else 'NOT met'}), p99 {r99:.2f}x"
+        f"ratio rlhf_exporter/bare: p50 {r50:.2f}x (goal <= 1.5x: {'met' if r50 <= 1.5 else 'NOT met'}), p99 {r99:.2f}x"
     )
     print(f"cpus: {os.cpu_count()}, python {sys.version.split()[0]}")
     return 0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import load_thresholds
+from rlhf_exporter.config import load_thresholds
 from tests.support.procs import TRACES
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo import simulator as sim
-from exporter.render import repo_root, rules
+from rlhf_exporter.demo import simulator as sim
+from rlhf_exporter.render import repo_root, rules
 from tests.support.procs import wait_until
 from tests.support.prometheus import Alertmanager, Prometheus, binary
 from tests.support.serve import Exporter

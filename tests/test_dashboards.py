@@ -18,12 +18,12 @@ import promql_parser
 import pytest
 import yaml
 
-from exporter.config import default_document
-from exporter.diagnosis import CHANGES, VERDICTS, Thresholds
-from exporter.metrics.catalog import BY_NAME, NAMES
-from exporter.render import repo_root
-from exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
-from exporter.render.dashboards.style import CHANGE_COLOURS, VERDICT_COLOURS
+from rlhf_exporter.config import default_document
+from rlhf_exporter.diagnosis import CHANGES, VERDICTS, Thresholds
+from rlhf_exporter.metrics.catalog import BY_NAME, NAMES
+from rlhf_exporter.render import repo_root
+from rlhf_exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
+from rlhf_exporter.render.dashboards.style import CHANGE_COLOURS, VERDICT_COLOURS
 from tests.support import grafana_vars
 
 ROOT = repo_root()
@@ -106,7 +106,7 @@ def test_output_is_the_same_in_other_processes(tmp_path, generated):
     for seed in ("0", "1", "3"):
         root = tmp_path / seed
         out = subprocess.run(
-            [sys.executable, "-m", "exporter", "render", "dashboards", "--root", str(root)],
+            [sys.executable, "-m", "rlhf_exporter", "render", "dashboards", "--root", str(root)],
             env={**os.environ, "PYTHONHASHSEED": seed},
             capture_output=True,
             text=True,
@@ -228,7 +228,7 @@ def test_every_query_parses_and_names_only_known_series(board):
 
 def test_label_values_in_matchers_exist():
     """Matchers on verdict/kind/group name values the decision table really produces."""
-    from exporter.diagnosis import GROUPS, REASONS
+    from rlhf_exporter.diagnosis import GROUPS, REASONS
 
     allowed = {
         "verdict": set(VERDICTS),
@@ -374,9 +374,9 @@ def test_serving_never_imports_the_grafana_sdk():
     """The SDK is a render-time dependency: serve, diagnose and --help work without it."""
     code = (
         "import sys; sys.modules['grafana_foundation_sdk'] = None\n"
-        "import exporter.render.dashboards, exporter.cli\n"
-        "from exporter.render import generators; generators()\n"
-        "try:\n    exporter.cli.main(['--help'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "import rlhf_exporter.render.dashboards, rlhf_exporter.cli\n"
+        "from rlhf_exporter.render import generators; generators()\n"
+        "try:\n    rlhf_exporter.cli.main(['--help'])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
@@ -387,8 +387,8 @@ def test_serving_never_imports_the_grafana_sdk():
 def test_rendering_without_the_sdk_says_what_to_install():
     code = (
         "import sys; sys.modules['grafana_foundation_sdk'] = None\n"
-        "from exporter.config import load_thresholds\n"
-        "from exporter.render.dashboards import targets\n"
+        "from rlhf_exporter.config import load_thresholds\n"
+        "from rlhf_exporter.render.dashboards import targets\n"
         "targets(load_thresholds())\n"
     )
     out = subprocess.run(

@@ -28,14 +28,22 @@ import pytest
 import requests
 import yaml
 
-from exporter.config import default_document
-from exporter.demo.simulator import DEMO_PLAN, N_GPUS, REGIMES, encode, records, regressed, shifted
-from exporter.diagnosis import Thresholds
-from exporter.metrics.catalog import RAY, WINDOW_GPU
-from exporter.render import rules as rules_mod
-from exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
-from exporter.render.dashboards.queries import gpus_per_job
-from exporter.render.dashboards.style import verdict_codes
+from rlhf_exporter.config import default_document
+from rlhf_exporter.demo.simulator import (
+    DEMO_PLAN,
+    N_GPUS,
+    REGIMES,
+    encode,
+    records,
+    regressed,
+    shifted,
+)
+from rlhf_exporter.diagnosis import Thresholds
+from rlhf_exporter.metrics.catalog import RAY, WINDOW_GPU
+from rlhf_exporter.render import rules as rules_mod
+from rlhf_exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
+from rlhf_exporter.render.dashboards.queries import gpus_per_job
+from rlhf_exporter.render.dashboards.style import verdict_codes
 from tests.support import grafana_vars
 from tests.support.procs import REPO, wait_until
 from tests.support.prometheus import Prometheus

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.config import default_document, load_thresholds
-from exporter.diagnosis import (
+from rlhf_exporter.config import default_document, load_thresholds
+from rlhf_exporter.diagnosis import (
     BatchDiagnoser,
     Record,
     StreamDiagnoser,
@@ -19,7 +19,7 @@ from exporter.diagnosis import (
     split,
     timers,
 )
-from exporter.diagnosis.change import Baseline
+from rlhf_exporter.diagnosis.change import Baseline
 
 TH = load_thresholds()
 
@@ -701,7 +701,7 @@ def test_plan_memo_is_keyed_by_thresholds(tmp_path):
 
 
 def test_memos_stay_bounded():
-    from exporter.diagnosis import windows
+    from rlhf_exporter.diagnosis import windows
 
     for i in range(3 * windows.MEMO_SIZE):
         diag(step(step=10.0, **{f"t{i}": 1.0}))
@@ -711,7 +711,7 @@ def test_memos_stay_bounded():
 
 
 def test_memos_are_lru_a_job_in_use_survives_a_flood_of_shapes():
-    from exporter.diagnosis import windows
+    from rlhf_exporter.diagnosis import windows
 
     hot = step(step=10.0, gen=8.0, update_actor=1.0)
     diag(hot)

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import load_thresholds
-from exporter.demo.devices import GPU_NAME, DemoDevices
-from exporter.demo.scenario import INCIDENTS, NAMES, ActorLife, play, scenario
-from exporter.demo.simulator import encode
-from exporter.diagnosis import BatchDiagnoser
-from exporter.metrics.catalog import BY_NAME
-from exporter.reader import RecordReader
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.demo.devices import GPU_NAME, DemoDevices
+from rlhf_exporter.demo.scenario import INCIDENTS, NAMES, ActorLife, play, scenario
+from rlhf_exporter.demo.simulator import encode
+from rlhf_exporter.diagnosis import BatchDiagnoser
+from rlhf_exporter.metrics.catalog import BY_NAME
+from rlhf_exporter.sources.verl_reader import RecordReader
 from tests.support.serve import Exporter
 
 
@@ -144,7 +144,7 @@ def test_devices_count_busy_seconds_on_the_given_clock():
 
 
 def test_the_option_help_names_every_scenario():
-    from exporter.settings import OPTIONS
+    from rlhf_exporter.settings import OPTIONS
 
     (option,) = [o for o in OPTIONS if o.name == "demo_scenario"]
     assert all(name in option.help for name in NAMES)
@@ -153,10 +153,10 @@ def test_the_option_help_names_every_scenario():
 def _idle_shares(phase, th):
     """(trainer idle in `rollout` windows, rollout idle outside them), each over its side's
     GPU-seconds, after six 240 s steps of `phase` joined through a board, as in the demo."""
-    from exporter.diagnosis.change import Baseline
-    from exporter.diagnosis.steps import classify
-    from exporter.diagnosis.timeline import rebuild
-    from exporter.gpuwindows import WindowBoard
+    from rlhf_exporter.diagnosis.change import Baseline
+    from rlhf_exporter.diagnosis.steps import classify
+    from rlhf_exporter.diagnosis.timeline import rebuild
+    from rlhf_exporter.gpuwindows.board import WindowBoard
 
     job = _Job([phase])
     job.upcoming = []
@@ -198,7 +198,7 @@ def test_separated_devices_join_their_windows_like_nvml():
     """A separated phase: the simulated GPUs' samples go through a WindowJoiner from the
     board, as NVML's do; trainer GPUs idle in `rollout` windows when starved, rollout GPUs
     idle outside them when over-provisioned (the alerts' threshold is 0.3)."""
-    from exporter.config import load_thresholds
+    from rlhf_exporter.config import load_thresholds
 
     th = load_thresholds()
     (starved_phase,) = INCIDENTS["trainer_starved"]

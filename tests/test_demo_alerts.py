@@ -2,7 +2,7 @@
 an accelerated run of the demo's timeline, in the incident that scripts it, and no other
 alert fires.
 
-The demo job (exporter/demo/job.py: its scenario `all`), its simulated GPUs and Ray actors
+The demo job (rlhf_exporter/demo/job.py: its scenario `all`), its simulated GPUs and Ray actors
 (`DemoDevices`) and the real verl file source run on the simulated day's clock
 (tests/support/simday.py): the job writes one step every `STEP` simulated seconds, as
 `serve --demo` does every `--demo-step-seconds`, and the exporter is scraped every 15 s into
@@ -28,12 +28,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.demo.devices import DemoDevices
-from exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
-from exporter.demo.simulator import encode
-from exporter.gpuwindows import WindowBoard
-from exporter.sources.base import SourceError
-from exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.demo.devices import DemoDevices
+from rlhf_exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
+from rlhf_exporter.demo.simulator import encode
+from rlhf_exporter.gpuwindows.board import WindowBoard
+from rlhf_exporter.sources.base import SourceError
+from rlhf_exporter.sources.verl_files import VerlFileSource
 from tests.support.simday import RULE_FILES, SCRAPE, Day
 
 pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool")

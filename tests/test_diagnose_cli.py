@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from exporter.demo.simulator import REGIMES, regressed, shifted, write_jsonl
+from rlhf_exporter.demo.simulator import REGIMES, regressed, shifted, write_jsonl
 
 
 def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "exporter", "diagnose", *args],
+        [sys.executable, "-m", "rlhf_exporter", "diagnose", *args],
         input=stdin,
         capture_output=True,
         timeout=60,
@@ -191,6 +191,6 @@ def test_print_thresholds_is_a_valid_starting_point(tmp_path):
 
 def test_python_dash_m_and_version():
     r = subprocess.run(
-        [sys.executable, "-m", "exporter", "--version"], capture_output=True, timeout=30
+        [sys.executable, "-m", "rlhf_exporter", "--version"], capture_output=True, timeout=30
     )
     assert r.returncode == 0 and r.stdout.startswith(b"rlhf-exporter ")

@@ -1,4 +1,4 @@
-"""The incremental /metrics exposition (exporter/metrics/exposition.py).
+"""The incremental /metrics exposition (rlhf_exporter/metrics/exposition.py).
 
 - Property: on random job sets, changed step by step, every incremental render (text and
   OpenMetrics, plain and gzip) is byte for byte prometheus_client's from-scratch render.
@@ -27,10 +27,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.metrics.catalog import BY_NAME
-from exporter.metrics.collector import families
-from exporter.metrics.exposition import DROPPED, MAX_FORMATS, Exposition, encode, line_format
-from exporter.metrics.snapshot import Sample, Snapshot
+from rlhf_exporter.metrics.catalog import BY_NAME
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.exposition import DROPPED, MAX_FORMATS, Exposition, encode, line_format
+from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
 TEXT = ""
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

@@ -12,13 +12,13 @@ import itertools
 
 import pytest
 
-from exporter.config import load_thresholds
-from exporter.demo.simulator import REGIMES, encode, records
-from exporter.jobs import Job
-from exporter.metrics.collector import families
-from exporter.metrics.exposition import Exposition
-from exporter.sources.push import PushSource
-from exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.demo.simulator import REGIMES, encode, records
+from rlhf_exporter.jobs import Job
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.exposition import Exposition
+from rlhf_exporter.sources.push import PushSource
+from rlhf_exporter.sources.verl_files import VerlFileSource
 
 JOBS = 40
 
@@ -111,8 +111,8 @@ def test_a_new_step_encodes_only_the_families_it_changed():
     gives, in both formats."""
     from prometheus_client.exposition import choose_encoder
 
-    from exporter.metrics.exposition import encode as encode_families
-    from exporter.metrics.snapshot import Sample, Snapshot
+    from rlhf_exporter.metrics.exposition import encode as encode_families
+    from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
     def part(project: str, step: int) -> tuple[Sample, ...]:
         j = (project, "e")
@@ -143,8 +143,8 @@ def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
     """Scraped every 10 s, with jobs changing every second: between scrapes the warm pass
     encodes the changed jobs only; the body (joined, deflated, checksummed) is built just
     before the scrape, which then finds it ready."""
-    from exporter.metrics import exposition as mod
-    from exporter.metrics.snapshot import Sample, Snapshot
+    from rlhf_exporter.metrics import exposition as mod
+    from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
     def part(project: str, step: int) -> tuple[Sample, ...]:
         return (Sample("rlhf_step", (project, "e"), float(step)),)
@@ -180,7 +180,7 @@ def test_the_former_samples_keyword_still_builds_the_same_snapshot():
     same snapshot as with `rest=` (the parts' samples cut off the front)."""
     from dataclasses import replace
 
-    from exporter.metrics.snapshot import Sample, Snapshot
+    from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
     parts = ((Sample("rlhf_step", ("a", "e"), 1.0),), (Sample("rlhf_step", ("b", "e"), 2.0),))
     jobs = Sample("rlhf_exporter_jobs", ("verl",), 2.0)

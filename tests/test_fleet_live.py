@@ -20,7 +20,7 @@ import pytest
 import requests
 import yaml
 
-from exporter.demo.simulator import REGIMES, encode, records
+from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from tests.support.procs import REPO, Proc, free_port, wait_until
 from tests.support.prometheus import binary
 from tests.support.serve import Exporter

@@ -8,8 +8,8 @@ import subprocess
 import pytest
 import yaml
 
-from exporter.render.dashboards.style import verdict_codes
-from exporter.render.rules.recording import VERDICT_CODE, VERDICT_CODES, verdict_code_expr
+from rlhf_exporter.render.dashboards.style import verdict_codes
+from rlhf_exporter.render.rules.recording import VERDICT_CODE, VERDICT_CODES, verdict_code_expr
 
 
 def test_the_recorded_codes_are_the_dashboards_value_mappings():

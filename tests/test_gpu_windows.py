@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from exporter.config import load_thresholds
-from exporter.diagnosis import Record, StreamDiagnoser
-from exporter.diagnosis.gpujoin import GpuWindowJoin, gpu_role
-from exporter.diagnosis.timeline import ORDER, QUANTA, UNTIMED, Recent, place_untimed, rebuild
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.diagnosis import Record, StreamDiagnoser
+from rlhf_exporter.diagnosis.gpujoin import GpuWindowJoin, gpu_role
+from rlhf_exporter.diagnosis.timeline import ORDER, QUANTA, UNTIMED, Recent, place_untimed, rebuild
 from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
 
 TH = load_thresholds()
@@ -367,10 +367,10 @@ def run_sidecar(tmp_path, monkeypatch, roles, steps=20, seed=5, keep=8):
     import json
     import sys
 
-    from exporter.gpuwindows import WindowBoard
-    from exporter.sources.nvml import NvmlSource
-    from exporter.sources.ray import ActorProcess
-    from exporter.sources.verl_files import VerlFileSource
+    from rlhf_exporter.gpuwindows.board import WindowBoard
+    from rlhf_exporter.sources.nvml import NvmlSource
+    from rlhf_exporter.sources.ray import ActorProcess
+    from rlhf_exporter.sources.verl_files import VerlFileSource
     from tests.support.fake_pynvml import FakeRay
 
     start = 1000.0
@@ -451,7 +451,7 @@ def test_sidecar_exports_busy_share_per_window_and_role(tmp_path, monkeypatch, s
 
 
 def test_window_metrics_are_in_the_catalog():
-    from exporter.metrics.catalog import BY_NAME
+    from rlhf_exporter.metrics.catalog import BY_NAME
 
     for name in ("rlhf_window_gpu_busy_seconds_total", "rlhf_window_gpu_seconds_total"):
         assert BY_NAME[name].labels == ("project", "experiment", "group", "gpu_role")
@@ -488,7 +488,7 @@ def _optimal_rollout_gpus(n: int, rollout_cost: float, trainer_cost: float) -> f
 
 
 def test_fully_async_with_too_few_rollout_gpus_is_trainer_starved():
-    from exporter.diagnosis.balance import balance
+    from rlhf_exporter.diagnosis.balance import balance
 
     n_r, n_t, batch = 2, 6, 60
     rollout_cost, trainer_cost = 1.0, 1.0  # GPU-seconds per sample
@@ -525,7 +525,7 @@ def test_fully_async_with_too_few_rollout_gpus_is_trainer_starved():
 
 
 def test_one_step_off_with_too_many_rollout_gpus_is_rollout_overprovisioned():
-    from exporter.diagnosis.balance import balance
+    from rlhf_exporter.diagnosis.balance import balance
 
     n_r, n_t, batch = 6, 2, 60
     rollout_cost, trainer_cost = 1.0, 1.0
@@ -561,7 +561,7 @@ def test_one_step_off_with_too_many_rollout_gpus_is_rollout_overprovisioned():
 
 
 def test_job_view_shows_who_waits_on_whom():
-    from exporter.view.pages import gpu_windows_section
+    from rlhf_exporter.view.pages import gpu_windows_section
 
     counters = {
         ("rollout", "rollout"): (1100.0, 1200.0),
@@ -576,7 +576,7 @@ def test_job_view_shows_who_waits_on_whom():
 
 
 def test_balance_needs_two_sides_and_enough_gpu_seconds():
-    from exporter.diagnosis.balance import balance
+    from rlhf_exporter.diagnosis.balance import balance
 
     limits = TH.document["balance"]
     colocated = {("rollout", "colocated"): (50.0, 100.0)}
@@ -596,12 +596,12 @@ def test_worker_sidecar_matches_a_single_node_run(tmp_path, monkeypatch):
     import urllib.error
     import urllib.request
 
-    from exporter.gpuwindows import WINDOWS_PATH, WindowBoard, WindowsApi
-    from exporter.server import Endpoints, make_server
-    from exporter.sources.nvml import NvmlSource
-    from exporter.sources.ray import ActorProcess
-    from exporter.sources.verl_files import VerlFileSource
-    from exporter.sources.windows_remote import RemoteWindowsSource
+    from rlhf_exporter.gpuwindows.board import WINDOWS_PATH, WindowBoard, WindowsApi
+    from rlhf_exporter.gpuwindows.remote import RemoteWindowsSource
+    from rlhf_exporter.server import Endpoints, make_server
+    from rlhf_exporter.sources.nvml import NvmlSource
+    from rlhf_exporter.sources.ray import ActorProcess
+    from rlhf_exporter.sources.verl_files import VerlFileSource
     from tests.support.fake_pynvml import FakeRay
 
     roles = ["rollout", "rollout", "trainer", "trainer"]
@@ -676,8 +676,8 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
     import json
     import os
 
-    from exporter.gpuwindows import WindowBoard, WindowJoiner
-    from exporter.sources.verl_files import VerlFileSource
+    from rlhf_exporter.gpuwindows.board import WindowBoard, WindowJoiner
+    from rlhf_exporter.sources.verl_files import VerlFileSource
 
     records, _ = simulate(20, seed=8, t0=1000.0)
     log_file = tmp_path / "job.jsonl"
@@ -720,7 +720,7 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
 
 def test_two_jobs_on_one_node_are_not_joined(caplog):
     """NVML cannot tell which job a GPU serves: with two active jobs nothing is attributed."""
-    from exporter.gpuwindows import WindowBoard, WindowJoiner
+    from rlhf_exporter.gpuwindows.board import WindowBoard, WindowJoiner
 
     records, _ = simulate(2, seed=9, t0=1000.0)
     a, b = timelines(records, delay=0.0)

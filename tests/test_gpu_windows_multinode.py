@@ -49,9 +49,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from exporter.config import load_thresholds
-from exporter.render import rules as rules_mod
-from exporter.render.rules import gpuwindows
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.render import rules as rules_mod
+from rlhf_exporter.render.rules import gpuwindows
 from tests.support.procs import REPO
 from tests.support.ray_head import connected_head, verl_actor_classes
 from tests.support.serve import Exporter

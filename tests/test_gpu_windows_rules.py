@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.config import load_thresholds
-from exporter.render import rules
-from exporter.render.rules import gpuwindows
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.render import rules
+from rlhf_exporter.render.rules import gpuwindows
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = {"job": "rlhf-exporter", "instance": "h:9", "project": "p", "experiment": "e"}

@@ -23,9 +23,9 @@ helm = pytest.importorskip("helm_python")
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 prometheus_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.v1")
 
-import exporter  # noqa: E402
-from exporter import cli, settings  # noqa: E402
-from exporter.render import chart as chart_render  # noqa: E402
+import rlhf_exporter  # noqa: E402
+from rlhf_exporter import cli, settings  # noqa: E402
+from rlhf_exporter.render import chart as chart_render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rlhf-exporter"
@@ -302,7 +302,7 @@ def test_chart_metadata_matches_the_package():
         schema = loaded.schema
     assert meta["apiVersion"] == "v2"
     assert meta["name"] == "rlhf-exporter"
-    assert meta["appVersion"] == exporter.__version__
+    assert meta["appVersion"] == rlhf_exporter.__version__
     assert schema["additionalProperties"] is False
 
 
@@ -783,7 +783,7 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
         ray = spec["containers"][0]
         side = container(spec, "rlhf-exporter")
         assert_secure_container(side)
-        assert side["image"] == f"ghcr.io/rlhf-exporter/rlhf-exporter:{exporter.__version__}"
+        assert side["image"] == f"ghcr.io/rlhf-exporter/rlhf-exporter:{rlhf_exporter.__version__}"
         ports = [p["name"] for c in spec["containers"] for p in c.get("ports", [])]
         assert len(ports) == len(set(ports)) and "metrics" not in [p["name"] for p in side["ports"]]
         assert (

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from exporter.config import load_thresholds
-from exporter.diagnosis import Record
-from exporter.jobs import Job, Limits, clean_label
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.diagnosis import Record
+from rlhf_exporter.jobs import Job, Limits, clean_label
 
 
 @pytest.fixture(scope="module")

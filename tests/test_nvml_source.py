@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.config import load_thresholds
-from exporter.metrics.catalog import NAMES
-from exporter.metrics.collector import families
-from exporter.sources.base import Context
-from exporter.sources.nvml import NvmlSource, error_reason
-from exporter.sources.ray import ActorProcess
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.metrics.catalog import NAMES
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.sources.base import Context
+from rlhf_exporter.sources.nvml import NvmlSource, error_reason
+from rlhf_exporter.sources.ray import ActorProcess
 from tests.support import fake_pynvml
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module
 from tests.support.families import SnapshotCollector
@@ -184,7 +184,7 @@ def test_gpu_is_lost_on_one_of_eight(install, caplog):
     clock.advance(1.0)
     src.poll_once()
     gpus[3].fail = fake_pynvml.NVML_ERROR_GPU_IS_LOST
-    caplog.set_level(logging.INFO, logger="exporter")
+    caplog.set_level(logging.INFO, logger="rlhf_exporter")
     for _ in range(3):
         clock.advance(1.0)
         snap = src.poll_once()
@@ -238,14 +238,16 @@ def test_absent_nvml_is_down_with_one_line(install, caplog, kwargs, gpus, reason
     clock = FakeClock()
     install([FakeGpu(i) for i in range(gpus)], clock, **kwargs)
     src = NvmlSource(1.0, roles=False, clock=clock, retry_after=0.0)
-    caplog.set_level(logging.INFO, logger="exporter")
+    caplog.set_level(logging.INFO, logger="rlhf_exporter")
     for _ in range(5):
         clock.advance(1.0)
         snap = src.poll_once()
     assert not snap.up and snap.samples == ()
     assert snap.errors == {reason: 5}
     lines = [
-        r for r in caplog.records if r.name.startswith("exporter") and r.levelno >= logging.WARNING
+        r
+        for r in caplog.records
+        if r.name.startswith("rlhf_exporter") and r.levelno >= logging.WARNING
     ]
     assert len(lines) == 1 and not lines[0].exc_info, [r.getMessage() for r in lines]
 
@@ -260,12 +262,12 @@ def test_library_not_found_on_this_real_machine(monkeypatch, caplog):
     else:  # pragma: no cover - a machine with a GPU driver
         real.nvmlShutdown()
         pytest.skip("this machine has an NVIDIA driver")
-    caplog.set_level(logging.INFO, logger="exporter")
+    caplog.set_level(logging.INFO, logger="rlhf_exporter")
     src = NvmlSource(0.05, roles=False, retry_after=0.0)
     for _ in range(4):
         snap = src.poll_once()
     assert not snap.up and snap.errors == {"library_not_found": 4} and snap.samples == ()
-    lines = [r for r in caplog.records if r.name.startswith("exporter")]
+    lines = [r for r in caplog.records if r.name.startswith("rlhf_exporter")]
     assert len(lines) == 1 and not lines[0].exc_info
     assert "libnvidia-ml.so.1" in lines[0].getMessage()
 

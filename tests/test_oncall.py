@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import settings as settings_mod
-from exporter.commands import serve as serve_mod
-from exporter.config import ConfigError, load_thresholds
-from exporter.demo.simulator import REGIMES, encode, write_jsonl
-from exporter.diagnosis import Record
-from exporter.jobs import Job
-from exporter.metrics.collector import families
-from exporter.server import Endpoints
-from exporter.sources.push import PushSource
-from exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter import settings as settings_mod
+from rlhf_exporter.commands import serve as serve_mod
+from rlhf_exporter.config import ConfigError, load_thresholds
+from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
+from rlhf_exporter.diagnosis import Record
+from rlhf_exporter.jobs import Job
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.server import Endpoints
+from rlhf_exporter.sources.push import PushSource
+from rlhf_exporter.sources.verl_files import VerlFileSource
 
 
 @pytest.fixture(scope="module")

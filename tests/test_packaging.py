@@ -23,8 +23,8 @@ def test_every_package_data_pattern_matches_a_file():
 
 def test_run_time_files_are_package_data():
     """Files the package opens at run time are covered by some package-data pattern."""
-    folder = ROOT / "exporter"
-    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["exporter"]
+    folder = ROOT / "rlhf_exporter"
+    patterns = PYPROJECT["tool"]["setuptools"]["package-data"]["rlhf_exporter"]
     shipped = {p for pattern in patterns for p in folder.glob(pattern)}
     for needed in ("thresholds.yaml", "py.typed", "examples/demo_job.jsonl"):
         assert folder / needed in shipped, needed
@@ -50,7 +50,19 @@ def test_every_file_the_dockerfile_copies_passes_dockerignore():
         words = line.split()
         if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
             copied += words[1:-1]
-    assert "LICENSE" in copied and "exporter" in copied
+    assert "LICENSE" in copied and "rlhf_exporter" in copied
     assert set(copied) <= allowed, set(copied) - allowed
     for path in copied:
         assert (ROOT / path).exists(), path
+
+
+def test_the_import_package_is_rlhf_exporter_not_a_generic_name():
+    """A top-level `exporter` would collide with anything else of that name (issue 28)."""
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import exporter"], cwd=ROOT, capture_output=True)
+    assert gone.returncode != 0 and b"No module named 'exporter'" in gone.stderr
+    ok = subprocess.run([sys.executable, "-c", "import rlhf_exporter"], cwd=ROOT)
+    assert ok.returncode == 0
+    assert not (ROOT / "exporter").exists()

@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter.config import ConfigError
-from exporter.sources.ray import RaySource
-from exporter.sources.roles import ROLES, RoleMap
+from rlhf_exporter.config import ConfigError
+from rlhf_exporter.sources.ray import RaySource
+from rlhf_exporter.sources.roles import ROLES, RoleMap
 from tests.support.procs import wait_until
 
 # (class name as Ray reports it, actor name or None, role)

@@ -19,13 +19,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from exporter.config import ConfigError, load_thresholds
-from exporter.demo.simulator import DEMO_PLAN, write_jsonl
-from exporter.metrics.collector import families
-from exporter.sources.base import Context
-from exporter.sources.nvml import NvmlSource
-from exporter.sources.ray import RaySource, death_reason, resolve_address
-from exporter.sources.roles import RoleMap
+from rlhf_exporter.config import ConfigError, load_thresholds
+from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.sources.base import Context
+from rlhf_exporter.sources.nvml import NvmlSource
+from rlhf_exporter.sources.ray import RaySource, death_reason, resolve_address
+from rlhf_exporter.sources.roles import RoleMap
 from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
 from tests.support.procs import free_port, wait_until
 from tests.support.serve import Exporter
@@ -259,7 +259,7 @@ def fake_state():
 
 def test_bad_answers_are_counted_dropped_logged_once_and_recovered(fake_state, caplog):
     src = RaySource(fake_state.url, interval=60, timeout=0.3, node_ips=["127.0.0.1"])
-    caplog.set_level(logging.INFO, logger="exporter")
+    caplog.set_level(logging.INFO, logger="rlhf_exporter")
     snap = src.poll_once()
     assert snap.up and actors_gauge(snap)
     for mode, reason in [
@@ -639,7 +639,7 @@ def test_truncated_and_malformed_rows(fake_state, caplog):
         return body
 
     s.answer = truncated
-    caplog.set_level(logging.WARNING, logger="exporter")
+    caplog.set_level(logging.WARNING, logger="rlhf_exporter")
     src = RaySource(s.url, interval=60, timeout=2, node_ips=["127.0.0.1"])
     for _ in range(3):
         snap = src.poll_once()

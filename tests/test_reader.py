@@ -6,7 +6,7 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.reader import RecordReader, parse_line
+from rlhf_exporter.sources.verl_reader import RecordReader, parse_line
 
 GOOD = st.builds(
     lambda step, data: {"step": step, "data": data},
@@ -157,7 +157,7 @@ def test_huge_integers_and_deep_nesting_are_handled():
 
 
 def test_reading_a_whole_real_file_in_small_chunks_equals_one_read(tmp_path):
-    from exporter.demo.simulator import DEMO_PLAN, write_jsonl
+    from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 
     path = tmp_path / "demo.jsonl"
     write_jsonl(path, DEMO_PLAN)

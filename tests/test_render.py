@@ -8,8 +8,8 @@ import shutil
 import subprocess
 import sys
 
-from exporter.metrics.catalog import CATALOG, COUNTER
-from exporter.render import generators, repo_root, stale
+from rlhf_exporter.metrics.catalog import CATALOG, COUNTER
+from rlhf_exporter.render import generators, repo_root, stale
 
 
 def test_every_generated_file_is_current(thresholds):
@@ -23,7 +23,10 @@ def test_every_generated_file_is_current(thresholds):
 
 def render(*args, **kw):
     return subprocess.run(
-        [sys.executable, "-m", "exporter", "render", *args], capture_output=True, text=True, **kw
+        [sys.executable, "-m", "rlhf_exporter", "render", *args],
+        capture_output=True,
+        text=True,
+        **kw,
     )
 
 
@@ -58,7 +61,9 @@ def test_render_outside_a_checkout_says_so(tmp_path):
     every file as stale nor write generated files into site-packages."""
     site = tmp_path / "site-packages"
     shutil.copytree(
-        repo_root() / "exporter", site / "exporter", ignore=shutil.ignore_patterns("__pycache__")
+        repo_root() / "rlhf_exporter",
+        site / "rlhf_exporter",
+        ignore=shutil.ignore_patterns("__pycache__"),
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     for args in (["--check"], []):
@@ -66,7 +71,7 @@ def test_render_outside_a_checkout_says_so(tmp_path):
         assert out.returncode == 2, (args, out.stdout, out.stderr)
         assert "not run from a source checkout" in out.stderr and str(site) in out.stderr
         assert "stale" not in out.stderr and "up to date" not in out.stdout
-    assert sorted(p.name for p in site.iterdir()) == ["exporter"]  # nothing written
+    assert sorted(p.name for p in site.iterdir()) == ["rlhf_exporter"]  # nothing written
     # --root still works from an installed package
     out = render("docs", "--root", str(tmp_path / "out"), env=env, cwd=tmp_path)
     assert out.returncode == 0 and (tmp_path / "out" / "docs" / "metrics.md").is_file()

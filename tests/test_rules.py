@@ -1,6 +1,6 @@
 """The alert and recording rules: generated, current, valid, and tested with promtool.
 
-`promtool test rules` runs each case below against the rules of `exporter.render.rules`: at
+`promtool test rules` runs each case below against the rules of `rlhf_exporter.render.rules`: at
 least one firing and one not-firing case per alert, and the guards of issue 6. The logic
 cases use copies of the rules without annotations (promtool compares annotations exactly);
 the template cases check the full annotations of the committed files.
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.diagnosis import GROUPS
-from exporter.metrics.catalog import NAMES
-from exporter.render import repo_root, rules, stale
+from rlhf_exporter.diagnosis import GROUPS
+from rlhf_exporter.metrics.catalog import NAMES
+from rlhf_exporter.render import repo_root, rules, stale
 from tests.support.prometheus import binary
 
 pytestmark = pytest.mark.prometheus
@@ -44,7 +44,16 @@ def test_render_check_fails_on_a_stale_file(tmp_path, thresholds):
     path = tmp_path / rules.DECISION_FILE
     path.write_text(path.read_text().replace(">= 0.7", ">= 0.6"))
     out = subprocess.run(
-        [sys.executable, "-m", "exporter", "render", "rules", "--check", "--root", str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "rlhf_exporter",
+            "render",
+            "rules",
+            "--check",
+            "--root",
+            str(tmp_path),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -54,7 +63,7 @@ def test_render_check_fails_on_a_stale_file(tmp_path, thresholds):
 
 
 def test_thresholds_come_from_the_thresholds_file(tmp_path):
-    from exporter.config import load_thresholds
+    from rlhf_exporter.config import load_thresholds
 
     cfg = tmp_path / "t.yaml"
     cfg.write_text(
@@ -135,7 +144,7 @@ def test_one_bound_alert_per_decision_table_row_and_none_for_checkpoint():
 
 
 def test_runbooks_reuse_the_advice_texts_and_name_verl_keys():
-    from exporter.diagnosis.advice import LOOK_AT
+    from rlhf_exporter.diagnosis.advice import LOOK_AT
 
     text = (REPO / rules.RUNBOOKS_FILE).read_text()
     for (verdict, _), look in LOOK_AT.items():
@@ -150,7 +159,7 @@ def test_runbooks_reuse_the_advice_texts_and_name_verl_keys():
 
 
 def test_runbooks_say_what_the_log_cannot_show():
-    from exporter.diagnosis.advice import EVIDENCE_CAVEATS
+    from rlhf_exporter.diagnosis.advice import EVIDENCE_CAVEATS
 
     text = (REPO / rules.RUNBOOKS_FILE).read_text()
 

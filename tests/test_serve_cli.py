@@ -15,11 +15,11 @@ import requests
 import yaml
 from prometheus_client import generate_latest
 
-from exporter import settings
-from exporter.demo.simulator import REGIMES, encode, write_jsonl
-from exporter.metrics.collector import families
-from exporter.server import Endpoints, make_server
-from exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter import settings
+from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.server import Endpoints, make_server
+from rlhf_exporter.sources.verl_files import VerlFileSource
 from tests.support.procs import exporter_cmd, free_port
 from tests.support.serve import Exporter
 

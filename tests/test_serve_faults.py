@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from exporter.demo.simulator import REGIMES, encode, records
+from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from tests.support.serve import Exporter
 
 

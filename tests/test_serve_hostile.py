@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from exporter.demo.simulator import REGIMES, encode, records
+from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from tests.support.procs import exporter_cmd
 from tests.support.serve import Exporter
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.jobs import clean_label
+from rlhf_exporter.jobs import clean_label
 from tests.support.serve import Exporter
 
 TOKEN = "prop-token"

@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from exporter.demo.simulator import DEMO_PLAN, encode, records
-from exporter.diagnosis import VERDICTS, BatchDiagnoser
-from exporter.reader import RecordReader
+from rlhf_exporter.demo.simulator import DEMO_PLAN, encode, records
+from rlhf_exporter.diagnosis import VERDICTS, BatchDiagnoser
+from rlhf_exporter.sources.verl_reader import RecordReader
 from tests.support.serve import Exporter
 
 

@@ -1,4 +1,4 @@
-"""exporter/jobs.py: one job's state, in process (fast), against the catalog and the offline diagnoser."""
+"""rlhf_exporter/jobs.py: one job's state, in process (fast), against the catalog and the offline diagnoser."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from exporter.demo.simulator import DEMO_PLAN, REGIMES, records
-from exporter.diagnosis import CHANGES, COST_GROUPS, GROUPS, VERDICTS, BatchDiagnoser, Record
-from exporter.jobs import GIB, Job, verl_metric_names
-from exporter.metrics.catalog import BY_NAME
+from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records
+from rlhf_exporter.diagnosis import CHANGES, COST_GROUPS, GROUPS, VERDICTS, BatchDiagnoser, Record
+from rlhf_exporter.jobs import GIB, Job, verl_metric_names
+from rlhf_exporter.metrics.catalog import BY_NAME
 from tests.support.families import render_samples
 
 

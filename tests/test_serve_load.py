@@ -11,7 +11,7 @@ import psutil
 import pytest
 import requests
 
-from exporter.demo.simulator import REGIMES, records, write_jsonl
+from rlhf_exporter.demo.simulator import REGIMES, records, write_jsonl
 from tests.support.serve import Exporter
 
 DURATION = 20.0

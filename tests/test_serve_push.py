@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from exporter.demo.simulator import REGIMES, encode, records
+from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from tests.support.serve import Exporter
 
 TOKEN = "s3cret-token"

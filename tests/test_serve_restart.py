@@ -6,8 +6,8 @@ import itertools
 import os
 import threading
 
-from exporter.demo.simulator import REGIMES, encode, records
-from exporter.metrics.catalog import BY_NAME, COUNTER
+from rlhf_exporter.demo.simulator import REGIMES, encode, records
+from rlhf_exporter.metrics.catalog import BY_NAME, COUNTER
 from tests.support.serve import Exporter
 
 LAB = {"project": "p", "experiment": "e"}

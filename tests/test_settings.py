@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import ConfigError
-from exporter.settings import env_name, resolve
+from rlhf_exporter.config import ConfigError
+from rlhf_exporter.settings import env_name, resolve
 
 MAX_LINE = "RLHF_EXPORTER_MAX_LINE_BYTES"
 
@@ -36,7 +36,7 @@ def test_sizes_below_one_byte_or_unreadable_are_rejected(text):
 
 
 def test_env_name_is_the_documented_one():
-    from exporter.settings import BY_NAME
+    from rlhf_exporter.settings import BY_NAME
 
     assert env_name(BY_NAME["max_line_bytes"]) == MAX_LINE
 
@@ -50,7 +50,7 @@ def test_log_level_is_checked_with_the_other_settings():
 @pytest.mark.parametrize("command", ["diagnose", "render", "serve"])
 def test_a_config_error_exits_2_naming_the_command(command, tmp_path, capsys):
     """One handler (cli.main) for every command: the message, then exit status 2."""
-    from exporter import cli
+    from rlhf_exporter import cli
 
     missing = tmp_path / "absent.yaml"
     assert cli.main([command, "--config", str(missing)]) == 2

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.diagnosis.thresholds import seconds
-from exporter.sources.nvml import NvmlSource
-from exporter.sources.push import PushSource
-from exporter.sources.ray import RaySource
-from exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.diagnosis.thresholds import seconds
+from rlhf_exporter.sources.nvml import NvmlSource
+from rlhf_exporter.sources.push import PushSource
+from rlhf_exporter.sources.ray import RaySource
+from rlhf_exporter.sources.verl_files import VerlFileSource
 from tests.support import procs
 from tests.support.fake_pynvml import FakeGpu, make_module
 from tests.support.ray_state import RayStateApi
@@ -180,7 +180,7 @@ def test_a_healthy_fleet_is_quiet_for_a_day(tmp_path, ray_api, nvml):
 
 
 def _alerts_config() -> dict:
-    doc = yaml.safe_load((ROOT / "exporter" / "thresholds.yaml").read_text(encoding="utf-8"))
+    doc = yaml.safe_load((ROOT / "rlhf_exporter" / "thresholds.yaml").read_text(encoding="utf-8"))
     return doc["alerts"]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import ConfigError, load_thresholds
+from rlhf_exporter.config import ConfigError, load_thresholds
 
 
 def write(tmp_path, text: str):
@@ -61,9 +61,9 @@ def test_missing_file(tmp_path):
 
 
 def test_one_duration_syntax_for_the_file_the_rules_and_the_dashboards():
-    from exporter.diagnosis.thresholds import seconds
-    from exporter.render import rules
-    from exporter.render.dashboards import queries
+    from rlhf_exporter.diagnosis.thresholds import seconds
+    from rlhf_exporter.render import rules
+    from rlhf_exporter.render.dashboards import queries
 
     assert seconds("10m") == 600 and seconds("1500ms") == 1.5 and seconds("2h") == 7200
     assert seconds(30) == 30.0

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
-from exporter.reader import RecordReader
+from rlhf_exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
+from rlhf_exporter.sources.verl_reader import RecordReader
 
 VENDORED = Path(__file__).parent / "fixtures" / "traces"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.diagnosis import advice
-from exporter.render.rules import verl_keys
+from rlhf_exporter.diagnosis import advice
+from rlhf_exporter.render.rules import verl_keys
 from tests.support.verl_config import (
     MAIN_FILE,
     VERL_VERSION,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.config import ConfigError
-from exporter.demo.simulator import REGIMES, write_jsonl
-from exporter.settings import resolve
+from rlhf_exporter.config import ConfigError
+from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
+from rlhf_exporter.settings import resolve
 from tests.support.serve import Exporter
 
 LABELS = {"RLHF_EXPORTER_PROJECT": "math", "RLHF_EXPORTER_EXPERIMENT": "grpo-7b"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.render.rules import verl_keys
-from exporter.sources.roles import RoleMap
+from rlhf_exporter.render.rules import verl_keys
+from rlhf_exporter.sources.roles import RoleMap
 from tests.support.verl_config import VERL_VERSION, verl_dir, verl_version
 
 REPO = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def _keys(path: Path) -> set[str]:
 def test_missing_evidence_on_the_sample_traces(shared_traces):
     """V1 logs neither agent-loop statistics nor actor_infer MFU; the legacy trainer and
     one-step-off log both; fully-async logs the misleading rollouter idle ratio."""
-    from exporter.diagnosis.advice import (
+    from rlhf_exporter.diagnosis.advice import (
         EVIDENCE_CAVEATS,
         EVIDENCE_KEYS,
         REASON_EVIDENCE,

@@ -14,18 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import load_thresholds
-from exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_jsonl
-from exporter.diagnosis import BatchDiagnoser, Record
-from exporter.diagnosis.advice import EVIDENCE_KEYS
-from exporter.history import HISTORY_STEPS, point
-from exporter.jobs import Job
-from exporter.metrics.snapshot import Snapshot
-from exporter.reader import RecordReader
-from exporter.render.dashboards.style import VERDICT_COLOURS
-from exporter.report import Style, Table
-from exporter.view import Facts, Links, index_page, job_page, pages
-from exporter.view.pages import attention
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_jsonl
+from rlhf_exporter.diagnosis import BatchDiagnoser, Record
+from rlhf_exporter.diagnosis.advice import EVIDENCE_KEYS
+from rlhf_exporter.diagnosis.history import HISTORY_STEPS, point
+from rlhf_exporter.jobs import Job
+from rlhf_exporter.metrics.snapshot import Snapshot
+from rlhf_exporter.render.dashboards.style import VERDICT_COLOURS
+from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.view import Facts, Links, index_page, job_page, pages
+from rlhf_exporter.view.pages import attention
+from rlhf_exporter.view.report import Style, Table
 from tests.support.browser import Elements
 from tests.support.segments import expected_segments
 
@@ -157,7 +157,16 @@ def test_diagnose_html_report(tmp_path):
     write_jsonl(log, DEMO_PLAN, seed=2)
     out = tmp_path / "report.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "diagnose", "--summary", str(log), "--html", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "rlhf_exporter",
+            "diagnose",
+            "--summary",
+            str(log),
+            "--html",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=60,
@@ -182,7 +191,7 @@ def test_diagnose_html_of_the_sample_traces(shared_traces, tmp_path):
     )
     out = tmp_path / "traces.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "diagnose", "--summary", "--html", str(out)]
+        [sys.executable, "-m", "rlhf_exporter", "diagnose", "--summary", "--html", str(out)]
         + [str(p) for p in logs],
         capture_output=True,
         text=True,
@@ -207,7 +216,7 @@ def test_terminal_table_never_wraps(tmp_path, width):
     log = tmp_path / "run.jsonl"
     write_jsonl(log, DEMO_PLAN, seed=3)
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "diagnose", str(log)],
+        [sys.executable, "-m", "rlhf_exporter", "diagnose", str(log)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -242,7 +251,7 @@ def test_table_drops_columns_by_priority_and_wide_keeps_all():
     assert [c.name for c in tiny.columns][:2] == ["step", "verdict"]
     assert all(len(line) <= 40 for line in [*tiny.header(), tiny.row(d, style)])
     proc = subprocess.run(
-        [sys.executable, "-m", "exporter", "diagnose", "--wide"],
+        [sys.executable, "-m", "rlhf_exporter", "diagnose", "--wide"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -262,7 +271,7 @@ def test_server_routes_of_the_job_view():
 
     import requests
 
-    from exporter.server import Endpoints, make_server
+    from rlhf_exporter.server import Endpoints, make_server
 
     jobs = (fed_job("proj", "exp/with slash").summary(),)
     ep = Endpoints(
@@ -290,7 +299,7 @@ def test_server_routes_of_the_job_view():
 
 
 def test_job_page_says_what_the_log_cannot_show():
-    from exporter.diagnosis.advice import EVIDENCE_CAVEATS
+    from rlhf_exporter.diagnosis.advice import EVIDENCE_CAVEATS
 
     th = load_thresholds()
     v1 = Job("p", "v1", th)  # V1 trainer: no agent_loop/* keys, no perf/mfu/actor_infer

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from exporter.config import load_thresholds
-from exporter.demo.simulator import DEMO_PLAN, REGIMES, encode, records, write_jsonl
-from exporter.diagnosis import BatchDiagnoser
-from exporter.history import HISTORY_STEPS
-from exporter.reader import RecordReader
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, encode, records, write_jsonl
+from rlhf_exporter.diagnosis import BatchDiagnoser
+from rlhf_exporter.diagnosis.history import HISTORY_STEPS
+from rlhf_exporter.sources.verl_reader import RecordReader
 from tests.support import browser
 from tests.support.browser import Elements
 from tests.support.segments import expected_segments
@@ -153,7 +153,16 @@ def test_diagnose_html_in_chromium(tmp_path):
     write_jsonl(log, PLAN, seed=1)
     out = tmp_path / "report.html"
     subprocess.run(
-        [sys.executable, "-m", "exporter", "diagnose", "--summary", str(log), "--html", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "rlhf_exporter",
+            "diagnose",
+            "--summary",
+            str(log),
+            "--html",
+            str(out),
+        ],
         check=True,
         capture_output=True,
         timeout=60,

@@ -1,5 +1,5 @@
 """prometheus_client views of the exporter's snapshots, for tests that parse families
-directly (the server itself serves `exporter.metrics.exposition`)."""
+directly (the server itself serves `rlhf_exporter.metrics.exposition`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import Metric as Family
 
-from exporter.metrics.collector import families
-from exporter.metrics.snapshot import Sample, Snapshot
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
 
 class SnapshotCollector:

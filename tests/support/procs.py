@@ -93,4 +93,4 @@ class Proc:
 
 def exporter_cmd(*args: str) -> list[str]:
     """`rlhf-exporter ARGS` with this interpreter (works without the console script)."""
-    return [sys.executable, "-m", "exporter", *args]
+    return [sys.executable, "-m", "rlhf_exporter", *args]

@@ -5,7 +5,7 @@
         source = RaySource(api.url, node_ips=["127.0.0.1"])
         api.kill("a1", "WORKER_DIED")       # the next poll sees it DEAD
 
-It answers the requests `exporter.sources.ray.RaySource` makes (the same JSON envelope, the
+It answers the requests `rlhf_exporter.sources.ray.RaySource` makes (the same JSON envelope, the
 same `filter_keys`/`filter_values` query), over real HTTP, so the source's own request,
 parsing and counting code runs. Keep-alive (HTTP/1.1) keeps thousands of polls cheap.
 """

@@ -3,7 +3,7 @@ browser, read it the same way)."""
 
 from __future__ import annotations
 
-from exporter.diagnosis import GROUPS
+from rlhf_exporter.diagnosis import GROUPS
 
 
 def expected_segments(d) -> list[str]:

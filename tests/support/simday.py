@@ -30,9 +30,9 @@ from typing import Any
 import orjson
 import yaml
 
-from exporter.config import load_thresholds
-from exporter.metrics.collector import families
-from exporter.sources.base import PollingSource, Source
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.sources.base import PollingSource, Source
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yaml"))

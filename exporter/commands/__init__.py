@@ -1,1 +1,0 @@
-"""One module per subcommand (see exporter/cli.py)."""

@@ -1,0 +1,501 @@
+"""`rlhf-exporter diagnose LOG...`: the decision table, offline, on verl JSONL logs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from ..config import load_thresholds
+from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
+from ..diagnosis.history import point
+from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
+from ..view import Links, ReportFile, ReportRun, report_page
+from ..view.report import (
+    RunSummary,
+    Style,
+    Table,
+    rejected_line,
+    step_json,
+    summary_lines,
+    terminal_width,
+)
+
+ORDER = 20
+CHUNK = 1 << 20
+
+EPILOG = """\
+verdicts (the window the step waited on longest; `balanced` when none clearly dominates):
+  rollout     gen: waiting for rollout samples   reasons: preemption, tool_calls,
+                                                  reward_in_loop, long_tail, generation
+  logprob     old_log_prob, ref, values          reasons: compute_bound, low_mfu, mfu_unknown
+  update      update_actor, update_critic        reasons: compute_bound, low_mfu, mfu_unknown
+  sync        update_weights, param_sync, ...    reason:  weight_sync
+  reward      a colocated reward model           reason:  reward_model
+  checkpoint  save_checkpoint                    reason:  checkpoint
+  other       adv and untimed driver work        reasons: untimed, driver_compute
+
+change (against the job's own recent steps): `none`; `workload_shift` (slower, but only
+because the work grew: tokens, sequence length, the longest response); `regression` (a
+window costs more than its work explains, even if another got faster; `regressed` names it).
+
+examples:
+  rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl
+  rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
+  rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
+  rlhf-exporter diagnose run.jsonl --html report.html   # one self-contained file to attach
+
+exit status: 0 done, 1 no input gave a verl record (missing, empty, binary, gzip-compressed
+or not verl JSONL), 2 usage or configuration error.
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "diagnose",
+        help="diagnose verl JSONL logs offline (the same decision table as serve)",
+        description='Read verl `file`-logger JSONL (trainer.logger=[...,"file"]) and say, for '
+        "every step, which window the training loop waited on, why, and whether a "
+        "slowdown is a workload shift or a regression.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="LOG",
+        help="verl JSONL files; - reads standard input (default: the bundled example)",
+    )
+    p.add_argument(
+        "--format",
+        "-f",
+        choices=("table", "jsonl", "json"),
+        default="table",
+        help="table: per-step rows and a per-run summary (default); jsonl: one "
+        "object per classified step (the contract); json: one document",
+    )
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="thresholds YAML overriding any subset of the defaults "
+        "(see `rlhf-exporter diagnose --print-thresholds`)",
+    )
+    p.add_argument(
+        "--print-thresholds", action="store_true", help="print the default thresholds file and exit"
+    )
+    p.add_argument("--summary", action="store_true", help="table: only the per-run summaries")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="table: every column in full (default: fit the terminal's width, dropping or "
+        "abbreviating the least useful columns first)",
+    )
+    p.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the table (auto: when writing to a terminal and NO_COLOR is unset)",
+    )
+    p.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="also write the report as one self-contained HTML file (the job view's charts: "
+        "every step's anatomy, verdicts, regressions; no script, nothing fetched)",
+    )
+    p.add_argument(
+        "--max-line-bytes",
+        type=_positive_int,
+        default=MAX_LINE_BYTES,
+        metavar="N",
+        help=f"reject longer lines (default {MAX_LINE_BYTES})",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..config import default_thresholds_text
+
+    if args.print_thresholds:
+        sys.stdout.write(default_thresholds_text())
+        return 0
+    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
+    files = args.files or [_bundled_example()]
+    if files.count("-") > 1:
+        print("rlhf-exporter diagnose: '-' (standard input) can be given once", file=sys.stderr)
+        return 2
+    out = sys.stdout
+    colour = args.color == "always" or (
+        args.color == "auto" and out.isatty() and not os.environ.get("NO_COLOR")
+    )
+    writer: Any = {
+        "table": TableWriter(
+            out,
+            Style(colour),
+            args.summary,
+            len(files) > 1,
+            terminal_width(args.wide, out.isatty()),
+        ),
+        "jsonl": JsonlWriter(out, len(files) > 1),
+        "json": JsonWriter(out),
+    }[args.format]
+    html = None
+    if args.html:
+        html = HtmlWriter(args.html, thresholds.alerts["runbook_url"])
+        writer = Tee(writer, html)
+    records = 0
+    for path in files:
+        stream = _open(path)
+        if stream is None:
+            continue
+        with stream:
+            n = diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+        if n == 0:
+            print(f"rlhf-exporter diagnose: {path}: no verl record found", file=sys.stderr)
+        records += n
+    writer.close()
+    if html is not None and records:
+        try:
+            html.write()
+        except OSError as exc:
+            print(f"rlhf-exporter diagnose: {args.html}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"(wrote {args.html})", file=sys.stderr)
+    return 0 if records else 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _bundled_example() -> str:
+    path = Path(__file__).resolve().parents[1] / "examples" / "demo_job.jsonl"
+    print(f"(no LOG given: diagnosing the bundled example {path})", file=sys.stderr)
+    return str(path)
+
+
+def _open(path: str) -> IO[bytes] | None:
+    if path == "-":
+        return os.fdopen(os.dup(sys.stdin.fileno()), "rb")
+    try:
+        if os.path.isdir(path):
+            raise IsADirectoryError(21, "is a directory (give the .jsonl files inside it)")
+        return open(path, "rb")
+    except OSError as exc:
+        print(f"rlhf-exporter diagnose: {path}: {exc.strerror or exc}", file=sys.stderr)
+        return None
+
+
+def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer) -> int:
+    """Diagnose one input; returns how many verl records it gave."""
+    reader = RecordReader(max_line)
+    diagnoser = BatchDiagnoser(th)
+    writer.begin_file(path)
+    progress = Progress(stream, path)
+    on_record = getattr(writer, "record", None)  # a writer that wants the raw records
+    first = True
+    for chunk in iter(lambda: stream.read(CHUNK), b""):
+        if first and looks_gzip(chunk):
+            print(
+                f"rlhf-exporter diagnose: {path}: gzip-compressed; decompress it first: "
+                f"zcat {path} | rlhf-exporter diagnose -",
+                file=sys.stderr,
+            )
+        first = False
+        for record in reader.feed(chunk):
+            if on_record is not None:
+                on_record(record)
+            result = diagnoser.feed(record)
+            if result is not None:
+                writer.step(result)
+        writer.flush()  # what this chunk produced, so `diagnose -` on a live tail keeps up
+        progress.update()
+    reader.finish()
+    result = diagnoser.close()
+    if result is not None:
+        writer.step(result)
+    writer.flush()
+    progress.done()
+    writer.end_file(reader.records, dict(reader.rejected))
+    return reader.records
+
+
+def fit(line: str, width: int | None) -> list[str]:
+    """A summary line wrapped to the width, continuation lines under its text (a line with
+    colour codes is left whole: it is short)."""
+    if width is None or len(line) <= width or "\033" in line:
+        return [line]
+    text = line.lstrip()
+    label, sep, _rest = text.partition(":  ")
+    indent = len(line) - len(text) + (len(label) + len(sep) if sep else 2)
+    return textwrap.wrap(
+        line, width, subsequent_indent=" " * min(indent, width // 2), break_on_hyphens=False
+    ) or [line]
+
+
+class Progress:
+    """A percentage on stderr for big files, only when stderr is a terminal."""
+
+    def __init__(self, stream: IO[bytes], path: str):
+        self.path = path
+        self.size = 0
+        self.stream = stream
+        self.last = 0.0
+        try:
+            if sys.stderr.isatty():
+                self.size = os.fstat(stream.fileno()).st_size
+        except (OSError, ValueError):
+            pass
+        self.enabled = self.size > 64 << 20
+
+    def update(self) -> None:
+        if self.enabled and time.monotonic() - self.last > 0.5:
+            self.last = time.monotonic()
+            pct = 100.0 * self.stream.tell() / self.size
+            print(f"\r{self.path}: {pct:5.1f}%", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.enabled:
+            print(f"\r{self.path}: 100.0%", file=sys.stderr)
+
+
+class JsonlWriter:
+    """The contract: one object per classified step, in file order (`file` when several).
+
+    Lines are batched and written once per input chunk: stdout may be unbuffered
+    (PYTHONUNBUFFERED), and a write per step would then be a system call per step.
+    """
+
+    def __init__(self, out: IO[str], many: bool):
+        self.out = out.buffer if hasattr(out, "buffer") else None
+        self.text = out
+        self.many = many
+        self.path: str | None = None
+        self._pending: list[bytes] = []
+
+    def begin_file(self, path: str) -> None:
+        self.path = path
+
+    def step(self, d: StepDiagnosis) -> None:
+        obj = d.to_json()
+        if self.many:
+            obj["file"] = self.path
+        self._pending.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+
+    def flush(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        if self.out is not None:
+            self.out.write(data)
+            self.out.flush()
+        else:
+            self.text.write(data.decode())
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        if rejected:
+            total = sum(rejected.values())
+            print(
+                f"rlhf-exporter diagnose: {self.path}: {total} line(s) rejected: "
+                + ", ".join(f"{n} {r}" for r, n in sorted(rejected.items())),
+                file=sys.stderr,
+            )
+
+    def close(self) -> None:
+        self.flush()
+
+
+class JsonWriter:
+    """One document: files, their runs with steps and summaries, and a total summary."""
+
+    def __init__(self, out: IO[str]):
+        self.out = out
+        self.files: list[dict[str, Any]] = []
+        self.runs: dict[int, tuple[RunSummary, list]] = {}
+
+    def begin_file(self, path: str) -> None:
+        self.path = path
+        self.runs = {}
+
+    def flush(self) -> None:
+        """Nothing to do: the document is written whole at the end."""
+
+    def step(self, d: StepDiagnosis) -> None:
+        summary, steps = self.runs.setdefault(d.run, (RunSummary(d.run), []))
+        summary.add(d)
+        steps.append(step_json(d))
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        runs = [{**summary.to_json(), "step_list": steps} for summary, steps in self.runs.values()]
+        for run in runs:
+            run["summary"] = {k: run.pop(k) for k in list(run) if k not in ("run", "step_list")}
+            run["steps"] = run.pop("step_list")
+        self.files.append(
+            {"path": self.path, "records": records, "rejected": rejected, "runs": runs}
+        )
+
+    def close(self) -> None:
+        verdicts: dict[str, int] = {}
+        steps = 0
+        for f in self.files:
+            for run in f["runs"]:
+                steps += run["summary"]["steps"]
+                for v, n in run["summary"]["verdicts"].items():
+                    verdicts[v] = verdicts.get(v, 0) + n
+        doc = {
+            "files": self.files,
+            "summary": {
+                "files": len(self.files),
+                "steps": steps,
+                "verdicts": verdicts,
+                "rejected": sum(sum(f["rejected"].values()) for f in self.files),
+            },
+        }
+        self.out.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+
+
+class TableWriter:
+    """Per-step rows as they come, then each run's summary; for a person at a terminal."""
+
+    def __init__(
+        self, out: IO[str], style: Style, summary_only: bool, many: bool, width: int | None = None
+    ):
+        self.out, self.style, self.summary_only, self.many = out, style, summary_only, many
+        self.table = Table(width)
+        self.width = width
+        self.summary: RunSummary | None = None
+        self.summaries: list[RunSummary] = []
+
+    def _print(self, line: str = "") -> None:
+        self.out.write(line + "\n")
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def begin_file(self, path: str) -> None:
+        self.path = path
+        self.summary = None
+        self.summaries = []
+        for part in fit(f"== {path}", self.width):
+            self._print(self.style.bold(part))
+
+    def step(self, d: StepDiagnosis) -> None:
+        if self.summary is None or d.run != self.summary.run:
+            self.summary = RunSummary(d.run)
+            self.summaries.append(self.summary)
+            if not self.summary_only:
+                self._print()
+                self._print(
+                    f"run {d.run}"
+                    + (" (the job restarted: the baseline starts again)" if d.run else "")
+                )
+                for line in self.table.header():
+                    self._print(line)
+        self.summary.add(d)
+        if not self.summary_only:
+            self._print(self.table.row(d, self.style))
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        self._print()
+        for part in fit(f"summary of {self.path}: {records} records", self.width):
+            self._print(self.style.bold(part))
+        if not self.summaries:
+            self._print("  no classified steps (no record had a usable timing_s/step)")
+        for s in self.summaries:
+            for line in summary_lines(s, self.style):
+                for part in fit(line, self.width):
+                    self._print(part)
+        self._print(rejected_line(rejected))
+        self._print()
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+class Tee:
+    """Feeds one diagnosis to two writers (the chosen format, and the HTML report)."""
+
+    def __init__(self, first: Any, second: Any):
+        self.writers = (first, second)
+        if any(hasattr(w, "record") for w in self.writers):
+            self.record = self._record
+
+    def _record(self, record: Any) -> None:
+        for w in self.writers:
+            if hasattr(w, "record"):
+                w.record(record)
+
+    def begin_file(self, path: str) -> None:
+        for w in self.writers:
+            w.begin_file(path)
+
+    def step(self, d: StepDiagnosis) -> None:
+        for w in self.writers:
+            w.step(d)
+
+    def flush(self) -> None:
+        for w in self.writers:
+            w.flush()
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        for w in self.writers:
+            w.end_file(records, rejected)
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()
+
+
+class HtmlWriter:
+    """`--html`: every step as a `StepPoint`, drawn at the end by rlhf_exporter/view (the same
+    code as the sidecar's job view) into one self-contained file."""
+
+    def __init__(self, path: str, runbook_base: str):
+        self.path = path
+        self.runbook_base = runbook_base
+        self.files: list = []
+        self._throughput: dict[int, float] = {}  # step -> perf/throughput, until classified
+
+    def begin_file(self, path: str) -> None:
+        self.current = path
+        self.runs: dict[int, tuple[RunSummary, list]] = {}
+        self._throughput.clear()
+
+    def record(self, record: Any) -> None:
+        value = record.data.get("perf/throughput")
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+            self._throughput[record.step] = float(value)
+
+    def step(self, d: StepDiagnosis) -> None:
+        summary, points = self.runs.setdefault(d.run, (RunSummary(d.run), []))
+        summary.add(d)
+        points.append(point(d, self._throughput.pop(d.step, None)))
+
+    def flush(self) -> None:
+        """Nothing to do: the file is written whole at the end."""
+
+    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        runs = [ReportRun(s.to_json(), pts) for s, pts in self.runs.values()]
+        self.files.append(ReportFile(self.current, records, dict(rejected), runs))
+
+    def close(self) -> None:
+        """Nothing to do: `write()` is called once every file is read."""
+
+    def write(self) -> None:
+        from .. import __version__
+
+        page = report_page(self.files, Links(self.runbook_base), __version__)
+        with open(self.path, "w", encoding="utf-8") as f:
+            f.write(page)

@@ -1,0 +1,322 @@
+"""`rlhf-exporter serve`: the sidecar. Sources in the background, HTTP in front.
+
+Wiring in one place: the verl files, the push endpoint, Ray and NVML become sources; their
+snapshot methods feed one exposition; SIGTERM/SIGINT stop everything within a few seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from .. import settings as settings_mod
+from ..config import ConfigError, load_thresholds
+from ..logs import configure
+from ..server import Endpoints, make_server
+from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
+from ..sources.push import PushSource
+from ..sources.verl_files import VerlFileSource
+
+if TYPE_CHECKING:
+    from ..demo.job import DemoJob
+
+ORDER = 10
+log = logging.getLogger("rlhf_exporter.serve")
+
+EPILOG = f"""\
+Every setting is a flag, a key in the --config YAML file (the flag's name with underscores:
+verl_root, push_token, ...) and an environment variable (RLHF_EXPORTER_VERL_ROOT, ...).
+Precedence: flag > environment > config file > default. Lists (verl_root, verl_file) take a
+YAML list or a comma-separated variable.
+
+Endpoints:
+  /metrics            Prometheus metrics (catalog: docs/metrics.md)
+  /healthz            200 while the process serves
+  /readyz             200 once a source has collected once (503 before)
+  /                   the job view: every job (who needs attention first), sources' health,
+                      how to scrape; /jobs/<project>/<experiment> one job's step anatomy;
+                      /api/v1/jobs as JSON
+  POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
+                      (or one record's "step" and "data" at the top level); answers 200,
+                      400 bad JSON/schema, 401 bad token, 409 job read from a file
+                      (a file job always wins its name), 413 over push_max_bytes,
+                      429 over push_max_jobs(_per_client). A rejected push changes nothing.
+                      Prefer RLHF_EXPORTER_PUSH_TOKEN to --push-token (visible in ps).
+                      Push on, no token and a non-loopback --listen: refused unless
+                      --push-allow-anonymous.
+
+Bounds (group "limits"): what each drops is counted in
+rlhf_exporter_record_errors_total{{reason}}; beyond http_max_connections a connection gets 503.
+SIGHUP is logged and ignored (settings are read at start); SIGTERM/SIGINT stop.
+
+Examples:
+  rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
+  rlhf-exporter serve --demo --demo-scenario actor_restart   # one scripted incident
+  rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
+  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray --no-push
+  curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
+       -d '{{"project":"p","experiment":"e","step":1,"data":{{"timing_s/step":12.5}}}}'
+"""
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="serve Prometheus metrics for running verl jobs (the sidecar)",
+        description="Watch verl jobs (their file-logger JSONL, pushes, Ray actors, GPUs) and "
+        "serve each step's diagnosis as Prometheus metrics. Listens on "
+        f"{settings_mod.DEFAULT_LISTEN} by default (port {settings_mod.DEFAULT_PORT} is outside "
+        "the 9100-9999 range that Prometheus' default port allocations fill).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    settings_mod.add_arguments(p)
+    p.set_defaults(func=run)
+
+
+class Sidecar:
+    """Every part of one `serve` process, started and stopped together.
+
+    Each source is built by its `from_settings(settings, context)`; one whose module cannot
+    be imported (an optional dependency missing from this build) is exported as a down
+    collector with reason `dependency_missing`, never left out silently.
+    """
+
+    def __init__(self, settings: Any, clock: Clock = time.time):
+        self.settings = settings
+        self.th = load_thresholds(settings.thresholds)
+        self.tempdir: Path | None = None
+        self.demo: DemoJob | None = None
+        self.demo_devices: Any = None  # the demo's simulated GPUs and Ray actors
+        extra_roots: list[Path] = []
+        if settings.demo:
+            from ..demo.job import DemoJob
+            from ..demo.scenario import NAMES
+
+            scenario = settings.demo_scenario
+            if scenario not in NAMES:
+                raise ConfigError(
+                    f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
+                )
+            self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
+            self.demo = DemoJob(
+                self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
+            )
+            extra_roots.append(self.tempdir)
+        windows = None
+        # issue 17: GPU time by step window (the demo's simulated GPUs join it too)
+        if (settings.nvml or self.demo is not None) and settings.gpu_windows:
+            from ..gpuwindows.board import WindowBoard
+
+            windows = WindowBoard(keep=settings.gpu_windows_keep)
+        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo, windows=windows)
+        self.sources: list[Source] = []
+        self.verl = VerlFileSource.from_settings(settings, context)
+        self.push = None
+        if settings.push:
+            _check_push_exposure(settings)
+            self.push = PushSource.from_settings(settings, context)
+        if self.verl is not None and self.push is not None:
+            self.push.claimed = self.verl.has_job  # a push never takes a file job's name,
+            self.verl.displace = self.push.displace  # and a new file takes it from a push
+        self.sources += [s for s in (self.verl, self.push) if s is not None]
+        self.ray = self._optional("ray", settings.ray, _ray, settings, context)
+        ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
+        # in the demo the board holds the simulated job's steps, which no real GPU serves:
+        # the simulated devices join them, not NVML
+        nvml_windows = windows if self.demo is None else None
+        self.nvml = self._optional(
+            "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray, windows=nvml_windows)
+        )
+        if windows is not None and settings.gpu_windows_from:  # a worker: the head's windows
+            from ..gpuwindows.remote import RemoteWindowsSource
+
+            self.sources += [
+                s for s in (RemoteWindowsSource.from_settings(settings, context),) if s
+            ]
+        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
+            from ..demo.devices import DemoDevices
+
+            self.demo_devices = DemoDevices.from_settings(settings, context)
+            self.sources += [s for s in (self.demo_devices,) if s]
+        self.endpoints = Endpoints(
+            alerts=self.th.alerts,  # the job view's runbook links and stall deadline
+            demo=self.demo is not None,
+            snapshot_fns=[s.snapshot for s in self.sources],
+            jobs_fns=[s.jobs for s in self.sources],
+            push=self.push,
+            ready_fns=[s.snapshot for s in self.sources if s is not self.push],
+            sources_text=", ".join(s.describe() for s in self.sources) or "none",
+            windows_api=_windows_api(windows, settings),
+            window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
+            balance_limits=self.th.document.get("balance", {}),
+        )
+        self.server = make_server(
+            settings.listen,
+            self.endpoints,
+            max_connections=settings.http_max_connections,
+            read_timeout=settings.http_read_timeout,
+        )
+
+    def _optional(
+        self,
+        name: str,
+        enabled: bool,
+        load: Callable[[], type[Source]],
+        settings: Any,
+        context: Context,
+    ) -> Source | None:
+        """A source whose module needs an optional dependency."""
+        if not enabled:
+            return None
+        try:
+            source_cls = load()
+        except ImportError as exc:
+            source: Source | None = UnavailableSource(name, DEPENDENCY_MISSING, str(exc))
+        else:
+            source = source_cls.from_settings(settings, context)
+        if source is not None:
+            self.sources.append(source)
+        return source
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> None:
+        if self.demo is not None:
+            self.demo.start()
+        for source in self.sources:
+            source.start()
+        self._thread = threading.Thread(
+            target=self.server.serve_forever,
+            kwargs={"poll_interval": 0.2},
+            name="http",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        if self.demo is not None:
+            self.demo.stop()
+        stoppers = [
+            threading.Thread(target=s.stop, kwargs={"timeout": 2.0}, daemon=True)
+            for s in self.sources
+        ]
+        for t in stoppers:
+            t.start()
+        for t in stoppers:
+            t.join(3.0)
+        if self.tempdir is not None:
+            shutil.rmtree(self.tempdir, ignore_errors=True)
+
+
+def _windows_api(windows: Any, settings: Any) -> Any:
+    """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
+    if windows is None:
+        return None
+    from ..gpuwindows.board import WindowsApi
+
+    return WindowsApi(windows, settings.push_token)
+
+
+def _check_push_exposure(settings: Any) -> None:
+    """Push without a token on an address others can reach lets any neighbour invent jobs:
+    refused unless asked for explicitly."""
+    import ipaddress
+
+    from ..server import parse_listen
+
+    if settings.push_token or settings.push_allow_anonymous:
+        return
+    host = parse_listen(settings.listen)[0]
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = host == "localhost"
+    if not loopback:
+        raise ConfigError(
+            f"push is on without a token and --listen {settings.listen} is not a loopback "
+            "address: set RLHF_EXPORTER_PUSH_TOKEN, or --no-push, or --push-allow-anonymous"
+        )
+
+
+def _ray() -> type[Source]:
+    from ..sources.ray import RaySource  # needs requests
+
+    return RaySource
+
+
+def _nvml() -> type[Source]:
+    from ..sources.nvml import NvmlSource  # imports pynvml itself, lazily, in each poll
+
+    return NvmlSource
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_mod.resolve(args)  # a ConfigError exits 2 (cli.main)
+    configure(settings.log_format, settings.log_level)
+    try:
+        sidecar = Sidecar(settings)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)
+        return 2
+    except OSError as exc:
+        log.error(
+            "cannot listen on %s: %s",
+            settings.listen,
+            exc.strerror or exc,
+            extra={"listen": settings.listen},
+        )
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum, _frame):
+        log.info("received %s: shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    def on_hangup(_signum, _frame):  # the default action would kill the process silently
+        log.warning(
+            "received SIGHUP: ignored (settings are read at start; restart to apply a changed "
+            "--config)",
+            extra={"signal": "SIGHUP"},
+        )
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, on_hangup)
+    sidecar.start()
+    if sidecar.verl is None and sidecar.push is None:
+        log.warning("no verl input: give --verl-root, --verl-file or --demo, or enable --push")
+    log.info(
+        "rlhf-exporter %s serving %s/metrics; sources: %s",
+        __version__,
+        sidecar.url,
+        sidecar.endpoints.sources_text,
+        extra={"listen": settings.listen},
+    )
+    if sidecar.demo is not None:
+        log.info(
+            "demo: a simulated verl job writes %s; open %s/ to watch its diagnosis change",
+            sidecar.demo.path,
+            sidecar.url,
+        )
+    while not stop.wait(1.0):
+        pass
+    sidecar.stop()
+    log.info("stopped")
+    return 0

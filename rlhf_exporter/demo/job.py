@@ -1,0 +1,102 @@
+"""The `serve --demo` feed: a simulated verl job writing real verl-format records, fast.
+
+A background thread plays a scenario (rlhf_exporter/demo/scenario.py: by default every scripted
+incident in turn) into `<root>/demo/<experiment>.jsonl`, one step every `step_seconds`,
+exactly as verl's file logger does (one unbuffered write per record). At the end it starts
+over like a restarted verl job: the file is truncated and the steps begin again at 0, so the
+exporter shows a new run. The verl source watches the file like any other job; the current
+`phase` drives the simulated GPUs and Ray actors (rlhf_exporter/demo/devices.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+from .scenario import ActorLife, Phase, play, scenario
+from .simulator import encode
+
+log = logging.getLogger(__name__)
+
+PROJECT = "demo"
+EXPERIMENT = "grpo-simulated"
+
+
+class DemoJob:
+    def __init__(
+        self,
+        root: str | Path,
+        step_seconds: float = 0.7,
+        seed: int = 0,
+        project: str = PROJECT,
+        experiment: str = EXPERIMENT,
+        scenario_name: str = "all",
+    ):
+        self.root = Path(root)
+        self.path = self.root / project / f"{experiment}.jsonl"
+        self.step_seconds = step_seconds
+        self.seed = seed
+        self.phases = scenario(scenario_name)  # KeyError for an unknown name
+        self.phase: Phase = self.phases[0]  # read by the demo devices source
+        self.rollout = ActorLife()  # the simulated rollout actor's deaths and restarts
+        # (wall time its record is due, record) of the last few steps scheduled: the step
+        # runs until then, so the simulated GPUs follow its windows (rlhf_exporter/demo/devices.py)
+        self.upcoming: deque[tuple[float, dict]] = deque(maxlen=3)
+        self.written = 0  # records written, all loops
+        self.loops = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._thread = threading.Thread(target=self._run, name="demo-job", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._one_run(self.seed + self.loops)
+                self.loops += 1
+        except OSError as exc:  # the temp root vanished, a full disk: the demo just ends
+            log.warning("demo job stopped: %s", exc, extra={"path": str(self.path)})
+
+    def timeline(self, seed: int) -> Iterator[tuple[float, dict | None]]:
+        """One run, in order: (wait, record): wait `wait` steps' time, then write `record`
+        (`None`: nothing, the phase's pause). The current `phase` and `rollout` change as the
+        run enters each phase, before its wait. The thread below plays it on the wall clock;
+        a test plays it on a simulated one (tests/test_demo_alerts.py)."""
+        for phase, record in play(self.phases, seed):
+            if phase is not self.phase:
+                self.rollout.enter(phase)
+                self.phase = phase
+            if record is None:  # the phase's pause: validation running, or a stall
+                yield phase.pause, None
+            else:
+                yield (1.0 if record["step"] else 0.0), record
+
+    def schedule(self, due: float, record: dict) -> None:
+        """The step whose record is written at wall time `due` runs now (its players call
+        this before they wait: the thread below, and tests/test_demo_alerts.py)."""
+        self.upcoming.append((due, record))
+
+    def _one_run(self, seed: int) -> None:
+        # "wb" truncates, as verl does on every (re)start; buffering=0: one write per record
+        with open(self.path, "wb", buffering=0) as f:
+            for wait, record in self.timeline(seed):
+                if record is not None:
+                    self.schedule(time.time() + wait * self.step_seconds, record)
+                if wait and self._stop.wait(wait * self.step_seconds):
+                    return
+                if record is not None:
+                    f.write(encode(record))
+                    self.written += 1

@@ -1,0 +1,257 @@
+"""GPU time by step window (issue 17): idle GPU-hours, and who waits on whom.
+
+Their own file, `alerts/gpu-windows.rules.yaml`: a recording group (idle GPU-seconds per job,
+window group and GPU role; summed across a job's nodes; fleet-wide; the two sides' idle
+shares and the GPU-move estimate) and an alerting group, one function per alert with its
+runbook beside it. The thresholds are the thresholds file's `balance:` section, the same
+numbers `rlhf_exporter/diagnosis/balance.py` uses; the meaning and the estimate's assumptions are
+in docs/gpu-windows.md.
+
+Per-node results are summed with `without (instance, pod)`: a job's head and worker
+sidecars are different scrape targets of one job, and every other label survives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .model import JOB_MATCH, JOB_NAME, Alert, Context, Runbook, _num, _tq
+
+GPU_WINDOWS_FILE = "alerts/gpu-windows.rules.yaml"
+BUSY = "rlhf_window_gpu_busy_seconds_total"
+TOTAL = "rlhf_window_gpu_seconds_total"
+NODES = "instance, pod"  # the labels that tell a job's sidecars apart
+
+
+def _limits(ctx: Context) -> Any:
+    return ctx.th.document["balance"]
+
+
+# -- record names (they carry the window) ----------------------------------------------------
+def idle(ctx: Context) -> str:
+    return f"project_experiment_group_gpu_role:rlhf_window_gpu_idle_seconds:increase{ctx.window}"
+
+
+def busy_ratio(ctx: Context) -> str:
+    return f"project_experiment_group_gpu_role:rlhf_window_gpu_busy:ratio_rate{ctx.window}"
+
+
+def job_idle(ctx: Context) -> str:
+    return (
+        f"project_experiment_group_gpu_role:rlhf_window_gpu_idle_seconds:sum_increase{ctx.window}"
+    )
+
+
+def fleet_idle(ctx: Context) -> str:
+    return f"group_gpu_role:rlhf_window_gpu_idle_seconds:sum_increase{ctx.window}"
+
+
+def sides(ctx: Context) -> str:
+    return f"project_experiment_gpu_role:rlhf_window_gpu_seconds:sum_increase{ctx.window}"
+
+
+def sides_busy(ctx: Context) -> str:
+    return f"project_experiment_gpu_role:rlhf_window_gpu_busy_seconds:sum_increase{ctx.window}"
+
+
+def starved(ctx: Context) -> str:
+    return f"project_experiment:rlhf_trainer_starved_idle:ratio_rate{ctx.window}"
+
+
+def overprovisioned(ctx: Context) -> str:
+    return f"project_experiment:rlhf_rollout_overprovisioned_idle:ratio_rate{ctx.window}"
+
+
+def move(ctx: Context) -> str:
+    return f"project_experiment:rlhf_gpu_move_to_rollout:estimate{ctx.window}"
+
+
+def records(ctx: Context) -> list[dict[str, str]]:
+    w = ctx.window
+    least = _num(float(_limits(ctx)["min_gpu_seconds"]))
+
+    def both(first: str, other: str) -> str:  # `first`'s GPU-seconds, where both sides have enough
+        return (
+            f'{sides(ctx)}{{gpu_role="{first}"}} >= {least}\n'
+            f'  and ignoring (gpu_role) {sides(ctx)}{{gpu_role="{other}"}} >= {least}'
+        )
+
+    steps = f"(max without ({NODES}) (increase(rlhf_step_seconds_total[{w}])) > 0)"
+    t, b = sides(ctx), sides_busy(ctx)
+    return [
+        {"record": idle(ctx), "expr": f"increase({TOTAL}[{w}])\n- increase({BUSY}[{w}])"},
+        {
+            "record": busy_ratio(ctx),
+            "expr": f"increase({BUSY}[{w}])\n/ (increase({TOTAL}[{w}]) > 0)",
+        },
+        {"record": job_idle(ctx), "expr": f"sum without ({NODES}) ({idle(ctx)})"},
+        {"record": fleet_idle(ctx), "expr": f"sum by (group, gpu_role) ({idle(ctx)})"},
+        {"record": t, "expr": f"sum without ({NODES}, group) (increase({TOTAL}[{w}]))"},
+        {"record": b, "expr": f"sum without ({NODES}, group) (increase({BUSY}[{w}]))"},
+        {  # trainer GPUs idle while the step waits for samples, over the trainer's GPU-seconds
+            "record": starved(ctx),
+            "expr": (
+                f'sum without (group, gpu_role) ({job_idle(ctx)}{{gpu_role="trainer",group="rollout"}})\n'
+                f"/ ignoring (gpu_role) (\n  {both('trainer', 'rollout')}\n)"
+            ),
+        },
+        {  # rollout GPUs idle while the trainer works, over the rollout's GPU-seconds
+            "record": overprovisioned(ctx),
+            "expr": (
+                f'sum without (group, gpu_role) ({job_idle(ctx)}{{gpu_role="rollout",group!="rollout"}})\n'
+                f"/ ignoring (gpu_role) (\n  {both('rollout', 'trainer')}\n)"
+            ),
+        },
+        {  # N x B_rollout / (B_rollout + B_trainer) - N_rollout (docs/gpu-windows.md)
+            "record": move(ctx),
+            "expr": (
+                f'round(\n  sum without (gpu_role) ({t}{{gpu_role=~"rollout|trainer"}}) / {steps}\n'
+                f'  * ignoring (gpu_role) (\n    {b}{{gpu_role="rollout"}}\n'
+                f'    / ignoring (gpu_role) (sum without (gpu_role) ({b}{{gpu_role=~"rollout|trainer"}}) > 0)\n  )\n'
+                f'  - ignoring (gpu_role) ({t}{{gpu_role="rollout"}} / ignoring (gpu_role) {steps})\n)'
+            ),
+        },
+    ]
+
+
+# -- alerts ----------------------------------------------------------------------------------
+_SIDES = ("trainer", "rollout")
+
+
+def _evidence(ctx: Context) -> str:
+    parts = []
+    for side in _SIDES:
+        q = (
+            f'sum without (group, gpu_role) ({job_idle(ctx)}{{{JOB_MATCH},gpu_role="{side}"}})'
+            " / 3600"
+        )
+        parts.append(f"{side} " + _tq(q, 'printf "%.1f"') + " GPU-hours")
+    mv = _tq(f"{move(ctx)}{{{JOB_MATCH}}}", 'printf "%+.0f"')
+    return (
+        f"Idle over the last {ctx.window}: " + ", ".join(parts) + ". First-order estimate: "
+        f"move {mv} GPUs to the rollout (negative: to the trainer)."
+    )
+
+
+def _change(first: str) -> list[str]:
+    return [
+        first,
+        "fully-async and one-step-off size the two pools separately: `rollout.nnodes` and "
+        "`rollout.n_gpus_per_node` for the rollout, `trainer.nnodes` and "
+        "`trainer.n_gpus_per_node` for the trainer; move whole rollout replicas "
+        "(`actor_rollout_ref.rollout.tensor_model_parallel_size` GPUs each).",
+        "fully-async: `async_training.staleness_threshold` lets the rollout run further ahead "
+        "(more off-policy samples) and `async_training.trigger_parameter_sync_step` syncs "
+        "weights less often; both trade freshness for less waiting.",
+        "The estimate assumes linear scaling and interchangeable GPUs (docs/gpu-windows.md): "
+        "move part of it, then read the ratios again.",
+    ]
+
+
+def trainer_starved(ctx: Context) -> Alert:
+    lim = _limits(ctx)
+    th1, th2 = (
+        _num(float(lim["trainer_starved_idle"])),
+        _num(float(lim["rollout_overprovisioned_idle"])),
+    )
+    return Alert(
+        name="RLHFTrainerStarved",
+        expr=(
+            f"{starved(ctx)} >= {th1}\n"
+            f"unless ({overprovisioned(ctx)} - {th2} > {starved(ctx)} - {th1})"
+        ),
+        for_=ctx.dur("bound_for"),
+        severity="info",
+        category="bottleneck",
+        summary=f"{JOB_NAME}: trainer GPUs idle {{{{ $value | humanizePercentage }}}} of their time, waiting for samples",
+        description=(
+            f"The trainer GPUs of {JOB_NAME} were idle during rollout windows (waiting for "
+            f"samples) for {{{{ $value | humanizePercentage }}}} of their GPU-seconds over the "
+            f"last {ctx.window} (threshold {th1}), from NVML's own busy time. " + _evidence(ctx)
+        ),
+        runbook=Runbook(
+            meaning=(
+                "In a separated or async trainer (one-step-off, fully-async, separation, V1 "
+                "separate_async), the trainer's GPUs sit idle while the step waits for the "
+                "rollout (`gen`, `wait_for_enough_samples`, `switch_wait`) for at least "
+                f"`balance.trainer_starved_idle` ({th1}) of their GPU-seconds: the rollout "
+                "pool is too small for the trainer. Measured from the GPUs' busy time joined "
+                "to the step's windows (docs/gpu-windows.md), not from verl's "
+                "`fully_async/rollouter/idle_ratio` (verl #6693). When the rollout is also "
+                "over-provisioned beyond its threshold, the larger excess fires alone."
+            ),
+            confirm=[
+                f'{starved(ctx)}{{project="P", experiment="E"}}',
+                f'{job_idle(ctx)}{{project="P", experiment="E"}}',
+                f'{move(ctx)}{{project="P", experiment="E"}}',
+            ],
+            verl_keys=["timing_s/gen", "timing_s/wait_for_enough_samples"],
+            change=_change(
+                "Move GPUs from the trainer to the rollout (the estimate's number, rounded to "
+                "whole replicas)."
+            ),
+        ),
+    )
+
+
+def rollout_overprovisioned(ctx: Context) -> Alert:
+    lim = _limits(ctx)
+    th1, th2 = (
+        _num(float(lim["trainer_starved_idle"])),
+        _num(float(lim["rollout_overprovisioned_idle"])),
+    )
+    return Alert(
+        name="RLHFRolloutOverprovisioned",
+        expr=(
+            f"{overprovisioned(ctx)} >= {th2}\n"
+            f"unless ({starved(ctx)} - {th1} >= {overprovisioned(ctx)} - {th2})"
+        ),
+        for_=ctx.dur("bound_for"),
+        severity="info",
+        category="bottleneck",
+        summary=f"{JOB_NAME}: rollout GPUs idle {{{{ $value | humanizePercentage }}}} of their time while the trainer works",
+        description=(
+            f"The rollout GPUs of {JOB_NAME} were idle outside rollout windows (while the "
+            f"trainer computes and syncs) for {{{{ $value | humanizePercentage }}}} of their "
+            f"GPU-seconds over the last {ctx.window} (threshold {th2}), from NVML's own busy "
+            "time. " + _evidence(ctx)
+        ),
+        runbook=Runbook(
+            meaning=(
+                "In a separated or async trainer, the rollout's GPUs sit idle while the trainer "
+                "works for at least `balance.rollout_overprovisioned_idle` "
+                f"({th2}) of their GPU-seconds: the rollout pool is larger than the trainer "
+                "can consume. V1's separate_async logs no idle ratio at all (verl #7601); this "
+                "one is measured from the GPUs' busy time joined to the step's windows."
+            ),
+            confirm=[
+                f'{overprovisioned(ctx)}{{project="P", experiment="E"}}',
+                f'{job_idle(ctx)}{{project="P", experiment="E"}}',
+                f'{move(ctx)}{{project="P", experiment="E"}}',
+            ],
+            verl_keys=["timing_s/old_log_prob", "timing_s/update_actor"],
+            change=_change(
+                "Move GPUs from the rollout to the trainer (minus the estimate's number, "
+                "rounded to whole replicas)."
+            ),
+        ),
+    )
+
+
+ALERTS: tuple[Callable[[Context], Alert], ...] = (trainer_starved, rollout_overprovisioned)
+
+
+def alerts(ctx: Context) -> list[Alert]:
+    return [make(ctx) for make in ALERTS]
+
+
+def groups(ctx: Context) -> list[dict[str, Any]]:
+    base = ctx.a["runbook_url"]
+    return [
+        {"name": "rlhf-exporter.gpu-windows.recording", "rules": records(ctx)},
+        {
+            "name": "rlhf-exporter.gpu-windows",
+            "rules": [a.rule(base) for a in alerts(ctx)],
+        },
+    ]

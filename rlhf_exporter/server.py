@@ -1,0 +1,414 @@
+"""HTTP for `serve`, and nothing else: /metrics, /healthz, /readyz, /, the push endpoint.
+
+- `GET /metrics`: the sources' current snapshots in Prometheus text format (OpenMetrics when
+  the scraper asks for it; gzip when accepted). The exposition is cached per job and per
+  metric family (rlhf_exporter/metrics/exposition.py): a scrape re-encodes only the jobs whose
+  series changed, and one that finds nothing new re-serves the same bytes; it never waits
+  on a source.
+- `GET /healthz`: 200 while the process serves HTTP (liveness).
+- `GET /readyz`: 200 once a source has finished a first collection, successful or not (or
+  when only the push endpoint is configured); 503 before (readiness). A source's health
+  never makes the sidecar unready: that would take a KubeRay head pod out of its Service;
+  a broken source is `rlhf_exporter_collector_up 0` instead.
+- `GET /`: the job view (rlhf_exporter/view/): every job, who needs attention first, with
+  sparklines, the sources' health and how to scrape; `GET /jobs/<project>/<experiment>` one
+  job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON.
+- `POST /api/v1/records`: verl records for jobs that cannot share a file (see
+  rlhf_exporter/sources/push.py for the body and the answers).
+
+Connections are bounded (`Server`): at most `http_max_connections` are served at once (one
+thread each, as `http.server.ThreadingHTTPServer` does); a connection beyond that gets a
+503 and is closed. A connection must send a request's headers (and a POST its body) within
+`http_read_timeout` seconds, idle kept-alive ones included, or it is shut down. A
+connection the client aborts, or one that times out, is logged once per kind of failure (in
+the configured log format), then at debug level; never as a raw traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import unquote
+
+import orjson
+
+from . import __version__
+from .metrics.exposition import Exposition
+from .metrics.snapshot import SnapshotFn
+from .sources.push import PATH as PUSH_PATH
+from .sources.push import PushSource
+from .view import Facts, Links, index_page, job_page
+from .view.pages import not_found_page
+
+log = logging.getLogger(__name__)
+
+EXPOSITION_WARM_INTERVAL = 0.25  # seconds: encode new job series off the scrape path
+JobsFn = Callable[[], Iterable[dict]]
+
+
+@dataclass
+class Endpoints:
+    """What the server serves; `serve` builds it from the active sources."""
+
+    snapshot_fns: Sequence[SnapshotFn]
+    jobs_fns: Sequence[JobsFn] = ()
+    push: PushSource | None = None
+    ready_fns: Sequence[SnapshotFn] = ()  # sources whose first collection makes /readyz 200
+    sources_text: str = ""
+    alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
+    demo: bool = False  # the job view labels its data as simulated
+    pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
+    windows_api: Any = (
+        None  # GET /api/v1/windows (rlhf_exporter/gpuwindows/board.py): None when off
+    )
+    window_view: Any = None  # the NVML source's WindowJoiner: GPU time by window in the job view
+    balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
+    exposition: Exposition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.exposition = Exposition(self.snapshot_fns, warm_interval=EXPOSITION_WARM_INTERVAL)
+
+    def ready(self) -> bool:
+        if not self.ready_fns:
+            return True
+        return any(s.last_success is not None or s.errors for s in (f() for f in self.ready_fns))
+
+    def jobs(self) -> list[dict]:
+        out: list[dict] = []
+        for fn in self.jobs_fns:
+            out.extend(fn())
+        return sorted(out, key=lambda j: (j["project"], j["experiment"]))
+
+
+class PageCache:
+    """Pages of the job view, kept for `ttl` seconds: a browser (or many) reloading `/` costs
+    one render per second, so the pure-Python rendering does not compete with scrapes for
+    the interpreter. The pages say "N s ago", so a second's staleness is invisible."""
+
+    def __init__(self, ttl: float = 1.0):
+        self.ttl = ttl
+        self._pages: dict[tuple[str, str | None], tuple[float, int, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self, key: tuple[str, str | None], render: Callable[[], tuple[int, bytes]]
+    ) -> tuple[int, bytes]:
+        now = time.monotonic()
+        hit = self._pages.get(key)
+        if hit is not None and now - hit[0] < self.ttl:
+            return hit[1], hit[2]
+        status, body = render()  # outside the lock: a slow render never holds up another
+        with self._lock:
+            if len(self._pages) > 256:  # many job paths: keep it bounded
+                self._pages.clear()
+            self._pages[key] = (now, status, body)
+        return status, body
+
+
+def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
+    base = f"http://{host}" if host else ""
+    facts = Facts.of(__version__, base, endpoints.sources_text, endpoints.demo, endpoints.alerts)
+    return facts, Links(endpoints.alerts.get("runbook_url", ""))
+
+
+def landing_page(endpoints: Endpoints, host: str | None = None) -> bytes:
+    """`/`: every job, sorted by who needs attention (rendered from immutable state)."""
+    snaps = [fn() for fn in endpoints.snapshot_fns]
+    return index_page(endpoints.jobs(), snaps, *_facts(endpoints, host)).encode()
+
+
+def job_view(endpoints: Endpoints, path: str, host: str | None = None) -> tuple[int, bytes]:
+    """`/jobs/<project>/<experiment>`: (status, page)."""
+    parts = path[len("/jobs/") :].split("/")
+    if len(parts) != 2:
+        return 404, not_found_page(path, "").encode()
+    project, experiment = (unquote(p) for p in parts)
+    for job in endpoints.jobs():
+        if job["project"] == project and job["experiment"] == experiment:
+            snaps = [fn() for fn in endpoints.snapshot_fns]
+            joiner = endpoints.window_view
+            windows = joiner.view.get((project, experiment)) if joiner is not None else None
+            page = job_page(
+                job,
+                snaps,
+                *_facts(endpoints, host),
+                windows=windows,
+                balance_limits=endpoints.balance_limits,
+            )
+            return 200, page.encode()
+    return 404, not_found_page(project, experiment).encode()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = f"rlhf-exporter/{__version__}"
+    timeout = 30  # seconds a connection may idle or trickle before it is closed
+    endpoints: Endpoints  # set on the subclass made by make_server
+    server: Server
+
+    def setup(self) -> None:
+        super().setup()
+        # per socket operation (reads and writes); the whole request has a deadline (Server)
+        self.connection.settimeout(self.server.read_timeout)
+        # Headers and body go out in two writes; without this, a kept-alive connection
+        # (Prometheus keeps them) waits ~40 ms per request on Nagle + delayed ACK.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def handle_one_request(self) -> None:
+        # the request line and headers must arrive within read_timeout (also the idle time
+        # of a kept-alive connection before its next request)
+        self.server.arm(self.connection)
+        try:
+            super().handle_one_request()
+        finally:
+            self.server.disarm(self.connection)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self.server.disarm(self.connection)  # headers read: the handler takes over
+        return ok
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, status: int, body: bytes, content_type: str, extra: dict | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for key, value in (extra or {}).items():
+            self.send_header(key, value)
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _text(self, status: int, text: str) -> None:
+        self._send(status, text.encode(), "text/plain; charset=utf-8")
+
+    def _json(self, status: int, obj: Any) -> None:
+        self._send(status, orjson.dumps(obj) + b"\n", "application/json")
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        ep = self.endpoints
+        if path == "/metrics":
+            want_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
+            body, content_type, gzipped = ep.exposition.render(
+                self.headers.get("Accept"), want_gzip
+            )
+            self._send(200, body, content_type, {"Content-Encoding": "gzip"} if gzipped else None)
+        elif path == "/healthz":
+            self._text(200, "ok\n")
+        elif path == "/readyz":
+            if ep.ready():
+                self._text(200, "ready\n")
+            else:
+                self._text(503, "not ready: no source has finished a first collection yet\n")
+        elif path == "/":
+            host = self.headers.get("Host")
+            _, page = ep.pages.get((path, host), lambda: (200, landing_page(ep, host)))
+            self._send(200, page, "text/html; charset=utf-8")
+        elif path.startswith("/jobs/"):
+            host = self.headers.get("Host")
+            status, page = ep.pages.get((path, host), lambda: job_view(ep, path, host))
+            self._send(status, page, "text/html; charset=utf-8")
+        elif path == "/api/v1/jobs":  # the view's step history stays out of the JSON
+            jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]
+            self._json(200, {"jobs": jobs})
+        elif path == "/api/v1/windows" and ep.windows_api is not None:
+            status, doc = ep.windows_api.handle(self.headers.get("Authorization"))
+            extra = {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if status == 401 else None
+            self._send(status, orjson.dumps(doc) + b"\n", "application/json", extra)
+        elif path == PUSH_PATH:
+            self._json(405, {"error": f"use POST {PUSH_PATH}"})
+        else:
+            self._text(404, "not found: try /, /metrics, /healthz, /readyz\n")
+
+    do_HEAD = do_GET
+
+    def do_POST(self) -> None:
+        path = self.path.split("?", 1)[0]
+        push = self.endpoints.push
+        if path != PUSH_PATH or push is None:
+            self.close_connection = True  # the body is left unread
+            what = "push is disabled (--no-push)" if path == PUSH_PATH else "not found"
+            self._json(404, {"error": what})
+            return
+        read_bytes = 0
+
+        def read(n: int) -> bytes:
+            nonlocal read_bytes
+            chunks, left = [], n
+            while left > 0:
+                chunk = self.rfile.read(min(left, 1 << 16))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            read_bytes = n - left
+            return b"".join(chunks)
+
+        length = self.headers.get("Content-Length")
+        self.server.arm(self.connection)  # the whole body within read_timeout
+        try:
+            answer = push.handle(
+                self.headers.get("Authorization"), length, read, self.client_address[0]
+            )
+        except (TimeoutError, OSError):
+            self.close_connection = True
+            return
+        finally:
+            self.server.disarm(self.connection)
+        if length is None or read_bytes != _int(length):
+            self.close_connection = True  # an unread (rejected) body: do not reuse the connection
+        extra = (
+            {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if answer.status == 401 else None
+        )
+        body = orjson.dumps(answer.body) + b"\n"
+        self._send(answer.status, body, "application/json", extra)
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return -1
+
+
+_BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 43\r\n\r\n"
+    b"too many connections (http_max_connections)"
+)
+_ABORTED = OSError  # the client went away, reset, or was too slow (socket errors)
+
+
+class Server(ThreadingHTTPServer):
+    """`ThreadingHTTPServer` with a bound on connections and on how long a read may take.
+
+    A bounded semaphore caps the connection threads (beyond the cap: 503, closed at once,
+    from the accepting thread without reading the request). A watchdog thread shuts down a
+    connection whose request headers (or POST body) did not arrive by its deadline: socket
+    timeouts alone bound each read, not a client that trickles a byte at a time.
+    """
+
+    daemon_threads = True
+    block_on_close = False  # stop() never waits on a slow client
+    allow_reuse_address = True
+    request_queue_size = 256  # many scrapers connecting at once must not be refused
+    max_connections = 64
+    read_timeout = 10.0
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._deadlines: dict[socket.socket, float] = {}
+        self._deadline_lock = threading.Lock()
+        self._logged: set[str] = set()
+        self.refused = 0
+        threading.Thread(target=self._watchdog, name="http-deadlines", daemon=True).start()
+
+    # -- connection cap -------------------------------------------------------------------
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self._once("refused", "connection refused with 503: %d connections open "
+                       "(http_max_connections)", self.max_connections)  # fmt: skip
+            try:
+                request.setblocking(False)
+                request.send(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.disarm(request)
+            self._slots.release()
+
+    # -- read deadlines -------------------------------------------------------------------
+    def arm(self, conn: socket.socket) -> None:
+        with self._deadline_lock:
+            self._deadlines[conn] = time.monotonic() + self.read_timeout
+
+    def disarm(self, conn: socket.socket) -> None:
+        with self._deadline_lock:
+            self._deadlines.pop(conn, None)
+
+    def _watchdog(self) -> None:
+        tick = min(1.0, self.read_timeout / 4)
+        while True:
+            time.sleep(tick)
+            now = time.monotonic()
+            with self._deadline_lock:
+                late = [c for c, t in self._deadlines.items() if t <= now]
+                for conn in late:
+                    del self._deadlines[conn]
+            for conn in late:
+                self._once("deadline", "closed a connection that did not send its request "
+                           "within %gs (http_read_timeout)", self.read_timeout)  # fmt: skip
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    # -- errors ---------------------------------------------------------------------------
+    def handle_error(self, request, client_address) -> None:
+        """socketserver prints a traceback to stderr; log once per kind instead."""
+        exc = sys.exc_info()[1]
+        kind = type(exc).__name__
+        if isinstance(exc, _ABORTED):
+            self._once(kind, "HTTP connection from %s aborted: %s (%s)", client_address[0],
+                       exc, kind)  # fmt: skip
+        else:
+            self._once(kind, "HTTP request from %s failed: %s: %s (a bug)", client_address[0],
+                       kind, exc, error=True)  # fmt: skip
+
+    def _once(self, kind: str, message: str, *args: Any, error: bool = False) -> None:
+        first = kind not in self._logged
+        self._logged.add(kind)
+        if first:
+            log.log(
+                logging.ERROR if error else logging.WARNING,
+                message + "; further ones of this kind are logged at debug level",
+                *args,
+                exc_info=error,  # a bug: its traceback, inside the configured log format
+                extra={"reason": kind},
+            )
+        else:
+            log.debug(message, *args, extra={"reason": kind})
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def make_server(
+    listen: str,
+    endpoints: Endpoints,
+    max_connections: int = Server.max_connections,
+    read_timeout: float = Server.read_timeout,
+) -> Server:
+    host, port = parse_listen(listen)
+    handler = type("BoundHandler", (Handler,), {"endpoints": endpoints})
+    attrs: dict[str, Any] = {"max_connections": max_connections, "read_timeout": read_timeout}
+    if ":" in host:
+        attrs["address_family"] = socket.AF_INET6
+    return type("BoundServer", (Server,), attrs)((host, port), handler)

@@ -1,0 +1,525 @@
+"""Every `serve` setting, declared once: flag, YAML key, environment variable, default, help.
+
+Precedence, lowest first: built-in default < `--config FILE` (YAML) < `RLHF_EXPORTER_*`
+environment variables < command-line flags. The flag `--ray-address` is the YAML key
+`ray_address` and the variable `RLHF_EXPORTER_RAY_ADDRESS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .config import ConfigError, read_yaml
+from .diagnosis.thresholds import seconds
+from .logs import LEVELS
+
+DEFAULT_PORT = 19839  # outside 9100-9999, which the Prometheus port registry has fully allocated
+DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
+ENV_PREFIX = "RLHF_EXPORTER_"
+
+
+def _bool(text: str) -> bool:
+    low = str(text).strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def _listen(text: str) -> str:
+    _host, sep, port = str(text).rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return text
+
+
+def _positive(text: str) -> float:
+    """A duration > 0: seconds, or the Prometheus syntax (`10m`, `1h30m`), as in thresholds."""
+    value = seconds(text)
+    if not value > 0:
+        raise ValueError(f"must be > 0, got {text!r}")
+    return value
+
+
+def _count(text: str) -> int:
+    """A whole number >= 1 (a bound)."""
+    value = int(str(text).strip())
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {text!r}")
+    return value
+
+
+def _size(text: str) -> int:
+    """A positive number of bytes, with an optional KiB/MiB/GiB (or K/M/G) suffix."""
+    s = str(text).strip()
+    number, factor = s, 1
+    for suffix, f in (
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("K", 1 << 10),
+        ("M", 1 << 20),
+        ("G", 1 << 30),
+    ):
+        if s.endswith(suffix):
+            number, factor = s[: -len(suffix)], f
+            break
+    try:
+        value = float(number) * factor
+        ok = math.isfinite(value) and int(value) > 0
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"expected a size of at least 1 byte (e.g. 4096, 512K, 1MiB), got {text!r}"
+        )
+    return int(value)
+
+
+def _log_level(text: str) -> str:
+    level = str(text).strip().lower()
+    if level not in LEVELS:
+        raise ValueError(f"expected one of {', '.join(LEVELS)}, got {text!r}")
+    return level
+
+
+def _str_list(text: Any) -> list[str]:
+    if isinstance(text, list):
+        return [str(t) for t in text]
+    return [t for t in str(text).split(",") if t]
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the YAML key; the flag is --name-with-dashes
+    parse: Callable[[Any], Any]
+    default: Any
+    help: str
+    group: str = "general"
+    metavar: str | None = None
+    multiple: bool = False  # a flag that may be repeated (a list)
+
+
+OPTIONS: tuple[Option, ...] = (
+    # general
+    Option(
+        "listen",
+        _listen,
+        DEFAULT_LISTEN,
+        "address to serve on; use 0.0.0.0:PORT in a pod",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "thresholds",
+        str,
+        None,
+        "thresholds YAML overriding the decision table's defaults",
+        metavar="FILE",
+    ),
+    Option("log_format", str, "text", "log format: text or json", metavar="FORMAT"),
+    Option(
+        "log_level", _log_level, "info", "log level: debug, info, warning or error", metavar="LEVEL"
+    ),
+    Option(
+        "demo",
+        _bool,
+        False,
+        "run a built-in simulated verl job and watch it (a newcomer's first run)",
+    ),
+    Option(
+        "demo_step_seconds",
+        _positive,
+        0.7,
+        "with --demo: seconds between the simulated job's steps",
+        metavar="SECONDS",
+    ),
+    Option(
+        "demo_scenario",
+        str,
+        "all",
+        "with --demo: the scripted incidents to play: all (default), workload_shift, "
+        "regression, checkpoint, long_validation, actor_restart, gpus_idle, trainer_starved, "
+        "rollout_overprovisioned, bottleneck_moves or stall "
+        "(timeline: rlhf_exporter/demo/scenario.py)",
+        metavar="NAME",
+    ),
+    # verl files
+    Option(
+        "verl_root",
+        str,
+        None,
+        "watch ROOT/<project>/<experiment>.jsonl (verl's VERL_FILE_LOGGER_ROOT)",
+        "verl",
+        "DIR",
+        multiple=True,
+    ),
+    Option(
+        "verl_file",
+        str,
+        None,
+        "watch one verl JSONL file (repeatable)",
+        "verl",
+        "PATH",
+        multiple=True,
+    ),
+    Option(
+        "project",
+        str,
+        None,
+        "project label for --verl-file or VERL_FILE_LOGGER_PATH (default for --verl-file: "
+        "the file's parent directory)",
+        "verl",
+    ),
+    Option(
+        "experiment",
+        str,
+        None,
+        "experiment label for --verl-file or VERL_FILE_LOGGER_PATH (default for --verl-file: "
+        "the file name without .jsonl)",
+        "verl",
+    ),
+    Option(
+        "verl_interval",
+        _positive,
+        1.0,
+        "seconds between reads of the verl files",
+        "verl",
+        "SECONDS",
+    ),
+    Option(
+        "job_expiry",
+        _positive,
+        86400.0,
+        "stop exporting a job whose file has not changed for this long (seconds or 10m, 24h)",
+        "verl",
+        "DURATION",
+    ),
+    Option(
+        "total_steps",
+        _count,
+        None,
+        "the job's last step (verl's trainer.total_training_steps): reaching it exports "
+        "rlhf_job_finished 1, and a finished job is not a stalled one",
+        "verl",
+        "STEPS",
+    ),
+    Option(
+        "max_line_bytes",
+        _size,
+        1 << 20,
+        "longest accepted JSONL line; longer ones are counted as too_long",
+        "verl",
+        "BYTES",
+    ),
+    # push
+    Option("push", _bool, True, "accept POST /api/v1/records", "push"),
+    Option(
+        "push_max_bytes",
+        _size,
+        1 << 20,
+        "largest push body accepted (larger: 413)",
+        "push",
+        "BYTES",
+    ),
+    Option(
+        "push_token",
+        str,
+        None,
+        "require 'Authorization: Bearer TOKEN' on pushes (constant-time compare)",
+        "push",
+        "TOKEN",
+    ),
+    Option(
+        "push_allow_anonymous",
+        _bool,
+        False,
+        "allow push without a token on a non-loopback --listen address (refused otherwise)",
+        "push",
+    ),
+    Option(
+        "push_max_jobs",
+        _count,
+        1000,
+        "most pushed jobs at a time (more: 429, counted as too_many_jobs)",
+        "push",
+        "N",
+    ),
+    Option(
+        "push_max_jobs_per_client",
+        _count,
+        100,
+        "most pushed jobs one client address may create (more: 429, counted as "
+        "too_many_jobs_per_client)",
+        "push",
+        "N",
+    ),
+    # limits: bounds on what one job keeps (each drop counted in rlhf_exporter_record_errors_total)
+    Option(
+        "max_unknown_timers",
+        _count,
+        32,
+        "timing_s/<x> timers outside the thresholds' timer map kept (exported as phase) per "
+        "job; later ones are dropped as too_many_timers",
+        "limits",
+        "N",
+    ),
+    Option(
+        "max_step_keys",
+        _count,
+        1024,
+        "keys kept of one step's merged records (keys the exporter reads first); the rest "
+        "are dropped as too_many_keys",
+        "limits",
+        "N",
+    ),
+    Option(
+        "max_key_chars",
+        _count,
+        256,
+        "longest record key kept; longer ones are dropped as key_too_long",
+        "limits",
+        "N",
+    ),
+    Option(
+        "max_files",
+        _count,
+        5000,
+        "verl files watched at most; further files are ignored (too_many_files, counted once)",
+        "limits",
+        "N",
+    ),
+    Option(
+        "http_max_connections",
+        _count,
+        64,
+        "open HTTP connections served at once; beyond it a connection gets 503 and is closed",
+        "limits",
+        "N",
+    ),
+    Option(
+        "http_read_timeout",
+        _positive,
+        10.0,
+        "seconds a connection may take to send a request's headers, or its body, or to "
+        "start the next request on a kept-alive connection; then it is closed",
+        "limits",
+        "SECONDS",
+    ),
+    # ray
+    Option("ray", _bool, True, "poll Ray's state API for actor liveness", "ray"),
+    Option(
+        "ray_address",
+        str,
+        None,
+        "Ray dashboard URL (default: $RAY_DASHBOARD_ADDRESS, $RAY_ADDRESS, http://127.0.0.1:8265)",
+        "ray",
+        "URL",
+    ),
+    Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
+    Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
+    Option(
+        "ray_actors",
+        _bool,
+        True,
+        "export actor series; turn off on GPU worker pods that read Ray only to match GPU PIDs to roles (no double counting)",
+        "ray",
+    ),
+    Option("ray_per_class", _bool, False, "also export actors per class_name (more series)", "ray"),
+    Option(
+        "ray_roles",
+        str,
+        None,
+        "YAML file with an ordered list of {role, pattern} overriding the class-to-role map",
+        "ray",
+        "FILE",
+    ),
+    Option(
+        "ray_node_ip",
+        str,
+        None,
+        "this host's IP as Ray reports it, to match GPU PIDs to this node's actors (default: every local address; in a pod, the downward API's status.podIP)",
+        "ray",
+        "IP",
+    ),
+    # nvml
+    Option("nvml", _bool, True, "sample GPUs through NVML", "nvml"),
+    Option("nvml_interval", _positive, 1.0, "seconds between NVML samples", "nvml", "SECONDS"),
+    Option(
+        "gpu_roles",
+        _bool,
+        None,
+        "attribute GPU memory to Ray roles by PID (default: on when Ray is on)",
+        "nvml",
+    ),
+    Option(
+        "gpu_windows",
+        _bool,
+        True,
+        "GPU busy time by step window and GPU role: join NVML's samples to verl's step windows",
+        "nvml",
+    ),
+    Option(
+        "gpu_windows_keep",
+        _count,
+        32,
+        "steps' window timelines kept per job for the GPU window join",
+        "nvml",
+        "STEPS",
+    ),
+    Option(
+        "gpu_windows_from",
+        str,
+        None,
+        "a worker sidecar: the head sidecar's URL to read the job's step windows from (GET /api/v1/windows, with --push-token as bearer token)",
+        "nvml",
+        "URL",
+    ),
+    Option(
+        "gpu_windows_interval",
+        _positive,
+        2.0,
+        "seconds between reads of the head's step windows (--gpu-windows-from)",
+        "nvml",
+        "SECONDS",
+    ),
+)
+BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
+GROUP_TITLES = {
+    "general": "general",
+    "verl": "verl files",
+    "push": "push endpoint",
+    "limits": "limits (bad or hostile input)",
+    "ray": "Ray actors",
+    "nvml": "GPUs (NVML)",
+}
+
+
+def flag(option: Option) -> str:
+    return "--" + option.name.replace("_", "-")
+
+
+def env_name(option: Option) -> str:
+    return ENV_PREFIX + option.name.upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per option, grouped for --help. Defaults are resolved later (see resolve)."""
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML file with any of the settings below, by their key "
+        "(the flag without dashes, e.g. ray_address: http://head:8265)",
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for option in OPTIONS:
+        group = groups.get(option.group)
+        if group is None:
+            group = groups[option.group] = parser.add_argument_group(GROUP_TITLES[option.group])
+        text = f"{option.help} [env {env_name(option)}; default {option.default!r}]"
+        if option.parse is _bool:
+            group.add_argument(
+                flag(option),
+                dest=option.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=text,
+            )
+        elif option.multiple:
+            group.add_argument(
+                flag(option),
+                dest=option.name,
+                action="append",
+                default=None,
+                metavar=option.metavar,
+                help=text,
+            )
+        else:
+            group.add_argument(
+                flag(option), dest=option.name, default=None, metavar=option.metavar, help=text
+            )
+
+
+@dataclass(frozen=True)
+class Settings:
+    values: Mapping[str, Any]
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.values[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _convert(option: Option, raw: Any, where: str) -> Any:
+    if raw is None:
+        return None
+    try:
+        if option.multiple:
+            return [option.parse(v) for v in _str_list(raw)]
+        return option.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+VERL_FILE_LOGGER_PATH = "VERL_FILE_LOGGER_PATH"
+
+
+def _verl_file_logger_path(values: dict[str, Any], environ: Mapping[str, str]) -> None:
+    """verl's own `VERL_FILE_LOGGER_PATH` names the one file its `file` logger writes, with no
+    project or experiment in the path. Set, it is the default of --verl-file (as verl prefers
+    it to VERL_FILE_LOGGER_ROOT); the job's labels then come from configuration (--project,
+    --experiment), never from the path."""
+    path = environ.get(VERL_FILE_LOGGER_PATH)
+    if not path or values["verl_file"] or values["demo"]:
+        return
+    if not values["project"] or not values["experiment"]:
+        raise ConfigError(
+            f"{VERL_FILE_LOGGER_PATH}={path} names one file, and its path holds no project or "
+            "experiment: set --project and --experiment (RLHF_EXPORTER_PROJECT, "
+            "RLHF_EXPORTER_EXPERIMENT) to the job's trainer.project_name and "
+            "trainer.experiment_name"
+        )
+    values["verl_file"] = [path]
+
+
+def resolve(
+    args: argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_path: str | None = None,
+) -> Settings:
+    """Defaults < config file < environment < flags. Raises ConfigError with the culprit."""
+    environ = os.environ if environ is None else environ
+    values = {o.name: o.default for o in OPTIONS}
+    path = config_path or (getattr(args, "config", None) if args is not None else None)
+    if path is None:
+        path = environ.get(ENV_PREFIX + "CONFIG")
+    if path:
+        doc = read_yaml(path) or {}
+        if not isinstance(doc, Mapping):
+            raise ConfigError(f"{path}: expected a mapping of settings")
+        for key, raw in doc.items():
+            option = BY_NAME.get(str(key).replace("-", "_"))
+            if option is None:
+                raise ConfigError(
+                    f"{path}: unknown setting '{key}' (see rlhf-exporter serve --help)"
+                )
+            values[option.name] = _convert(option, raw, f"{path}: {key}")
+    for option in OPTIONS:
+        raw = environ.get(env_name(option))
+        if raw is not None:
+            values[option.name] = _convert(option, raw, env_name(option))
+    if args is not None:
+        for option in OPTIONS:
+            raw = getattr(args, option.name, None)
+            if raw is not None:
+                values[option.name] = _convert(option, raw, flag(option))
+    _verl_file_logger_path(values, environ)
+    if values["log_format"] not in ("text", "json"):
+        raise ConfigError(f"log_format: expected text or json, got {values['log_format']!r}")
+    return Settings(values)

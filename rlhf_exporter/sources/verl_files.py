@@ -1,0 +1,525 @@
+"""The `verl` source: tails verl's `file`-logger JSONL files and diagnoses every step.
+
+- `--verl-root DIR` watches verl's layout `DIR/<project>/<experiment>.jsonl`; jobs that
+  appear later are found on the next poll. `--verl-file PATH` watches one file.
+- Each file is read from its start and followed. A complete line is ingested once; a
+  half-written last line waits for its newline.
+- A file that shrinks, changes inode, whose first line changes (a fingerprint of it, up to
+  `HEAD_BYTES`) or whose last bytes read change (the `TAIL_BYTES` before the read offset)
+  was truncated or replaced (verl truncates on every start and resume): it is read again
+  from 0 as a new run of the same job. The job's counters carry on. The two fingerprints
+  catch a rewrite that kept the first bytes and grew past the old size between two polls.
+- `rlhf_last_step_timestamp_seconds` is the file's modification time when its records were
+  read, so an exporter restart that re-reads an old file does not make a stalled job look
+  fresh.
+- Labels come from directory and file names; a name that is not valid UTF-8 or holds a
+  control character has those replaced by U+FFFD (`label_not_utf8`, `label_control_char`).
+- A file job always wins its name: a pushed job of the same name is dropped when the file
+  appears, and later pushes of it get 409.
+- Problems (deleted, unreadable, not a regular file, bad lines) are counted in
+  `rlhf_exporter_record_errors_total{collector="verl",reason}` once per occurrence and
+  logged once, never once per poll.
+- Work per poll is bounded: at most `file_budget` bytes per file and `poll_budget` bytes in
+  all, so a huge backlog or a 50 MiB line is read over several polls without stalling.
+- A job whose file has not changed for `job_expiry` seconds is no longer exported.
+- A `--verl-root` that is missing, not a directory or unreadable (a mis-mounted volume)
+  makes the collector down (`rlhf_exporter_collector_up{collector="verl"} 0`), its reason
+  counted once per occurrence in `rlhf_exporter_collector_errors_total`; jobs read from the
+  other roots and files are still exported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..diagnosis import Thresholds
+from ..jobs import DEFAULT_LIMITS, Job, Limits, clean_label, limits_from_settings
+from ..metrics.snapshot import Sample
+from .base import Clock, Context, PollingSource, PollResult
+from .verl_reader import RecordReader
+
+log = logging.getLogger(__name__)
+
+NAME = "verl"
+SUFFIX = ".jsonl"
+CHUNK = 1 << 20
+HEAD_BYTES = 64 << 10  # at most this much of the first line is fingerprinted
+TAIL_BYTES = 64  # the bytes before the read offset, kept to notice a rewrite that grew
+MAX_FILES = 5000
+
+# record_errors reasons for whole-file problems (line problems come from rlhf_exporter.sources.verl_reader)
+FILE_DELETED = "file_deleted"
+FILE_MISSING = "file_missing"
+PERMISSION_DENIED = "permission_denied"
+NOT_A_FILE = "not_a_file"
+# collector_errors reasons: a configured root is not there
+ROOT_MISSING = "root_missing"
+ROOT_NOT_A_DIRECTORY = "root_not_a_directory"
+ROOT_PERMISSION_DENIED = "root_permission_denied"
+READ_FAILED = "read_failed"
+DUPLICATE_JOB = "duplicate_job"
+TOO_MANY_FILES = "too_many_files"
+INTERNAL_ERROR = "internal_error"
+
+
+@dataclass
+class Watched:
+    """One file and where reading it has got to."""
+
+    path: Path
+    project: str
+    experiment: str
+    job: Job
+    reader: RecordReader
+    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
+    offset: int = 0
+    head: bytes = b""  # the first line (up to HEAD_BYTES) while it is being read
+    head_len: int = 0  # bytes fingerprinted once the first line is complete (0: not yet)
+    head_digest: bytes = b""
+    tail: bytes = b""  # the TAIL_BYTES before `offset`
+    mtime_ns: int = -1
+    last_change: float = 0.0  # wall time of the last change seen (initially the file's mtime)
+    problem: str | None = None
+    rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
+    logged: set = field(default_factory=set)  # line problems already logged
+
+
+def labels_from_path(path: Path) -> tuple[str, str]:
+    """verl's layout: <root>/<project>/<experiment>.jsonl."""
+    name = path.name
+    experiment = name[: -len(SUFFIX)] if name.endswith(SUFFIX) else name
+    return path.parent.name or "default", experiment
+
+
+class VerlFileSource(PollingSource):
+    def __init__(
+        self,
+        th: Thresholds,
+        roots: Sequence[str | Path] = (),
+        files: Sequence[tuple[str | Path, str | None, str | None]] = (),
+        interval: float = 1.0,
+        job_expiry: float = 86400.0,
+        max_line: int = 1 << 20,
+        file_budget: int = 8 << 20,
+        poll_budget: int = 64 << 20,
+        limits: Limits = DEFAULT_LIMITS,
+        max_files: int = MAX_FILES,
+        clock: Clock = time.time,
+        total_steps: int | None = None,
+        windows: Any = None,
+    ):
+        super().__init__(NAME, interval, wall=clock)
+        self.clock = clock
+        self.total_steps = total_steps
+        self.windows = windows  # the WindowBoard its jobs post step timelines to
+        self.th = th
+        self.roots = [Path(r) for r in roots]
+        self.files = [(Path(p), proj, exp) for p, proj, exp in files]
+        self.job_expiry = job_expiry
+        self.max_line = max_line
+        self.limits = limits
+        self.max_files = max_files
+        self.file_budget = max(file_budget, CHUNK)
+        self.poll_budget = max(poll_budget, self.file_budget)
+        self._watched: dict[Path, Watched] = {}
+        self._known: set[str] = set()  # str(path) of every watched file, for discovery
+        self._jobs: dict[tuple[str, str], Path] = {}
+        self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
+        self._records = 0
+        self._root_problems: dict[Path, str] = {}
+        self._rotate = 0
+        self._summaries: tuple[dict[str, Any], ...] = ()
+        self._parts: tuple[tuple[Sample, ...], ...] = ()  # each exported job's samples
+        self._rest: tuple[Sample, ...] = ()  # the source's own samples (rlhf_exporter_jobs)
+        # path -> (the job's samples when summarised, its summary): rebuilt when they change
+        self._summary_of: dict[Path, tuple[tuple[Sample, ...], dict[str, Any]]] = {}
+        self.stats: Counter[str] = Counter()  # summaries_built
+        self._duplicates: set[tuple[str, str]] = set()
+        self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
+        # drops a pushed job of this name, if any (a file job always wins its name)
+        self.displace: Callable[[str, str], bool] = lambda project, experiment: False
+
+    # -- discovery ------------------------------------------------------------------------
+    def _discover(self) -> None:
+        for path, project, experiment in self.files:
+            if path not in self._watched:
+                p, e = labels_from_path(path)
+                self._watch(path, project or p, experiment or e)
+        for root in self.roots:
+            try:
+                projects = [e for e in os.scandir(root) if e.is_dir()]
+            except OSError as exc:
+                self._root_problem(root, exc)
+                continue
+            if self._root_problems.pop(root, None) is not None:
+                log.info("verl root %s is readable again", root, extra={"path": str(root)})
+            for folder in projects:
+                try:
+                    entries = list(os.scandir(folder.path))
+                except OSError as exc:
+                    self._root_problem(Path(folder.path), exc)
+                    continue
+                known = self._known
+                for entry in entries:  # no Path made for the files already watched
+                    if entry.name.endswith(SUFFIX) and entry.path not in known:
+                        path = Path(entry.path)
+                        if path not in self._watched:
+                            self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
+
+    def _root_problem(self, root: Path, exc: OSError) -> None:
+        configured = root in self.roots
+        if isinstance(exc, PermissionError):
+            reason = ROOT_PERMISSION_DENIED if configured else PERMISSION_DENIED
+        elif isinstance(exc, NotADirectoryError):
+            reason = ROOT_NOT_A_DIRECTORY if configured else NOT_A_FILE
+        else:
+            reason = ROOT_MISSING if configured else FILE_MISSING
+        if self._root_problems.get(root) != reason:
+            self._root_problems[root] = reason
+            if reason == PERMISSION_DENIED:
+                self._rejected[reason] += 1
+            log.warning(
+                "cannot list verl root %s: %s (jobs there are found once it is readable)",
+                root,
+                exc.strerror or exc,
+                extra={"path": str(root), "reason": reason},
+            )
+
+    def _watch(self, path: Path, project: str, experiment: str) -> None:
+        project, bad_p = clean_label(project)
+        experiment, bad_e = clean_label(experiment)
+        key = (project, experiment)
+        if key in self._jobs:
+            if key not in self._duplicates:
+                self._duplicates.add(key)
+                self._rejected[DUPLICATE_JOB] += 1
+                log.warning(
+                    "%s: project=%s experiment=%s is already read from %s; ignoring this file",
+                    path,
+                    project,
+                    experiment,
+                    self._jobs[key],
+                    extra={"path": str(path), "reason": DUPLICATE_JOB},
+                )
+            return
+        if len(self._watched) >= self.max_files:
+            if TOO_MANY_FILES not in self._rejected:
+                self._rejected[TOO_MANY_FILES] += 1
+                log.warning(
+                    "watching %d files already; ignoring %s and any further files",
+                    self.max_files,
+                    path,
+                    extra={"path": str(path), "reason": TOO_MANY_FILES},
+                )
+            return
+        bad = bad_p or bad_e
+        if bad:
+            self._rejected[bad] += 1
+            log.warning(
+                "%s: directory or file name is not valid UTF-8 or holds a control character; "
+                "exported as %r/%r",
+                _shown(path),
+                project,
+                experiment,
+                extra={"path": _shown(path), "reason": bad},
+            )
+        self._jobs[key] = path  # first: a push checks has_job() before it creates a job
+        if self.displace(project, experiment):
+            log.warning(
+                "%s: project=%s experiment=%s was a pushed job; the file wins its name "
+                "(later pushes of it get 409)",
+                _shown(path),
+                project,
+                experiment,
+                extra={"path": _shown(path), "reason": "job_conflict"},
+            )
+        self._known.add(str(path))
+        self._watched[path] = Watched(
+            path,
+            project,
+            experiment,
+            Job(
+                project,
+                experiment,
+                self.th,
+                self.limits,
+                self._rejected,
+                clock=self.clock,
+                total_steps=self.total_steps,
+                windows=self.windows,
+            ),
+            RecordReader(self.max_line),
+        )
+        log.info(
+            "watching verl job %s/%s in %s",
+            project,
+            experiment,
+            _shown(path),
+            extra={"project": project, "experiment": experiment, "path": _shown(path)},
+        )
+
+    # -- reading --------------------------------------------------------------------------
+    def _file_problem(self, w: Watched, reason: str, message: str) -> None:
+        if w.problem != reason:
+            w.problem = reason
+            self._rejected[reason] += 1
+            log.warning(
+                "%s: %s",
+                w.path,
+                message,
+                extra={
+                    "path": str(w.path),
+                    "reason": reason,
+                    "project": w.project,
+                    "experiment": w.experiment,
+                },
+            )
+
+    def _restart(self, w: Watched, why: str) -> None:
+        w.reader.finish()  # an unfinished last line is counted as incomplete_line
+        self._count_rejections(w)
+        w.reader.reset()
+        w.offset = 0
+        w.head, w.head_len, w.head_digest, w.tail = b"", 0, b"", b""
+        w.job.new_run()
+        log.info(
+            "%s was %s: reading it again from the start as a new run",
+            w.path,
+            why,
+            extra={"path": str(w.path), "project": w.project, "experiment": w.experiment},
+        )
+
+    def _count_rejections(self, w: Watched) -> None:
+        for reason, n in w.reader.rejected.items():
+            new = n - w.rejected_seen[reason]
+            if new > 0:
+                self._rejected[reason] += new
+                w.rejected_seen[reason] = n
+                if reason not in w.logged:
+                    w.logged.add(reason)
+                    log.warning(
+                        "%s: rejected %d line(s): %s (counted, logged once per file and reason)",
+                        w.path,
+                        new,
+                        reason,
+                        extra={
+                            "path": str(w.path),
+                            "reason": reason,
+                            "project": w.project,
+                            "experiment": w.experiment,
+                        },
+                    )
+
+    def _read(self, w: Watched, budget: int, now: float) -> int:
+        """Read what is new in one file; returns the bytes read."""
+        try:
+            st = os.stat(w.path)
+        except FileNotFoundError:
+            if w.identity is not None:
+                self._file_problem(
+                    w, FILE_DELETED, "file deleted (a recreated file is read as a new run)"
+                )
+            else:
+                self._file_problem(w, FILE_MISSING, "file does not exist (yet)")
+            return 0
+        except OSError as exc:
+            reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else READ_FAILED
+            self._file_problem(w, reason, f"cannot stat: {exc.strerror or exc}")
+            return 0
+        if not stat.S_ISREG(st.st_mode):
+            self._file_problem(w, NOT_A_FILE, "not a regular file")
+            return 0
+        if (
+            st.st_size == w.offset
+            and st.st_mtime_ns == w.mtime_ns
+            and w.problem is None
+            and (st.st_dev, st.st_ino) == w.identity
+        ):
+            return 0  # nothing new: the common case, no open()
+        try:  # O_NONBLOCK: a FIFO named *.jsonl must not hang the poll
+            fd = os.open(w.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            return 0  # gone between stat and open: seen as deleted next poll
+        except OSError as exc:
+            reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else READ_FAILED
+            self._file_problem(w, reason, f"cannot open: {exc.strerror or exc}")
+            return 0
+        f = os.fdopen(fd, "rb", buffering=0)
+        st = os.fstat(fd)  # what was opened, whatever happened since the stat
+        if not stat.S_ISREG(st.st_mode):
+            f.close()
+            self._file_problem(w, NOT_A_FILE, "not a regular file")
+            return 0
+        if w.mtime_ns < 0:
+            w.last_change = st.st_mtime  # first sight: the job last changed when the file did
+        elif st.st_mtime_ns != w.mtime_ns:
+            w.last_change = now
+        identity = (st.st_dev, st.st_ino)
+        if w.identity is not None and identity != w.identity:
+            self._restart(w, "replaced")
+        elif st.st_size < w.offset:
+            self._restart(w, "truncated")
+        total = 0
+        with f:
+            try:
+                if w.identity == identity and w.offset > 0 and _rewritten(fd, w):
+                    self._restart(w, "rewritten")
+                w.identity = identity
+                w.mtime_ns = st.st_mtime_ns
+                f.seek(w.offset)
+                while total < budget:
+                    chunk = f.read(min(CHUNK, budget - total))
+                    if not chunk:
+                        break
+                    if not w.head_len:
+                        _grow_head(w, chunk)
+                    w.offset += len(chunk)
+                    w.tail = (w.tail + chunk[-TAIL_BYTES:])[-TAIL_BYTES:]
+                    total += len(chunk)
+                    # the records were written by the file's mtime, not when we read them
+                    self._records += w.job.feed(w.reader.feed(chunk), min(now, st.st_mtime))
+            except OSError as exc:
+                self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
+                return total
+        if w.problem is not None:
+            log.info("%s is readable again", w.path, extra={"path": str(w.path)})
+            w.problem = None
+        self._count_rejections(w)
+        return total
+
+    def poll(self) -> PollResult:
+        now = self.clock()
+        self._discover()
+        watched = list(self._watched.values())
+        if watched:  # start where the last poll's budget ran out, so no file starves
+            k = self._rotate % len(watched)
+            watched = watched[k:] + watched[:k]
+        left = self.poll_budget
+        for i, w in enumerate(watched):
+            if left <= 0:
+                self._rotate += i
+                break
+            try:
+                left -= self._read(w, min(self.file_budget, left), now)
+            except Exception:  # never lets one file stop the others
+                self._file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
+                log.debug("internal error reading %s", _shown(w.path), exc_info=True)
+        parts: list[tuple[Sample, ...]] = []
+        summaries: list[dict[str, Any]] = []
+        cached = self._summary_of
+        self._summary_of = {}
+        for w in list(self._watched.values()):
+            if now - w.last_change > self.job_expiry:
+                if w.problem in (FILE_DELETED, FILE_MISSING) and w.identity is not None:
+                    self._forget(w)
+                continue
+            if w.job.records == 0 and w.identity is None:
+                continue  # never read anything: nothing to export yet
+            try:
+                part = w.job.samples()
+            except Exception:  # never lets one job remove the others' series
+                if w.job.labels not in self._broken:
+                    self._broken.add(w.job.labels)
+                    self._rejected[INTERNAL_ERROR] += 1
+                    log.error("%s: building its series failed (a bug); not exported",
+                              _shown(w.path), exc_info=True,
+                              extra={"path": _shown(w.path), "reason": INTERNAL_ERROR})  # fmt: skip
+                continue
+            parts.append(part)
+            # a job's summary changes only with its samples (the same tuple while unchanged)
+            hit = cached.get(w.path)
+            if hit is None or hit[0] is not part:
+                self.stats["summaries_built"] += 1
+                hit = (part, {**w.job.summary(), "source": _shown(w.path)})
+            self._summary_of[w.path] = hit
+            summaries.append(hit[1])
+        if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
+            # something changed: a new parts tuple (an unchanged one lets scrapes reuse bytes);
+            # the jobs' samples are referenced, never copied into one flat tuple
+            self._parts = tuple(parts)
+            self._rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
+            self._summaries = tuple(summaries)
+        down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
+        return PollResult(self._rest, self._records, dict(self._rejected), down, self._parts)
+
+    def _forget(self, w: Watched) -> None:
+        """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
+        self._watched.pop(w.path, None)
+        self._known.discard(str(w.path))
+        self._jobs.pop((w.project, w.experiment), None)
+
+    def has_job(self, project: str, experiment: str) -> bool:
+        """Whether a file of this job is watched (the push source refuses such a job)."""
+        return (project, experiment) in self._jobs
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        """The exported jobs' summaries, as of the last poll (for the landing page)."""
+        return self._summaries
+
+    def describe(self) -> str:
+        parts = [f"root {r}" for r in self.roots] + [f"file {p}" for p, _, _ in self.files]
+        return f"verl ({', '.join(parts) or 'nothing to watch'}; every {self.interval:g}s)"
+
+    @classmethod
+    def from_settings(cls, settings: Any, context: Context) -> VerlFileSource | None:
+        roots = list(settings.verl_root or []) + [str(r) for r in context.extra_roots]
+        files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
+        if not roots and not files:
+            return None
+        return cls(
+            context.thresholds,
+            roots,
+            files,
+            interval=settings.verl_interval,
+            job_expiry=settings.job_expiry,
+            max_line=settings.max_line_bytes,
+            limits=limits_from_settings(settings),
+            max_files=settings.max_files,
+            clock=context.clock,
+            total_steps=settings.total_steps,
+            windows=context.windows,
+        )
+
+
+def _shown(path: Path) -> str:
+    """A path as valid UTF-8 text for logs and the job list."""
+    return clean_label(str(path))[0]
+
+
+def _grow_head(w: Watched, chunk: bytes) -> None:
+    """Collect the first line; once it is complete (or HEAD_BYTES long), fingerprint it."""
+    part = chunk[: HEAD_BYTES - len(w.head)]
+    nl = part.find(b"\n")
+    if nl >= 0:
+        part = part[: nl + 1]
+    w.head += part
+    if nl >= 0 or len(w.head) >= HEAD_BYTES:
+        w.head_len = len(w.head)
+        w.head_digest = hashlib.blake2b(w.head, digest_size=16).digest()
+        w.head = b""
+
+
+def _rewritten(fd: int, w: Watched) -> bool:
+    """Whether the file no longer starts with the first line read, or no longer holds the
+    bytes read just before `offset` (a rewrite that kept the start and grew past the old
+    size between two polls)."""
+    if w.head_len:
+        head = os.pread(fd, w.head_len, 0)
+        if hashlib.blake2b(head, digest_size=16).digest() != w.head_digest:
+            return True
+    elif w.head and os.pread(fd, len(w.head), 0) != w.head:
+        return True
+    if w.tail:
+        start = w.offset - len(w.tail)
+        if os.pread(fd, len(w.tail), start) != w.tail:
+            return True
+    return False

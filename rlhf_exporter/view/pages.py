@@ -1,0 +1,530 @@
+"""Whole HTML pages: the sidecar's `/` and `/jobs/<project>/<experiment>`, and the
+`diagnose --html` report. Self-contained (inline CSS and SVG, no script, nothing fetched),
+so they work air-gapped in a pod and as a file attached to a bug report.
+
+Inputs are plain values the callers already hold (job summaries with their `history` of
+`StepPoint`s, source `Snapshot`s, run summaries), never live objects: a page is rendered
+from immutable state and never waits on a source.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from html import escape
+from typing import Any
+from urllib.parse import quote
+
+from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
+from ..diagnosis.history import StepPoint
+from ..diagnosis.thresholds import seconds
+from ..metrics.snapshot import Snapshot
+from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
+from ..render.rules import BOUND_ALERTS, runbook_url
+from . import draw
+
+REGRESSION_ALERT = "RLHFJobRegression"
+STALL_ALERT = "RLHFJobStalled"
+DETAIL_JOBS = 3  # `/` draws each job in full when there are at most this many
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:1.5em 2em;
+color:#222;max-width:1100px}
+h1{font-size:1.5em;margin:.2em 0}h2{font-size:1.15em;margin:1.4em 0 .4em}
+h3{font-size:1em;margin:1em 0 .3em}
+a{color:#1f60c4}table{border-collapse:collapse}
+td,th{padding:.25em .7em;text-align:left;vertical-align:middle;border-bottom:1px solid #e4e4e4}
+th{font-weight:600;font-size:.9em;color:#555}
+.verdict-box{border-left:8px solid #888;padding:.5em 1em;background:#f7f7f7;margin:.6em 0}
+.verdict-box .big{font-size:1.25em;font-weight:600}
+.cannot-show{font-size:.9em;color:#555;margin:.3em 0 .8em}.cannot-show ul{margin:.2em 0}
+.tag{display:inline-block;padding:0 .5em;border-radius:3px;color:#fff;font-size:.9em}
+.legend{font-size:.85em;margin:.3em 0}.sw{margin-right:1em;white-space:nowrap}
+.sw i{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-1px}
+svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{font-size:12px}
+svg .run{stroke:#444;stroke-dasharray:3 3}
+.up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
+pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
+.empty{color:#777;font-style:italic}td.name{white-space:nowrap}.demo{background:#fff4d6;padding:.4em .8em}
+"""
+
+
+@dataclass(frozen=True)
+class Links:
+    """Where the page points: the runbooks (the thresholds' `alerts.runbook_url`, as the
+    rules do) and the docs and dashboards next to them."""
+
+    runbook_base: str
+
+    @property
+    def repo_base(self) -> str:  # .../blob/main/docs/runbooks.md -> .../blob/main/
+        head, sep, _ = self.runbook_base.rpartition("/docs/")
+        return head + "/" if sep else self.runbook_base.rsplit("/", 1)[0] + "/"
+
+    def runbook(self, verdict: str | None, change: str | None = None) -> tuple[str, str]:
+        """(url, alert name) of the runbook section for a verdict (a regression first)."""
+        if change == "regression":
+            return runbook_url(self.runbook_base, REGRESSION_ALERT), REGRESSION_ALERT
+        alert = BOUND_ALERTS.get(verdict or "")
+        if alert is None:
+            return self.runbook_base, "runbooks"
+        return runbook_url(self.runbook_base, alert), alert
+
+
+def _page(title: str, body: str, refresh: int | None = None) -> str:
+    meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">{meta}'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<link rel="icon" href="data:,">'
+        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def _tag(text: str, colour: str) -> str:
+    return f'<span class="tag" style="background:{colour}">{escape(text)}</span>'
+
+
+def _duration(s: float) -> str:
+    s = max(0.0, s)
+    if s < 90:
+        return f"{s:.0f}s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def _age(now: float, t: float | None) -> str:
+    return "never" if t is None else f"{_duration(now - t)} ago"
+
+
+def verdict_box(
+    verdict: str | None,
+    reason: str | None,
+    change: str | None,
+    regressed: str | None,
+    links: Links,
+    what: str = "Current verdict",
+) -> str:
+    """The verdict in words, what to look at next, and the runbook section's link."""
+    if verdict is None:
+        return '<div class="verdict-box"><span class="big">No classified step yet.</span></div>'
+    colour = VERDICT_COLOURS[verdict]
+    head = f"{verdict}-bound" if verdict in BOUND_ALERTS or verdict == "checkpoint" else verdict
+    lines = [
+        f'<span class="big verdict-text" data-verdict="{verdict}">{escape(what)}: '
+        f"{escape(head)}{escape(': ' + reason) if reason else ''}</span>",
+        f"<div>{escape(VERDICT_MEANING.get(verdict, ''))}"
+        + (f"; {escape(REASON_MEANING.get(reason, ''))}" if reason else "")
+        + ".</div>",
+    ]
+    advice = look_at(verdict, reason)
+    if advice:
+        lines.append(f"<div><b>Look at next:</b> {escape(advice)}</div>")
+    if change and change != "none":
+        text = f"regression: {regressed}" if change == "regression" else "workload shift"
+        lines.append(
+            f"<div><b>Change:</b> {_tag(text, CHANGE_COLOURS[change])} "
+            f"{escape(CHANGE_MEANING[change])}.</div>"
+        )
+    anchors = []
+    if change == "regression":
+        url, alert = links.runbook(verdict, change)
+        anchors.append(f'<a class="runbook" href="{escape(url)}">Runbook: {escape(alert)}</a>')
+    url, alert = links.runbook(verdict)
+    label = f"Runbook: {alert}" if alert != "runbooks" else "Runbooks"
+    anchors.append(f'<a class="runbook" href="{escape(url)}">{escape(label)}</a>')
+    lines.append(f"<div>{' · '.join(anchors)}</div>")
+    return f'<div class="verdict-box" style="border-color:{colour}">{"".join(lines)}</div>'
+
+
+def charts(points: Sequence[StepPoint], which: str = "last") -> str:
+    """Step anatomy (with verdict strip and markers) and tokens per GPU-second."""
+    if not points:
+        return '<p class="empty">No classified step yet.</p>'
+    return (
+        f"<h3>Where the step time went, step by step ({which} {len(points)} steps)</h3>"
+        + draw.legend()
+        + draw.anatomy(points)
+        + '<div class="legend muted">Under the bars: each step\'s verdict (hover for the '
+        "reason). Above: "
+        f'<span style="color:{CHANGE_COLOURS["regression"]}">▼ regression</span> (hover: '
+        f'the group that costs more than its work explains), <span style="color:'
+        f'{CHANGE_COLOURS["workload_shift"]}">◆ workload shift</span>. Dashed line: a new '
+        "run. Hatched: time no verl timer measured.</div>"
+        + "<h3>Tokens per GPU-second</h3>"
+        + draw.line(points, lambda p: p.tokens_per_gpu_second, "tokens per GPU-second")
+    )
+
+
+def job_path(project: str, experiment: str) -> str:
+    return f"/jobs/{quote(project, safe='')}/{quote(experiment, safe='')}"
+
+
+# -- who needs attention first -------------------------------------------------------------
+
+_RANK_CHANGE = {"regression": 0, "workload_shift": 1}
+
+
+def attention(job: Mapping[str, Any], stalled: bool = False) -> tuple:
+    """Sort key: stalled jobs first, then regressions, workload shifts, bound jobs, the rest."""
+    verdict = job.get("verdict")
+    rank = _RANK_CHANGE.get(job.get("change") or "")
+    if stalled:
+        rank = -1
+    elif rank is None:
+        rank = 4 if verdict is None else 3 if verdict in ("balanced", "unknown") else 2
+    return (rank, job["project"], job["experiment"])
+
+
+def stalled_for(job: Mapping[str, Any], now: float, factor: float, minimum: float) -> float | None:
+    """Seconds without a new step, when that is past the stall alert's deadline
+    (max(factor x the last step's duration, minimum)); else None."""
+    last = job.get("last_step_time")
+    if last is None:
+        return None
+    age = now - last
+    return age if age > max(factor * (job.get("step_seconds") or 0.0), minimum) else None
+
+
+# -- the sidecar's pages -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the page says about the exporter itself."""
+
+    version: str
+    base_url: str  # http://host:port as the browser reached it
+    sources_text: str
+    demo: bool = False
+    stall_factor: float = 3.0  # the thresholds' alerts.stall_factor and stall_min (seconds)
+    stall_min: float = 600.0
+
+    def stalled(self, job: Mapping[str, Any], now: float) -> float | None:
+        return stalled_for(job, now, self.stall_factor, self.stall_min)
+
+    @classmethod
+    def of(
+        cls, version: str, base_url: str, sources: str, demo: bool, alerts: Mapping[str, Any]
+    ) -> Facts:
+        """With the stall deadline of the thresholds' `alerts` section (as the rule has it)."""
+        factor = float(alerts.get("stall_factor", cls.stall_factor))
+        minimum = seconds(alerts.get("stall_min", cls.stall_min))
+        return cls(version, base_url, sources, demo, factor, minimum)
+
+
+def sources_table(snapshots: Iterable[Snapshot], now: float) -> str:
+    rows = []
+    for s in snapshots:
+        state = '<span class="up">up</span>' if s.up else '<span class="down">down</span>'
+        last_error = getattr(s, "last_error", None)  # a message, when the source keeps one
+        errors = ", ".join(f"{r} ×{n}" for r, n in sorted(s.errors.items()))
+        err = escape(str(last_error)) if last_error else escape(errors) or "none"
+        rows.append(
+            f'<tr class="source" data-up="{int(s.up)}"><td>{escape(s.collector)}</td>'
+            f"<td>{state}</td><td>{_age(now, s.last_success)}</td><td>{err}</td>"
+            f"<td>{s.duration * 1000:.0f} ms</td></tr>"
+        )
+    if not rows:
+        return "<p>No source is configured.</p>"
+    return (
+        "<table><tr><th>source</th><th>state</th><th>last success</th>"
+        "<th>errors (reason ×count)</th><th>last collection took</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def facts_section(facts: Facts, links: Links) -> str:
+    host = facts.base_url.split("://", 1)[-1]
+    snippet = (
+        "scrape_configs:\n"
+        "  - job_name: rlhf-exporter\n"
+        "    scrape_interval: 15s\n"
+        "    static_configs:\n"
+        f"      - targets: ['{host}']"
+    )
+    docs, dashboards = links.repo_base + "docs/", links.repo_base + "grafana/"
+    return (
+        "<h2>This exporter</h2>"
+        f"<p>rlhf-exporter {escape(facts.version)}. Scrape URL: "
+        f'<a href="/metrics"><code>{escape(facts.base_url)}/metrics</code></a>. Sources: '
+        f"{escape(facts.sources_text)}.</p>"
+        "<p>Add it to Prometheus (<code>prometheus.yml</code>):</p>"
+        f'<pre class="scrape">{escape(snippet)}</pre>'
+        f'<p><a href="/metrics">/metrics</a> · <a href="/api/v1/jobs">/api/v1/jobs</a> · '
+        f'<a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a> · '
+        f'<a href="{escape(docs)}">docs</a> (metrics, decision table) · '
+        f'<a href="{escape(links.runbook_base)}">runbooks</a> · '
+        f'<a href="{escape(dashboards)}">Grafana dashboards (JSON)</a></p>'
+    )
+
+
+def _header(facts: Facts) -> str:
+    demo = (
+        '<p class="demo"><b>Demo data.</b> The job, its GPUs and its Ray actors are simulated '
+        "(<code>serve --demo</code>); nothing here is a real cluster.</p>"
+        if facts.demo
+        else ""
+    )
+    return (
+        '<h1><a href="/" style="color:inherit;text-decoration:none">rlhf-exporter</a></h1>'
+        "<p class=muted>Where the step time of verl RLHF jobs goes, why, and whether a "
+        "slowdown is a workload shift or a regression.</p>" + demo
+    )
+
+
+def index_page(
+    jobs: Sequence[Mapping[str, Any]], snapshots: Sequence[Snapshot], facts: Facts, links: Links
+) -> str:
+    """`/`: every job compactly (sparklines), who needs attention first."""
+    now = time.time()
+    rows = []
+    stalls = {id(j): facts.stalled(j, now) for j in jobs}
+    ordered = sorted(jobs, key=lambda j: attention(j, stalls[id(j)] is not None))
+    for job in ordered:
+        verdict, reason, change = job.get("verdict"), job.get("reason"), job.get("change")
+        history = job.get("history") or ()
+        tag = _tag(verdict, VERDICT_COLOURS[verdict]) if verdict else "-"
+        change_text = ""
+        if change and change != "none":
+            text = f"regression: {job.get('regressed')}" if change == "regression" else "shift"
+            change_text = _tag(text, CHANGE_COLOURS[change])
+        stall = stalls[id(job)]
+        if stall is not None:
+            change_text = _tag(f"stalled {_duration(stall)}", BAD) + " " + change_text
+        url, _ = links.runbook(verdict, change)
+        advice = look_at(verdict, reason) if verdict else ""
+        rows.append(
+            f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
+            f"{escape(job['project'])} / {escape(job['experiment'])}</a></td>"
+            f"<td>{tag} {escape(reason or '')}</td><td>{change_text}</td>"
+            f"<td>{draw.sparkline(history)}</td>"
+            f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
+            f'<td>{escape(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
+        )
+    table = (
+        "<table><tr><th>job</th><th>verdict</th><th>change</th><th>step time and verdicts "
+        "(last steps)</th><th>step</th><th>last step</th><th>look at next</th></tr>"
+        + "".join(rows)
+        + "</table>"
+        if rows
+        else "<p>No verl job seen yet. Point <code>--verl-root</code> at verl's file-logger "
+        "directory, or try <code>rlhf-exporter serve --demo</code>.</p>"
+    )
+    detail = ""
+    if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
+        for job in ordered:
+            detail += f"<h2>{escape(job['project'])} / {escape(job['experiment'])}</h2>"
+            detail += verdict_box(
+                job.get("verdict"),
+                job.get("reason"),
+                job.get("change"),
+                job.get("regressed"),
+                links,
+            )
+            detail += charts(job.get("history") or ())
+    body = (
+        _header(facts)
+        + f"<h2>Jobs ({len(rows)})</h2>"
+        + table
+        + detail
+        + "<h2>Sources</h2>"
+        + sources_table(snapshots, now)
+        + facts_section(facts, links)
+    )
+    return _page("rlhf-exporter", body, refresh=10)
+
+
+def cannot_show(lines: Sequence[str]) -> str:
+    """What this job's log cannot tell (verl's V1 trainer, fully-async's idle ratio): shown
+    beside the verdict, so a missing measurement is never read as a measured one."""
+    if not lines:
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in lines)
+    return (
+        f'<div class="cannot-show"><b>What this job\'s log cannot show:</b><ul>{items}</ul></div>'
+    )
+
+
+def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
+    """GPU time by step window and role (docs/gpu-windows.md): GPU-seconds, busy share and
+    idle GPU-seconds per window group and GPU role since the exporter started; for separate
+    rollout and trainer GPUs, who waits on whom and the GPU-move estimate."""
+    if not windows:
+        return ""
+    from ..diagnosis.balance import balance
+
+    counters, wall = windows
+    rows = "".join(
+        f"<tr><td>{escape(group)}</td><td>{escape(role)}</td><td>{total:,.0f}</td>"
+        f"<td>{busy / total:.0%}</td><td>{total - busy:,.0f}</td></tr>"
+        for (group, role), (busy, total) in sorted(counters.items())
+        if total > 0
+    )
+    out = (
+        "<h2>GPU time by step window and role</h2>"
+        "<table><tr><th>window group</th><th>GPU role</th><th>GPU-seconds</th><th>busy</th>"
+        f"<th>idle GPU-seconds</th></tr>{rows}</table>"
+    )
+    b = balance(counters, wall, limits) if limits else None
+    if b is not None:
+        verdict = b.verdict or "not enough GPU-seconds yet"
+        out += (
+            f"<p><b>Who waits on whom:</b> {escape(verdict)}: trainer idle "
+            f"{b.trainer_idle:.0%} ({b.starved_idle:.0%} waiting for samples, "
+            f"{b.trainer_idle_seconds:,.0f} GPU-seconds), rollout idle {b.rollout_idle:.0%} "
+            f"({b.overprovisioned_idle:.0%} while the trainer works, "
+            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: move "
+            f"{b.move_to_rollout:+d} GPUs to the rollout (negative: to the trainer; "
+            "assumptions in docs/gpu-windows.md).</p>"
+        )
+    return out
+
+
+def job_page(
+    job: Mapping[str, Any],
+    snapshots: Sequence[Snapshot],
+    facts: Facts,
+    links: Links,
+    windows: Any = None,
+    balance_limits: Mapping[str, Any] | None = None,
+) -> str:
+    """`/jobs/<project>/<experiment>`: one job's pictures, verdict and sources."""
+    now = time.time()
+    name = f"{job['project']} / {job['experiment']}"
+    meta = (
+        f"step {job.get('step')}, run {job.get('run')}, {job.get('steps')} steps seen, "
+        f"last step {_age(now, job.get('last_step_time'))}"
+    )
+    stall = facts.stalled(job, now)
+    stalled_html = (
+        f'<p class="stalled">{_tag("stalled", BAD)} no new step for {_duration(stall)}: '
+        f'see the <a href="{escape(runbook_url(links.runbook_base, STALL_ALERT))}">'
+        f"{STALL_ALERT}</a> runbook.</p>"
+        if stall is not None
+        else ""
+    )
+    body = (
+        _header(facts)
+        + f"<h2>{escape(name)}</h2><p class=muted>{escape(meta)}</p>"
+        + stalled_html
+        + verdict_box(
+            job.get("verdict"), job.get("reason"), job.get("change"), job.get("regressed"), links
+        )
+        + cannot_show(job.get("cannot_show") or ())
+        + charts(job.get("history") or ())
+        + gpu_windows_section(windows, balance_limits or {})
+        + "<h2>Sources</h2>"
+        + sources_table(snapshots, now)
+        + facts_section(facts, links)
+    )
+    return _page(f"{name} - rlhf-exporter", body, refresh=10)
+
+
+def not_found_page(project: str, experiment: str) -> str:
+    return _page(
+        "no such job",
+        f'<h1>No job {escape(project)} / {escape(experiment)}</h1><p><a href="/">All jobs</a></p>',
+    )
+
+
+# -- the `diagnose --html` report ----------------------------------------------------------
+
+
+@dataclass
+class ReportRun:
+    summary: Mapping[str, Any]  # report.RunSummary.to_json()
+    points: Sequence[StepPoint]
+
+
+@dataclass
+class ReportFile:
+    path: str
+    records: int
+    rejected: Mapping[str, int]
+    runs: Sequence[ReportRun]
+
+
+def _summary_html(s: Mapping[str, Any]) -> str:
+    items = [
+        f"{s['steps']} classified steps ({s['first_step']}-{s['last_step']})",
+        "verdicts: " + ", ".join(f"{v} {n}" for v, n in s["verdicts"].items()),
+        "mean shares: "
+        + ", ".join(
+            f"{g} {x:.0%}"
+            for g, x in sorted(s["mean_shares"].items(), key=lambda kv: -kv[1])
+            if x >= 0.005
+        ),
+    ]
+    for group, steps in s["regressions"].items():
+        items.append(
+            f"regression: {group} costs more than its work explains at {len(steps)} step(s)"
+        )
+    if s["workload_shifts"]:
+        items.append(
+            f"workload shift (more tokens, not a regression): {len(s['workload_shifts'])} step(s)"
+        )
+    return "<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>"
+
+
+def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
+    """`diagnose --html`: per run, the dominant verdict, the summary and every step drawn."""
+    parts = [
+        "<h1>rlhf-exporter diagnose report</h1>"
+        f"<p class=muted>rlhf-exporter {escape(version)}, made "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. For each run of a verl job's "
+        "log: which window the training loop waited on, why, what to look at next, and where "
+        "every step's time went (one bar per step; colours as in the Grafana dashboards).</p>"
+        "<p class=muted>How to read it: verl's training loop waits on one window after "
+        "another (rollout generation, log-prob inference, the optimizer update, the weight "
+        "sync to the rollout engines, ...). The <b>verdict</b> of a step is the window it "
+        "waited on longest (<i>balanced</i> when none clearly dominates); the <b>reason</b> "
+        "is the evidence for why. A slower step is a <b>workload shift</b> when only its work "
+        "grew (tokens, sequence length, the longest response), and a <b>regression</b> when a "
+        "window costs more than its work explains, against the job's own recent steps.</p>"
+    ]
+    for f in files:
+        parts.append(
+            f"<h2>{escape(f.path)}</h2><p class=muted>{f.records} records"
+            + (
+                ", rejected lines: " + ", ".join(f"{n} {r}" for r, n in sorted(f.rejected.items()))
+                if f.rejected
+                else ""
+            )
+            + "</p>"
+        )
+        if not f.runs:
+            parts.append('<p class="empty">No classified steps (no usable timing_s/step).</p>')
+        for run in f.runs:
+            s = run.summary
+            dom = s.get("dominant") or {}
+            last = run.points[-1] if run.points else None
+            regressed = next(iter(s["regressions"]), None)
+            parts.append(
+                f"<h3>Run {s['run']}</h3>"
+                + verdict_box(
+                    dom.get("verdict"),
+                    dom.get("reason"),
+                    "regression" if regressed else None,
+                    regressed,
+                    links,
+                    what="Mostly",
+                )
+                + _summary_html(s)
+                + charts(run.points, "all")
+                + (
+                    f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
+                    + (f" ({escape(last.reason)})" if last.reason else "")
+                    + "</p>"
+                    if last
+                    else ""
+                )
+            )
+    parts.append(
+        f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
+        f"{escape(links.runbook_base)}</a></p>"
+    )
+    return _page("rlhf-exporter diagnose report", "".join(parts))
