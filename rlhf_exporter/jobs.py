@@ -46,7 +46,7 @@ from .diagnosis import (
     Thresholds,
     history,
 )
-from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence
+from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
 from .diagnosis.timeline import rebuild
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
@@ -331,13 +331,11 @@ class Job:
         return n
 
     def _remember_evidence(self, data: Mapping[str, Any]) -> None:
-        """Which of the keys the reasons need this job's log has shown (either spelling of
-        agent-loop keys): what it has never shown, its verdicts cannot say."""
-        for key in EVIDENCE_KEYS:
-            if key not in self._evidence_seen and (
-                key in data or key.removeprefix(TIMER_PREFIX) in data
-            ):
-                self._evidence_seen.add(key)
+        """Which of the keys the reasons need this job's log has reported (either spelling of
+        agent-loop keys; verl's "not reported" values such as a -1 preemption count are not
+        evidence): what it has never reported, its verdicts cannot say."""
+        if len(self._evidence_seen) < len(EVIDENCE_KEYS):
+            self._evidence_seen |= shown_evidence(data)
 
     def _between_steps(self, data: Mapping[str, Any]) -> None:
         outside = 0.0

@@ -46,6 +46,7 @@ def diag(data: dict, th: Thresholds = TH):
     "timer,group",
     [
         ("gen", "rollout"),
+        ("gen_max", "rollout"),
         ("wait_for_enough_samples", "rollout"),
         ("switch_wait", "rollout"),
         ("reward", "reward"),
@@ -123,13 +124,98 @@ def test_timers_summing_past_s_divide_by_their_sum():
 
 
 @pytest.mark.parametrize(
-    "timer", ["testing", "start_profile", "stop_profile", "gen_max", "generate_async"]
+    "timer",
+    [
+        "testing",
+        "start_profile",
+        "stop_profile",
+        "generate_async",
+        "generation_timing/max",
+        "generation_timing/min",
+        "generation_timing/topk_ratio",
+    ],
 )
 def test_timers_outside_the_step_are_ignored(timer):
     d = diag(step(step=10.0, gen=5.0, update_actor=1.0, **{timer: 50.0}))
     assert d.verdict == "rollout"
     assert d.windows.shares["rollout"] == pytest.approx(0.5)
     assert timer not in d.windows.counted
+
+
+def test_remax_gen_max_runs_beside_gen_in_rollout():
+    # v3: verl <= 0.7.1's REMAX times its greedy baseline generation after `gen`, not in it
+    d = diag(step(step=10.0, gen=3.0, gen_max=2.0, update_actor=4.0))
+    assert d.windows.counted["gen_max"] == 2.0
+    assert d.windows.group_seconds["rollout"] == pytest.approx(5.0)
+    assert d.verdict == "rollout" and d.windows.untimed_seconds == pytest.approx(1.0)
+
+
+V06 = dict(step=10.0, gen=7.0, generate_sequences=5.0, update_actor=2.0)
+V06_STATS = {
+    "timing_s/generation_timing/max": 5.5,
+    "timing_s/generation_timing/min": 4.0,
+    "timing_s/generation_timing/topk_ratio": 0.1,
+}
+
+
+def test_v06_sync_rollout_splits_gen_into_generation_and_weight_load():
+    d = diag({**step(**V06), **V06_STATS})
+    assert d.windows.counted == {
+        "generate_sequences": 5.0,
+        "gen_weight_load": 2.0,
+        "update_actor": 2.0,
+    }
+    assert d.windows.group_seconds["rollout"] == pytest.approx(5.0)
+    assert d.windows.group_seconds["sync"] == pytest.approx(2.0)
+    assert d.windows.untimed_seconds == pytest.approx(1.0)
+    assert d.verdict == "rollout"
+    # a long weight load is `sync`/`weight_sync`, not rollout
+    slow = diag(step(step=10.0, gen=8.0, generate_sequences=2.0, update_actor=1.0))
+    assert (slow.verdict, slow.reason) == ("sync", "weight_sync")
+    # the sync part is not an `update_weights` timer: 0.6 saves its checkpoint after `step`
+    ckpt = diag(step(step=10.0, gen=7.0, generate_sequences=5.0, save_checkpoint=1.0))
+    assert ckpt.windows.checkpoint_seconds == 0.0
+
+
+@pytest.mark.parametrize(
+    "timers,rollout,counted",
+    [
+        # larger than gen: gen counts alone, generate_sequences is ignored
+        (dict(gen=5.0, generate_sequences=6.0), 5.0, {"gen": 5.0}),
+        # without gen: ignored
+        (dict(generate_sequences=6.0), 0.0, {}),
+        # unusable: gen counts alone
+        (dict(gen=5.0, generate_sequences=float("nan")), 5.0, {"gen": 5.0}),
+        (dict(gen=5.0, generate_sequences=-1.0), 5.0, {"gen": 5.0}),
+        # equal: the weight load is 0 s
+        (
+            dict(gen=5.0, generate_sequences=5.0),
+            5.0,
+            {"generate_sequences": 5.0, "gen_weight_load": 0.0},
+        ),
+        # unusable gen: ignored as without gen
+        (dict(gen=None, generate_sequences=6.0), 0.0, {}),
+    ],
+)
+def test_generate_sequences_is_ignored_when_larger_than_gen_or_without_it(timers, rollout, counted):
+    d = diag(step(step=10.0, **timers))
+    assert dict(d.windows.counted) == counted
+    assert d.windows.group_seconds["rollout"] == pytest.approx(rollout)
+    assert d.windows.group_seconds["sync"] == 0.0
+
+
+def test_split_timers_are_one_key_of_the_thresholds_file():
+    doc = default_document()
+    assert doc["split_timers"] == {"generate_sequences": ["gen", "gen_weight_load"]}
+    th = Thresholds.from_documents(doc, {"split_timers": {"generate_sequences": ["gen", "load"]}})
+    d = diag(step(**V06), th)
+    assert d.windows.counted["load"] == 2.0 and d.windows.group_seconds["other"] == 3.0
+    off = Thresholds.from_documents(doc, {"split_timers": {"generate_sequences": []}})
+    assert "generate_sequences" not in off.split_timers
+    d = diag(step(**V06), off)  # generate_sequences then counts beside gen: both rollout
+    assert d.windows.group_seconds["rollout"] == pytest.approx(12.0)
+    with pytest.raises(ValueError, match=r"split_timers\.generate_sequences"):
+        Thresholds.from_documents(doc, {"split_timers": {"generate_sequences": ["gen"]}})
 
 
 def test_fully_async_double_prefix_is_undone():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -194,3 +195,19 @@ def test_python_dash_m_and_version():
         [sys.executable, "-m", "rlhf_exporter", "--version"], capture_output=True, timeout=30
     )
     assert r.returncode == 0 and r.stdout.startswith(b"rlhf-exporter ")
+
+
+def test_the_summary_says_what_the_log_cannot_show():
+    """A -1 preemption count (verl's "not reported") is no evidence: the notice appears in the
+    table's summary and in the JSON document, for the vendored sample trace that has it."""
+    traces = Path(__file__).parent / "fixtures" / "traces"
+    trace = traces / "agent_loop_preempted_unreported_v0.jsonl"
+    r = cli(str(trace), "--summary")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.decode()
+    assert "cannot show:" in out
+    assert "rollout/preemption cannot be seen" in out and "-1" in out
+    assert "rollout/tool_calls cannot be seen" not in out  # those are reported
+    doc = json.loads(cli(str(trace), "--format", "json").stdout)
+    (line,) = doc["files"][0]["cannot_show"]
+    assert line.startswith("rollout/preemption cannot be seen")

@@ -171,6 +171,26 @@ def test_runbooks_say_what_the_log_cannot_show():
     assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in rollout  # verl #6693
     assert EVIDENCE_CAVEATS["v1_logprob_mfu"] in logprob  # V1: no perf/mfu/actor_infer
     assert "What the log cannot show" not in section("RLHFJobSyncBound")
+    # -1 preemptions (every engine verl pins): named where a rollout step is read
+    assert EVIDENCE_CAVEATS["unreported_preemptions"] in rollout
+    assert "-1" in EVIDENCE_CAVEATS["unreported_preemptions"]
+
+
+def test_runbooks_name_the_legacy_reward_key_trap_where_reward_dominates():
+    from rlhf_exporter.diagnosis.advice import CONFIG_TRAPS
+
+    text = (REPO / rules.RUNBOOKS_FILE).read_text()
+    trap = CONFIG_TRAPS["legacy_reward_keys"]
+
+    def section(alert):
+        return text.split(f"\n## {alert}\n", 1)[1].split("\n## ", 1)[0]
+
+    change = section("RLHFJobRewardBound").split("**What to change.**", 1)[1]
+    assert trap in change
+    assert trap in section("RLHFJobRolloutBound")  # reward_in_loop: the reward function
+    assert trap not in section("RLHFJobUpdateBound")
+    for key in ("fully_async_main.py", "0.9.1", "main_ppo", "one-step-off", "reward.num_workers"):
+        assert key in trap
 
 
 def test_rules_use_only_catalog_metrics_and_their_own_records():

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
+from rlhf_exporter.jobs import Job
 from rlhf_exporter.sources.verl_reader import RecordReader
 
 VENDORED = Path(__file__).parent / "fixtures" / "traces"
@@ -30,14 +31,32 @@ def read(path):
     return records
 
 
-def check_against_expected(folder, thresholds) -> int:
+def batch(path, thresholds) -> list[dict]:
+    """`diagnose`: the whole log, each step merged first."""
+    return [d.to_json() for d in BatchDiagnoser(thresholds).diagnose(read(path))]
+
+
+def served(path, thresholds) -> list[dict]:
+    """`serve`: one record at a time through a sidecar `Job` (the ingestion gate, then the
+    streaming diagnosis), each step's verdict as the job holds it after its record."""
+    job = Job("traces", path.stem, thresholds)
+    out = []
+    for record in read(path):
+        before = job.last
+        job.feed([record])
+        if job.last is not before and job.last is not None:
+            out.append(job.last.to_json())
+    return out
+
+
+def check_against_expected(folder, thresholds, diagnose=batch) -> int:
     checked = 0
     for path in traces(folder):
         expected = [
             json.loads(line)
             for line in path.with_suffix(".expected.jsonl").read_text().splitlines()
         ]
-        got = [d.to_json() for d in BatchDiagnoser(thresholds).diagnose(read(path))]
+        got = diagnose(path, thresholds)
         assert [g["step"] for g in got] == [e["step"] for e in expected], path.name
         for g, e in zip(got, expected):
             where = f"{path.name} step {e['step']}"
@@ -62,19 +81,27 @@ def check_stream_agrees(folder, thresholds) -> None:
 
 
 def test_vendored_traces_match_their_expected_diagnosis(thresholds):
-    # the three traces that show decision table v2, and fully-async's two records a step
+    # the three traces that show decision table v2, fully-async's two records a step, and the
+    # three that show v3 (verl 0.6's sync rollout, REMAX's gen_max, -1 preemptions)
     names = {p.stem for p in traces(VENDORED)}
     assert {
         "checkpoint_outside_one_step_off",
         "regression_after_slowdown_v1",
         "long_tail_workload_v0",
         "fully_async_rollout",
+        "v06_sync_weight_load_regression",
+        "remax_gen_max_v071",
+        "agent_loop_preempted_unreported_v0",
     } <= names
-    assert check_against_expected(VENDORED, thresholds) >= 150
+    assert check_against_expected(VENDORED, thresholds) >= 270
 
 
 def test_vendored_traces_stream_agrees_with_diagnose(thresholds):
     check_stream_agrees(VENDORED, thresholds)
+
+
+def test_vendored_traces_match_their_expected_diagnosis_through_serve(thresholds):
+    assert check_against_expected(VENDORED, thresholds, served) >= 270
 
 
 def test_v2_traces_show_what_v2_changed(thresholds):
@@ -93,9 +120,37 @@ def test_v2_traces_show_what_v2_changed(thresholds):
     assert any(d["change"] == "workload_shift" for d in long_tail)
 
 
+def test_v3_traces_show_what_v3_changed(thresholds):
+    def labels(name):
+        return [
+            d.to_json()
+            for d in BatchDiagnoser(thresholds).diagnose(read(VENDORED / f"{name}.jsonl"))
+        ]
+
+    raw = (VENDORED / "v06_sync_weight_load_regression.jsonl").read_bytes()
+    assert b": NaN" in raw  # verl 0.6's json.dumps: bare NaN tokens, read as missing
+    v06 = labels("v06_sync_weight_load_regression")
+    assert all(d["verdict"] != "other" for d in v06)  # 0.6's sync rollout is not `other`
+    assert all(d["shares"]["checkpoint"] == 0.0 for d in v06)  # saved after `step`
+    slow = [d for d in v06 if d["step"] >= 30 and d["verdict"] == "sync"]
+    assert slow and all(d["reason"] == "weight_sync" for d in slow)
+    assert any(d["regressed"] == "sync" for d in slow)
+    assert not any(d["regressed"] == "rollout" for d in v06)
+    remax = labels("remax_gen_max_v071")
+    assert all(d["verdict"] == "rollout" for d in remax)
+    unreported = labels("agent_loop_preempted_unreported_v0")
+    assert not any(d["reason"] == "preemption" for d in unreported)
+
+
 def test_every_shared_trace_matches_its_expected_diagnosis(shared_traces, thresholds):
     assert check_against_expected(shared_traces, thresholds) >= 500
 
 
 def test_the_sidecar_stream_agrees_with_diagnose_on_every_shared_trace(shared_traces, thresholds):
     check_stream_agrees(shared_traces, thresholds)
+
+
+def test_every_shared_trace_matches_its_expected_diagnosis_through_serve(
+    shared_traces, thresholds
+):
+    assert check_against_expected(shared_traces, thresholds, served) >= 500

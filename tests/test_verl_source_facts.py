@@ -113,24 +113,28 @@ def test_caveats_attach_to_the_right_reasons():
     rollout = verl_keys.caveats("rollout", "preemption")
     assert rollout == (
         verl_keys.EVIDENCE_CAVEATS["fully_async_idle_ratio"],
+        verl_keys.EVIDENCE_CAVEATS["unreported_preemptions"],
         verl_keys.EVIDENCE_CAVEATS["v1_rollout_reasons"],
     )
     assert verl_keys.caveats("update", "low_mfu") == ()
 
 
 def _keys(path: Path) -> set[str]:
+    """The evidence keys a trace reports (advice.shown_evidence over its records)."""
     import json
+
+    from rlhf_exporter.diagnosis.advice import shown_evidence
 
     keys: set[str] = set()
     for line in path.read_text().splitlines():
         try:
-            keys |= set(json.loads(line)["data"])
+            keys |= shown_evidence(json.loads(line)["data"])
         except (ValueError, KeyError, TypeError):
             continue
     return keys
 
 
-def test_missing_evidence_on_the_sample_traces(shared_traces):
+def test_missing_evidence_on_the_sample_traces(sample_traces):
     """V1 logs neither agent-loop statistics nor actor_infer MFU; the legacy trainer and
     one-step-off log both; fully-async logs the misleading rollouter idle ratio."""
     from rlhf_exporter.diagnosis.advice import (
@@ -140,9 +144,10 @@ def test_missing_evidence_on_the_sample_traces(shared_traces):
         missing_evidence,
     )
 
-    traces = {p.name: p for p in shared_traces.glob("*.jsonl") if ".expected." not in p.name}
+    traces = {p.name: p for p in sample_traces.glob("*.jsonl") if ".expected." not in p.name}
     v1 = [n for n in traces if n.endswith("_v1.jsonl")]
-    v0 = [n for n in traces if n.endswith("_v0.jsonl") or "one_step_off" in n]
+    unreported = "agent_loop_preempted_unreported_v0.jsonl"  # -1 throughout: not evidence
+    v0 = [n for n in traces if (n.endswith("_v0.jsonl") or "one_step_off" in n) and n != unreported]
     assert v1 and v0
     for name in v1:
         gaps = missing_evidence(_keys(traces[name]))
@@ -152,6 +157,13 @@ def test_missing_evidence_on_the_sample_traces(shared_traces):
         assert missing_evidence(_keys(traces[name])) == (), name
     gaps = missing_evidence(_keys(traces["fully_async_rollout.jsonl"]))
     assert EVIDENCE_CAVEATS["fully_async_idle_ratio"] in gaps
+    # a -1 preemption count is verl's "not reported": the preemption notice appears, alone
+    gaps = missing_evidence(_keys(traces[unreported]))
+    assert len(gaps) == 1 and gaps[0].startswith("rollout/preemption cannot be seen"), gaps
+    assert "-1" in gaps[0]
+    # verl 0.6's sync rollout logs no agent loop and no actor_infer MFU
+    gaps = missing_evidence(_keys(traces["v06_sync_weight_load_regression.jsonl"]))
+    assert len(gaps) == len(REASON_EVIDENCE)
     # remembering only the EVIDENCE_KEYS a job has seen gives the same answer
     for path in traces.values():
         keys = _keys(path)

@@ -315,3 +315,27 @@ def test_job_page_says_what_the_log_cannot_show():
     assert v0.summary()["cannot_show"] == ()
     html = pages.cannot_show(v1.summary()["cannot_show"])
     assert "cannot show" in html and "agent_loop" in html
+
+
+def test_a_not_reported_value_is_no_evidence_on_the_job_page():
+    """verl writes agent_loop/num_preempted = -1 when the engine does not report preemptions
+    (and MFU 0 on a GPU it does not know): the notice must stay until a real value arrives."""
+    th = load_thresholds()
+    keys = {k: 0.5 for k in EVIDENCE_KEYS if not k.startswith("fully_async/")}
+    job = Job("p", "unreported", th)
+    pre = "timing_s/agent_loop/num_preempted/max"
+    job.feed([Record(1, {"timing_s/step": 10.0, **keys, pre: -1})])
+    lines = job.summary()["cannot_show"]
+    assert len(lines) == 1 and lines[0].startswith("rollout/preemption cannot be seen"), lines
+    plain = Job("p", "plain", th)  # the unprefixed spelling, and a null, are not evidence either
+    plain.feed([Record(1, {"timing_s/step": 10.0, **keys, pre: None})])
+    plain.feed([Record(2, {"timing_s/step": 10.0, "agent_loop/num_preempted/max": -1})])
+    assert plain.summary()["cannot_show"] == lines
+    job.feed([Record(2, {"timing_s/step": 10.0, pre: 0})])  # a reported 0 is evidence
+    assert job.summary()["cannot_show"] == ()
+    mfu = Job("p", "mfu0", th)
+    mfu.feed([Record(1, {"timing_s/step": 10.0, **keys, "perf/mfu/actor_infer": 0.0})])
+    assert [line.split(" cannot")[0] for line in mfu.summary()["cannot_show"]] == [
+        "logprob/compute_bound",
+        "logprob/low_mfu",
+    ]

@@ -14,6 +14,7 @@ import orjson
 
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
+from ..diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
 from ..diagnosis.history import point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view import Links, ReportFile, ReportRun, report_page
@@ -204,6 +205,7 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     writer.begin_file(path)
     progress = Progress(stream, path)
     on_record = getattr(writer, "record", None)  # a writer that wants the raw records
+    shown: set[str] = set()  # evidence keys the log reported (advice.shown_evidence)
     first = True
     for chunk in iter(lambda: stream.read(CHUNK), b""):
         if first and looks_gzip(chunk):
@@ -216,6 +218,8 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
         for record in reader.feed(chunk):
             if on_record is not None:
                 on_record(record)
+            if len(shown) < len(EVIDENCE_KEYS):
+                shown |= shown_evidence(record.data)
             result = diagnoser.feed(record)
             if result is not None:
                 writer.step(result)
@@ -227,8 +231,16 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
         writer.step(result)
     writer.flush()
     progress.done()
-    writer.end_file(reader.records, dict(reader.rejected))
+    cannot = missing_evidence(shown) if reader.records else ()
+    writer.end_file(reader.records, dict(reader.rejected), cannot)
     return reader.records
+
+
+def cannot_show_lines(cannot_show: tuple[str, ...]) -> list[str]:
+    """The summary's notice of what this log cannot show (advice.missing_evidence)."""
+    if not cannot_show:
+        return []
+    return ["  cannot show:", *(f"    - {line}" for line in cannot_show)]
 
 
 def fit(line: str, width: int | None) -> list[str]:
@@ -304,7 +316,9 @@ class JsonlWriter:
         else:
             self.text.write(data.decode())
 
-    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+    def end_file(
+        self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
+    ) -> None:
         if rejected:
             total = sum(rejected.values())
             print(
@@ -337,13 +351,21 @@ class JsonWriter:
         summary.add(d)
         steps.append(step_json(d))
 
-    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+    def end_file(
+        self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
+    ) -> None:
         runs = [{**summary.to_json(), "step_list": steps} for summary, steps in self.runs.values()]
         for run in runs:
             run["summary"] = {k: run.pop(k) for k in list(run) if k not in ("run", "step_list")}
             run["steps"] = run.pop("step_list")
         self.files.append(
-            {"path": self.path, "records": records, "rejected": rejected, "runs": runs}
+            {
+                "path": self.path,
+                "records": records,
+                "rejected": rejected,
+                "cannot_show": list(cannot_show),
+                "runs": runs,
+            }
         )
 
     def close(self) -> None:
@@ -407,7 +429,9 @@ class TableWriter:
         if not self.summary_only:
             self._print(self.table.row(d, self.style))
 
-    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+    def end_file(
+        self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
+    ) -> None:
         self._print()
         for part in fit(f"summary of {self.path}: {records} records", self.width):
             self._print(self.style.bold(part))
@@ -417,6 +441,9 @@ class TableWriter:
             for line in summary_lines(s, self.style):
                 for part in fit(line, self.width):
                     self._print(part)
+        for line in cannot_show_lines(cannot_show):
+            for part in fit(line, self.width):
+                self._print(part)
         self._print(rejected_line(rejected))
         self._print()
 
@@ -449,9 +476,11 @@ class Tee:
         for w in self.writers:
             w.flush()
 
-    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+    def end_file(
+        self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
+    ) -> None:
         for w in self.writers:
-            w.end_file(records, rejected)
+            w.end_file(records, rejected, cannot_show)
 
     def close(self) -> None:
         for w in self.writers:
@@ -486,7 +515,9 @@ class HtmlWriter:
     def flush(self) -> None:
         """Nothing to do: the file is written whole at the end."""
 
-    def end_file(self, records: int, rejected: dict[str, int]) -> None:
+    def end_file(
+        self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
+    ) -> None:
         runs = [ReportRun(s.to_json(), pts) for s, pts in self.runs.values()]
         self.files.append(ReportFile(self.current, records, dict(rejected), runs))
 

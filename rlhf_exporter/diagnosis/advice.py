@@ -6,6 +6,9 @@ Shown by `diagnose`, the landing page and the runbooks; written once, here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .values import TIMER_PREFIX, num
 
 VERDICT_MEANING: Mapping[str, str] = {
     "rollout": "the trainer waits for rollout samples (gen)",
@@ -97,21 +100,55 @@ EVIDENCE_CAVEATS: Mapping[str, str] = {
         "always mfu_unknown there, which is a missing measurement, not a low MFU."
     ),
     "fully_async_idle_ratio": (
-        "fully_async/rollouter/idle_ratio counts only the last pause window (verl issue #6693, "
-        "unfixed in 0.9.1): it is not the rollouter's idle share. The decision table never "
-        'reads it; rlhf_fully_async_idle_ratio{component="rollouter"} passes it through as '
-        "verl logs it."
+        "fully_async/rollouter/idle_ratio is the time since the last fully drained pause "
+        "divided by the version window (verl issue #6693, unfixed in 0.9.1): earlier pauses "
+        "count as active and work after a resume as idle, so it is not the rollouter's idle "
+        "share. The decision table never reads it; "
+        'rlhf_fully_async_idle_ratio{component="rollouter"} passes it through as verl logs it.'
+    ),
+    "unreported_preemptions": (
+        "verl writes agent_loop/num_preempted = -1 when the rollout engine does not report "
+        "preemptions, and none of the engines verl 0.7.1-0.9.1 pins does (vLLM, SGLang, "
+        "TRT-LLM): -1 is missing, so the preemption reason cannot fire from the log; the "
+        "engine's own vllm:num_preemptions_total or sglang:num_retracted_requests_total is "
+        "the signal."
     ),
 }
 
 # Which caveat belongs under which verdict and reason (None: every reason of the verdict).
 CAVEATS_BY_VERDICT: Mapping[tuple[str, str | None], tuple[str, ...]] = {
-    ("rollout", "preemption"): ("v1_rollout_reasons",),
+    ("rollout", "preemption"): ("unreported_preemptions", "v1_rollout_reasons"),
     ("rollout", "tool_calls"): ("v1_rollout_reasons",),
     ("rollout", "reward_in_loop"): ("v1_rollout_reasons",),
     ("logprob", "mfu_unknown"): ("v1_logprob_mfu",),
     ("rollout", None): ("fully_async_idle_ratio",),
 }
+
+# verl configuration traps: a setting that is silently ignored, named in the runbooks' "What
+# to change" of the reasons it concerns and in docs/verl-support.md (file:line there).
+CONFIG_TRAPS: Mapping[str, str] = {
+    "legacy_reward_keys": (
+        "Trap: verl 0.9.1 migrates the legacy reward_model.* and custom_reward_function.* keys "
+        "to reward.* only in fully-async (fully_async_main.py); under main_ppo (the V1 and the "
+        "legacy trainer) and one-step-off they are silently ignored (0.7.1 and 0.8.0 migrate "
+        "them in main_ppo, 0.8.0's one-step-off does not). Set the reward.* keys instead: "
+        "`reward.reward_model.rollout.max_num_seqs`, "
+        "`reward.reward_model.rollout.tensor_model_parallel_size`, "
+        "`reward.reward_model.enable_resource_pool`, `reward.reward_model.n_gpus_per_node`, "
+        "`reward.num_workers`, `reward.reward_manager.name`, "
+        "`reward.custom_reward_function.path`."
+    ),
+}
+CONFIG_TRAPS_BY_REASON: Mapping[tuple[str, str], tuple[str, ...]] = {
+    ("reward", "reward_model"): ("legacy_reward_keys",),
+    ("rollout", "reward_in_loop"): ("legacy_reward_keys",),
+}
+
+
+def config_traps(verdict: str, reason: str) -> tuple[str, ...]:
+    """The configuration-trap texts that concern a verdict and reason."""
+    return tuple(CONFIG_TRAPS[n] for n in CONFIG_TRAPS_BY_REASON.get((verdict, reason), ()))
+
 
 # The verl key (in the `file` logger's data) each reason's evidence needs. A job whose log has
 # never shown it cannot get that reason: verl 0.6, the V1 trainer and fully-async lack some.
@@ -126,8 +163,46 @@ UNRELIABLE_KEYS: Mapping[str, str] = {
     "fully_async/rollouter/idle_ratio": EVIDENCE_CAVEATS["fully_async_idle_ratio"],
 }
 
+# Values verl writes for "not reported": such a value is missing, and is no evidence that the
+# key was seen. `agent_loop/num_preempted/*` is -1 when the engine does not report preemptions
+# (verl 0.9.1 experimental/agent_loop/agent_loop.py:85, single_turn_agent_loop.py:81-82);
+# MFU is 0 on a GPU verl does not know (utils/flops_counter.py: get_device_flops() is inf).
+# Any other value that is not a usable number (null, NaN, a negative) is missing too.
+NOT_REPORTED: Mapping[str, float] = {
+    "timing_s/agent_loop/num_preempted/max": -1.0,
+    "perf/mfu/actor_infer": 0.0,
+}
+_NOT_REPORTED_NOTE: Mapping[str, str] = {
+    "timing_s/agent_loop/num_preempted/max": " (or only -1: the engine does not report preemptions)",
+    "perf/mfu/actor_infer": " (or only 0: verl does not know the GPU's peak FLOPS)",
+}
+
 # The keys missing_evidence() looks at: a job needs to remember only which of these it has seen.
 EVIDENCE_KEYS: frozenset[str] = frozenset(REASON_EVIDENCE.values()) | frozenset(UNRELIABLE_KEYS)
+_SPELLINGS: tuple[tuple[str, str], ...] = tuple(
+    (key, key.removeprefix(TIMER_PREFIX)) for key in sorted(EVIDENCE_KEYS)
+)
+
+
+def reported(key: str, value: Any) -> bool:
+    """Whether `value`, logged under evidence key `key`, is evidence: a usable number other
+    than verl's "not reported" value for that key."""
+    x = num(value)
+    return x is not None and x != NOT_REPORTED.get(key)
+
+
+def shown_evidence(data: Mapping[str, Any]) -> frozenset[str]:
+    """The EVIDENCE_KEYS that one record's data reports (agent-loop keys in either spelling,
+    the prefixed one winning, as the decision table reads them). A key whose value is missing
+    or verl's "not reported" value is not shown: it must not silence missing_evidence()."""
+    out = []
+    for key, plain in _SPELLINGS:
+        if key in data:
+            if reported(key, data[key]):
+                out.append(key)
+        elif plain != key and plain in data and reported(key, data[plain]):
+            out.append(key)
+    return frozenset(out)
 
 
 def caveats(verdict: str, reason: str | None = None) -> tuple[str, ...]:
@@ -139,13 +214,17 @@ def caveats(verdict: str, reason: str | None = None) -> tuple[str, ...]:
 
 
 def missing_evidence(keys: Iterable[str]) -> tuple[str, ...]:
-    """For a job whose log has shown the verl `keys` (every key seen so far), one line per
-    reason it cannot get because the evidence is never logged, and per key it logs that
-    misleads. For `/` and `diagnose`: what the job's verdicts cannot say."""
+    """For a job whose log has shown the verl `keys` (what `shown_evidence()` found in its
+    records so far: reported values only), one line per reason it cannot get because the
+    evidence is never logged or never reported, and per key it logs that misleads. For `/`,
+    the runbooks' readers and `diagnose`: what the job's verdicts cannot say."""
     seen = set(keys)
     out = []
     for (verdict, reason), key in REASON_EVIDENCE.items():
         if key not in seen:
-            out.append(f"{verdict}/{reason} cannot be seen: this job's log has no {key}")
+            out.append(
+                f"{verdict}/{reason} cannot be seen: this job's log has no {key}"
+                + _NOT_REPORTED_NOTE.get(key, "")
+            )
     out += [text for key, text in UNRELIABLE_KEYS.items() if key in seen]
     return tuple(out)

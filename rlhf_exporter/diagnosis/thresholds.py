@@ -84,7 +84,7 @@ def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[st
         where = path.rstrip(".") or "the file"
         raise ThresholdsError(f"{where}: expected a mapping of keys, got {_kind(override)}")
     merged = dict(defaults)
-    free_form = path in ("groups.", "nested_timers.")  # these take user-chosen keys
+    free_form = path in ("groups.", "nested_timers.", "split_timers.")  # user-chosen keys
     for key, value in override.items():
         where = f"{path}{key}"
         if key not in defaults and not free_form:
@@ -94,7 +94,8 @@ def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[st
         if key not in defaults:
             if path == "groups.":
                 raise ThresholdsError(f"{where}: unknown group; groups are {', '.join(GROUPS)}")
-            merged[key] = _check_leaf(where, value, "string")
+            want = "list" if path == "split_timers." else "string"
+            merged[key] = _check_leaf(where, value, want)
             continue
         base = defaults[key]
         if isinstance(base, Mapping):
@@ -146,6 +147,7 @@ class Thresholds:
     timer_groups: Mapping[str, str]
     ignored_timers: frozenset[str]
     nested_timers: Mapping[str, str]
+    split_timers: Mapping[str, tuple[str, str]]  # inner -> (outer, rest window)
     alerts: Mapping[str, Any]
     document: Mapping[str, Any]  # the merged document, for renderers
 
@@ -178,6 +180,16 @@ class Thresholds:
                         f"groups.{group}: timer '{timer}' is already in groups.{timer_groups[timer]}"
                     )
                 timer_groups[timer] = group
+        split_timers: dict[str, tuple[str, str]] = {}
+        for inner, pair in doc["split_timers"].items():
+            if not pair:  # `inner: []` turns a default split off
+                continue
+            if len(pair) != 2 or len({inner, *pair}) != 3:
+                raise ThresholdsError(
+                    f"split_timers.{inner}: expected [outer timer, rest window] (or [] for none), two names "
+                    f"other than '{inner}' and each other, got {list(pair)!r}"
+                )
+            split_timers[inner] = (pair[0], pair[1])
         v, r, ck = doc["verdict"], doc["reason"], doc["checkpoint"]
         return cls(
             min_share=float(v["min_share"]),
@@ -204,6 +216,7 @@ class Thresholds:
             timer_groups=MappingProxyType(timer_groups),
             ignored_timers=frozenset(doc["ignored_timers"]),
             nested_timers=MappingProxyType(dict(doc["nested_timers"])),
+            split_timers=MappingProxyType(split_timers),
             alerts=MappingProxyType(dict(doc["alerts"])),
             document=MappingProxyType(doc),
         )

@@ -24,6 +24,12 @@ The order, checked in verl 0.9.1's source (`pip download --no-deps verl==0.9.1`)
 - separation `verl/experimental/separation/ray_trainer.py`: `step` 362, `gen` 432, `reward`
   490, `old_log_prob` 520, `values` 571, `adv` 582, `update_critic` 636, `update_actor` 648,
   `update_weights` 659; after `step`: `testing` 680, `save_checkpoint` 705.
+- verl 0.6 legacy (0.6.1 `trainer/ppo/ray_trainer.py`): `step` 1036, `gen` 1038, REMAX's
+  `gen_max` 1051 after `gen` (also 0.7.1 `:1318/1330`); in 0.6's sync rollout `gen` holds the
+  worker's `rollout_mode()` (the weight load) 926, `generate_sequences` 929 and
+  `trainer_mode()` 933 (`workers/fsdp_workers.py`; `megatron_workers.py` 688/691/695):
+  `gen_weight_load` (`gen` - `generate_sequences`, decision table §2) is placed before
+  `generate_sequences`, since the load comes first and the switch back is short.
 - fully-async `verl/experimental/fully_async_policy/fully_async_trainer.py`: `step` 559,
   `wait_for_enough_samples` 567, `gen` 646, reward .. `update_actor` (587-594),
   `param_sync` 729 (logged as `timing_s/timing_s/param_sync`); after `step`: validation 598,
@@ -67,6 +73,9 @@ ORDER = (
     "switch_to_trainer",
     "wait_for_enough_samples",
     "gen",
+    "gen_weight_load",
+    "generate_sequences",
+    "gen_max",
     "sync_rollout_weights",
     "reward",
     "old_log_prob",

@@ -121,6 +121,8 @@ def split(
 
     `separated`: the step carries a separated trainer's marker (`separated_trainer()`).
     """
+    if th.split_timers:
+        all_timers = split_inner(all_timers, th)
     counted: dict[str, float] = {}
     group_seconds = _ZERO.copy()
     total = 0.0  # C: every counted timer but the checkpoint
@@ -148,6 +150,30 @@ def split(
     scale = 1.0 / (step_seconds if step_seconds > total else total)
     shares = {g: t * scale for g, t in group_seconds.items()}
     return Windows(step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds)
+
+
+def split_inner(all_timers: Mapping[str, float], th: Thresholds) -> Mapping[str, float]:
+    """§2 `split_timers`: an inner timer logged from inside an outer one splits it.
+
+    When the inner is usable and <= the outer, the outer is replaced by the inner and a rest
+    window (outer - inner); when it is larger, or the outer is absent, the inner is dropped.
+    verl 0.6's sync rollout: `generate_sequences` inside `gen`, the rest its weight load.
+    Returns `all_timers` itself when no inner timer is present.
+    """
+    out: dict[str, float] | None = None
+    for inner, (outer, rest) in th.split_timers.items():
+        seconds = all_timers.get(inner)
+        if seconds is None:
+            continue
+        if out is None:
+            out = dict(all_timers)
+        del out[inner]
+        whole = out.get(outer)
+        if whole is not None and seconds <= whole:
+            del out[outer]
+            out[inner] = seconds
+            out[rest] = whole - seconds
+    return all_timers if out is None else out
 
 
 def _checkpoint_inside(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from ..diagnosis import Thresholds
 from ..metrics.catalog import CATALOG
 
@@ -18,6 +21,11 @@ Per-actor and per-PID labels are never exported; per-class Ray series are opt-in
 
 Renaming a metric needs a migration note here.
 """
+
+
+def _group_of(doc: Mapping[str, Any], timer: str) -> str:
+    """The group `groups` puts a timer in (`other` when none does)."""
+    return next((g for g, ts in doc["groups"].items() if timer in ts), "other")
 
 
 def metrics_markdown() -> str:
@@ -82,6 +90,17 @@ def decision_table_markdown(th: Thresholds) -> str:
         "Nested timers (only the outer one counts when both are present): "
         + ", ".join(f"`{i}` in `{o}`" for i, o in doc["nested_timers"].items())
         + ".",
+        "Split timers (`split_timers`: the inner timer is logged from inside the outer one): "
+        + ", ".join(
+            f"`{i}` in `{o}`: when `{i}` is usable and ≤ `{o}`, `{i}` counts in its group and "
+            f"`{o}` − `{i}` counts as the window `{r}` (group "
+            f"`{_group_of(doc, r)}`); when it is larger, `{o}` counts alone; without `{o}`, "
+            f"`{i}` is ignored"
+            for i, (o, r) in doc["split_timers"].items()
+        )
+        + ". verl 0.6's sync rollout (its default `rollout.mode`) logs the generation alone as"
+        " `generate_sequences` inside `gen`, which also loads the new weights (0.6 has no"
+        " `update_weights` timer): the rest is 0.6's weight sync.",
         "`timing_s/timing_s/<timer>` (fully-async) counts as `<timer>`; `timing_s/agent_loop/...` keys",
         "are per-sample statistics, never windows.",
         "",

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...diagnosis import GROUPS, REASONS
-from ...diagnosis.advice import LOOK_AT, REASON_MEANING, VERDICT_MEANING, caveats
+from ...diagnosis.advice import LOOK_AT, REASON_MEANING, VERDICT_MEANING, caveats, config_traps
 from .model import (
     BOUND_ALERTS,
     JOB_ARGS,
@@ -183,7 +183,8 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
             "Evidence: " + "; ".join([_share_evidence(ctx, verdict), *evidence]) + ".",
         ]
     )
-    timers = [f"timing_s/{t}" for t in ctx.th.document["groups"][verdict]]
+    rests = {rest for _, rest in ctx.th.split_timers.values()}  # windows verl does not log
+    timers = [f"timing_s/{t}" for t in ctx.th.document["groups"][verdict] if t not in rests]
     change = []
     for reason in REASONS[verdict]:
         keys = ", ".join(f"`{k}`" for k in VERL_KEYS.get((verdict, reason), ()))
@@ -191,6 +192,7 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
         change.append(
             f"`{reason}` ({REASON_MEANING[reason]}): look at {look}" + (f"; {keys}" if keys else "")
         )
+        change += [t for t in config_traps(verdict, reason) if t not in change]
     return Alert(
         name=name,
         expr=bound_expr(ctx, verdict),

@@ -181,12 +181,14 @@ OLDER_KEYS: Mapping[str, tuple[str, str]] = {
 # (a key or a prefix ending in "."): never name them as something to change.
 DEAD_KEYS: Mapping[str, str] = {
     "reward_model.": (
-        "legacy; migrate_legacy_reward_impl copies it to reward.* "
-        "(verl/experimental/reward_loop/reward_loop.py:39)"
+        "legacy; only fully-async copies it to reward.* "
+        "(verl/experimental/fully_async_policy/fully_async_main.py:237 calls "
+        "migrate_legacy_reward_impl, verl/experimental/reward_loop/reward_loop.py:39); "
+        "main_ppo and one-step-off ignore it"
     ),
     "custom_reward_function.": (
-        "legacy; copied to reward.custom_reward_function "
-        "(verl/experimental/reward_loop/reward_loop.py:58)"
+        "legacy; only fully-async copies it to reward.custom_reward_function "
+        "(verl/experimental/reward_loop/reward_loop.py:59-60); main_ppo and one-step-off ignore it"
     ),
     "actor_rollout_ref.nccl_timeout": (
         "read by nothing in 0.8+: verl/workers/engine_workers.py:89 passes timeout_second=None"
