@@ -47,7 +47,7 @@ from .diagnosis import (
     history,
 )
 from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
-from .diagnosis.timeline import rebuild
+from .diagnosis.timeline import Placer
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
 from .metrics.catalog import BY_NAME
@@ -240,6 +240,7 @@ class Job:
         self._clock = clock
         self.total_steps = total_steps
         self._windows = windows  # a WindowBoard: each classified step's timeline goes there
+        self._placer = Placer(th)  # places steps in time (fully-async: shifted sub-steps)
         self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
@@ -288,6 +289,7 @@ class Job:
             self._samples = None
 
     def _run_reset(self) -> None:
+        self._placer.reset()
         self._extra.clear()
         self.between_steps_max = 0.0
         self.finished_marker = False
@@ -299,14 +301,22 @@ class Job:
         # GPU windows: only a step from the batch's last record has a known arrival time (the
         # file's mtime, or the push); earlier records of a backlog were written before it
         post: StepDiagnosis | None = None
+        # the last trainer record (classified, or fully-async's empty one) not yet known to
+        # be followed by another record of the batch: the placer's anchor (timeline.Placer)
+        anchor: Record | None = None
         for record in records:
             try:
                 clean = self._clean(record)
                 if clean is None:
                     continue
                 event = self._diagnoser.feed(clean)
+                if anchor is not None:  # followed by this record: its arrival is unknown
+                    self._placer.unplaced(anchor.data)
+                    anchor = None
                 if event.new_run:
                     self._run_reset()
+                if event.diagnosis is not None or not clean.data:
+                    anchor = clean
                 if event.new_step:
                     self.steps += 1
                     self.last_step_time = self._clock() if now is None else now
@@ -324,10 +334,14 @@ class Job:
         if n:
             self.records += n
             self._samples = None
-        if post is not None and self._windows is not None:
-            self._windows.post(
-                self.labels, rebuild(post.step, post.windows, post.timers, self._arrival, self._th)
-            )
+        if anchor is not None and self._windows is not None:
+            if post is None:  # fully-async's empty trainer record (verl 0.8.0)
+                self._placer.empty(self._arrival, anchor.step)
+            else:
+                for timeline in self._placer.place(
+                    post.step, post.windows, post.timers, anchor.data, self._arrival
+                ):
+                    self._windows.post(self.labels, timeline)
         return n
 
     def _remember_evidence(self, data: Mapping[str, Any]) -> None:

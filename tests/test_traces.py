@@ -150,7 +150,5 @@ def test_the_sidecar_stream_agrees_with_diagnose_on_every_shared_trace(shared_tr
     check_stream_agrees(shared_traces, thresholds)
 
 
-def test_every_shared_trace_matches_its_expected_diagnosis_through_serve(
-    shared_traces, thresholds
-):
+def test_every_shared_trace_matches_its_expected_diagnosis_through_serve(shared_traces, thresholds):
     assert check_against_expected(shared_traces, thresholds, served) >= 500

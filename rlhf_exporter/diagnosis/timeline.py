@@ -63,7 +63,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .thresholds import Thresholds
 from .windows import Windows
@@ -143,33 +143,215 @@ def rebuild(
     `delay`: the expected lag between the logger's write and `arrival` (subtracted, and
     counted in the error bound).
     """
-    th_groups = th.timer_groups
     end = arrival - delay - after_step_seconds(all_timers, windows, th)
-    start = end - windows.step_seconds
-    counted = windows.counted
+    seconds = windows.step_seconds
+    return _lay(
+        step,
+        windows.counted,
+        windows.untimed_seconds,
+        end - seconds,
+        seconds,
+        th,
+        delay + windows.untimed_seconds,
+    )
+
+
+def _lay(
+    step: int,
+    counted: Mapping[str, float],
+    untimed: float,
+    start: float,
+    seconds: float,
+    th: Thresholds,
+    error: float,
+) -> Timeline:
+    """Counted windows in `ORDER` from `start`, over `seconds`, R spread over the gaps."""
+    th_groups = th.timer_groups
+    end = start + seconds
     named = sorted((n for n in counted if n in _RANK), key=_RANK.__getitem__)
     rest = sorted(n for n in counted if n not in _RANK)
     durations = [(n, th_groups.get(n, "other"), counted[n]) for n in (*named, *rest)]
     total = sum(d for _, _, d in durations)
     # timers that add up to more than S (rounding, overlap) are scaled into the step
-    scale = windows.step_seconds / total if total > windows.step_seconds else 1.0
+    scale = seconds / total if total > seconds else 1.0
     # R, the driver's work outside every timer, runs between windows: spread it evenly over
     # the gaps before each window and after the last (an `untimed` interval, group `other`)
-    gap = windows.untimed_seconds / (len(durations) + 1) if windows.untimed_seconds > 0 else 0.0
+    gap = untimed / (len(durations) + 1) if untimed > 0 else 0.0
     t = start
     intervals = []
-    for name, group, seconds in durations:
+    for name, group, secs in durations:
         if gap > 0.0:
             intervals.append(Interval(UNTIMED, "other", t, t + gap))
             t += gap
-        if seconds <= 0.0:
+        if secs <= 0.0:
             continue
-        nxt = t + seconds * scale
+        nxt = t + secs * scale
         intervals.append(Interval(name, group, t, nxt))
         t = nxt
     if gap > 0.0:
         intervals.append(Interval(UNTIMED, "other", t, end))
-    return Timeline(step, start, end, tuple(intervals), delay + windows.untimed_seconds)
+    return Timeline(step, start, end, tuple(intervals), error)
+
+
+# Fully-async (verl 0.8.0 and 0.9.1): each trainer record sums `trigger_parameter_sync_step`
+# (N) sub-steps, shifted by one. The aggregate is logged when the cycle's last sub-step
+# syncs the weights, before that sub-step's own metrics join the aggregator (0.9.1
+# `experimental/fully_async_policy/fully_async_trainer.py`: logged at 603 via
+# `_fit_log_aggregated_training_metrics` 790-810, the sub-step added at 910 in
+# `_fit_postprocess_step`; verl's own comment at `detach_utils.py:395-400`; 0.8.0
+# `fully_async_trainer.py`: logged at 531-533 inside `_fit_update_weights`, added at 628). So
+# the record of step k holds the previous cycle's last sub-step (the one with `param_sync`,
+# and `save_checkpoint` after it) and the first N-1 sub-steps of cycle k; a run's first
+# record holds N-1. `training/global_step` counts sub-steps from 1 (0.9.1 `:513`, `:901`) and
+# is aggregated as the last value (`detach_utils.py:219`), so consecutive records differ by
+# the number of sub-steps in the later one.
+GLOBAL_STEP_KEY = "training/global_step"
+FULLY_ASYNC_PREFIX = "fully_async/"
+SHIFT_TIMER = "param_sync"  # only the cycle's last sub-step syncs: the shifted one
+LOGGED_AFTER_STEP_PREFIX = "dynamic_resource/"
+"""0.9.1 logs the aggregate after `step`, validation and `save_checkpoint` (`:598-603`), and
+its records carry `dynamic_resource/*` (`dynamic_resource/mq_size`, every sub-step, `:908`);
+0.8.0 logs it inside `step`, right after `param_sync` (`:510-533`), before the checkpoint."""
+MAX_SUBSTEPS = 256  # more sub-steps than this in one record: not believed, placed as one block
+
+
+class SubStep(NamedTuple):
+    counted: Mapping[str, float]
+    untimed: float
+    seconds: float
+
+
+def substeps(windows: Windows, n: int) -> tuple[SubStep, ...]:
+    """A fully-async record's `n` sub-steps, alike but for the first, which holds the
+    record's whole `param_sync` when it has one (the previous cycle's last sub-step)."""
+    sync = windows.counted.get(SHIFT_TIMER)
+    each = {k: v / n for k, v in windows.counted.items() if k != SHIFT_TIMER}
+    r = windows.untimed_seconds / n
+    base = sum(each.values()) + r
+    out = []
+    for i in range(n):
+        if i == 0 and sync is not None:
+            out.append(SubStep({**each, SHIFT_TIMER: sync}, r, base + sync))
+        else:
+            out.append(SubStep(each, r, base))
+    return tuple(out)
+
+
+def _global_step(data: Mapping[str, Any]) -> int | None:
+    x = data.get(GLOBAL_STEP_KEY)
+    if type(x) is float and x.is_integer():
+        x = int(x)
+    return x if type(x) is int and x >= 0 else None
+
+
+def is_fully_async(all_timers: Mapping[str, float], data: Mapping[str, Any]) -> bool:
+    return SHIFT_TIMER in all_timers or any(k.startswith(FULLY_ASYNC_PREFIX) for k in data)
+
+
+class Placer:
+    """One job's steps in time: `rebuild` for every trainer but fully-async, whose records
+    are shifted by one sub-step (above) and are placed sub-step by sub-step, anchored at the
+    previous trainer record's arrival: the shifted sub-step ended just before it (0.9.1:
+    before its checkpoint; 0.8.0: at it), the current cycle's sub-steps ran after it, one
+    after the other with the driver's short work between sub-steps (its length estimated
+    from the records' arrivals: the median of the last `GAPS` cycles' time not in their
+    sub-steps, spread over the sub-steps). A record without that anchor (a run's first, or
+    the one after a backlog read) cannot be placed: where its sub-steps ran depends on the
+    cycle's last sub-step, which is in the next record; it is not joined (nothing is
+    posted). Without `training/global_step` the number of sub-steps is unknown: one block,
+    as `rebuild`. Pure; bounded (a few numbers)."""
+
+    GAPS = 5
+
+    def __init__(self, th: Thresholds, delay: float = 0.0):
+        self.th = th
+        self.delay = delay
+        self._anchor: float | None = None  # arrival of the last trainer record seen
+        self._global_step: int | None = None  # its training/global_step
+        self._gaps: deque[float] = deque(maxlen=self.GAPS)  # seconds between sub-steps
+
+    def reset(self) -> None:
+        """A new run (restart or resume): no anchor, sub-steps counted afresh."""
+        self._anchor = self._global_step = None
+        self._gaps.clear()
+
+    def unplaced(self, data: Mapping[str, Any]) -> None:
+        """A trainer record whose arrival is unknown (a backlog read): the anchor is lost;
+        its sub-step count still moves on."""
+        self._anchor = None
+        gs = _global_step(data)
+        if gs is not None:
+            self._global_step = gs
+
+    def empty(self, arrival: float, step: int) -> None:
+        """verl 0.8.0's empty trainer record (no sub-step yet in the aggregate when the first
+        cycle synced, 0.8.0 `detach_utils.py:295-296` and `fully_async_trainer.py:531-533`):
+        nothing to place, but it marks when the weights were synced. On a fresh run (step 1,
+        the first cycle) no sub-step came before it: the count starts at 0."""
+        self._anchor = arrival
+        if self._global_step is None and step <= 1:
+            self._global_step = 0
+
+    def gap(self) -> float:
+        """The estimated driver time between two sub-steps (0 until a cycle was seen)."""
+        if not self._gaps:
+            return 0.0
+        ordered = sorted(self._gaps)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    def place(
+        self,
+        step: int,
+        windows: Windows,
+        all_timers: Mapping[str, float],
+        data: Mapping[str, Any],
+        arrival: float,
+    ) -> tuple[Timeline, ...]:
+        """The timelines of one classified record (one, one per fully-async sub-step, or
+        none for a fully-async record that cannot be placed)."""
+        th, delay = self.th, self.delay
+        if not is_fully_async(all_timers, data):
+            self.reset()
+            return (rebuild(step, windows, all_timers, arrival, th, delay),)
+        gs, prev, anchor = _global_step(data), self._global_step, self._anchor
+        self._anchor, self._global_step = arrival, gs
+        if gs is None:
+            return (rebuild(step, windows, all_timers, arrival, th, delay),)
+        if prev is None or not prev < gs <= prev + MAX_SUBSTEPS or anchor is None:
+            return ()
+        n = gs - prev
+        parts = substeps(windows, n)
+        after = after_step_seconds(all_timers, windows, th)  # the shifted sub-step's checkpoint
+        logged_after_step = any(k.startswith(LOGGED_AFTER_STEP_PREFIX) for k in data)
+        # the cycle between the two records, less its sub-steps: the driver's gaps
+        self._gaps.append(max(0.0, (arrival - anchor - windows.step_seconds) / n))
+        gap = self.gap()
+        written = anchor - delay  # when the previous record was written
+        out = []
+        rest = parts
+        if SHIFT_TIMER in windows.counted:
+            first, rest = parts[0], parts[1:]
+            end = written - (after if logged_after_step else 0.0)
+            out.append(
+                _lay(
+                    step,
+                    first.counted,
+                    first.untimed,
+                    end - first.seconds,
+                    first.seconds,
+                    th,
+                    delay + first.untimed,
+                )
+            )
+        t = written + (0.0 if logged_after_step else after)
+        for part in rest:
+            t += gap
+            out.append(
+                _lay(step, part.counted, part.untimed, t, part.seconds, th, delay + part.untimed)
+            )
+            t += part.seconds
+        return tuple(out)
 
 
 QUANTA = 64  # R is placed in steps of R / QUANTA
