@@ -68,6 +68,14 @@ MEMORY_KEYS = {  # metric -> verl keys, newest spelling first (before 0.8: no ac
         "perf/max_memory_reserved_gb",
     ),
 }
+NON_ABORTED_PREFIX = "response_length_non_aborted/"
+ABORTED_KEY = "response/aborted_ratio"
+PROCESSING_PREFIX = "fully_async/processing_time/"
+PROCESSING_STATS = frozenset({"avg", "max", "min", "tp50", "tp95", "tp99"})
+RESOURCE_KEYS = {  # verl key -> `side` label (fully-async dynamic resources, verl 0.9.1)
+    "dynamic_resource/rollout_resource_utilization": "rollout",
+    "dynamic_resource/train_resource_utilization": "train",
+}
 MFU_PREFIX = "perf/mfu/"
 FULLY_ASYNC_PREFIX = "fully_async/"
 IDLE_SUFFIX = "/idle_ratio"
@@ -79,7 +87,8 @@ ACCEPTED_KEYS = 1024  # keys a job remembers as already checked (a bounded memo)
 MAX_INT = 1 << 63  # an integer value beyond this is no verl number (and may overflow a float)
 # keys the exporter reads: kept first when a step has more keys than Limits.step_keys
 _USED_PREFIXES = (TIMER_PREFIX, "perf/", "response_length/", "actor/perf/", FULLY_ASYNC_PREFIX,
-                  AGENT_LOOP)  # fmt: skip
+                  AGENT_LOOP, "response/", NON_ABORTED_PREFIX, "dynamic_resource/",
+                  "training/global_step")  # fmt: skip
 
 # timers that run between two steps' records, outside timing_s/step (verl-stream.md: testing
 # always; save_checkpoint in 0.6.x and the separated trainers; counted in any version)
@@ -158,7 +167,9 @@ def _agent_key(key: str) -> str | None:
 
 def extra_values(data: Mapping[str, Any]) -> dict[tuple[str, tuple[str, ...]], float]:
     """The per-record gauges that are read straight from verl keys (not the decision table):
-    throughput, MFU, response length, agent loop, memory, fully-async idle ratios.
+    throughput, MFU, response length (and without aborted samples, the aborted share), agent
+    loop, memory, fully-async idle ratios, per-sample processing time and dynamic resource
+    utilization. Label values come from fixed sets (stat, side), so each series is bounded.
     Keys map (metric name, extra label values) to the value."""
     out: dict[tuple[str, tuple[str, ...]], float] = {}
     for key, raw in data.items():
@@ -175,6 +186,20 @@ def extra_values(data: Mapping[str, Any]) -> dict[tuple[str, tuple[str, ...]], f
             stat = key[len("response_length/") :]
             if stat in RESPONSE_STATS:
                 out["rlhf_response_length_tokens", (stat,)] = value
+        elif key.startswith(NON_ABORTED_PREFIX):
+            stat = key[len(NON_ABORTED_PREFIX) :]
+            if stat in RESPONSE_STATS:
+                out["rlhf_response_length_non_aborted_tokens", (stat,)] = value
+        elif key == ABORTED_KEY:
+            if value <= 1.0:  # a share: anything else is no verl value
+                out["rlhf_response_aborted_ratio", ()] = value
+        elif key.startswith(PROCESSING_PREFIX):
+            stat = key[len(PROCESSING_PREFIX) :]
+            if stat in PROCESSING_STATS:
+                out["rlhf_fully_async_processing_seconds", (stat,)] = value
+        elif key in RESOURCE_KEYS:
+            if value <= 1.0:
+                out["rlhf_dynamic_resource_utilization_ratio", (RESOURCE_KEYS[key],)] = value
         elif key.startswith(FULLY_ASYNC_PREFIX) and key.endswith(IDLE_SUFFIX):
             component = key[len(FULLY_ASYNC_PREFIX) : -len(IDLE_SUFFIX)]
             if component and len(component) <= MAX_LABEL_CHARS:

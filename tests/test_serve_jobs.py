@@ -39,6 +39,11 @@ def test_every_verl_metric_is_emitted_with_catalog_labels(thresholds):
                     "fully_async/trainer/idle_ratio": 0.25,
                     "fully_async/rollouter/idle_ratio": 0.5,
                     "perf/max_memory_allocated_gb": 2.0,
+                    # verl 0.9 keys: aborted samples, fully-async processing time, resources
+                    "response/aborted_ratio": 0.1,
+                    "response_length_non_aborted/max": 900.0,
+                    "fully_async/processing_time/max": 30.0,
+                    "dynamic_resource/train_resource_utilization": 0.6,
                 },
             )
         ]

@@ -66,7 +66,7 @@ LOOK_AT: Mapping[tuple[str, str], str] = {
         "(on verl 0.6: actor_rollout_ref.rollout.update_weights_bucket_megabytes)"
     ),
     ("reward", "reward_model"): "reward model servers: placement, batch, TP",
-    ("checkpoint", "checkpoint"): "save frequency, async checkpointing",
+    ("checkpoint", "checkpoint"): "save frequency, async checkpointing (Megatron only)",
     ("other", "untimed"): "data movement, controller",
     ("other", "driver_compute"): "driver work such as adv",
 }

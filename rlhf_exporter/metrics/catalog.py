@@ -182,10 +182,43 @@ VERL = _section(
     _job("rlhf_memory_max_allocated_bytes", GAUGE, "actor/perf/max_memory_allocated_gb, in bytes."),
     _job("rlhf_memory_max_reserved_bytes", GAUGE, "actor/perf/max_memory_reserved_gb, in bytes."),
     _job(
+        "rlhf_response_aborted_ratio",
+        GAUGE,
+        "response/aborted_ratio of the last step (verl 0.9): the share of samples whose "
+        "response is empty (aborted). Aborted samples pull response_length/mean down, so "
+        "the long-tail fallback (response_length max / mean) can fire on them.",
+    ),
+    _job(
+        "rlhf_response_length_non_aborted_tokens",
+        GAUGE,
+        "response_length_non_aborted/<stat> of the last step (verl 0.9): response length "
+        "without the aborted samples. The decision table does not read it.",
+        "stat",
+    ),
+    _job(
+        "rlhf_fully_async_processing_seconds",
+        GAUGE,
+        "fully_async/processing_time/<stat> (fully-async mode): per-sample generation "
+        "seconds of the samples the last record trained on (avg, max, min, tp50, tp95, "
+        "tp99; verl averages the sub-steps' avg and percentiles, and keeps the max of max "
+        "and min of min): the long-tail evidence fully-async logs instead of agent_loop/*.",
+        "stat",
+    ),
+    _job(
+        "rlhf_dynamic_resource_utilization_ratio",
+        GAUGE,
+        "dynamic_resource/<side>_resource_utilization (fully-async, verl 0.9): the share "
+        "of its allocated time each side computed over the last sync cycle, as verl "
+        "measures it (rollout: the rollouter's busy time; train: training compute / "
+        "allocated time). Beside the GPU join's busy shares, which NVML measures.",
+        "side",
+    ),
+    _job(
         "rlhf_fully_async_idle_ratio",
         GAUGE,
         "fully_async/<component>/idle_ratio (fully-async mode), as verl logs it; the "
-        "rollouter's counts only its last pause window (verl #6693), not its idle share.",
+        "rollouter's is the time since its last fully drained pause divided by the version "
+        "window (verl #6693), not its idle share.",
         "component",
     ),
 )

@@ -269,6 +269,11 @@ def rollout_bound(ctx: Context) -> Alert:
     confirm = [
         f'{ctx.generate_spread}{{project="P", experiment="E"}}',
         'rlhf_agent_loop_seconds{project="P", experiment="E", part="generate_sequences"}',
+        # beside long_tail: aborted samples skew the response-length fallback (verl 0.9);
+        # fully-async logs per-sample generation times instead of agent_loop/*
+        'rlhf_response_aborted_ratio{project="P", experiment="E"}',
+        'rlhf_response_length_non_aborted_tokens{project="P", experiment="E"}',
+        'rlhf_fully_async_processing_seconds{project="P", experiment="E"}',
     ]
     return bound(ctx, "rollout", evidence, confirm)
 

@@ -130,6 +130,9 @@ VERL_EVIDENCE_KEYS: Mapping[str, tuple[str, ...]] = {
         "timing_s/agent_loop/generate_sequences/mean",
         "response_length/max",
         "response_length/mean",
+        "response/aborted_ratio",
+        "fully_async/processing_time/max",
+        "fully_async/processing_time/avg",
     ),
     "update": ("perf/mfu/actor", "perf/mfu/critic"),
     "logprob": ("perf/mfu/actor_infer",),
@@ -155,12 +158,13 @@ MOVE_TOGETHER: tuple[tuple[str, str, str], ...] = (
     (
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
         "actor_rollout_ref.actor.use_dynamic_bsz",
-        "verl's config interpolates one from the other; set both to the same value",
+        "enforced: verl asserts they are equal (verl 0.9.1 workers/engine_workers.py:616); "
+        "its config interpolates one from the other",
     ),
     (
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
         "actor_rollout_ref.actor.use_dynamic_bsz",
-        "the reference model's log-prob pass batches like the actor's",
+        "interpolated from the actor's by default, not enforced: only the rollout's is asserted",
     ),
 )
 
