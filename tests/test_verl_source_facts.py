@@ -168,3 +168,67 @@ def test_missing_evidence_on_the_sample_traces(sample_traces):
     for path in traces.values():
         keys = _keys(path)
         assert missing_evidence(keys & EVIDENCE_KEYS) == missing_evidence(keys), path.name
+
+
+def test_the_fully_async_shift_is_in_verls_source(verl):
+    """The record is logged before the sub-step that synced joins the aggregator
+    (timeline.Placer relies on it), `training/global_step` is aggregated as the last value,
+    and `dynamic_resource/mq_size` (the marker of 0.9.1's after-`step` logging) is written
+    every sub-step."""
+    from rlhf_exporter.diagnosis import timeline
+
+    trainer = (verl / "experimental/fully_async_policy/fully_async_trainer.py").read_text()
+    fit_step = trainer[trainer.index("async def fit_step(") :]
+    fit_step = fit_step[: fit_step.index("\n    def ", 1)]
+    assert fit_step.index("self._fit_log_aggregated_training_metrics(") < fit_step.index(
+        "self._fit_postprocess_step()"
+    )
+    post = trainer[trainer.index("def _fit_postprocess_step(") :]
+    post = post[: post.index("\n    def ", 1)]
+    assert "add_step_metrics(" in post and '"dynamic_resource/mq_size"' in post
+    assert 'marked_timer("timing_s/param_sync"' in trainer
+    detach = (verl / "experimental/fully_async_policy/detach_utils.py").read_text()
+    last = detach[detach.index('"last": [') :]
+    last = last[: last.index("]")]
+    assert f'"{timeline.GLOBAL_STEP_KEY}"' in last
+    assert timeline.LOGGED_AFTER_STEP_PREFIX == "dynamic_resource/"
+
+
+def test_not_reported_values_and_new_evidence_keys_are_verls(verl):
+    from rlhf_exporter import jobs
+    from rlhf_exporter.diagnosis.advice import NOT_REPORTED
+
+    agent_loop = (verl / "experimental/agent_loop/agent_loop.py").read_text()
+    assert "num_preempted: int = -1  # -1 means not available" in agent_loop
+    assert NOT_REPORTED["timing_s/agent_loop/num_preempted/max"] == -1
+    assert 'timing["agent_loop/num_preempted/max"]' in agent_loop
+    metric_utils = (verl / "trainer/ppo/metric_utils.py").read_text()
+    assert f'"{jobs.ABORTED_KEY}"' in metric_utils
+    for stat in jobs.RESPONSE_STATS:
+        assert f'"{jobs.NON_ABORTED_PREFIX}{stat}"' in metric_utils
+    detach = (verl / "experimental/fully_async_policy/detach_utils.py").read_text()
+    assert (
+        'f"fully_async/{key}"' in detach
+        and jobs.PROCESSING_PREFIX == "fully_async/processing_time/"
+    )
+    assert set(re.findall(r'"processing_time/(\w+)"', detach)) == jobs.PROCESSING_STATS
+    for key in jobs.RESOURCE_KEYS:
+        assert f'"{key}"' in detach, key
+
+
+def test_the_legacy_reward_keys_are_migrated_only_by_fully_async(verl):
+    call = "migrate_legacy_reward_impl(config)"
+    assert call in (verl / "experimental/fully_async_policy/fully_async_main.py").read_text()
+    assert call not in (verl / "trainer/main_ppo.py").read_text()
+    assert call not in (verl / "experimental/one_step_off_policy/main_ppo.py").read_text()
+    support = (REPO / "docs" / "verl-support.md").read_text()
+    assert "silently ignored" in support and "fully_async_main" in support
+
+
+def test_v1_modes_include_sync_the_default(verl):
+    cfg = (verl / "trainer/config/_generated_ppo_trainer.yaml").read_text()
+    assert re.search(r"^\s+trainer_mode: sync$", cfg, re.M)
+    registered = set()
+    for path in (verl / "trainer/ppo/v1").glob("trainer_*.py"):
+        registered |= set(re.findall(r'@register_trainer\("(\w+)"\)', path.read_text()))
+    assert registered == {"sync", "colocate_async", "separate_async"}

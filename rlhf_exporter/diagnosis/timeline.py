@@ -35,6 +35,9 @@ The order, checked in verl 0.9.1's source (`pip download --no-deps verl==0.9.1`)
   `param_sync` 729 (logged as `timing_s/timing_s/param_sync`); after `step`: validation 598,
   `save_checkpoint` 599/895.
 
+Fully-async records are shifted by one sub-step (0.8.0, 0.9.1): `Placer` (below) places
+them sub-step by sub-step, anchored at the previous record's arrival.
+
 One order covers every mode, because no mode times two of these windows in opposite order:
 `ORDER` below. A timer the order does not name (a new verl timer) runs after the named ones;
 the untimed remainder R (driver time outside every timer: DataProto movement, batching)
