@@ -137,7 +137,9 @@ def decision_table_markdown(th: Thresholds) -> str:
         "|---|---|---|---|",
     ]
     when = {
-        "preemption": f"`agent_loop/num_preempted/max` > {r['preempted_max']}",
+        "preemption": f"`agent_loop/num_preempted/max` > {r['preempted_max']} (verl writes −1, "
+        "which is missing, when the engine does not report preemptions: the engines verl "
+        "0.7.1-0.9.1 pins never do)",
         "tool_calls": f"the slowest sample's tool_calls ≥ {r['tool_calls_fraction']} × its total",
         "reward_in_loop": f"the slowest sample's compute_score ≥ {r['compute_score_fraction']} × its total",
         "long_tail": f"agent-loop generate max ≥ {r['long_tail_generate_ratio']} × mean; without "
