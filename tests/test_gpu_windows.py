@@ -913,6 +913,12 @@ def test_fully_async_without_global_step_is_one_block_as_before():
     assert tl == rebuild(d.step, d.windows, d.timers, 100.0, TH)
 
 
+def _latest_anchors(posted):
+    from rlhf_exporter.gpuwindows.board import _latest_anchors as latest
+
+    return latest(posted)
+
+
 def _fully_async_job(records, keep=64):
     from rlhf_exporter.gpuwindows.board import WindowBoard
     from rlhf_exporter.jobs import Job
@@ -931,6 +937,10 @@ def test_the_sidecar_places_fully_async_sub_steps_as_the_pure_placer_does(v08):
     expected = [tl for _a, tls in fully_async_timelines(records, delay=0.0) for tl in tls]
     assert board.recent(("p", "fa")) == tuple(expected)
     assert len(expected) == 3 * 4  # every record but the first, 3 sub-steps each
+    # posted in time order without overlap: the joiner keeps every one (_latest_anchors)
+    assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(expected))
+    posted = [(("p", "fa"), tl) for tl in expected]
+    assert _latest_anchors(posted) == posted
     # a backlog read: only its last record's arrival is known, the one after it is not placed
     job2, board2 = _fully_async_job([])
     job2.feed([rec for _a, rec in records[:4]], now=records[3][0])

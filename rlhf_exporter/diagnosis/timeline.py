@@ -218,6 +218,15 @@ its records carry `dynamic_resource/*` (`dynamic_resource/mq_size`, every sub-st
 MAX_SUBSTEPS = 256  # more sub-steps than this in one record: not believed, placed as one block
 
 
+def _trim(tl: Timeline, start: float) -> Timeline:
+    """The timeline without what it holds before `start` (unchanged when it starts later)."""
+    if start <= tl.start:
+        return tl
+    start = min(start, tl.end)
+    kept = tuple(iv._replace(start=max(iv.start, start)) for iv in tl.intervals if iv.end > start)
+    return tl._replace(start=start, intervals=kept)
+
+
 class SubStep(NamedTuple):
     counted: Mapping[str, float]
     untimed: float
@@ -272,10 +281,11 @@ class Placer:
         self._anchor: float | None = None  # arrival of the last trainer record seen
         self._global_step: int | None = None  # its training/global_step
         self._gaps: deque[float] = deque(maxlen=self.GAPS)  # seconds between sub-steps
+        self._last_end: float | None = None  # end of the last timeline placed
 
     def reset(self) -> None:
         """A new run (restart or resume): no anchor, sub-steps counted afresh."""
-        self._anchor = self._global_step = None
+        self._anchor = self._global_step = self._last_end = None
         self._gaps.clear()
 
     def unplaced(self, data: Mapping[str, Any]) -> None:
@@ -336,17 +346,21 @@ class Placer:
         if SHIFT_TIMER in windows.counted:
             first, rest = parts[0], parts[1:]
             end = written - (after if logged_after_step else 0.0)
-            out.append(
-                _lay(
-                    step,
-                    first.counted,
-                    first.untimed,
-                    end - first.seconds,
-                    first.seconds,
-                    th,
-                    delay + first.untimed,
-                )
+            shifted = _lay(
+                step,
+                first.counted,
+                first.untimed,
+                end - first.seconds,
+                first.seconds,
+                th,
+                delay + first.untimed,
             )
+            # it follows the previous record's last sub-step: where the two estimates overlap,
+            # the earlier placement keeps the moment (the join attributes a moment once)
+            if self._last_end is not None:
+                shifted = _trim(shifted, self._last_end)
+            if shifted.end > shifted.start:
+                out.append(shifted)
         t = written + (0.0 if logged_after_step else after)
         for part in rest:
             t += gap
@@ -354,6 +368,8 @@ class Placer:
                 _lay(step, part.counted, part.untimed, t, part.seconds, th, delay + part.untimed)
             )
             t += part.seconds
+        if out:
+            self._last_end = out[-1].end
         return tuple(out)
 
 
