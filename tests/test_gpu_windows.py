@@ -362,9 +362,10 @@ def _proc(root, pid: int, title: bytes) -> None:
     (d / "stat").write_bytes(f"{pid} (x) S 1 {pid} {pid} 0".encode())
 
 
-def run_sidecar(tmp_path, monkeypatch, roles, steps=20, seed=5, keep=8):
+def run_sidecar(tmp_path, monkeypatch, roles, steps=20, seed=5, keep=8, sim=None):
     """A synthetic job writes its records at their arrival times while the sidecar's verl
-    file source and NVML source (fake pynvml, roles through /proc + Ray PIDs) poll."""
+    file source and NVML source (fake pynvml, roles through /proc + Ray PIDs) poll. `sim`:
+    (records, truth) of another simulation than the legacy trainer's."""
     import json
     import sys
 
@@ -375,7 +376,7 @@ def run_sidecar(tmp_path, monkeypatch, roles, steps=20, seed=5, keep=8):
     from tests.support.fake_pynvml import FakeRay
 
     start = 1000.0
-    records, truth = simulate(steps, seed=seed, t0=start)
+    records, truth = sim or simulate(steps, seed=seed, t0=start)
     clock = FakeClock(start)
     gpus = _fake_gpus(truth, roles, start)
     pids = {"rollout": [200], "trainer": [100], "colocated": [100, 200]}
@@ -975,3 +976,21 @@ def test_fully_async_empty_record_and_repeated_last_step_count_once():
     assert placed_steps == classified
     # the flush placed nothing more: one timeline per record (N = 1)
     assert len(board.recent(("p", "fa"))) == len(classified)
+
+
+@pytest.mark.parametrize("v08", [False, True])
+def test_sidecar_joins_fully_async_shifted_records_within_5pp(tmp_path, monkeypatch, v08):
+    """The same accuracy through the sidecar's own sources: the verl file source reads each
+    record as verl writes it (rollouter's, then the aggregate), the NVML source polls."""
+    roles = ["rollout", "rollout", "trainer", "trainer"]
+    sim = simulate_fully_async(10, 3, seed=5, t0=1000.0, v08=v08, spread=0.05)
+    snap, truth, board = run_sidecar(tmp_path, monkeypatch, roles, keep=64, sim=sim)
+    busy, total = _window_values(snap)
+    steps = {st for st, *_x in truth if st > 1}  # the first record has no anchor
+    for role in ("rollout", "trainer"):
+        want = _truth_shares(truth, role, steps)
+        for group in ("rollout", "logprob", "update"):
+            key = ("p", "e", group, role)
+            assert abs(busy[key] / total[key] - want[group]) <= 0.05, (key, busy[key] / total[key])
+    placed = board.recent(("p", "e"))
+    assert len(placed) == 3 * 9  # N sub-steps for every record after the first
