@@ -994,3 +994,32 @@ def test_sidecar_joins_fully_async_shifted_records_within_5pp(tmp_path, monkeypa
             assert abs(busy[key] / total[key] - want[group]) <= 0.05, (key, busy[key] / total[key])
     placed = board.recent(("p", "e"))
     assert len(placed) == 3 * 9  # N sub-steps for every record after the first
+
+
+def test_verl_06_sync_rollout_places_the_weight_load_before_the_generation():
+    """0.6.1 `workers/fsdp_workers.py`: rollout_mode() (the weight load) 926, then
+    generate_sequences 929, inside `gen`; REMAX's gen_max after `gen` (ray_trainer.py:1051).
+    The split's names come from the thresholds (`split_timers`), not from the order."""
+    from rlhf_exporter.config import default_document
+    from rlhf_exporter.diagnosis import Thresholds
+
+    data = {
+        "timing_s/step": 20.0,
+        "timing_s/gen": 9.0,
+        "timing_s/generate_sequences": 6.0,
+        "timing_s/gen_max": 3.0,
+        "timing_s/update_actor": 5.0,
+    }
+    d = StreamDiagnoser(TH).feed(Record(1, data)).diagnosis
+    tl = rebuild(d.step, d.windows, d.timers, 100.0, TH)
+    order = [iv.timer for iv in tl.intervals if iv.timer != UNTIMED]
+    assert order == ["gen_weight_load", "generate_sequences", "gen_max", "update_actor"]
+    renamed = Thresholds.from_documents(
+        default_document(), {"split_timers": {"generate_sequences": ["gen", "load"]}}
+    )
+    d = StreamDiagnoser(renamed).feed(Record(1, data)).diagnosis
+    tl = rebuild(d.step, d.windows, d.timers, 100.0, renamed)
+    assert [iv.timer for iv in tl.intervals if iv.timer != UNTIMED][:2] == [
+        "load",
+        "generate_sequences",
+    ]

@@ -28,8 +28,9 @@ The order, checked in verl 0.9.1's source (`pip download --no-deps verl==0.9.1`)
   `gen_max` 1051 after `gen` (also 0.7.1 `:1318/1330`); in 0.6's sync rollout `gen` holds the
   worker's `rollout_mode()` (the weight load) 926, `generate_sequences` 929 and
   `trainer_mode()` 933 (`workers/fsdp_workers.py`; `megatron_workers.py` 688/691/695):
-  `gen_weight_load` (`gen` - `generate_sequences`, decision table §2) is placed before
-  `generate_sequences`, since the load comes first and the switch back is short.
+  a split timer's two parts (`split_timers` in the thresholds: the rest window, here `gen` -
+  `generate_sequences`, then the inner timer) take the outer timer's place in the order, the
+  rest first, since the load comes first and the switch back is short.
 - fully-async `verl/experimental/fully_async_policy/fully_async_trainer.py`: `step` 559,
   `wait_for_enough_samples` 567, `gen` 646, reward .. `update_actor` (587-594),
   `param_sync` 729 (logged as `timing_s/timing_s/param_sync`); after `step`: validation 598,
@@ -76,8 +77,6 @@ ORDER = (
     "switch_to_trainer",
     "wait_for_enough_samples",
     "gen",
-    "gen_weight_load",
-    "generate_sequences",
     "gen_max",
     "sync_rollout_weights",
     "reward",
@@ -95,6 +94,25 @@ ORDER = (
 )
 """Timers in the order verl runs them inside `step` (module docstring: file:line per mode)."""
 _RANK = {name: i for i, name in enumerate(ORDER)}
+_RANKS: dict[Thresholds, Mapping[str, float]] = {}
+
+
+def _ranks(th: Thresholds) -> Mapping[str, float]:
+    """Timer -> place in time: `ORDER`, and a split timer's parts in their outer's place
+    (the rest window, then the inner timer). One entry per Thresholds (a handful)."""
+    ranks = _RANKS.get(th)
+    if ranks is None:
+        out: dict[str, float] = dict(_RANK)
+        for inner, (outer, rest) in th.split_timers.items():
+            if outer in _RANK:
+                out.setdefault(rest, _RANK[outer] + 0.25)
+                out.setdefault(inner, _RANK[outer] + 0.5)
+        if len(_RANKS) >= 16:
+            _RANKS.clear()
+        ranks = _RANKS[th] = out
+    return ranks
+
+
 UNTIMED = "untimed"  # the interval of the untimed remainder R (group `other`)
 AFTER_STEP = ("testing",)  # timed in the record, run after `step`, before the record is logged
 
@@ -171,8 +189,9 @@ def _lay(
     """Counted windows in `ORDER` from `start`, over `seconds`, R spread over the gaps."""
     th_groups = th.timer_groups
     end = start + seconds
-    named = sorted((n for n in counted if n in _RANK), key=_RANK.__getitem__)
-    rest = sorted(n for n in counted if n not in _RANK)
+    ranks = _ranks(th)
+    named = sorted((n for n in counted if n in ranks), key=ranks.__getitem__)
+    rest = sorted(n for n in counted if n not in ranks)
     durations = [(n, th_groups.get(n, "other"), counted[n]) for n in (*named, *rest)]
     total = sum(d for _, _, d in durations)
     # timers that add up to more than S (rounding, overlap) are scaled into the step
