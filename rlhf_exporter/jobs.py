@@ -551,7 +551,11 @@ class Job:
         w = d.windows
         yield Sample("rlhf_step_duration_seconds", j, w.step_seconds)
         yield Sample("rlhf_untimed_duration_seconds", j, w.untimed_seconds)
-        for phase, seconds in sorted(d.timers.items()):
+        phases = dict(d.timers)
+        for _outer, rest in self._th.split_timers.values():  # e.g. verl 0.6's weight load
+            if rest in w.counted:
+                phases.setdefault(rest, w.counted[rest])
+        for phase, seconds in sorted(phases.items()):
             if (
                 phase != "step" and len(phase) <= MAX_LABEL_CHARS
             ):  # step: rlhf_step_duration_seconds

@@ -204,6 +204,19 @@ def test_generate_sequences_is_ignored_when_larger_than_gen_or_without_it(timers
     assert d.windows.group_seconds["sync"] == 0.0
 
 
+def test_the_sidecar_exports_the_weight_load_as_a_phase():
+    from rlhf_exporter.jobs import Job
+
+    job = Job("p", "e", TH)
+    job.feed([Record(1, {**step(**V06), **V06_STATS})])
+    phases = {
+        s.labels[2]: s.value for s in job.samples() if s.name == "rlhf_phase_duration_seconds"
+    }
+    assert phases["gen_weight_load"] == pytest.approx(2.0)
+    assert phases["gen"] == 7.0 and phases["generate_sequences"] == 5.0  # as verl logs them
+    assert not job.rejected  # generation_timing/* are known timers: no cap, no drop
+
+
 def test_split_timers_are_one_key_of_the_thresholds_file():
     doc = default_document()
     assert doc["split_timers"] == {"generate_sequences": ["gen", "gen_weight_load"]}

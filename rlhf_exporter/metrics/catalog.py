@@ -67,7 +67,8 @@ VERL = _section(
     _job(
         "rlhf_phase_duration_seconds",
         GAUGE,
-        "Last classified step's timing_s/<phase>, by verl timer name.",
+        "Last classified step's timing_s/<phase>, by verl timer name, and the rest window of "
+        "a split timer (gen_weight_load: gen - generate_sequences, verl 0.6's weight load).",
         "phase",
     ),
     _job(
