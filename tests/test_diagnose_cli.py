@@ -211,3 +211,14 @@ def test_the_summary_says_what_the_log_cannot_show():
     doc = json.loads(cli(str(trace), "--format", "json").stdout)
     (line,) = doc["files"][0]["cannot_show"]
     assert line.startswith("rollout/preemption cannot be seen")
+
+
+def test_the_html_report_says_what_the_log_cannot_show(tmp_path):
+    trace = (
+        Path(__file__).parent / "fixtures" / "traces" / "agent_loop_preempted_unreported_v0.jsonl"
+    )
+    html = tmp_path / "report.html"
+    r = cli(str(trace), "--summary", "--html", str(html))
+    assert r.returncode == 0, r.stderr
+    page = html.read_text()
+    assert "cannot show" in page and "rollout/preemption cannot be seen" in page

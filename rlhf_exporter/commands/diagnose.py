@@ -519,7 +519,9 @@ class HtmlWriter:
         self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
     ) -> None:
         runs = [ReportRun(s.to_json(), pts) for s, pts in self.runs.values()]
-        self.files.append(ReportFile(self.current, records, dict(rejected), runs))
+        self.files.append(
+            ReportFile(self.current, records, dict(rejected), runs, tuple(cannot_show))
+        )
 
     def close(self) -> None:
         """Nothing to do: `write()` is called once every file is read."""

@@ -446,6 +446,7 @@ class ReportFile:
     records: int
     rejected: Mapping[str, int]
     runs: Sequence[ReportRun]
+    cannot_show: Sequence[str] = ()  # advice.missing_evidence() of the file's records
 
 
 def _summary_html(s: Mapping[str, Any]) -> str:
@@ -496,6 +497,7 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
             )
             + "</p>"
         )
+        parts.append(cannot_show(f.cannot_show))
         if not f.runs:
             parts.append('<p class="empty">No classified steps (no usable timing_s/step).</p>')
         for run in f.runs:
