@@ -96,6 +96,14 @@ class Sidecar:
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
+        try:
+            self._build(settings, clock)
+        except BaseException:  # a failed start (port taken, bad setting) leaves no temp dir
+            if self.tempdir is not None:
+                shutil.rmtree(self.tempdir, ignore_errors=True)
+            raise
+
+    def _build(self, settings: Any, clock: Clock) -> None:
         self.demo: DemoJob | None = None
         self.demo_devices: Any = None  # the demo's simulated GPUs and Ray actors
         extra_roots: list[Path] = []
