@@ -462,8 +462,12 @@ class Job:
         if d.tokens is not None:
             self.tokens += d.tokens
         tpgs = self._extra.get(("rlhf_throughput_tokens_per_gpu_second", ()))
+        response = self._extra.get(("rlhf_response_length_tokens", ("mean",)))
+        longest = self._extra.get(("rlhf_response_length_tokens", ("max",)))
         # replaced whole, never changed in place: a page being drawn keeps a consistent tuple
-        self._history = (*self._history, history.point(d, tpgs))[-history.HISTORY_STEPS :]
+        self._history = (*self._history, history.point(d, tpgs, response, longest))[
+            -history.HISTORY_STEPS :
+        ]
 
     # -- scrape side ----------------------------------------------------------------------
     def samples(self) -> tuple[Sample, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 import time
@@ -14,7 +15,7 @@ import orjson
 
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
-from ..diagnosis.history import point
+from ..diagnosis.history import StepPoint, point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view import Links, ReportFile, ReportRun, report_page
 from ..view.report import (
@@ -231,17 +232,45 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     return reader.records
 
 
+_LABEL = re.compile(r"^\s*[^:]{1,20}:\s{2,}")  # "    look at:     " before a summary's text
+
+
 def fit(line: str, width: int | None) -> list[str]:
-    """A summary line wrapped to the width, continuation lines under its text (a line with
-    colour codes is left whole: it is short)."""
+    """A summary line wrapped to the width, continuation lines under its text: after a
+    label's padding ("    look at:     "), else two columns in (a line with colour codes is
+    left whole: it is short)."""
     if width is None or len(line) <= width or "\033" in line:
         return [line]
-    text = line.lstrip()
-    label, sep, _rest = text.partition(":  ")
-    indent = len(line) - len(text) + (len(label) + len(sep) if sep else 2)
+    label = _LABEL.match(line)
+    indent = label.end() if label else len(line) - len(line.lstrip()) + 2
     return textwrap.wrap(
         line, width, subsequent_indent=" " * min(indent, width // 2), break_on_hyphens=False
     ) or [line]
+
+
+class Extras:
+    """What a step's point takes from its records besides the diagnosis: verl's
+    perf/throughput and response lengths (the change episodes' numbers), until classified."""
+
+    KEYS = ("perf/throughput", "response_length/mean", "response_length/max")
+
+    def __init__(self) -> None:
+        self._by_step: dict[int, list[float | None]] = {}
+
+    def clear(self) -> None:
+        self._by_step.clear()
+
+    def record(self, record: Any) -> None:
+        values = self._by_step.setdefault(record.step, [None] * len(self.KEYS))
+        for i, key in enumerate(self.KEYS):
+            value = record.data.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+                values[i] = float(value)
+        if len(self._by_step) > 64:  # records of steps never classified: bounded
+            del self._by_step[next(iter(self._by_step))]
+
+    def point(self, d: StepDiagnosis) -> StepPoint:
+        return point(d, *self._by_step.pop(d.step, [None] * len(self.KEYS)))
 
 
 class Progress:
@@ -271,7 +300,9 @@ class Progress:
 
 
 class JsonlWriter:
-    """The contract: one object per classified step, in file order (`file` when several).
+    """The contract: one object per classified step, in file order (`file` when several);
+    after a file's steps, one object per change episode of each run, told apart by its
+    `"type": "episode"` (a step object has no `type`; rlhf_exporter/diagnosis/episodes.py).
 
     Lines are batched and written once per input chunk: stdout may be unbuffered
     (PYTHONUNBUFFERED), and a write per step would then be a system call per step.
@@ -283,11 +314,19 @@ class JsonlWriter:
         self.many = many
         self.path: str | None = None
         self._pending: list[bytes] = []
+        self.runs: dict[int, RunSummary] = {}
+        self.extras = Extras()
+
+    def record(self, record: Any) -> None:
+        self.extras.record(record)
 
     def begin_file(self, path: str) -> None:
         self.path = path
+        self.runs = {}
+        self.extras.clear()
 
     def step(self, d: StepDiagnosis) -> None:
+        self.runs.setdefault(d.run, RunSummary(d.run)).add(d, self.extras.point(d))
         obj = d.to_json()
         if self.many:
             obj["file"] = self.path
@@ -305,6 +344,13 @@ class JsonlWriter:
             self.text.write(data.decode())
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
+        for summary in self.runs.values():
+            for e in summary.episodes():
+                obj = e.to_json()
+                if self.many:
+                    obj["file"] = self.path
+                self._pending.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+        self.flush()
         if rejected:
             total = sum(rejected.values())
             print(
@@ -324,17 +370,22 @@ class JsonWriter:
         self.out = out
         self.files: list[dict[str, Any]] = []
         self.runs: dict[int, tuple[RunSummary, list]] = {}
+        self.extras = Extras()
+
+    def record(self, record: Any) -> None:
+        self.extras.record(record)
 
     def begin_file(self, path: str) -> None:
         self.path = path
         self.runs = {}
+        self.extras.clear()
 
     def flush(self) -> None:
         """Nothing to do: the document is written whole at the end."""
 
     def step(self, d: StepDiagnosis) -> None:
         summary, steps = self.runs.setdefault(d.run, (RunSummary(d.run), []))
-        summary.add(d)
+        summary.add(d, self.extras.point(d))
         steps.append(step_json(d))
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
@@ -377,6 +428,10 @@ class TableWriter:
         self.width = width
         self.summary: RunSummary | None = None
         self.summaries: list[RunSummary] = []
+        self.extras = Extras()
+
+    def record(self, record: Any) -> None:
+        self.extras.record(record)
 
     def _print(self, line: str = "") -> None:
         self.out.write(line + "\n")
@@ -388,6 +443,7 @@ class TableWriter:
         self.path = path
         self.summary = None
         self.summaries = []
+        self.extras.clear()
         for part in fit(f"== {path}", self.width):
             self._print(self.style.bold(part))
 
@@ -403,7 +459,7 @@ class TableWriter:
                 )
                 for line in self.table.header():
                     self._print(line)
-        self.summary.add(d)
+        self.summary.add(d, self.extras.point(d))
         if not self.summary_only:
             self._print(self.table.row(d, self.style))
 
@@ -466,22 +522,21 @@ class HtmlWriter:
         self.path = path
         self.runbook_base = runbook_base
         self.files: list = []
-        self._throughput: dict[int, float] = {}  # step -> perf/throughput, until classified
+        self.extras = Extras()  # step -> perf/throughput and response lengths, until classified
 
     def begin_file(self, path: str) -> None:
         self.current = path
         self.runs: dict[int, tuple[RunSummary, list]] = {}
-        self._throughput.clear()
+        self.extras.clear()
 
     def record(self, record: Any) -> None:
-        value = record.data.get("perf/throughput")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-            self._throughput[record.step] = float(value)
+        self.extras.record(record)
 
     def step(self, d: StepDiagnosis) -> None:
         summary, points = self.runs.setdefault(d.run, (RunSummary(d.run), []))
-        summary.add(d)
-        points.append(point(d, self._throughput.pop(d.step, None)))
+        p = self.extras.point(d)
+        summary.add(d, p)
+        points.append(p)
 
     def flush(self) -> None:
         """Nothing to do: the file is written whole at the end."""

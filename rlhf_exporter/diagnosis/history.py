@@ -26,12 +26,19 @@ class StepPoint(NamedTuple):
     regressed: str | None
     tokens: float | None
     tokens_per_gpu_second: float | None  # verl's perf/throughput, when it logs it
+    response_length: float | None = None  # verl's response_length/mean, when it logs it
+    longest_response: float | None = None  # verl's response_length/max, when it logs it
 
     def seconds(self) -> dict[str, float]:
         return dict(zip(GROUPS, self.group_seconds))
 
 
-def point(d: StepDiagnosis, tokens_per_gpu_second: float | None = None) -> StepPoint:
+def point(
+    d: StepDiagnosis,
+    tokens_per_gpu_second: float | None = None,
+    response_length: float | None = None,
+    longest_response: float | None = None,
+) -> StepPoint:
     w = d.windows
     return StepPoint(
         d.run,
@@ -45,4 +52,6 @@ def point(d: StepDiagnosis, tokens_per_gpu_second: float | None = None) -> StepP
         d.change.regressed,
         d.tokens,
         tokens_per_gpu_second,
+        response_length,
+        longest_response,
     )

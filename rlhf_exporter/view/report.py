@@ -8,8 +8,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ..diagnosis import GROUPS, StepDiagnosis
+from ..diagnosis import BALANCED, GROUPS, StepDiagnosis
 from ..diagnosis.advice import LOOK_AT, look_at
+from ..diagnosis.episodes import Episode, balanced_look_at, episodes
+from ..diagnosis.history import StepPoint, point
+
+MAX_EPISODE_STEPS = 100_000
+"""Steps of one run a summary keeps (compact points) to tell its change episodes; a longer
+run's episodes are those of its first MAX_EPISODE_STEPS steps, and the summary says so."""
 
 
 class RunSummary:
@@ -26,8 +32,15 @@ class RunSummary:
         self.workload_shifts: list[int] = []
         self.share_sums: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
         self.step_seconds = 0.0
+        self.points: list[StepPoint] = []  # for the change episodes, at most MAX_EPISODE_STEPS
+        self._episodes: list[Episode] | None = None
 
-    def add(self, d: StepDiagnosis) -> None:
+    def add(self, d: StepDiagnosis, p: StepPoint | None = None) -> None:
+        """One more step; `p` its point with the record's throughput and response lengths
+        (the episodes' numbers), or None (built from the diagnosis alone)."""
+        if len(self.points) < MAX_EPISODE_STEPS:
+            self.points.append(p if p is not None else point(d))
+            self._episodes = None
         self.steps += 1
         if self.first_step is None:
             self.first_step = d.step
@@ -57,6 +70,22 @@ class RunSummary:
         n = max(self.steps, 1)
         return {g: s / n for g, s in self.share_sums.items()}
 
+    def episodes(self) -> list[Episode]:
+        """The run's change episodes (rlhf_exporter/diagnosis/episodes.py)."""
+        if self._episodes is None:
+            self._episodes = episodes(self.points)
+        return self._episodes
+
+    def look_at(self) -> str:
+        """Where to look for the run as a whole: the dominant verdict's advice, or for a
+        mostly balanced run the two largest windows and what to check in each."""
+        dominant = self.dominant
+        if dominant is None:
+            return ""
+        if dominant[0] == BALANCED:
+            return balanced_look_at(self.mean_shares(), {})
+        return look_at(*dominant)
+
     def to_json(self) -> dict[str, Any]:
         dominant = self.dominant
         return {
@@ -71,10 +100,11 @@ class RunSummary:
             else {
                 "verdict": dominant[0],
                 "reason": dominant[1],
-                "look_at": look_at(*dominant) or None,
+                "look_at": self.look_at() or None,
             },
             "regressions": {g: steps for g, steps in self.regressions.items()},
             "workload_shifts": self.workload_shifts,
+            "episodes": [e.to_json() for e in self.episodes()],
             "mean_shares": {g: round(s, 4) for g, s in self.mean_shares().items()},
         }
 
@@ -278,7 +308,7 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
         f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "
         f"({n / s.steps:.0%})" + (f", mostly {reason}" if reason else "")
     )
-    advice = look_at(verdict, reason)
+    advice = s.look_at()
     if advice:
         lines.append(f"    look at:     {advice}")
     lines.append("    verdicts:    " + ", ".join(f"{v} {c}" for v, c in s.verdicts.most_common()))
@@ -297,6 +327,11 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
         lines.append(
             "    change:      no regression and no workload shift against the job's own baseline"
         )
+    for i, e in enumerate(s.episodes(), 1):
+        lines.append(f"    episode {i}:   {e.summary()}")
+        lines.append(f"      look at:   {e.look_at()}")
+    if len(s.points) < s.steps:
+        lines.append(f"    (episodes of the first {len(s.points)} steps only)")
     return lines
 
 
