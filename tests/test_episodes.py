@@ -78,8 +78,7 @@ def test_every_trace_names_its_episodes(path):
         else:
             assert "time per token" in text, text
         assert any(
-            w in text
-            for w in ("recovered at step", "the baseline absorbed", "ongoing at step")
+            w in text for w in ("recovered at step", "the baseline absorbed", "ongoing at step")
         ), text
         assert e["look_at"], e
 
@@ -190,3 +189,53 @@ def test_episodes_of_the_sidecar_history_match_the_batch_ones():
     steps = list(BatchDiagnoser(load_thresholds()).diagnose(RecordReader().feed(data)))
     got = [(e.group, e.first, e.last) for e in episodes([point(d) for d in steps])]
     assert got == [("rollout", 18, 23), ("update", 34, 39)]
+
+
+def test_the_html_report_lists_the_steps_and_names_every_episode(tmp_path):
+    out = tmp_path / "report.html"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlhf_exporter",
+            "diagnose",
+            "--summary",
+            str(TRACES / "regression_after_slowdown_v1.jsonl"),
+            "--html",
+            str(out),
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    page = out.read_text()
+    # the headline names both regressions, each with its steps
+    assert "regression: rollout (steps 18-23), update (steps 34-39)" in page
+    assert "at steps 18-23" in page and "at steps 34-39" in page and "step(s)" not in page
+    assert page.count('<li class="episode">') == 2 and page.count("<b>Look at:</b>") == 2
+    assert "still slow through step 50" in page
+    # a mostly balanced run: what to look at, from its largest windows
+    assert "Look at next:</b> no window dominates; the largest are rollout" in page
+
+
+@pytest.mark.slow
+def test_index_and_job_view_tell_the_episodes(tmp_path):
+    from tests.support.serve import Exporter
+
+    with Exporter(tmp_path) as exp:
+        d = exp.verl_root / "proj"
+        d.mkdir()
+        (d / "slow.jsonl").write_bytes((TRACES / "regression_after_slowdown_v1.jsonl").read_bytes())
+        exp.wait_for(lambda: exp.value("rlhf_step", project="proj", experiment="slow") == 50)
+        for page in (exp.get("/").text, exp.get("/jobs/proj/slow").text):
+            # the job keeps its last 60 steps: both episodes are in them
+            assert page.count('<li class="episode">') == 2, page
+            assert "rollout slower for the same work at steps 18-23" in page
+            assert "update slower for the same work at steps 34-39" in page
+            assert page.count("<b>Look at:</b> what changed at step") == 2
+        job = exp.get("/jobs/proj/slow").text
+        last = json.loads(
+            (TRACES / "regression_after_slowdown_v1.expected.jsonl").read_text().splitlines()[-1]
+        )
+        if last["verdict"] == "balanced":  # the current verdict: what to look at anyway
+            assert "Look at next:</b> no window dominates; the largest are" in job

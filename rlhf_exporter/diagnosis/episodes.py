@@ -45,8 +45,7 @@ GROUP_CHECKS: Mapping[str, str] = {
     "interconnect (NCCL settings, a slow node)",
     "sync": "the checkpoint-engine backend and bucket size, and the network between the "
     "trainer and the rollout engines",
-    "other": "driver work outside the timers: data loading, serialization, the controller's "
-    "node",
+    "other": "driver work outside the timers: data loading, serialization, the controller's node",
 }
 """Where to look when a group got slower for the same work."""
 
