@@ -232,7 +232,7 @@ def diagnose_stream(stream: IO[bytes], path: str, th: Thresholds, max_line: int,
     return reader.records
 
 
-_LABEL = re.compile(r"^\s*[^:]{1,20}:\s{2,}")  # "    look at:     " before a summary's text
+_LABEL = re.compile(r"^\s*[^:]{1,20}:\s+")  # "    look at:     " before a summary's text
 
 
 def fit(line: str, width: int | None) -> list[str]:

@@ -184,7 +184,7 @@ class Column(NamedTuple):
 
 
 COLUMNS = (
-    Column("step", "step", 7, 7, ">"),
+    Column("step", "step", 7, 5, ">"),
     Column("verdict", "verdict", 10, 10),
     Column("reason", "reason", 14, 14),
     Column("shares", "top shares", 36, 12),
@@ -192,63 +192,119 @@ COLUMNS = (
     Column("look", "look at next", max(map(len, LOOK_AT.values())), 20),
 )
 GAP = 2
-SHRINK = ("shares", "look", "change")  # abbreviated first, in this order
-DROP = ("shares", "look", "change", "reason")  # then dropped, in this order (step, verdict stay)
+LOOK_WANTED = 45  # room "look at next" wants (or half the width, when wider) before others stay
+# How a narrow table makes room for "look at next", least useful first, until it has
+# LOOK_WANTED columns: ("shrink", column) abbreviates to its minimum; ("drop", column) removes
+# it. "look at next" is never dropped nor cut: it takes the rest of the width and wraps under
+# itself. A dropped `change` goes into the look-at cell of the (few) rows that have one.
+FIT = (
+    ("shrink", "shares"),
+    ("shrink", "change"),
+    ("drop", "change"),
+    ("shrink", "step"),
+    ("drop", "shares"),
+    ("drop", "reason"),
+)
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """Greedy wrap at spaces; a word longer than a line (a verl key such as
+    actor_rollout_ref.rollout.update_weights_bucket_megabytes) breaks after a `.`, `_` or
+    `/`, and only as a last resort anywhere."""
+    import re
+
+    pieces: list[tuple[str, bool]] = []  # (piece, starts a new word)
+    for word in text.split():
+        parts = re.split(r"(?<=[._/])", word) if len(word) > width else [word]
+        for i, part in enumerate(p for p in parts if p):
+            while len(part) > width:
+                pieces.append((part[:width], i == 0))
+                part, i = part[width:], 1
+            pieces.append((part, i == 0))
+    lines: list[str] = []
+    for piece, new_word in pieces:
+        sep = " " if new_word else ""
+        if lines and len(lines[-1]) + len(sep) + len(piece) <= width:
+            lines[-1] += sep + piece
+        else:
+            lines.append(piece)
+    return lines or [text]
 
 
 class Table:
-    """The per-step table laid out for a width: columns are abbreviated, then dropped, by
-    priority until a row fits (`width=None`: everything, as `--wide`). The last column
-    takes whatever room is left, so no row is wider than `width`."""
+    """The per-step table laid out for a width (`width=None`: everything on one line, as
+    `--wide`): the least useful columns are abbreviated, then dropped (FIT), until "look at
+    next" has LOOK_WANTED columns (half the width, when wider); it takes whatever room is left and wraps under itself,
+    so no line is wider than `width` and the advice is always whole."""
 
     def __init__(self, width: int | None = None):
         widths = {c.name: c.natural for c in COLUMNS}
+        by_name = {c.name: c for c in COLUMNS}
         if width is not None:
 
-            def total() -> int:
-                return sum(widths.values()) + GAP * (len(widths) - 1)
+            def room() -> int:  # what the other columns leave to "look at next"
+                others = [w for n, w in widths.items() if n != "look"]
+                return width - sum(others) - GAP * len(others)
 
-            by_name = {c.name: c for c in COLUMNS}
-            for name in SHRINK:
-                if total() > width:
-                    widths[name] = max(by_name[name].minimum, widths[name] - (total() - width))
-            for name in DROP:
-                if total() > width:
+            wanted = min(max(LOOK_WANTED, width // 2), by_name["look"].natural)
+            for action, name in FIT:
+                if room() >= wanted:
+                    break
+                if action == "shrink":
+                    widths[name] = by_name[name].minimum
+                else:
                     del widths[name]
-            last = next(c.name for c in reversed(COLUMNS) if c.name in widths)
-            widths[last] = max(widths[last] + width - total(), len(last))
+            widths["look"] = max(room(), 8)
         self.width = width
         self.columns = [c for c in COLUMNS if c.name in widths]
         self.widths = widths
 
+    def _cell_lines(self, c: Column, text: str, last: bool) -> list[str]:
+        w = self.widths[c.name]
+        if len(text) <= w:
+            return [text]
+        if last and self.width is not None:  # "look at next": wrapped, never cut
+            return wrap(text, w)
+        return [text[: max(w - 1, 0)] + "…"]
+
     def _line(self, cells: Mapping[str, str], style: Style | None = None, verdict: str = "") -> str:
         out = []
+        more: list[str] = []
         for i, c in enumerate(self.columns):
             w = self.widths[c.name]
-            text = cells[c.name]
-            if len(text) > w:
-                text = text[: max(w - 1, 0)] + "…"
             last = i == len(self.columns) - 1
+            lines = self._cell_lines(c, cells[c.name], last)
+            text = lines[0]
+            if last:
+                more = lines[1:]
             if c.name == "verdict" and style is not None:
                 out.append(style.verdict(text, verdict, w))
             elif c.align == ">":
                 out.append(text.rjust(w))
             else:
                 out.append(text if last else text.ljust(w))
-        return (" " * GAP).join(out).rstrip()
+        first = (" " * GAP).join(out).rstrip()
+        if not more:
+            return first
+        indent = " " * (sum(self.widths[c.name] + GAP for c in self.columns[:-1]))
+        return "\n".join([first, *(indent + m for m in more)])
 
     def header(self) -> list[str]:
         head = self._line({c.name: c.header for c in COLUMNS})
         return [head, "-" * len(head)]
 
     def row(self, d: StepDiagnosis, style: Style) -> str:
+        """One step: a line, or more when "look at next" wraps."""
+        advice = look_at(d.verdict, d.reason)
+        if "change" not in self.widths and d.change.change != "none":
+            advice = f"[{self._change(d)}] {advice}".rstrip()
         cells = {
             "step": str(d.step),
             "verdict": d.verdict,
             "reason": d.reason or "",
             "shares": self._shares(d),
             "change": self._change(d),
-            "look": look_at(d.verdict, d.reason),
+            "look": advice,
         }
         return self._line(cells, style, d.verdict)
 
@@ -264,7 +320,7 @@ class Table:
         change = d.change.change
         if change == "none":
             return ""
-        wide = self.widths.get("change", 0) >= 22
+        wide = self.widths.get("change", 22) >= 22
         if change == "workload_shift":
             return "workload shift" if wide else "wkld shift"
         if change == "regression":
