@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -244,11 +245,16 @@ def test_terminal_table_fits_the_width_and_keeps_look_at_next_whole(tmp_path, wi
         assert "".join(advice.split()) in flat, (width, advice)
     assert "…" not in rows or width >= 200  # only the shares may be abbreviated
     # the summary wraps under its text, not under its label
-    summary = proc.stdout.split("summary of")[1].splitlines()
-    for prev, line in zip(summary, summary[1:]):
-        label = line.strip().split(":")[0]
-        if prev.startswith("    episode") and label not in ("look at",) and line.startswith("  "):
-            assert line.startswith(" " * 17) and not line.startswith(" " * 18), (prev, line)
+    summary = proc.stdout.split("summary of")[1].splitlines()[1:]
+    labelled = re.compile(r"^ {4,6}[a-z][a-z 0-9]*:\s+")
+    indent = None
+    for line in summary:
+        m = labelled.match(line)
+        if m:
+            indent = m.end()
+        elif line.startswith("    ") and indent is not None:
+            assert len(line) - len(line.lstrip()) == indent, (indent, line)
+    assert indent == 17  # "    look at:     ", "    episode 1:   ", "      look at:   "
 
 
 def test_table_layout_at_each_width_drops_the_least_useful_columns_first():
