@@ -156,7 +156,7 @@ def test_usage_and_config_errors_exit_2(tmp_path, log):
         assert r.returncode == 2 and b"--max-line-bytes" in r.stderr, bad_size
     bad = tmp_path / "bad.yaml"
     bad.write_text("verdict:\n  min_share: lots\n")
-    r = cli("--config", str(bad), str(log))
+    r = cli("--thresholds", str(bad), str(log))
     assert r.returncode == 2
     assert b"verdict.min_share: expected a number, got 'lots'" in r.stderr
     assert b"Traceback" not in r.stderr
@@ -167,7 +167,7 @@ def test_config_changes_the_diagnosis(tmp_path, log):
     cfg.write_text("verdict:\n  min_share: 0.9\n")
     rows = [
         json.loads(line)
-        for line in cli("-f", "jsonl", "--config", str(cfg), str(log)).stdout.splitlines()
+        for line in cli("-f", "jsonl", "--thresholds", str(cfg), str(log)).stdout.splitlines()
         if b'"type":"episode"' not in line
     ]
     assert {r["verdict"] for r in rows} == {"balanced"}
@@ -197,7 +197,7 @@ def test_print_thresholds_is_a_valid_starting_point(tmp_path):
     text = cli("--print-thresholds").stdout
     cfg = tmp_path / "mine.yaml"
     cfg.write_bytes(text)
-    assert cli("--config", str(cfg), "--summary").returncode == 0
+    assert cli("--thresholds", str(cfg), "--summary").returncode == 0
 
 
 def test_python_dash_m_and_version():

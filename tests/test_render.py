@@ -43,7 +43,7 @@ def test_render_check_command_exits_0_and_flags_a_stale_file(tmp_path):
     edited = render("--check", "docs", "--root", root)
     assert edited.returncode == 1 and "docs/metrics.md" in edited.stderr
     assert render("nope").returncode == 2
-    bad_config = render("--check", "--config", str(tmp_path / "absent.yaml"))
+    bad_config = render("--check", "--thresholds", str(tmp_path / "absent.yaml"))
     assert bad_config.returncode == 2 and "absent.yaml: cannot read" in bad_config.stderr
 
 

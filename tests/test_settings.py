@@ -53,6 +53,24 @@ def test_a_config_error_exits_2_naming_the_command(command, tmp_path, capsys):
     from rlhf_exporter import cli
 
     missing = tmp_path / "absent.yaml"
-    assert cli.main([command, "--config", str(missing)]) == 2
+    flag = "--config" if command == "serve" else "--thresholds"  # one meaning per flag
+    assert cli.main([command, flag, str(missing)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"rlhf-exporter {command}: {missing}: cannot read"), err
+
+
+@pytest.mark.parametrize("command", ["diagnose", "render"])
+def test_config_is_a_deprecated_alias_of_thresholds_outside_serve(command, tmp_path, capsys):
+    """`--thresholds` names the thresholds file everywhere; `diagnose --config` and `render
+    --config` still work for one release, with a warning."""
+    from rlhf_exporter import cli
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("verdict:\n  min_share: lots\n")
+    assert cli.main([command, "--config", str(bad)]) == 2  # the file is read: its error
+    err = capsys.readouterr().err
+    assert f"rlhf-exporter {command}: warning: --config is deprecated" in err
+    assert "use --thresholds" in err and "verdict.min_share: expected a number" in err
+    assert cli.main([command, "--thresholds", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "warning:" not in err and "verdict.min_share: expected a number" in err

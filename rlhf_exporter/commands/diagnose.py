@@ -14,6 +14,7 @@ from typing import IO, Any
 import orjson
 
 from ..config import load_thresholds
+from . import add_thresholds_argument, thresholds_path
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..diagnosis.history import StepPoint, point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
@@ -49,7 +50,7 @@ window costs more than its work explains, even if another got faster; `regressed
 examples:
   rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl
   rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
-  rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
+  rlhf-exporter diagnose --thresholds my-thresholds.yaml - < run.jsonl
   rlhf-exporter diagnose run.jsonl --html report.html   # one self-contained file to attach
 
 exit status: 0 done, 1 no input gave a verl record (missing, empty, binary, gzip-compressed
@@ -81,12 +82,7 @@ def register(subparsers) -> None:
         help="table: per-step rows and a per-run summary (default); jsonl: one "
         "object per classified step (the contract); json: one document",
     )
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="thresholds YAML overriding any subset of the defaults "
-        "(see `rlhf-exporter diagnose --print-thresholds`)",
-    )
+    add_thresholds_argument(p)
     p.add_argument(
         "--print-thresholds", action="store_true", help="print the default thresholds file and exit"
     )
@@ -125,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_thresholds:
         sys.stdout.write(default_thresholds_text())
         return 0
-    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
+    thresholds = load_thresholds(thresholds_path(args))  # a ConfigError exits 2 (cli.main)
     files = args.files or [_bundled_example()]
     if files.count("-") > 1:
         print("rlhf-exporter diagnose: '-' (standard input) can be given once", file=sys.stderr)

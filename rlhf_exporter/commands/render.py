@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..config import load_thresholds
+from . import add_thresholds_argument, thresholds_path
 from ..render import generators, is_checkout, repo_root, stale, write
 
 ORDER = 30
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--root", type=Path, default=None, help="checkout to write into (default: this source tree)"
     )
-    p.add_argument("--config", metavar="FILE", help="thresholds YAML overriding the defaults")
+    add_thresholds_argument(p)
     p.set_defaults(func=run)
 
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
+    thresholds = load_thresholds(thresholds_path(args))  # a ConfigError exits 2 (cli.main)
     root = args.root or repo_root()
     if args.root is None and not is_checkout(root):
         print(outside_checkout(root, args.check), file=sys.stderr)
@@ -75,7 +76,7 @@ def outside_checkout(root: Path, checking: bool) -> str:
     return (
         f"rlhf-exporter render: not run from a source checkout: this package is installed in "
         f"{root}, which is not one. render {what}: run it from a clone "
-        "(python -m exporter render), or pass --root DIR."
+        "(python -m rlhf_exporter render), or pass --root DIR."
     )
 
 
