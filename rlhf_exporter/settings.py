@@ -497,10 +497,13 @@ the same machine would duplicate their series."""
 
 
 def _demo(values: dict[str, Any], explicit: set[str]) -> None:
-    """`--demo` is only the demo; `--demo-scenario` without `--demo` is a mistake, not a
-    setting silently ignored."""
+    """`--demo` is only the demo; `--demo-scenario NAME` without `--demo` is a mistake, not
+    a setting silently ignored (its default, `all`, written out in a settings file is fine)."""
     if not values["demo"]:
-        if "demo_scenario" in explicit:
+        if (
+            "demo_scenario" in explicit
+            and values["demo_scenario"] != BY_NAME["demo_scenario"].default
+        ):
             raise ConfigError(
                 "demo_scenario: only with --demo (e.g. rlhf-exporter serve --demo "
                 f"--demo-scenario {values['demo_scenario']})"

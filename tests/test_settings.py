@@ -74,3 +74,28 @@ def test_config_is_a_deprecated_alias_of_thresholds_outside_serve(command, tmp_p
     assert cli.main([command, "--thresholds", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "warning:" not in err and "verdict.min_share: expected a number" in err
+
+
+def test_the_example_settings_file_loads_and_names_every_setting():
+    """examples/exporter.yaml is what `serve --config` reads: it loads, its active keys take
+    effect, and every setting is in it (commented out at its default, or set)."""
+    import re
+    from pathlib import Path
+
+    from rlhf_exporter.settings import OPTIONS
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "exporter.yaml"
+    settings = resolve(environ={}, config_path=str(path))
+    assert settings.listen == "127.0.0.1:19839" and settings.verl_root == ["/logs"]
+    assert settings.job_expiry == 86400.0 and settings.ray_interval == 15.0
+    keys = re.findall(r"^(?:# )?([a-z_]+): ", path.read_text(), flags=re.M)
+    assert sorted(keys) == sorted(o.name for o in OPTIONS)
+    # uncommented, every default is accepted as written
+    text = re.sub(r"^# ([a-z_]+: )", r"\1", path.read_text(), flags=re.M)
+    whole = path.parent / "exporter.all.yaml"
+    try:
+        whole.write_text(text)
+        every = resolve(environ={}, config_path=str(whole))
+    finally:
+        whole.unlink()
+    assert every.max_line_bytes == 1 << 20 and every.push is True
