@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import load_thresholds
 from . import add_thresholds_argument, thresholds_path
-from ..render import generators, is_checkout, repo_root, stale, write
+from ..render import MissingExtra, generators, is_checkout, repo_root, stale, write
 
 ORDER = 30
 
@@ -59,11 +59,28 @@ def run(args: argparse.Namespace) -> int:
         print(outside_checkout(root, args.check), file=sys.stderr)
         return 2
     # generated one target at a time, in ORDER: the chart copies what rules and dashboards
-    # have just written
-    files = (available[name](thresholds) for name in args.targets or available)
+    # have just written. A target that needs a missing extra is skipped and named: after the
+    # basic install `render` still writes the rules, docs and chart files.
+    missing: list[MissingExtra] = []
+
+    def files() -> Iterable[Mapping[str, str]]:
+        for name in args.targets or available:
+            try:
+                yield available[name](thresholds)
+            except MissingExtra as exc:
+                missing.append(exc)
+
     if args.check:
-        return check(root, files, explicit_root=args.root is not None)
-    return write_all(root, files)
+        status = check(root, files(), explicit_root=args.root is not None)
+    else:
+        status = write_all(root, files())
+    for exc in missing:
+        print(f"rlhf-exporter render: {exc}", file=sys.stderr)
+    if missing and (args.check or args.targets):
+        # a check that could not compare a target does not pass, nor does a target asked
+        # for by name that could not be rendered
+        return max(status, 1)
+    return status
 
 
 def outside_checkout(root: Path, checking: bool) -> str:
