@@ -275,3 +275,60 @@ def test_serve_demo_runs_no_real_collector(tmp_path):
         assert collectors == {"verl", "push", "demo"}
         page = exp.get("/").text
         assert 'data-up="0"' not in page and "Demo data" in page
+
+
+def _live(name: str, steps: int, step_seconds: float = 0.7):
+    """`serve --demo`'s pace: `steps` records of scenario `name`, one every `step_seconds`
+    of wall time, each played by the devices once due (polled every second)."""
+    from rlhf_exporter.diagnosis.balance import balance
+    from rlhf_exporter.gpuwindows.board import WindowBoard
+
+    th = load_thresholds()
+    now = [1000.0]
+    job = _Job(scenario(name))
+    job.upcoming = []
+    job.project, job.experiment = "demo", "grpo-simulated"
+    dev = DemoDevices(
+        job, n_gpus=8, clock=lambda: now[0], wall=lambda: now[0], windows=WindowBoard(), th=th
+    )
+    played = [(p, r) for p, r in play(scenario(name), seed=0) if r is not None and r["step"]]
+    next_poll = now[0] + 1.0
+    for phase, record in played[:steps]:
+        job.phase = phase
+        now[0] += step_seconds
+        job.upcoming.append((now[0], record))
+        while next_poll <= now[0]:
+            dev.poll_once()
+            next_poll += 1.0
+    dev.poll_once()
+    counters, wall = dev.joiner.view[("demo", "grpo-simulated")]
+    return counters, balance(counters, wall, th.document["balance"]), now[0] - 1000.0
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict"),
+    [
+        ("trainer_starved", "trainer_starved"),
+        ("rollout_overprovisioned", "rollout_overprovisioned"),
+    ],
+)
+def test_the_live_demo_shows_who_waits_on_whom_within_a_minute(name, verdict):
+    """At 0.7 s a step, the simulated GPUs work in phase with each step's windows (on the
+    demo clock): every window group has GPU-seconds, and the scripted incident is the
+    balance verdict in under a minute of wall time."""
+    counters, result, seconds = _live(name, steps=12 + 15)  # steady, then the incident
+    assert seconds < 60
+    assert result is not None and result.verdict == verdict, result
+    groups = {g for g, _ in counters}
+    assert {"rollout", "logprob", "update", "sync", "other"} <= groups, groups
+    # the steady (colocated) steps: busy generating and training, idle in untimed time
+    busy = {g: b / t for (g, role), (b, t) in counters.items() if role == "colocated"}
+    assert busy["rollout"] > 0.8 and busy["update"] > 0.8 and busy["other"] < 0.1, busy
+    # the separated ones: the rollout GPUs busy in `rollout` windows, the trainer's not
+    side = {(g, role): b / t for (g, role), (b, t) in counters.items() if role != "colocated"}
+    assert side["rollout", "rollout"] > 0.8 and side["rollout", "trainer"] < 0.1, side
+    assert side["update", "trainer"] > 0.8, side
+    if name == "rollout_overprovisioned":
+        assert side["update", "rollout"] < 0.1, side  # idle while the trainer works
+    else:
+        assert side["update", "rollout"] > 0.8, side  # generating ahead

@@ -14,7 +14,6 @@ from typing import IO, Any
 import orjson
 
 from ..config import load_thresholds
-from . import add_thresholds_argument, thresholds_path
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..diagnosis.history import StepPoint, point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
@@ -28,6 +27,7 @@ from ..view.report import (
     summary_lines,
     terminal_width,
 )
+from . import add_thresholds_argument, thresholds_path
 
 ORDER = 20
 CHUNK = 1 << 20

@@ -8,8 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..config import load_thresholds
-from . import add_thresholds_argument, thresholds_path
 from ..render import MissingExtra, generators, is_checkout, repo_root, stale, write
+from . import add_thresholds_argument, thresholds_path
 
 ORDER = 30
 
