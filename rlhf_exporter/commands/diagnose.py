@@ -15,10 +15,12 @@ import orjson
 
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
+from ..diagnosis.episodes import episodes
 from ..diagnosis.history import StepPoint, point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view import Links, ReportFile, ReportRun, report_page
 from ..view.report import (
+    MAX_EPISODE_STEPS,
     RunSummary,
     Style,
     Table,
@@ -310,7 +312,7 @@ class JsonlWriter:
         self.many = many
         self.path: str | None = None
         self._pending: list[bytes] = []
-        self.runs: dict[int, RunSummary] = {}
+        self.points: list[StepPoint] = []  # for the episodes, at most MAX_EPISODE_STEPS
         self.extras = Extras()
 
     def record(self, record: Any) -> None:
@@ -318,11 +320,13 @@ class JsonlWriter:
 
     def begin_file(self, path: str) -> None:
         self.path = path
-        self.runs = {}
+        self.points = []
         self.extras.clear()
 
     def step(self, d: StepDiagnosis) -> None:
-        self.runs.setdefault(d.run, RunSummary(d.run)).add(d, self.extras.point(d))
+        p = self.extras.point(d)
+        if len(self.points) < MAX_EPISODE_STEPS:
+            self.points.append(p)
         obj = d.to_json()
         if self.many:
             obj["file"] = self.path
@@ -340,12 +344,11 @@ class JsonlWriter:
             self.text.write(data.decode())
 
     def end_file(self, records: int, rejected: dict[str, int]) -> None:
-        for summary in self.runs.values():
-            for e in summary.episodes():
-                obj = e.to_json()
-                if self.many:
-                    obj["file"] = self.path
-                self._pending.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+        for e in episodes(self.points):
+            obj = e.to_json()
+            if self.many:
+                obj["file"] = self.path
+            self._pending.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
         self.flush()
         if rejected:
             total = sum(rejected.values())
