@@ -46,7 +46,7 @@ def point(
         d.verdict,
         d.reason,
         w.step_seconds,
-        tuple(w.group_seconds[g] for g in GROUPS),
+        tuple(map(w.group_seconds.__getitem__, GROUPS)),
         w.untimed_seconds,
         d.change.change,
         d.change.regressed,
