@@ -23,10 +23,10 @@ Pure: plain numbers in, plain values out (no I/O, nothing else of the package).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from statistics import median
 from typing import Any, NamedTuple
 
 from .history import StepPoint
+from .thresholds import GROUPS
 
 REGRESSION, WORKLOAD_SHIFT = "regression", "workload_shift"
 GAP = 2  # unlabelled steps that may separate two stretches of one episode
@@ -108,10 +108,15 @@ class Episode(NamedTuple):
         }
 
 
+_INDEX = {g: i for i, g in enumerate(GROUPS)}
+
+
 def _cost(p: StepPoint, group: str | None) -> float | None:
-    if group is None or not p.tokens:
+    """The group's seconds per million tokens in the step."""
+    i = _INDEX.get(group) if group is not None else None
+    if i is None or not p.tokens:
         return None
-    return p.seconds().get(group, 0.0) / p.tokens * 1e6
+    return p.group_seconds[i] / p.tokens * 1e6
 
 
 def _throughput(p: StepPoint) -> float | None:
@@ -120,6 +125,12 @@ def _throughput(p: StepPoint) -> float | None:
     if p.tokens and p.step_seconds > 0:
         return p.tokens / p.step_seconds
     return None
+
+
+def median(values: Iterable[float]) -> float:
+    s = sorted(values)
+    mid = len(s) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 def _med(values: Iterable[float | None]) -> float | None:

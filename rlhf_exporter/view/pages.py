@@ -166,10 +166,19 @@ def episodes_list(items: Sequence[tuple[str, str]], which: str) -> str:
     return f"<h3>Change episodes ({escape(which)})</h3><ol>{lis}</ol>"
 
 
-def history_episodes(points: Sequence[StepPoint]) -> str:
+def job_episodes(job: Mapping[str, Any]) -> Sequence[Any]:
+    """A job summary's change episodes: its own (computed once per step by the job), else
+    from its history."""
+    found = job.get("episodes")
+    return found if found is not None else episodes(job.get("history") or ())
+
+
+def history_episodes(job: Mapping[str, Any]) -> str:
     """The change episodes of the job's kept steps (`/` and the job view)."""
-    found = episodes(points)
-    return episodes_list([(e.summary(), e.look_at()) for e in found], f"last {len(points)} steps")
+    points = job.get("history") or ()
+    return episodes_list(
+        [(e.summary(), e.look_at()) for e in job_episodes(job)], f"last {len(points)} steps"
+    )
 
 
 def charts(points: Sequence[StepPoint], which: str = "last") -> str:
@@ -332,7 +341,7 @@ def index_page(
         advice = ""
         if verdict:
             advice = look_at(verdict, reason) or history_advice(history, verdict) or ""
-        found = episodes(history)
+        found = job_episodes(job)
         if found:  # the latest change episode, told in words
             latest = escape(found[-1].summary())
             change_text += f' <span class="muted episode">{latest}</span>'
@@ -367,7 +376,7 @@ def index_page(
                 advice=history_advice(history, job.get("verdict")),
             )
             detail += charts(history)
-            detail += history_episodes(history)
+            detail += history_episodes(job)
     body = (
         _header(facts)
         + f"<h2>Jobs ({len(rows)})</h2>"
@@ -463,7 +472,7 @@ def job_page(
         )
         + cannot_show(job.get("cannot_show") or ())
         + charts(job.get("history") or ())
-        + history_episodes(job.get("history") or ())
+        + history_episodes(job)
         + gpu_windows_section(windows, balance_limits or {})
         + "<h2>Sources</h2>"
         + sources_table(snapshots, now)
