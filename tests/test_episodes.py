@@ -239,3 +239,15 @@ def test_index_and_job_view_tell_the_episodes(tmp_path):
         )
         if last["verdict"] == "balanced":  # the current verdict: what to look at anyway
             assert "Look at next:</b> no window dominates; the largest are" in job
+
+
+def test_an_episode_with_nothing_before_it_claims_no_recovery():
+    """The job view keeps the last 60 steps: an episode at their start has no level before
+    it, so it says when its labels stopped, not that it recovered."""
+    from rlhf_exporter.diagnosis.episodes import ENDED
+
+    n = ("none", None, 30.0, 1e6, 900.0)
+    r = ("regression", "update", 60.0, 1e6, 900.0)
+    (e,) = episodes(_points([r, r] + [n] * 4))
+    assert e.before is None and e.ended == ENDED and e.ended_at == 2
+    assert "labelled until step 2" in describe(e) and "recovered" not in describe(e)

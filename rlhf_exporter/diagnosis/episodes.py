@@ -34,6 +34,7 @@ WINDOW = 5  # steps before and after an episode whose medians are its "before" a
 RECOVERED = 1.10  # a cost within 10 % of the level before the episode has recovered
 UNCHANGED = 0.10  # a time per token within ±10 % is "unchanged"
 RECOVERED_AT, ABSORBED, ONGOING = "recovered", "absorbed", "ongoing"
+ENDED = "ended"  # the labels stopped, with no step before the episode to compare with
 
 GROUP_CHECKS: Mapping[str, str] = {
     "rollout": "the rollout engine (version, config, TP, concurrency), its GPUs' node, and "
@@ -75,7 +76,7 @@ class Episode(NamedTuple):
     before: Level | None
     during: Level
     after: Level | None
-    ended: str  # recovered, absorbed or ongoing
+    ended: str  # recovered, absorbed, ongoing, or ended (no step before it to compare with)
     ended_at: int | None  # recovered: the first step back; absorbed: the last labelled step
     slow_through: int | None  # absorbed: the last step still at the new level
     throughput_unit: str  # "tokens/GPU-s" (verl's perf/throughput) or "tokens/s"
@@ -197,7 +198,9 @@ def _episode(
     assert during is not None
     unit = "tokens/GPU-s" if all(p.tokens_per_gpu_second is not None for p in pts) else "tokens/s"
     ended, ended_at, slow_through = ONGOING, None, None
-    if z + 1 < len(pts):
+    if z + 1 < len(pts) and before is None:
+        ended, ended_at = ENDED, pts[z].step
+    elif z + 1 < len(pts):
         back = _recovered(pts, z, kind, group, before)
         if back is not None:
             ended, ended_at = RECOVERED_AT, back
@@ -228,7 +231,7 @@ def _recovered(
     run). A regression is back when its group's cost is; a workload shift when the step
     time is."""
     if before is None:
-        return pts[z + 1].step  # nothing to compare with: the labels stopped
+        return None
     for p in pts[z + 1 :]:
         if kind == REGRESSION:
             cost = _cost(p, group)
@@ -271,6 +274,8 @@ def _ending(e: Episode) -> str:
             if e.kind == REGRESSION
             else f"the new workload stayed: the baseline absorbed it after step {e.ended_at}"
         )
+    if e.ended == ENDED:
+        return f"labelled until step {e.ended_at} (no earlier step here to compare with)"
     return f"ongoing at step {e.last} (the run's last)"
 
 
