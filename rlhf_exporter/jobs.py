@@ -47,6 +47,7 @@ from .diagnosis import (
     history,
 )
 from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
+from .diagnosis.episodes import Episode, episodes
 from .diagnosis.timeline import Placer
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
@@ -286,6 +287,8 @@ class Job:
         self._extra: dict[tuple[str, tuple[str, ...]], float] = {}
         self._samples: tuple[Sample, ...] | None = None
         self._history: tuple[history.StepPoint, ...] = ()  # the last steps, for the job view
+        # the change episodes of `_history`, computed when first shown after a step
+        self._episodes: tuple[tuple[history.StepPoint, ...], tuple[Episode, ...]] = ((), ())
 
     @property
     def run(self) -> int:
@@ -499,8 +502,12 @@ class Job:
         if d.tokens is not None:
             self.tokens += d.tokens
         tpgs = self._extra.get(("rlhf_throughput_tokens_per_gpu_second", ()))
+        response = self._extra.get(("rlhf_response_length_tokens", ("mean",)))
+        longest = self._extra.get(("rlhf_response_length_tokens", ("max",)))
         # replaced whole, never changed in place: a page being drawn keeps a consistent tuple
-        self._history = (*self._history, history.point(d, tpgs))[-history.HISTORY_STEPS :]
+        self._history = (*self._history, history.point(d, tpgs, response, longest))[
+            -history.HISTORY_STEPS :
+        ]
 
     # -- scrape side ----------------------------------------------------------------------
     def samples(self) -> tuple[Sample, ...]:
@@ -583,6 +590,15 @@ class Job:
             yield Sample("rlhf_baseline_step_duration_seconds", j, base.busy_seconds)
             yield Sample("rlhf_baseline_tokens_per_second", j, base.tokens_per_second)
 
+    def episodes(self) -> tuple[Episode, ...]:
+        """The change episodes of the kept steps (rlhf_exporter/diagnosis/episodes.py),
+        computed once per new step, when a page first asks."""
+        kept = self._history  # replaced whole by the source's thread: read once
+        cached = self._episodes
+        if cached[0] is not kept:
+            cached = self._episodes = (kept, tuple(episodes(kept)))
+        return cached[1]
+
     def summary(self) -> dict[str, Any]:
         """What the landing page shows for this job."""
         d = self.last
@@ -592,6 +608,7 @@ class Job:
             "step": self.step,
             "run": self.run,
             "history": self._history,  # StepPoints (the job view; not in /api/v1/jobs)
+            "episodes": self.episodes(),  # Episodes of the history (the job view)
             "steps": self.steps,
             "verdict": d.verdict if d else None,
             "reason": d.reason if d else None,

@@ -220,8 +220,10 @@ class Handler(BaseHTTPRequestHandler):
             host = self.headers.get("Host")
             status, page = ep.pages.get((path, host), lambda: job_view(ep, path, host))
             self._send(status, page, "text/html; charset=utf-8")
-        elif path == "/api/v1/jobs":  # the view's step history stays out of the JSON
-            jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]
+        elif path == "/api/v1/jobs":  # the view's step history and episodes stay out of the JSON
+            jobs = [
+                {k: v for k, v in j.items() if k not in ("history", "episodes")} for j in ep.jobs()
+            ]
             self._json(200, {"jobs": jobs})
         elif path == "/api/v1/windows" and ep.windows_api is not None:
             status, doc = ep.windows_api.handle(self.headers.get("Authorization"))

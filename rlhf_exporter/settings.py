@@ -130,7 +130,9 @@ OPTIONS: tuple[Option, ...] = (
         "demo",
         _bool,
         False,
-        "run a built-in simulated verl job and watch it (a newcomer's first run)",
+        "run a built-in simulated verl job and watch it (a newcomer's first run); its GPUs "
+        "and Ray actors are simulated (collector demo), so the real Ray and NVML collectors "
+        "are off unless --ray or --nvml (or their variable or key) turns them on",
     ),
     Option(
         "demo_step_seconds",
@@ -143,7 +145,7 @@ OPTIONS: tuple[Option, ...] = (
         "demo_scenario",
         str,
         "all",
-        "with --demo: the scripted incidents to play: all (default), workload_shift, "
+        "only with --demo (an error without it): the scripted incidents to play: all (default), workload_shift, "
         "regression, checkpoint, long_validation, actor_restart, gpus_idle, trainer_starved, "
         "rollout_overprovisioned, bottleneck_moves or stall "
         "(timeline: rlhf_exporter/demo/scenario.py)",
@@ -488,6 +490,30 @@ def _verl_file_logger_path(values: dict[str, Any], environ: Mapping[str, str]) -
     values["verl_file"] = [path]
 
 
+DEMO_OFF = ("ray", "nvml")
+"""Real collectors `--demo` turns off unless a flag, variable or file turns them on: the demo
+simulates its own GPUs and Ray actors (collector `demo`), and a real Ray dashboard or GPU on
+the same machine would duplicate their series."""
+
+
+def _demo(values: dict[str, Any], explicit: set[str]) -> None:
+    """`--demo` is only the demo; `--demo-scenario NAME` without `--demo` is a mistake, not
+    a setting silently ignored (its default, `all`, written out in a settings file is fine)."""
+    if not values["demo"]:
+        if (
+            "demo_scenario" in explicit
+            and values["demo_scenario"] != BY_NAME["demo_scenario"].default
+        ):
+            raise ConfigError(
+                "demo_scenario: only with --demo (e.g. rlhf-exporter serve --demo "
+                f"--demo-scenario {values['demo_scenario']})"
+            )
+        return
+    for name in DEMO_OFF:
+        if name not in explicit:
+            values[name] = False
+
+
 def resolve(
     args: argparse.Namespace | None = None,
     environ: Mapping[str, str] | None = None,
@@ -496,6 +522,7 @@ def resolve(
     """Defaults < config file < environment < flags. Raises ConfigError with the culprit."""
     environ = os.environ if environ is None else environ
     values = {o.name: o.default for o in OPTIONS}
+    explicit: set[str] = set()  # set by a file, a variable or a flag, not by default
     path = config_path or (getattr(args, "config", None) if args is not None else None)
     if path is None:
         path = environ.get(ENV_PREFIX + "CONFIG")
@@ -510,16 +537,20 @@ def resolve(
                     f"{path}: unknown setting '{key}' (see rlhf-exporter serve --help)"
                 )
             values[option.name] = _convert(option, raw, f"{path}: {key}")
+            explicit.add(option.name)
     for option in OPTIONS:
         raw = environ.get(env_name(option))
         if raw is not None:
             values[option.name] = _convert(option, raw, env_name(option))
+            explicit.add(option.name)
     if args is not None:
         for option in OPTIONS:
             raw = getattr(args, option.name, None)
             if raw is not None:
                 values[option.name] = _convert(option, raw, flag(option))
+                explicit.add(option.name)
     _verl_file_logger_path(values, environ)
+    _demo(values, explicit)
     if values["log_format"] not in ("text", "json"):
         raise ConfigError(f"log_format: expected text or json, got {values['log_format']!r}")
     return Settings(values)

@@ -1,38 +1,79 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: system tools, a virtualenv, then pytest.
 # Usage: bash scripts/test.sh [pytest args...]
+#
+# What it installs, and why (it says so as it goes):
+# - Debian packages, when a tool is missing (needs root and apt-get):
+#     prometheus               promtool: the alert rules' unit tests; prometheus: live scrapes
+#     prometheus-alertmanager  amtool and alertmanager: routing of the example Alertmanager config
+#     victoria-metrics         VictoriaMetrics and vmalert: the remote-write fleet test
+#     chromium-headless-shell  the job view's browser tests (tests/test_view_browser.py)
+#   Without root or apt-get it stops and names what is missing; SKIP_SYSTEM_PACKAGES=1 runs
+#   the suite anyway, and the tests that need a missing tool skip.
+# - .venv/ (python3 -m venv), with this checkout and its `test` extra (pyproject.toml: pytest,
+#   Ray, Helm's engine, the Grafana SDK, ruff, mypy, ...): about 900 MB, a few minutes once.
+# - verl==0.9.1 without its dependencies: its generated configuration is test data.
+# Then ruff, ruff format --check and mypy (SKIP_LINT=1 skips them), then pytest: the whole
+# suite takes about 10-15 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# promtool (prometheus) and amtool (prometheus-alertmanager) come from Debian's packages, and
-# so do VictoriaMetrics and vmalert (victoria-metrics: the remote-write fleet test).
+say() { echo "scripts/test.sh: $*" >&2; }
+
 need=()
-# Debian's headless Chromium drives the job view's browser tests (tests/test_view_browser.py).
-command -v chromium-headless-shell >/dev/null 2>&1 || need+=(chromium-headless-shell)
-command -v promtool >/dev/null 2>&1 || need+=(prometheus)
-command -v amtool >/dev/null 2>&1 || need+=(prometheus-alertmanager)
-command -v victoria-metrics >/dev/null 2>&1 || need+=(victoria-metrics)
+why=()
+want() {  # want COMMAND PACKAGE REASON
+  if ! command -v "$1" >/dev/null 2>&1; then
+    need+=("$2")
+    why+=("  $2 ($1): $3")
+  fi
+}
+want chromium-headless-shell chromium-headless-shell "the job view's browser tests"
+want promtool prometheus "the alert rules' unit tests and the live Prometheus tests"
+want amtool prometheus-alertmanager "the example Alertmanager config's routing tests"
+want victoria-metrics victoria-metrics "the remote-write fleet test (VictoriaMetrics, vmalert)"
 if [ ${#need[@]} -gt 0 ]; then
-  if [ "$(id -u)" = 0 ]; then
-    echo "installing ${need[*]} (Debian packages)" >&2
+  say "missing system tools:"
+  printf '%s\n' "${why[@]}" >&2
+  if [ "${SKIP_SYSTEM_PACKAGES:-0}" = 1 ]; then
+    say "SKIP_SYSTEM_PACKAGES=1: not installing them; the tests that need them will skip"
+  elif ! command -v apt-get >/dev/null 2>&1; then
+    say "cannot install them: no apt-get on this machine (the packages are Debian's)."
+    say "install them with your package manager, or run with SKIP_SYSTEM_PACKAGES=1"
+    exit 1
+  elif [ "$(id -u)" != 0 ]; then
+    say "cannot install them: not root. Run: sudo apt-get install --no-install-recommends ${need[*]}"
+    say "or run with SKIP_SYSTEM_PACKAGES=1 (the tests that need them skip)"
+    exit 1
+  else
+    say "installing ${need[*]} (Debian packages, apt-get)"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  else
-    echo "warning: ${need[*]} missing and not root: tests that need them will skip" >&2
   fi
 fi
+
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $PY"
+  if ! "$PY" -m venv .venv; then
+    say "cannot create a virtualenv with $PY (on Debian: apt-get install python3-venv);"
+    say "set PYTHON=/path/to/python3.10+ to use another interpreter"
+    exit 1
+  fi
+fi
+say "installing this checkout with its test extra into .venv (about 900 MB the first time)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 # verl's generated configuration is test data (tests/test_verl_config_keys.py reads its YAML
 # files, never imports it): the wheel is pure Python, installed without its dependencies
 # (torch, vLLM, ...), which pip cannot express in pyproject.toml.
+say "installing verl==0.9.1 without its dependencies (its configuration files are test data)"
 .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps 'verl==0.9.1'
 
 # Lint, format and type checks first (configured in pyproject.toml); SKIP_LINT=1 skips them
 # when re-running a few tests.
 if [ "${SKIP_LINT:-0}" != 1 ]; then
+  say "ruff check, ruff format --check, mypy"
   .venv/bin/ruff check .
   .venv/bin/ruff format --check .
   .venv/bin/mypy
@@ -40,4 +81,5 @@ fi
 
 # Ray's tests start their own head (`ray start --head`) and always stop it.
 export PATH="$PWD/.venv/bin:$PATH"
+say "pytest $*"
 exec .venv/bin/python -m pytest "$@"

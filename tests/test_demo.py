@@ -16,7 +16,7 @@ from rlhf_exporter.demo.simulator import encode
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.metrics.catalog import BY_NAME
 from rlhf_exporter.sources.verl_reader import RecordReader
-from tests.support.serve import Exporter
+from tests.support.serve import Exporter, parse_samples
 
 
 def diagnose(name: str):
@@ -206,3 +206,129 @@ def test_separated_devices_join_their_windows_like_nvml():
     starved, over = _idle_shares(starved_phase, th), _idle_shares(over_phase, th)
     assert starved[0] > 0.5 and starved[1] < 0.1  # the trainer waits for samples
     assert over[1] > 0.5 and over[0] < 0.3  # the rollout waits for the trainer
+
+
+def _resolve(*argv: str, environ=None):
+    import argparse
+
+    from rlhf_exporter import settings
+
+    parser = argparse.ArgumentParser()
+    settings.add_arguments(parser)
+    return settings.resolve(parser.parse_args(list(argv)), environ=environ or {})
+
+
+def test_the_demo_is_only_the_demo_unless_real_collectors_are_asked_for():
+    """`--demo` turns the real Ray and NVML collectors off (its own are simulated); a flag
+    or a variable that names one turns it back on."""
+    plain = _resolve()
+    assert plain.ray and plain.nvml  # without the demo, both are on by default
+    demo = _resolve("--demo")
+    assert not demo.ray and not demo.nvml
+    asked = _resolve("--demo", "--ray")
+    assert asked.ray and not asked.nvml
+    by_env = _resolve("--demo", environ={"RLHF_EXPORTER_NVML": "true"})
+    assert by_env.nvml and not by_env.ray
+
+
+def test_a_demo_scenario_without_the_demo_is_an_error():
+    from rlhf_exporter.config import ConfigError
+
+    with pytest.raises(ConfigError, match="only with --demo"):
+        _resolve("--demo-scenario", "stall")
+    with pytest.raises(ConfigError, match="only with --demo"):
+        _resolve(environ={"RLHF_EXPORTER_DEMO_SCENARIO": "stall"})
+    assert _resolve("--demo", "--demo-scenario", "stall").demo_scenario == "stall"
+
+
+def test_a_failed_demo_start_leaves_no_temp_dir(tmp_path, monkeypatch):
+    """The demo's temporary root is made before the server listens: a port already taken
+    fails the start, and the root goes with it."""
+    import socket
+    import tempfile
+
+    from rlhf_exporter.commands.serve import Sidecar
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    try:
+        port = taken.getsockname()[1]
+        with pytest.raises(OSError):
+            Sidecar(_resolve("--demo", "--listen", f"127.0.0.1:{port}"))
+    finally:
+        taken.close()
+    assert not list(tmp_path.glob("rlhf-exporter-demo-*"))
+
+
+@pytest.mark.slow
+def test_serve_demo_runs_no_real_collector(tmp_path):
+    """Nothing but the demo's flags: no real Ray or NVML collector is exported or shown."""
+    with Exporter(tmp_path, "--demo", defaults=False) as exp:
+        text = exp.metrics_text()
+        collectors = {
+            dict(labels)["collector"]
+            for name, labels in parse_samples(text)
+            if name == "rlhf_exporter_collector_up"
+        }
+        assert collectors == {"verl", "push", "demo"}
+        page = exp.get("/").text
+        assert 'data-up="0"' not in page and "Demo data" in page
+
+
+def _live(name: str, steps: int, step_seconds: float = 0.7):
+    """`serve --demo`'s pace: `steps` records of scenario `name`, one every `step_seconds`
+    of wall time, each played by the devices once due (polled every second)."""
+    from rlhf_exporter.diagnosis.balance import balance
+    from rlhf_exporter.gpuwindows.board import WindowBoard
+
+    th = load_thresholds()
+    now = [1000.0]
+    job = _Job(scenario(name))
+    job.upcoming = []
+    job.project, job.experiment = "demo", "grpo-simulated"
+    dev = DemoDevices(
+        job, n_gpus=8, clock=lambda: now[0], wall=lambda: now[0], windows=WindowBoard(), th=th
+    )
+    played = [(p, r) for p, r in play(scenario(name), seed=0) if r is not None and r["step"]]
+    next_poll = now[0] + 1.0
+    for phase, record in played[:steps]:
+        job.phase = phase
+        now[0] += step_seconds
+        job.upcoming.append((now[0], record))
+        while next_poll <= now[0]:
+            dev.poll_once()
+            next_poll += 1.0
+    dev.poll_once()
+    counters, wall = dev.joiner.view[("demo", "grpo-simulated")]
+    return counters, balance(counters, wall, th.document["balance"]), now[0] - 1000.0
+
+
+@pytest.mark.parametrize(
+    ("name", "verdict"),
+    [
+        ("trainer_starved", "trainer_starved"),
+        ("rollout_overprovisioned", "rollout_overprovisioned"),
+    ],
+)
+def test_the_live_demo_shows_who_waits_on_whom_within_a_minute(name, verdict):
+    """At 0.7 s a step, the simulated GPUs work in phase with each step's windows (on the
+    demo clock): every window group has GPU-seconds, and the scripted incident is the
+    balance verdict in under a minute of wall time."""
+    counters, result, seconds = _live(name, steps=12 + 15)  # steady, then the incident
+    assert seconds < 60
+    assert result is not None and result.verdict == verdict, result
+    groups = {g for g, _ in counters}
+    assert {"rollout", "logprob", "update", "sync", "other"} <= groups, groups
+    # the steady (colocated) steps: busy generating and training, idle in untimed time
+    busy = {g: b / t for (g, role), (b, t) in counters.items() if role == "colocated"}
+    assert busy["rollout"] > 0.8 and busy["update"] > 0.8 and busy["other"] < 0.1, busy
+    # the separated ones: the rollout GPUs busy in `rollout` windows, the trainer's not
+    side = {(g, role): b / t for (g, role), (b, t) in counters.items() if role != "colocated"}
+    assert side["rollout", "rollout"] > 0.8 and side["rollout", "trainer"] < 0.1, side
+    assert side["update", "trainer"] > 0.8, side
+    if name == "rollout_overprovisioned":
+        assert side["update", "rollout"] < 0.1, side  # idle while the trainer works
+    else:
+        assert side["update", "rollout"] > 0.8, side  # generating ahead

@@ -43,8 +43,17 @@ def log(tmp_path_factory):
 def test_jsonl_is_the_contract(log):
     r = cli("--format", "jsonl", str(log))
     assert r.returncode == 0, r.stderr
-    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    objects = [json.loads(line) for line in r.stdout.splitlines()]
+    rows = [o for o in objects if "type" not in o]  # the per-step objects, unchanged
+    episodes = [o for o in objects if "type" in o]
     assert len(rows) == 25
+    assert objects[: len(rows)] == rows  # a file's steps first, then its episodes
+    assert [(e["type"], e["kind"], e["first_step"], e["last_step"]) for e in episodes] == [
+        ("episode", "regression", 9, 14),  # rollout-bound to sync-bound: sync costs more
+        ("episode", "workload_shift", 17, 19),
+        ("episode", "regression", 23, 25),
+    ]
+    assert episodes[2]["group"] == "update" and episodes[2]["ended"] == "ongoing"
     for row in rows:
         assert set(row) >= {"step", "verdict", "reason", "shares", "change", "regressed"}
         assert set(row["shares"]) == {
@@ -98,6 +107,7 @@ def test_json_document_has_files_runs_steps_and_summary(log):
 def test_stdin_and_several_files(log):
     r = cli("-f", "jsonl", "-", str(log), stdin=log.read_bytes())
     rows = [json.loads(line) for line in r.stdout.splitlines()]
+    rows = [row for row in rows if row.get("type") != "episode"]
     assert len(rows) == 50 and rows[0]["file"] == "-" and rows[-1]["file"] == str(log)
 
 
@@ -147,7 +157,7 @@ def test_usage_and_config_errors_exit_2(tmp_path, log):
         assert r.returncode == 2 and b"--max-line-bytes" in r.stderr, bad_size
     bad = tmp_path / "bad.yaml"
     bad.write_text("verdict:\n  min_share: lots\n")
-    r = cli("--config", str(bad), str(log))
+    r = cli("--thresholds", str(bad), str(log))
     assert r.returncode == 2
     assert b"verdict.min_share: expected a number, got 'lots'" in r.stderr
     assert b"Traceback" not in r.stderr
@@ -158,7 +168,8 @@ def test_config_changes_the_diagnosis(tmp_path, log):
     cfg.write_text("verdict:\n  min_share: 0.9\n")
     rows = [
         json.loads(line)
-        for line in cli("-f", "jsonl", "--config", str(cfg), str(log)).stdout.splitlines()
+        for line in cli("-f", "jsonl", "--thresholds", str(cfg), str(log)).stdout.splitlines()
+        if b'"type":"episode"' not in line
     ]
     assert {r["verdict"] for r in rows} == {"balanced"}
 
@@ -187,7 +198,7 @@ def test_print_thresholds_is_a_valid_starting_point(tmp_path):
     text = cli("--print-thresholds").stdout
     cfg = tmp_path / "mine.yaml"
     cfg.write_bytes(text)
-    assert cli("--config", str(cfg), "--summary").returncode == 0
+    assert cli("--thresholds", str(cfg), "--summary").returncode == 0
 
 
 def test_python_dash_m_and_version():

@@ -43,7 +43,7 @@ def test_render_check_command_exits_0_and_flags_a_stale_file(tmp_path):
     edited = render("--check", "docs", "--root", root)
     assert edited.returncode == 1 and "docs/metrics.md" in edited.stderr
     assert render("nope").returncode == 2
-    bad_config = render("--check", "--config", str(tmp_path / "absent.yaml"))
+    bad_config = render("--check", "--thresholds", str(tmp_path / "absent.yaml"))
     assert bad_config.returncode == 2 and "absent.yaml: cannot read" in bad_config.stderr
 
 
@@ -117,3 +117,33 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_exporter_jobs",
         "rlhf_agent_loop_preempted_max",
     }, unitless
+
+
+def test_render_without_the_dashboards_extra_renders_the_rest_and_says_what_is_missing(tmp_path):
+    """After the basic install (no grafana-foundation-sdk), `render` writes the rules, docs
+    and chart files, names the dashboards as needing the `dashboards` extra with a hint that
+    works in a checkout, and exits 0; `--check`, or `render dashboards`, cannot pass."""
+    no_sdk = (
+        "import sys; sys.modules['grafana_foundation_sdk'] = None\n"  # the import fails
+        "from rlhf_exporter.cli import main; raise SystemExit(main(sys.argv[1:]))"
+    )
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-c", no_sdk, "render", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    wrote = run("--root", str(tmp_path))
+    assert wrote.returncode == 0, wrote.stderr
+    assert "wrote docs/metrics.md" in wrote.stdout and "wrote alerts/" in wrote.stdout
+    assert not (tmp_path / "grafana").exists()
+    hint = "needs the `dashboards` extra"
+    assert hint in wrote.stderr and ".venv/bin/pip install -e '.[dashboards]'" in wrote.stderr
+    assert "Traceback" not in wrote.stderr
+    check = run("--check", "--root", str(tmp_path))
+    assert check.returncode == 1 and hint in check.stderr
+    named = run("dashboards", "--root", str(tmp_path))
+    assert named.returncode == 1 and hint in named.stderr

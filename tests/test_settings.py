@@ -53,6 +53,49 @@ def test_a_config_error_exits_2_naming_the_command(command, tmp_path, capsys):
     from rlhf_exporter import cli
 
     missing = tmp_path / "absent.yaml"
-    assert cli.main([command, "--config", str(missing)]) == 2
+    flag = "--config" if command == "serve" else "--thresholds"  # one meaning per flag
+    assert cli.main([command, flag, str(missing)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"rlhf-exporter {command}: {missing}: cannot read"), err
+
+
+@pytest.mark.parametrize("command", ["diagnose", "render"])
+def test_config_is_a_deprecated_alias_of_thresholds_outside_serve(command, tmp_path, capsys):
+    """`--thresholds` names the thresholds file everywhere; `diagnose --config` and `render
+    --config` still work for one release, with a warning."""
+    from rlhf_exporter import cli
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("verdict:\n  min_share: lots\n")
+    assert cli.main([command, "--config", str(bad)]) == 2  # the file is read: its error
+    err = capsys.readouterr().err
+    assert f"rlhf-exporter {command}: warning: --config is deprecated" in err
+    assert "use --thresholds" in err and "verdict.min_share: expected a number" in err
+    assert cli.main([command, "--thresholds", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "warning:" not in err and "verdict.min_share: expected a number" in err
+
+
+def test_the_example_settings_file_loads_and_names_every_setting():
+    """examples/exporter.yaml is what `serve --config` reads: it loads, its active keys take
+    effect, and every setting is in it (commented out at its default, or set)."""
+    import re
+    from pathlib import Path
+
+    from rlhf_exporter.settings import OPTIONS
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "exporter.yaml"
+    settings = resolve(environ={}, config_path=str(path))
+    assert settings.listen == "127.0.0.1:19839" and settings.verl_root == ["/logs"]
+    assert settings.job_expiry == 86400.0 and settings.ray_interval == 15.0
+    keys = re.findall(r"^(?:# )?([a-z_]+): ", path.read_text(), flags=re.M)
+    assert sorted(keys) == sorted(o.name for o in OPTIONS)
+    # uncommented, every default is accepted as written
+    text = re.sub(r"^# ([a-z_]+: )", r"\1", path.read_text(), flags=re.M)
+    whole = path.parent / "exporter.all.yaml"
+    try:
+        whole.write_text(text)
+        every = resolve(environ={}, config_path=str(whole))
+    finally:
+        whole.unlink()
+    assert every.max_line_bytes == 1 << 20 and every.push is True

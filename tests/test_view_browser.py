@@ -175,3 +175,18 @@ def test_diagnose_html_in_chromium(tmp_path):
     assert "Mostly:" in text and "classified steps" in text
     assert next(a["href"] for a in el.find("a", "runbook")).endswith("#rlhfjobregression")
     check_screenshot(out.as_uri(), "diagnose-report.png")
+
+
+def test_demo_index_shows_no_collector_down_in_chromium(tmp_path):
+    """`serve --demo` and nothing else: `/` under the demo banner lists only the collectors
+    the demo uses, all up (no real Ray or NVML shown as down)."""
+    with Exporter(tmp_path, "--demo", defaults=False) as exp:
+        exp.wait_for(lambda: "grpo-simulated" in exp.get("/").text, what="the demo job")
+        dom, errors = browser.dump_dom(exp.url + "/")
+    assert not errors, errors
+    el = Elements(dom)
+    rows = el.find("tr", "source")
+    assert rows and all(r["data-up"] == "1" for r in rows), rows
+    text = " ".join(el.text)
+    assert "Demo data" in text
+    assert "ray" not in [t.strip() for t in el.text] and "nvml" not in [t.strip() for t in el.text]

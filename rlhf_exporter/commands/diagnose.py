@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import textwrap
 import time
@@ -15,10 +16,12 @@ import orjson
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
-from ..diagnosis.history import point
+from ..diagnosis.episodes import episodes
+from ..diagnosis.history import StepPoint, point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view import Links, ReportFile, ReportRun, report_page
 from ..view.report import (
+    MAX_EPISODE_STEPS,
     RunSummary,
     Style,
     Table,
@@ -27,6 +30,7 @@ from ..view.report import (
     summary_lines,
     terminal_width,
 )
+from . import add_thresholds_argument, thresholds_path
 
 ORDER = 20
 CHUNK = 1 << 20
@@ -49,7 +53,7 @@ window costs more than its work explains, even if another got faster; `regressed
 examples:
   rlhf-exporter diagnose $VERL_FILE_LOGGER_ROOT/my_project/my_experiment.jsonl
   rlhf-exporter diagnose --format jsonl run.jsonl | jq 'select(.change == "regression")'
-  rlhf-exporter diagnose --config my-thresholds.yaml - < run.jsonl
+  rlhf-exporter diagnose --thresholds my-thresholds.yaml - < run.jsonl
   rlhf-exporter diagnose run.jsonl --html report.html   # one self-contained file to attach
 
 exit status: 0 done, 1 no input gave a verl record (missing, empty, binary, gzip-compressed
@@ -81,12 +85,7 @@ def register(subparsers) -> None:
         help="table: per-step rows and a per-run summary (default); jsonl: one "
         "object per classified step (the contract); json: one document",
     )
-    p.add_argument(
-        "--config",
-        metavar="FILE",
-        help="thresholds YAML overriding any subset of the defaults "
-        "(see `rlhf-exporter diagnose --print-thresholds`)",
-    )
+    add_thresholds_argument(p)
     p.add_argument(
         "--print-thresholds", action="store_true", help="print the default thresholds file and exit"
     )
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     if args.print_thresholds:
         sys.stdout.write(default_thresholds_text())
         return 0
-    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
+    thresholds = load_thresholds(thresholds_path(args))  # a ConfigError exits 2 (cli.main)
     files = args.files or [_bundled_example()]
     if files.count("-") > 1:
         print("rlhf-exporter diagnose: '-' (standard input) can be given once", file=sys.stderr)
@@ -243,17 +242,60 @@ def cannot_show_lines(cannot_show: tuple[str, ...]) -> list[str]:
     return ["  cannot show:", *(f"    - {line}" for line in cannot_show)]
 
 
+_LABEL = re.compile(r"^\s*[^:]{1,20}:\s+")  # "    look at:     " before a summary's text
+
+
 def fit(line: str, width: int | None) -> list[str]:
-    """A summary line wrapped to the width, continuation lines under its text (a line with
-    colour codes is left whole: it is short)."""
+    """A summary line wrapped to the width, continuation lines under its text: after a
+    label's padding ("    look at:     "), else two columns in (a line with colour codes is
+    left whole: it is short)."""
     if width is None or len(line) <= width or "\033" in line:
         return [line]
-    text = line.lstrip()
-    label, sep, _rest = text.partition(":  ")
-    indent = len(line) - len(text) + (len(label) + len(sep) if sep else 2)
+    label = _LABEL.match(line)
+    indent = label.end() if label else len(line) - len(line.lstrip()) + 2
     return textwrap.wrap(
         line, width, subsequent_indent=" " * min(indent, width // 2), break_on_hyphens=False
     ) or [line]
+
+
+class Extras:
+    """What a step's point takes from its records besides the diagnosis: verl's
+    perf/throughput and response lengths (the change episodes' numbers), until classified.
+    Cheap per record (three lookups): `diagnose` reads tens of thousands of steps a second."""
+
+    KEYS = ("perf/throughput", "response_length/mean", "response_length/max")
+    NONE = (None, None, None)
+
+    def __init__(self) -> None:
+        self._by_step: dict[int, tuple[Any, ...]] = {}
+
+    def clear(self) -> None:
+        self._by_step.clear()
+
+    def record(self, record: Any) -> None:
+        get = record.data.get
+        values = (get("perf/throughput"), get("response_length/mean"), get("response_length/max"))
+        if values == self.NONE:
+            return
+        old = self._by_step.get(record.step)
+        if old is not None:  # a step in several records: the later value, else the earlier
+            values = tuple(o if v is None else v for v, o in zip(values, old))
+        elif len(self._by_step) >= 64:  # records of steps never classified: bounded
+            del self._by_step[next(iter(self._by_step))]
+        self._by_step[record.step] = values
+
+    def point(self, d: StepDiagnosis) -> StepPoint:
+        tps, mean, longest = self._by_step.pop(d.step, self.NONE)
+        return point(d, _number(tps), _number(mean), _number(longest))
+
+
+def _number(value: Any) -> float | None:
+    """A usable value (>= 0) as a float, or None."""
+    if type(value) is float:  # orjson's floats: the common case first
+        return value if value >= 0 else None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
 
 
 class Progress:
@@ -283,7 +325,9 @@ class Progress:
 
 
 class JsonlWriter:
-    """The contract: one object per classified step, in file order (`file` when several).
+    """The contract: one object per classified step, in file order (`file` when several);
+    after a file's steps, one object per change episode of each run, told apart by its
+    `"type": "episode"` (a step object has no `type`; rlhf_exporter/diagnosis/episodes.py).
 
     Lines are batched and written once per input chunk: stdout may be unbuffered
     (PYTHONUNBUFFERED), and a write per step would then be a system call per step.
@@ -295,11 +339,21 @@ class JsonlWriter:
         self.many = many
         self.path: str | None = None
         self._pending: list[bytes] = []
+        self.points: list[StepPoint] = []  # for the episodes, at most MAX_EPISODE_STEPS
+        self.extras = Extras()
+
+    def record(self, record: Any) -> None:
+        self.extras.record(record)
 
     def begin_file(self, path: str) -> None:
         self.path = path
+        self.points = []
+        self.extras.clear()
 
     def step(self, d: StepDiagnosis) -> None:
+        p = self.extras.point(d)
+        if len(self.points) < MAX_EPISODE_STEPS:
+            self.points.append(p)
         obj = d.to_json()
         if self.many:
             obj["file"] = self.path
@@ -319,6 +373,12 @@ class JsonlWriter:
     def end_file(
         self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
     ) -> None:
+        for e in episodes(self.points):
+            obj = e.to_json()
+            if self.many:
+                obj["file"] = self.path
+            self._pending.append(orjson.dumps(obj, option=orjson.OPT_APPEND_NEWLINE))
+        self.flush()
         if rejected:
             total = sum(rejected.values())
             print(
@@ -338,17 +398,22 @@ class JsonWriter:
         self.out = out
         self.files: list[dict[str, Any]] = []
         self.runs: dict[int, tuple[RunSummary, list]] = {}
+        self.extras = Extras()
+
+    def record(self, record: Any) -> None:
+        self.extras.record(record)
 
     def begin_file(self, path: str) -> None:
         self.path = path
         self.runs = {}
+        self.extras.clear()
 
     def flush(self) -> None:
         """Nothing to do: the document is written whole at the end."""
 
     def step(self, d: StepDiagnosis) -> None:
         summary, steps = self.runs.setdefault(d.run, (RunSummary(d.run), []))
-        summary.add(d)
+        summary.add(d, self.extras.point(d))
         steps.append(step_json(d))
 
     def end_file(
@@ -399,6 +464,10 @@ class TableWriter:
         self.width = width
         self.summary: RunSummary | None = None
         self.summaries: list[RunSummary] = []
+        self.extras = Extras()
+
+    def record(self, record: Any) -> None:
+        self.extras.record(record)
 
     def _print(self, line: str = "") -> None:
         self.out.write(line + "\n")
@@ -410,6 +479,7 @@ class TableWriter:
         self.path = path
         self.summary = None
         self.summaries = []
+        self.extras.clear()
         for part in fit(f"== {path}", self.width):
             self._print(self.style.bold(part))
 
@@ -425,7 +495,7 @@ class TableWriter:
                 )
                 for line in self.table.header():
                     self._print(line)
-        self.summary.add(d)
+        self.summary.add(d, self.extras.point(d))
         if not self.summary_only:
             self._print(self.table.row(d, self.style))
 
@@ -495,22 +565,21 @@ class HtmlWriter:
         self.path = path
         self.runbook_base = runbook_base
         self.files: list = []
-        self._throughput: dict[int, float] = {}  # step -> perf/throughput, until classified
+        self.extras = Extras()  # step -> perf/throughput and response lengths, until classified
 
     def begin_file(self, path: str) -> None:
         self.current = path
         self.runs: dict[int, tuple[RunSummary, list]] = {}
-        self._throughput.clear()
+        self.extras.clear()
 
     def record(self, record: Any) -> None:
-        value = record.data.get("perf/throughput")
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
-            self._throughput[record.step] = float(value)
+        self.extras.record(record)
 
     def step(self, d: StepDiagnosis) -> None:
         summary, points = self.runs.setdefault(d.run, (RunSummary(d.run), []))
-        summary.add(d)
-        points.append(point(d, self._throughput.pop(d.step, None)))
+        p = self.extras.point(d)
+        summary.add(d, p)
+        points.append(p)
 
     def flush(self) -> None:
         """Nothing to do: the file is written whole at the end."""

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..config import load_thresholds
-from ..render import generators, is_checkout, repo_root, stale, write
+from ..render import MissingExtra, generators, is_checkout, repo_root, stale, write
+from . import add_thresholds_argument, thresholds_path
 
 ORDER = 30
 
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--root", type=Path, default=None, help="checkout to write into (default: this source tree)"
     )
-    p.add_argument("--config", metavar="FILE", help="thresholds YAML overriding the defaults")
+    add_thresholds_argument(p)
     p.set_defaults(func=run)
 
 
@@ -52,17 +53,34 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    thresholds = load_thresholds(args.config)  # a ConfigError exits 2 (cli.main)
+    thresholds = load_thresholds(thresholds_path(args))  # a ConfigError exits 2 (cli.main)
     root = args.root or repo_root()
     if args.root is None and not is_checkout(root):
         print(outside_checkout(root, args.check), file=sys.stderr)
         return 2
     # generated one target at a time, in ORDER: the chart copies what rules and dashboards
-    # have just written
-    files = (available[name](thresholds) for name in args.targets or available)
+    # have just written. A target that needs a missing extra is skipped and named: after the
+    # basic install `render` still writes the rules, docs and chart files.
+    missing: list[MissingExtra] = []
+
+    def files() -> Iterable[Mapping[str, str]]:
+        for name in args.targets or available:
+            try:
+                yield available[name](thresholds)
+            except MissingExtra as exc:
+                missing.append(exc)
+
     if args.check:
-        return check(root, files, explicit_root=args.root is not None)
-    return write_all(root, files)
+        status = check(root, files(), explicit_root=args.root is not None)
+    else:
+        status = write_all(root, files())
+    for exc in missing:
+        print(f"rlhf-exporter render: {exc}", file=sys.stderr)
+    if missing and (args.check or args.targets):
+        # a check that could not compare a target does not pass, nor does a target asked
+        # for by name that could not be rendered
+        return max(status, 1)
+    return status
 
 
 def outside_checkout(root: Path, checking: bool) -> str:
@@ -75,7 +93,7 @@ def outside_checkout(root: Path, checking: bool) -> str:
     return (
         f"rlhf-exporter render: not run from a source checkout: this package is installed in "
         f"{root}, which is not one. render {what}: run it from a clone "
-        "(python -m exporter render), or pass --root DIR."
+        "(python -m rlhf_exporter render), or pass --root DIR."
     )
 
 

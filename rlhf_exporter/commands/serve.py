@@ -37,7 +37,8 @@ EPILOG = f"""\
 Every setting is a flag, a key in the --config YAML file (the flag's name with underscores:
 verl_root, push_token, ...) and an environment variable (RLHF_EXPORTER_VERL_ROOT, ...).
 Precedence: flag > environment > config file > default. Lists (verl_root, verl_file) take a
-YAML list or a comma-separated variable.
+YAML list or a comma-separated variable. A commented example of every setting, in a
+checkout: examples/exporter.yaml. The thresholds file is --thresholds FILE.
 
 Endpoints:
   /metrics            Prometheus metrics (catalog: docs/metrics.md)
@@ -60,7 +61,7 @@ rlhf_exporter_record_errors_total{{reason}}; beyond http_max_connections a conne
 SIGHUP is logged and ignored (settings are read at start); SIGTERM/SIGINT stop.
 
 Examples:
-  rlhf-exporter serve --demo                   # a simulated job; open http://{settings_mod.DEFAULT_LISTEN}/
+  rlhf-exporter serve --demo                   # a simulated job (no real Ray or NVML); open http://{settings_mod.DEFAULT_LISTEN}/
   rlhf-exporter serve --demo --demo-scenario actor_restart   # one scripted incident
   rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
   rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray --no-push
@@ -96,6 +97,14 @@ class Sidecar:
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
+        try:
+            self._build(settings, clock)
+        except BaseException:  # a failed start (port taken, bad setting) leaves no temp dir
+            if self.tempdir is not None:
+                shutil.rmtree(self.tempdir, ignore_errors=True)
+            raise
+
+    def _build(self, settings: Any, clock: Clock) -> None:
         self.demo: DemoJob | None = None
         self.demo_devices: Any = None  # the demo's simulated GPUs and Ray actors
         extra_roots: list[Path] = []

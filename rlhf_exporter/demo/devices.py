@@ -7,16 +7,28 @@ sources are not involved. Everything it publishes says it is simulated: the GPUs
 "rlhf-exporter demo (simulated)" with `GPU-demo-...` UUIDs, and the Ray cluster's
 `ray_version` is `demo` and its `session_name` `demo-simulated`.
 
-GPU time by step window (docs/gpu-windows.md): with the sidecar's `WindowBoard` (`serve`
-passes it here instead of to NVML in the demo), each poll feeds a `WindowJoiner`, as
-`NvmlSource` does, with every simulated GPU's timestamped samples (one per `SAMPLE_PERIOD`
-at most) and its role, and exports the joiner's `rlhf_window_gpu_*` counters. In a
-`separated` phase the first half of the GPUs roll out and the rest train; each sample's
-utilization follows the window the demo job's current step is in (the step's windows rebuilt
-from the record it will write, `DemoJob.upcoming`, ending when it is due): the trainer's GPUs
-idle in `rollout` windows (waiting for samples), the rollout's idle outside them when the
-phase says `rollout_waits`. Between steps, and in colocated phases, every GPU is at the
-phase's `gpu_busy`.
+GPU time by step window (docs/gpu-windows.md): the simulated GPUs work in phase with the
+windows of the demo job's steps, as a real job's do. Each step the demo job has written
+(`DemoJob.upcoming`, once its record is due) is played on a **demo clock**: its windows are
+rebuilt from its record (`rebuild`) and laid end to end after the previous step's, and every
+GPU gets one sample per window, busy (the phase's `gpu_busy`) or idle by its role:
+
+| GPU role | busy in | idle in |
+|---|---|---|
+| colocated | rollout, reward, logprob, update, sync | other (untimed driver work), checkpoint |
+| rollout (separated) | rollout; the training windows too, generating ahead, unless the phase says `rollout_waits` | other, checkpoint; with `rollout_waits` everything but rollout (RLHFRolloutOverprovisioned) |
+| trainer (separated) | reward, logprob, update, sync | rollout (waiting for samples: RLHFTrainerStarved), other, checkpoint |
+
+The samples and the steps go through this source's own `WindowJoiner`, as NVML's go through
+the sidecar's, which exports the `rlhf_window_gpu_*` counters and feeds the job view's "GPU
+time by step window and role" and "who waits on whom". The demo clock runs at the job's
+pace, not the wall's: at 0.7 s a step each record still says its step took ~95 s, so steps
+placed on the wall clock would overlap and only each one's last moments could be joined; on
+the demo clock each step is joined whole, within a minute of the demo's start, and the
+counters grow by the GPU-seconds the records describe (as the job's own step counters do,
+~135x the wall's pace). In a separated phase the first half of the GPUs roll out and the rest
+train. The per-GPU gauges (`rlhf_gpu_utilization_ratio`, and busy seconds on the wall clock)
+are the mean of the steps played since the last poll, or the phase's `gpu_busy` between steps.
 """
 
 from __future__ import annotations
@@ -27,9 +39,9 @@ from typing import Any
 
 from ..diagnosis.gpujoin import COLOCATED, ROLLOUT, TRAINER
 from ..diagnosis.thresholds import Thresholds
-from ..diagnosis.timeline import Timeline, rebuild
+from ..diagnosis.timeline import Interval, Timeline, rebuild
 from ..diagnosis.windows import separated_trainer, split, timers
-from ..gpuwindows.board import WindowJoiner
+from ..gpuwindows.board import WindowBoard, WindowJoiner
 from ..metrics.snapshot import Sample
 from ..sources.base import Clock, Context, PollingSource, PollResult
 from ..sources.ray import STATES
@@ -41,8 +53,9 @@ GPU_NAME = "rlhf-exporter demo (simulated)"
 ACTORS = {"trainer": 8, "rollout": 8, "agent_loop": 4, "reward": 1, "driver": 1}
 MEMORY_TOTAL = 80 * (1 << 30)
 DEATH_REASON = "WORKER_DIED"
-SAMPLE_PERIOD = 1.0  # seconds between a simulated GPU's utilization samples, at least
-MAX_SAMPLES = 900  # samples per GPU and poll at most (NVML's buffer is bounded too)
+MAX_STEPS = 16  # steps played per poll at most (the demo job keeps this many due steps)
+IDLE_GROUPS = frozenset({"other", "checkpoint"})  # no GPU work: driver, untimed, saving
+TRAINING_GROUPS = frozenset({"reward", "logprob", "update", "sync"})
 
 
 class DemoDevices(PollingSource):
@@ -65,14 +78,19 @@ class DemoDevices(PollingSource):
         self._samples = 0
         self._clock = clock  # the busy seconds' clock (a test's simulated one)
         self._last = clock()
-        # GPU time by step window (rlhf_exporter/gpuwindows/board.py): None when the sidecar keeps none
-        self.joiner = WindowJoiner(windows) if windows is not None else None
+        # GPU time by step window: this source's own board and joiner, on the demo clock
+        # (None when the sidecar keeps no step windows: --no-gpu-windows)
+        self.joiner = None
+        if windows is not None:
+            self.joiner = WindowJoiner(WindowBoard(keep=getattr(windows, "keep", 32)))
         if self.joiner is not None and th is None:
             from ..config import load_thresholds
 
             th = load_thresholds()
         self.th = th
-        self._truths: dict[tuple[float, int], Timeline] = {}  # the demo job's steps, rebuilt
+        self.labels = (getattr(job, "project", "demo"), getattr(job, "experiment", "demo"))
+        self._played = float("-inf")  # the due time of the last step played
+        self._demo_clock: float | None = None  # where the next played step starts
 
     @classmethod
     def from_settings(cls, settings: Any, context: Context) -> DemoDevices | None:
@@ -88,23 +106,38 @@ class DemoDevices(PollingSource):
     def describe(self) -> str:
         return f"demo (simulated: {self.n_gpus} GPUs, Ray actors)"
 
-    def _steps(self) -> list[Timeline]:
-        """The demo job's latest steps in time: each ends when its record is due."""
-        out = []
-        for due, record in tuple(getattr(self.job, "upcoming", ())):
-            key = (due, record["step"])
-            tl = self._truths.get(key)
-            data = record["data"]
-            if tl is None and self.th is not None and data.get("timing_s/step"):
-                all_timers = timers(data)
-                sep = separated_trainer(all_timers, data, self.th)
-                windows = split(float(data["timing_s/step"]), all_timers, self.th, sep)
-                tl = self._truths[key] = rebuild(record["step"], windows, all_timers, due, self.th)
-            if tl is not None:
-                out.append(tl)
-        for key in list(self._truths)[:-8]:
-            del self._truths[key]
-        return out
+    def _due_steps(self, wall: float) -> list[tuple[float, dict]]:
+        """The demo job's steps whose records are due and not played yet, oldest first."""
+        due = sorted(
+            (
+                (d, r)
+                for d, r in tuple(getattr(self.job, "upcoming", ()))
+                if self._played < d <= wall
+            ),
+            key=lambda dr: dr[0],
+        )[-MAX_STEPS:]
+        if due:
+            self._played = due[-1][0]
+        return due
+
+    def _timeline(self, record: dict, start: float) -> Timeline | None:
+        """The step's windows, rebuilt from its record and placed at `start`."""
+        data = record["data"]
+        if self.th is None or not data.get("timing_s/step"):
+            return None
+        all_timers = timers(data)
+        sep = separated_trainer(all_timers, data, self.th)
+        windows = split(float(data["timing_s/step"]), all_timers, self.th, sep)
+        tl = rebuild(record["step"], windows, all_timers, 0.0, self.th)
+        shift = start - tl.start
+        return tl._replace(
+            start=start,
+            end=tl.end + shift,
+            intervals=tuple(
+                Interval(iv.timer, iv.group, iv.start + shift, iv.end + shift)
+                for iv in tl.intervals
+            ),
+        )
 
     def role(self, i: int, phase: Phase) -> str:
         """GPU `i`'s role: separated, the first half roll out and the rest train."""
@@ -112,16 +145,51 @@ class DemoDevices(PollingSource):
             return COLOCATED
         return ROLLOUT if i < max(1, self.n_gpus // 2) else TRAINER
 
-    def _busy_at(self, role: str, phase: Phase, t: float, steps: list[Timeline]) -> float:
-        """The utilization a GPU of `role` has at wall time `t`, noise aside."""
-        if role == COLOCATED:
-            return phase.gpu_busy
-        group = next((g for tl in steps if (g := tl.group_at(t)) is not None), None)
-        if group is None:  # between steps (the demo's accelerated gaps)
-            return phase.gpu_busy
-        if role == TRAINER:
-            return IDLE if group == "rollout" else phase.gpu_busy
-        return IDLE if phase.rollout_waits and group != "rollout" else phase.gpu_busy
+    @staticmethod
+    def busy_in(role: str, group: str, phase: Phase) -> float:
+        """The utilization of a GPU of `role` during a window of `group` (noise aside)."""
+        if group in IDLE_GROUPS:
+            busy = False
+        elif role == TRAINER:
+            busy = group in TRAINING_GROUPS  # idle in `rollout`: waiting for samples
+        elif role == ROLLOUT:
+            busy = group == "rollout" or not phase.rollout_waits
+        else:  # colocated: one GPU does both, in turn
+            busy = True
+        return phase.gpu_busy if busy else IDLE
+
+    def _play(self, wall: float, phase: Phase) -> list[float] | None:
+        """Play the steps due since the last poll on the demo clock: samples and steps into
+        the joiner. Returns each GPU's mean utilization over them (None: no step)."""
+        due = self._due_steps(wall)
+        if not due or self.joiner is None:
+            return None
+        if self._demo_clock is None:
+            self._demo_clock = wall
+        busy = [0.0] * self.n_gpus
+        seconds = 0.0
+        for _, record in due:
+            tl = self._timeline(record, self._demo_clock)
+            if tl is None or tl.end <= tl.start:
+                continue
+            self._demo_clock = tl.end
+            seconds += tl.end - tl.start
+            for i in range(self.n_gpus):
+                role = self.role(i, phase)
+                samples = []
+                for iv in tl.intervals:
+                    ratio = self.busy_in(role, iv.group, phase) + self._rng.uniform(-0.03, 0.03)
+                    ratio = min(1.0, max(0.0, ratio))
+                    samples.append((iv.end, ratio))
+                    busy[i] += ratio * (iv.end - iv.start)
+                if tl.intervals and tl.intervals[-1].end < tl.end:
+                    samples.append((tl.end, IDLE))
+                self.joiner.add_samples(str(i), role, samples)
+            self.joiner.board.post(self.labels, tl)
+        if seconds <= 0.0:
+            return None
+        self.joiner.join(self._demo_clock)
+        return [b / seconds for b in busy]
 
     def poll(self) -> PollResult:
         now = self._clock()
@@ -129,28 +197,17 @@ class DemoDevices(PollingSource):
         wall = self.wall()
         phase, life = self.job.phase, self.job.rollout
         self._samples += 1
-        # the samples since the last poll, evenly spread, each covering the time since the
-        # one before it (as NVML's buffered samples do)
-        n = min(MAX_SAMPLES, max(1, round(dt / SAMPLE_PERIOD)))
-        span = dt / n
-        times = [wall - dt + (k + 1) * span for k in range(n)]
-        steps = self._steps() if phase.separated else []
+        played = self._play(wall, phase)
         out: list[Sample] = [Sample("rlhf_ray_cluster_info", ("demo", "demo-simulated"), 1.0)]
         for i in range(self.n_gpus):
             gpu, uuid = str(i), f"GPU-demo-{i:04d}-0000-0000-0000-000000000000"
             key = (gpu, uuid)
             role = self.role(i, phase)
-            ratios = [
-                min(
-                    1.0,
-                    max(0.0, self._busy_at(role, phase, t, steps) + self._rng.uniform(-0.03, 0.03)),
-                )
-                for t in times
-            ]
-            util = ratios[-1]
-            self._busy[i] += sum(ratios) * span
-            if self.joiner is not None:
-                self.joiner.add_samples(gpu, role, zip(times, ratios))
+            if played is not None:
+                util = played[i]
+            else:  # between steps: the phase's level
+                util = min(1.0, max(0.0, phase.gpu_busy + self._rng.uniform(-0.03, 0.03)))
+            self._busy[i] += util * dt
             if role == COLOCATED:  # the trainer and a rollout engine share every GPU
                 memory = [("trainer", MEMORY_TOTAL * 0.45 * util), ("rollout", MEMORY_TOTAL * 0.2)]
             elif role == ROLLOUT:  # the rollout engine's weights and KV cache
@@ -170,7 +227,6 @@ class DemoDevices(PollingSource):
                 *(Sample("rlhf_gpu_role_memory_bytes", (*key, r), v) for r, v in memory),
             ]
         if self.joiner is not None:
-            self.joiner.join(wall)
             out += self.joiner.samples()
         # the rollout actor that died: RESTARTING, then (its replacement) PENDING_CREATION
         away = {"RESTARTING": ROLLOUT_RESTARTING, "PENDING_CREATION": ROLLOUT_PENDING}

@@ -37,15 +37,16 @@ class DemoJob:
         scenario_name: str = "all",
     ):
         self.root = Path(root)
+        self.project, self.experiment = project, experiment
         self.path = self.root / project / f"{experiment}.jsonl"
         self.step_seconds = step_seconds
         self.seed = seed
         self.phases = scenario(scenario_name)  # KeyError for an unknown name
         self.phase: Phase = self.phases[0]  # read by the demo devices source
         self.rollout = ActorLife()  # the simulated rollout actor's deaths and restarts
-        # (wall time its record is due, record) of the last few steps scheduled: the step
-        # runs until then, so the simulated GPUs follow its windows (rlhf_exporter/demo/devices.py)
-        self.upcoming: deque[tuple[float, dict]] = deque(maxlen=3)
+        # (wall time its record is due, record) of the last few steps scheduled: once due,
+        # the simulated GPUs play the step's windows (rlhf_exporter/demo/devices.py)
+        self.upcoming: deque[tuple[float, dict]] = deque(maxlen=16)
         self.written = 0  # records written, all loops
         self.loops = 0
         self._stop = threading.Event()

@@ -33,12 +33,12 @@ each fires in its incident and that no other alert fires. The exporter's own ale
 injects them.
 
 The separated phases (2 and 5) change only the simulated GPUs (rlhf_exporter/demo/devices.py):
-the verl records are those of the phase before, so no other alert moves. Their GPUs' samples
-follow the demo job's step windows and go through the GPU-window join (`WindowJoiner`), as
-NVML's do. The join needs the records' step times to fit between the records: at 0.7 s a
-step each record still claims its ~95 s windows, so the steps overlap and only each one's
-last 0.7 s (its last windows: `update`, `sync`, `other`) is joined live; the counters appear
-but the idle shares are the test's (at 240 s a step), not the live demo's.
+the verl records are those of the phase before, so no other alert moves. In every phase the
+simulated GPUs work in phase with each step's windows (rollout GPUs busy in `gen`, trainer
+GPUs in the training windows, both idle in untimed time, colocated ones alternating), played
+on the demo's own clock at the records' pace and joined like NVML's samples, so the job
+view's "GPU time by step window and role" and "who waits on whom" show each incident within
+a minute of the live demo (tests/test_demo.py plays both at 0.7 s a step).
 """
 
 from __future__ import annotations

@@ -26,12 +26,19 @@ class StepPoint(NamedTuple):
     regressed: str | None
     tokens: float | None
     tokens_per_gpu_second: float | None  # verl's perf/throughput, when it logs it
+    response_length: float | None = None  # verl's response_length/mean, when it logs it
+    longest_response: float | None = None  # verl's response_length/max, when it logs it
 
     def seconds(self) -> dict[str, float]:
         return dict(zip(GROUPS, self.group_seconds))
 
 
-def point(d: StepDiagnosis, tokens_per_gpu_second: float | None = None) -> StepPoint:
+def point(
+    d: StepDiagnosis,
+    tokens_per_gpu_second: float | None = None,
+    response_length: float | None = None,
+    longest_response: float | None = None,
+) -> StepPoint:
     w = d.windows
     return StepPoint(
         d.run,
@@ -39,10 +46,12 @@ def point(d: StepDiagnosis, tokens_per_gpu_second: float | None = None) -> StepP
         d.verdict,
         d.reason,
         w.step_seconds,
-        tuple(w.group_seconds[g] for g in GROUPS),
+        tuple(map(w.group_seconds.__getitem__, GROUPS)),
         w.untimed_seconds,
         d.change.change,
         d.change.regressed,
         d.tokens,
         tokens_per_gpu_second,
+        response_length,
+        longest_response,
     )

@@ -17,6 +17,19 @@ from ..diagnosis import Thresholds
 Generator = Callable[[Thresholds], Mapping[str, str]]
 
 
+class MissingExtra(Exception):
+    """A target needs an optional dependency that this install lacks (`render` renders the
+    other targets and says which extra to install)."""
+
+    def __init__(self, target: str, extra: str, requirement: str, detail: str):
+        super().__init__(
+            f"{target}: not rendered: needs the `{extra}` extra ({requirement}; {detail}). "
+            f"In a checkout: .venv/bin/pip install -e '.[{extra}]'"
+        )
+        self.target = target
+        self.extra = extra
+
+
 def generators() -> dict[str, Generator]:
     """Every render target, by name, in the order they must run (by module `ORDER`)."""
     found = []

@@ -72,7 +72,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         "look next; the **change** says whether a slower step is a workload shift or a regression.",
         "`rlhf-exporter diagnose`, `serve`, the alert rules and the dashboards all follow this table.",
         "Every number below is a key of `rlhf_exporter/thresholds.yaml`; override any of them with",
-        "`--config FILE` (diagnose) or `--thresholds FILE` (serve).",
+        "`--thresholds FILE` (diagnose, render and serve).",
         "",
         "## Groups",
         "",

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
+from ..diagnosis.episodes import balanced_look_at, episodes
 from ..diagnosis.history import StepPoint
 from ..diagnosis.thresholds import seconds
 from ..metrics.snapshot import Snapshot
@@ -106,8 +107,10 @@ def verdict_box(
     regressed: str | None,
     links: Links,
     what: str = "Current verdict",
+    advice: str | None = None,
 ) -> str:
-    """The verdict in words, what to look at next, and the runbook section's link."""
+    """The verdict in words, what to look at next (`advice`, else the verdict's), and the
+    runbook section's link."""
     if verdict is None:
         return '<div class="verdict-box"><span class="big">No classified step yet.</span></div>'
     colour = VERDICT_COLOURS[verdict]
@@ -119,9 +122,9 @@ def verdict_box(
         + (f"; {escape(REASON_MEANING.get(reason, ''))}" if reason else "")
         + ".</div>",
     ]
-    advice = look_at(verdict, reason)
+    advice = advice or look_at(verdict, reason)
     if advice:
-        lines.append(f"<div><b>Look at next:</b> {escape(advice)}</div>")
+        lines.append(f'<div class="look-at"><b>Look at next:</b> {escape(advice)}</div>')
     if change and change != "none":
         text = f"regression: {regressed}" if change == "regression" else "workload shift"
         lines.append(
@@ -137,6 +140,45 @@ def verdict_box(
     anchors.append(f'<a class="runbook" href="{escape(url)}">{escape(label)}</a>')
     lines.append(f"<div>{' · '.join(anchors)}</div>")
     return f'<div class="verdict-box" style="border-color:{colour}">{"".join(lines)}</div>'
+
+
+def history_advice(points: Sequence[StepPoint], verdict: str | None) -> str | None:
+    """For a balanced verdict: the largest windows of the drawn steps and what to check."""
+    if verdict != "balanced" or not points:
+        return None
+    sums: dict[str, float] = {}
+    for p in points:
+        if p.step_seconds > 0:
+            for g, sec in p.seconds().items():
+                sums[g] = sums.get(g, 0.0) + sec / p.step_seconds
+    return balanced_look_at({g: v / len(points) for g, v in sums.items()}, {}) or None
+
+
+def episodes_list(items: Sequence[tuple[str, str]], which: str) -> str:
+    """Change episodes as a person tells them: (summary, look at) each."""
+    if not items:
+        return ""
+    lis = "".join(
+        f'<li class="episode">{escape(text)}<br><span class="muted"><b>Look at:</b> '
+        f"{escape(advice)}</span></li>"
+        for text, advice in items
+    )
+    return f"<h3>Change episodes ({escape(which)})</h3><ol>{lis}</ol>"
+
+
+def job_episodes(job: Mapping[str, Any]) -> Sequence[Any]:
+    """A job summary's change episodes: its own (computed once per step by the job), else
+    from its history."""
+    found = job.get("episodes")
+    return found if found is not None else episodes(job.get("history") or ())
+
+
+def history_episodes(job: Mapping[str, Any]) -> str:
+    """The change episodes of the job's kept steps (`/` and the job view)."""
+    points = job.get("history") or ()
+    return episodes_list(
+        [(e.summary(), e.look_at()) for e in job_episodes(job)], f"last {len(points)} steps"
+    )
 
 
 def charts(points: Sequence[StepPoint], which: str = "last") -> str:
@@ -296,7 +338,13 @@ def index_page(
         if stall is not None:
             change_text = _tag(f"stalled {_duration(stall)}", BAD) + " " + change_text
         url, _ = links.runbook(verdict, change)
-        advice = look_at(verdict, reason) if verdict else ""
+        advice = ""
+        if verdict:
+            advice = look_at(verdict, reason) or history_advice(history, verdict) or ""
+        found = job_episodes(job)
+        if found:  # the latest change episode, told in words
+            latest = escape(found[-1].summary())
+            change_text += f' <span class="muted episode">{latest}</span>'
         rows.append(
             f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
             f"{escape(job['project'])} / {escape(job['experiment'])}</a></td>"
@@ -318,14 +366,17 @@ def index_page(
     if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
         for job in ordered:
             detail += f"<h2>{escape(job['project'])} / {escape(job['experiment'])}</h2>"
+            history = job.get("history") or ()
             detail += verdict_box(
                 job.get("verdict"),
                 job.get("reason"),
                 job.get("change"),
                 job.get("regressed"),
                 links,
+                advice=history_advice(history, job.get("verdict")),
             )
-            detail += charts(job.get("history") or ())
+            detail += charts(history)
+            detail += history_episodes(job)
     body = (
         _header(facts)
         + f"<h2>Jobs ({len(rows)})</h2>"
@@ -412,10 +463,16 @@ def job_page(
         + f"<h2>{escape(name)}</h2><p class=muted>{escape(meta)}</p>"
         + stalled_html
         + verdict_box(
-            job.get("verdict"), job.get("reason"), job.get("change"), job.get("regressed"), links
+            job.get("verdict"),
+            job.get("reason"),
+            job.get("change"),
+            job.get("regressed"),
+            links,
+            advice=history_advice(job.get("history") or (), job.get("verdict")),
         )
         + cannot_show(job.get("cannot_show") or ())
         + charts(job.get("history") or ())
+        + history_episodes(job)
         + gpu_windows_section(windows, balance_limits or {})
         + "<h2>Sources</h2>"
         + sources_table(snapshots, now)
@@ -462,13 +519,24 @@ def _summary_html(s: Mapping[str, Any]) -> str:
     ]
     for group, steps in s["regressions"].items():
         items.append(
-            f"regression: {group} costs more than its work explains at {len(steps)} step(s)"
+            f"regression: {group} costs more than its work explains at steps {ranges(steps)}"
         )
     if s["workload_shifts"]:
         items.append(
-            f"workload shift (more tokens, not a regression): {len(s['workload_shifts'])} step(s)"
+            "workload shift (more work, not a regression) at steps " + ranges(s["workload_shifts"])
         )
     return "<ul>" + "".join(f"<li>{escape(i)}</li>" for i in items) + "</ul>"
+
+
+def ranges(steps: Iterable[int]) -> str:
+    """[3, 4, 5, 9] -> '3-5, 9'."""
+    out: list[list[int]] = []
+    for st in steps:
+        if out and st == out[-1][1] + 1:
+            out[-1][1] = st
+        else:
+            out.append([st, st])
+    return ", ".join(str(a) if a == z else f"{a}-{z}" for a, z in out)
 
 
 def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
@@ -504,7 +572,12 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
             s = run.summary
             dom = s.get("dominant") or {}
             last = run.points[-1] if run.points else None
-            regressed = next(iter(s["regressions"]), None)
+            # the headline names every regression episode, each with its steps
+            regressed = ", ".join(
+                f"{e['group']} (steps {e['first_step']}-{e['last_step']})"
+                for e in s.get("episodes", ())
+                if e["kind"] == "regression"
+            ) or next(iter(s["regressions"]), None)
             parts.append(
                 f"<h3>Run {s['run']}</h3>"
                 + verdict_box(
@@ -514,9 +587,14 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                     regressed,
                     links,
                     what="Mostly",
+                    advice=dom.get("look_at"),
                 )
                 + _summary_html(s)
                 + charts(run.points, "all")
+                + episodes_list(
+                    [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
+                    "the whole run",
+                )
                 + (
                     f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
                     + (f" ({escape(last.reason)})" if last.reason else "")

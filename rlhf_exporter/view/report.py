@@ -8,8 +8,14 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from ..diagnosis import GROUPS, StepDiagnosis
+from ..diagnosis import BALANCED, GROUPS, StepDiagnosis
 from ..diagnosis.advice import LOOK_AT, look_at
+from ..diagnosis.episodes import Episode, balanced_look_at, episodes
+from ..diagnosis.history import StepPoint, point
+
+MAX_EPISODE_STEPS = 100_000
+"""Steps of one run a summary keeps (compact points) to tell its change episodes; a longer
+run's episodes are those of its first MAX_EPISODE_STEPS steps, and the summary says so."""
 
 
 class RunSummary:
@@ -26,8 +32,15 @@ class RunSummary:
         self.workload_shifts: list[int] = []
         self.share_sums: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
         self.step_seconds = 0.0
+        self.points: list[StepPoint] = []  # for the change episodes, at most MAX_EPISODE_STEPS
+        self._episodes: list[Episode] | None = None
 
-    def add(self, d: StepDiagnosis) -> None:
+    def add(self, d: StepDiagnosis, p: StepPoint | None = None) -> None:
+        """One more step; `p` its point with the record's throughput and response lengths
+        (the episodes' numbers), or None (built from the diagnosis alone)."""
+        if len(self.points) < MAX_EPISODE_STEPS:
+            self.points.append(p if p is not None else point(d))
+            self._episodes = None
         self.steps += 1
         if self.first_step is None:
             self.first_step = d.step
@@ -57,6 +70,22 @@ class RunSummary:
         n = max(self.steps, 1)
         return {g: s / n for g, s in self.share_sums.items()}
 
+    def episodes(self) -> list[Episode]:
+        """The run's change episodes (rlhf_exporter/diagnosis/episodes.py)."""
+        if self._episodes is None:
+            self._episodes = episodes(self.points)
+        return self._episodes
+
+    def look_at(self) -> str:
+        """Where to look for the run as a whole: the dominant verdict's advice, or for a
+        mostly balanced run the two largest windows and what to check in each."""
+        dominant = self.dominant
+        if dominant is None:
+            return ""
+        if dominant[0] == BALANCED:
+            return balanced_look_at(self.mean_shares(), {})
+        return look_at(*dominant)
+
     def to_json(self) -> dict[str, Any]:
         dominant = self.dominant
         return {
@@ -71,10 +100,11 @@ class RunSummary:
             else {
                 "verdict": dominant[0],
                 "reason": dominant[1],
-                "look_at": look_at(*dominant) or None,
+                "look_at": self.look_at() or None,
             },
             "regressions": {g: steps for g, steps in self.regressions.items()},
             "workload_shifts": self.workload_shifts,
+            "episodes": [e.to_json() for e in self.episodes()],
             "mean_shares": {g: round(s, 4) for g, s in self.mean_shares().items()},
         }
 
@@ -154,7 +184,7 @@ class Column(NamedTuple):
 
 
 COLUMNS = (
-    Column("step", "step", 7, 7, ">"),
+    Column("step", "step", 7, 5, ">"),
     Column("verdict", "verdict", 10, 10),
     Column("reason", "reason", 14, 14),
     Column("shares", "top shares", 36, 12),
@@ -162,63 +192,119 @@ COLUMNS = (
     Column("look", "look at next", max(map(len, LOOK_AT.values())), 20),
 )
 GAP = 2
-SHRINK = ("shares", "look", "change")  # abbreviated first, in this order
-DROP = ("shares", "look", "change", "reason")  # then dropped, in this order (step, verdict stay)
+LOOK_WANTED = 45  # room "look at next" wants (or half the width, when wider) before others stay
+# How a narrow table makes room for "look at next", least useful first, until it has
+# LOOK_WANTED columns: ("shrink", column) abbreviates to its minimum; ("drop", column) removes
+# it. "look at next" is never dropped nor cut: it takes the rest of the width and wraps under
+# itself. A dropped `change` goes into the look-at cell of the (few) rows that have one.
+FIT = (
+    ("shrink", "shares"),
+    ("shrink", "change"),
+    ("drop", "change"),
+    ("shrink", "step"),
+    ("drop", "shares"),
+    ("drop", "reason"),
+)
+
+
+def wrap(text: str, width: int) -> list[str]:
+    """Greedy wrap at spaces; a word longer than a line (a verl key such as
+    actor_rollout_ref.rollout.update_weights_bucket_megabytes) breaks after a `.`, `_` or
+    `/`, and only as a last resort anywhere."""
+    import re
+
+    pieces: list[tuple[str, bool]] = []  # (piece, starts a new word)
+    for word in text.split():
+        parts = re.split(r"(?<=[._/])", word) if len(word) > width else [word]
+        for i, part in enumerate(p for p in parts if p):
+            while len(part) > width:
+                pieces.append((part[:width], i == 0))
+                part, i = part[width:], 1
+            pieces.append((part, i == 0))
+    lines: list[str] = []
+    for piece, new_word in pieces:
+        sep = " " if new_word else ""
+        if lines and len(lines[-1]) + len(sep) + len(piece) <= width:
+            lines[-1] += sep + piece
+        else:
+            lines.append(piece)
+    return lines or [text]
 
 
 class Table:
-    """The per-step table laid out for a width: columns are abbreviated, then dropped, by
-    priority until a row fits (`width=None`: everything, as `--wide`). The last column
-    takes whatever room is left, so no row is wider than `width`."""
+    """The per-step table laid out for a width (`width=None`: everything on one line, as
+    `--wide`): the least useful columns are abbreviated, then dropped (FIT), until "look at
+    next" has LOOK_WANTED columns (half the width, when wider); it takes whatever room is left and wraps under itself,
+    so no line is wider than `width` and the advice is always whole."""
 
     def __init__(self, width: int | None = None):
         widths = {c.name: c.natural for c in COLUMNS}
+        by_name = {c.name: c for c in COLUMNS}
         if width is not None:
 
-            def total() -> int:
-                return sum(widths.values()) + GAP * (len(widths) - 1)
+            def room() -> int:  # what the other columns leave to "look at next"
+                others = [w for n, w in widths.items() if n != "look"]
+                return width - sum(others) - GAP * len(others)
 
-            by_name = {c.name: c for c in COLUMNS}
-            for name in SHRINK:
-                if total() > width:
-                    widths[name] = max(by_name[name].minimum, widths[name] - (total() - width))
-            for name in DROP:
-                if total() > width:
+            wanted = min(max(LOOK_WANTED, width // 2), by_name["look"].natural)
+            for action, name in FIT:
+                if room() >= wanted:
+                    break
+                if action == "shrink":
+                    widths[name] = by_name[name].minimum
+                else:
                     del widths[name]
-            last = next(c.name for c in reversed(COLUMNS) if c.name in widths)
-            widths[last] = max(widths[last] + width - total(), len(last))
+            widths["look"] = max(room(), 8)
         self.width = width
         self.columns = [c for c in COLUMNS if c.name in widths]
         self.widths = widths
 
+    def _cell_lines(self, c: Column, text: str, last: bool) -> list[str]:
+        w = self.widths[c.name]
+        if len(text) <= w:
+            return [text]
+        if last and self.width is not None:  # "look at next": wrapped, never cut
+            return wrap(text, w)
+        return [text[: max(w - 1, 0)] + "…"]
+
     def _line(self, cells: Mapping[str, str], style: Style | None = None, verdict: str = "") -> str:
         out = []
+        more: list[str] = []
         for i, c in enumerate(self.columns):
             w = self.widths[c.name]
-            text = cells[c.name]
-            if len(text) > w:
-                text = text[: max(w - 1, 0)] + "…"
             last = i == len(self.columns) - 1
+            lines = self._cell_lines(c, cells[c.name], last)
+            text = lines[0]
+            if last:
+                more = lines[1:]
             if c.name == "verdict" and style is not None:
                 out.append(style.verdict(text, verdict, w))
             elif c.align == ">":
                 out.append(text.rjust(w))
             else:
                 out.append(text if last else text.ljust(w))
-        return (" " * GAP).join(out).rstrip()
+        first = (" " * GAP).join(out).rstrip()
+        if not more:
+            return first
+        indent = " " * (sum(self.widths[c.name] + GAP for c in self.columns[:-1]))
+        return "\n".join([first, *(indent + m for m in more)])
 
     def header(self) -> list[str]:
         head = self._line({c.name: c.header for c in COLUMNS})
         return [head, "-" * len(head)]
 
     def row(self, d: StepDiagnosis, style: Style) -> str:
+        """One step: a line, or more when "look at next" wraps."""
+        advice = look_at(d.verdict, d.reason)
+        if "change" not in self.widths and d.change.change != "none":
+            advice = f"[{self._change(d)}] {advice}".rstrip()
         cells = {
             "step": str(d.step),
             "verdict": d.verdict,
             "reason": d.reason or "",
             "shares": self._shares(d),
             "change": self._change(d),
-            "look": look_at(d.verdict, d.reason),
+            "look": advice,
         }
         return self._line(cells, style, d.verdict)
 
@@ -234,7 +320,7 @@ class Table:
         change = d.change.change
         if change == "none":
             return ""
-        wide = self.widths.get("change", 0) >= 22
+        wide = self.widths.get("change", 22) >= 22
         if change == "workload_shift":
             return "workload shift" if wide else "wkld shift"
         if change == "regression":
@@ -278,7 +364,7 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
         f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "
         f"({n / s.steps:.0%})" + (f", mostly {reason}" if reason else "")
     )
-    advice = look_at(verdict, reason)
+    advice = s.look_at()
     if advice:
         lines.append(f"    look at:     {advice}")
     lines.append("    verdicts:    " + ", ".join(f"{v} {c}" for v, c in s.verdicts.most_common()))
@@ -297,6 +383,11 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
         lines.append(
             "    change:      no regression and no workload shift against the job's own baseline"
         )
+    for i, e in enumerate(s.episodes(), 1):
+        lines.append(f"    episode {i}:   {e.summary()}")
+        lines.append(f"      look at:   {e.look_at()}")
+    if len(s.points) < s.steps:
+        lines.append(f"    (episodes of the first {len(s.points)} steps only)")
     return lines
 
 

@@ -23,9 +23,9 @@ def targets(thresholds: Thresholds) -> dict[str, str]:
     try:
         from . import fleet, job
     except ImportError as exc:  # the SDK is a rendering dependency only
-        raise SystemExit(
-            "rlhf-exporter render dashboards needs grafana-foundation-sdk: "
-            "pip install 'rlhf-exporter[dashboards]' "
-            f"(grafana-foundation-sdk==1769699379!11.6.0) ({exc})"
+        from .. import MissingExtra
+
+        raise MissingExtra(
+            "dashboards", "dashboards", "grafana-foundation-sdk==1769699379!11.6.0", str(exc)
         ) from exc
     return {JOB_PATH: job.render(thresholds), FLEET_PATH: fleet.render(thresholds)}
