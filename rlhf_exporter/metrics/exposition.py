@@ -31,6 +31,14 @@ change recompresses only the segments that hold a changed fragment.
 `serve` keeps the exposition warm: a thread encodes what changed a few times a second, off
 the scrape path, for the formats Prometheus asked for lately.
 
+Content negotiation (`negotiate`): an Accept entry is honoured only for a media type and
+version prometheus_client writes (OpenMetrics 1.0.0 and 2.0.0, text 0.0.4 and 1.0.0) and a
+known escaping scheme; anything else (an invented `version=1.0.N`, `version=x`, `q=0`) is
+ignored as if absent, so the content types served are a fixed, small set and nothing a
+scraper writes is echoed into `Content-Type`. At most `MAX_FORMATS` of them are cached at
+once; an evicted format is rebuilt only by a scrape that asks for it again (never by the
+warm thread, which re-checks under the lock that a format is still wanted).
+
 A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
 it never takes another job's series or the whole scrape with it. One render at a time;
 scrapers that arrive meanwhile get the same cached bytes.
@@ -104,6 +112,50 @@ _PROBE_VALUES = (
     math.inf,
     -math.inf,
 )
+
+
+_MEDIA_VERSIONS = {  # what prometheus_client writes, per media type
+    "application/openmetrics-text": frozenset({"1.0.0", "2.0.0"}),
+    "text/plain": frozenset({"0.0.4", "1.0.0"}),
+}
+_ESCAPINGS = frozenset({"underscores", "dots", "values", "allow-utf-8"})
+MAX_ACCEPT_ENTRIES = 16  # Accept entries looked at; the rest are ignored
+
+
+def negotiate(accept: str | None) -> tuple[Encoder, str]:
+    """prometheus_client's encoder and content type for this Accept header, fed only the
+    entries it knows: a known media type whose version (when given) prometheus_client
+    writes, a known escaping scheme (an unknown one is dropped, as prometheus_client would
+    default it), q not 0. The entries are rewritten from these known values, so the content
+    type never holds a byte of the header."""
+    clean = []
+    for entry in (accept or "").split(",")[:MAX_ACCEPT_ENTRIES]:
+        media, *params = (t.strip() for t in entry.split(";"))
+        versions = _MEDIA_VERSIONS.get(media.lower())
+        if versions is None:
+            continue
+        keep, ok = [media.lower()], True
+        for param in params:
+            key, _, value = param.partition("=")
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "version":
+                ok = ok and value in versions
+                keep.append(f"version={value}")
+            elif key == "escaping" and value in _ESCAPINGS:
+                keep.append(f"escaping={value}")
+            elif key == "q":
+                ok = ok and _q(value) > 0
+        if ok:
+            clean.append(";".join(keep))
+    return choose_encoder(",".join(clean))
+
+
+def _q(value: str) -> float:
+    try:
+        q = float(value)
+    except ValueError:
+        return 1.0  # a malformed weight: the entry as if unweighted
+    return q if 0.0 <= q <= 1.0 else 1.0
 
 
 def line_format(encoder: Encoder, ctype: str) -> str:
@@ -243,7 +295,7 @@ class Exposition:
     # -- the scrape ---------------------------------------------------------------------
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
         """(body, content type, gzipped) for a scrape with this Accept header."""
-        encoder, ctype = choose_encoder(accept or "")
+        encoder, ctype = negotiate(accept)
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
             last = self._wanted.get(ctype)
             self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
@@ -274,8 +326,12 @@ class Exposition:
         not wait for a whole fleet's deflating."""
         now, cpu = self._clock(), time.thread_time()
         lead = BUILD_AHEAD + 2 * sum(self._build_s.values())
-        for ctype, (encoder, when, before, want_gzip) in list(self._wanted.items()):
+        for ctype in list(self._wanted):
             with self._lock:  # one format at a time: a scrape waits for one build at most
+                entry = self._wanted.get(ctype)
+                if entry is None:  # evicted by a scrape since the list was taken: never
+                    continue  # rebuilt here (its body would be held by nothing that frees it)
+                encoder, when, before, want_gzip = entry
                 if now - when > WARM_FOR:
                     self._forget(ctype)
                     continue
