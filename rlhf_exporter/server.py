@@ -73,7 +73,12 @@ class Endpoints:
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
-        self.exposition = Exposition(self.snapshot_fns, warm_interval=EXPOSITION_WARM_INTERVAL)
+        guards = [getattr(x, "guard", None) for x in (self.push, self.windows_api)]
+        self.exposition = Exposition(
+            self.snapshot_fns,
+            warm_interval=EXPOSITION_WARM_INTERVAL,
+            sample_fns=[g.samples for g in guards if g is not None],
+        )
 
     def ready(self) -> bool:
         if not self.ready_fns:
@@ -224,9 +229,10 @@ class Handler(BaseHTTPRequestHandler):
             jobs = [{k: v for k, v in j.items() if k != "history"} for j in ep.jobs()]
             self._json(200, {"jobs": jobs})
         elif path == "/api/v1/windows" and ep.windows_api is not None:
-            status, doc = ep.windows_api.handle(self.headers.get("Authorization"))
-            extra = {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if status == 401 else None
-            self._send(status, orjson.dumps(doc) + b"\n", "application/json", extra)
+            status, body = ep.windows_api.handle(
+                self.headers.get("Authorization"), self.client_address[0]
+            )
+            self._send(status, body, "application/json", _auth_headers(status))
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:
@@ -269,11 +275,16 @@ class Handler(BaseHTTPRequestHandler):
             self.server.disarm(self.connection)
         if length is None or read_bytes != _int(length):
             self.close_connection = True  # an unread (rejected) body: do not reuse the connection
-        extra = (
-            {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if answer.status == 401 else None
-        )
         body = orjson.dumps(answer.body) + b"\n"
-        self._send(answer.status, body, "application/json", extra)
+        self._send(answer.status, body, "application/json", _auth_headers(answer.status))
+
+
+def _auth_headers(status: int) -> dict[str, str] | None:
+    if status == 401:
+        return {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'}
+    if status == 429:
+        return {"Retry-After": "1"}
+    return None
 
 
 def _int(text: str) -> int:

@@ -228,9 +228,13 @@ def _windows_api(windows: Any, settings: Any) -> Any:
     """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
     if windows is None:
         return None
+    from ..auth import AuthGuard
     from ..gpuwindows.board import WindowsApi
 
-    return WindowsApi(windows, settings.push_token)
+    guard = AuthGuard(
+        settings.push_token, "windows", settings.auth_fail_rate, settings.auth_fail_rate_total
+    )
+    return WindowsApi(windows, settings.push_token, guard)
 
 
 def _check_push_exposure(settings: Any) -> None:

@@ -62,7 +62,7 @@ from prometheus_client.exposition import choose_encoder
 
 from .catalog import BY_NAME
 from .collector import add_samples, build_info, health_samples, new_family
-from .snapshot import Sample, Snapshot, SnapshotFn
+from .snapshot import Sample, SnapshotFn
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ class _Chunk:
 
 @dataclass
 class _Body:
-    snaps: tuple[Snapshot, ...]
+    snaps: tuple[Any, ...]  # the snapshots, then the server's own sample tuples (by identity)
     encoder: Encoder
     ctype: str
     chunks: list[_Chunk]
@@ -263,8 +263,10 @@ class Exposition:
         snapshot_fns: Sequence[SnapshotFn],
         warm_interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sample_fns: Sequence[Callable[[], tuple[Sample, ...]]] = (),
     ):
         self._fns = tuple(snapshot_fns)
+        self._sample_fns = tuple(sample_fns)  # the server's own few samples (auth failures)
         self._lock = threading.Lock()
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
@@ -371,7 +373,7 @@ class Exposition:
 
     def _prepare(self, encoder: Encoder, ctype: str) -> None:
         """Encode the fragments that changed since the last build; build no body."""
-        snaps = tuple(fn() for fn in self._fns)
+        snaps = self._inputs()
         body = self._bodies.get(ctype)
         if body is not None and _same(body.snaps, snaps):
             return
@@ -380,14 +382,20 @@ class Exposition:
             self._lines(frag, encoder, ctype)
 
     def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
-        snaps = tuple(fn() for fn in self._fns)
+        snaps = self._inputs()
         body = self._bodies.get(ctype)
         if body is None or not _same(body.snaps, snaps):
             body = self._bodies[ctype] = self._assemble(encoder, ctype, snaps)
         return body
 
     # -- fragments ------------------------------------------------------------------------
-    def _fragments(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
+    def _inputs(self) -> tuple[Any, ...]:
+        """The sources' snapshots, then the server's own sample tuples: a body is current
+        while each is the very object it was built from (a sample function returns the same
+        tuple while its values are unchanged)."""
+        return (*(fn() for fn in self._fns), *(fn() for fn in self._sample_fns))
+
+    def _fragments(self, inputs: tuple[Any, ...]) -> list[_Fragment]:
         by_id, by_value = self._by_id, self._by_value
         new_id: dict[tuple[int, str], _Fragment] = {}
         new_value: dict[tuple[Any, str], _Fragment] = {}
@@ -412,6 +420,11 @@ class Exposition:
             return frag
 
         out = [valued((build_info(),), "")]
+        n = len(self._fns)
+        snaps, owns = inputs[:n], inputs[n:]
+        for own in owns:
+            if own:
+                out.append(valued(own, ""))
         for snap in snaps:
             out.append(valued(health_samples(snap), snap.collector))
             out.extend(keyed(part, snap.collector) for part in snap.parts if part)
@@ -516,7 +529,7 @@ class Exposition:
         return lines
 
     # -- assembly ---------------------------------------------------------------------------
-    def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Snapshot, ...]) -> _Body:
+    def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Any, ...]) -> _Body:
         self.stats["renders"] += 1
         frags = self._fragments(snaps)
         for frag in frags:
