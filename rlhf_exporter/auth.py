@@ -96,6 +96,7 @@ class AuthGuard:
         rate_total: float = FAIL_RATE_TOTAL,
         clock: Callable[[], float] = time.monotonic,
     ):
+        token = check_token(token, f"the {endpoint} token")
         self._token = token.encode() if token else None
         self.endpoint = endpoint
         self.rate, self.rate_total = rate, rate_total

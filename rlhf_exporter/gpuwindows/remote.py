@@ -23,6 +23,7 @@ from typing import Any
 
 import orjson
 
+from ..auth import check_token
 from ..sources.base import Clock, Context, PollingSource, PollResult, SourceError
 from .board import MAX_BODY, WINDOWS_PATH, WindowBoard, parse_board
 
@@ -55,7 +56,7 @@ class RemoteWindowsSource(PollingSource):
             raise ValueError(f"--gpu-windows-from must be an http(s):// URL, got {url!r}")
         self._parts = parts
         self.board = board
-        self.token = token
+        self.token = check_token(token, "the windows token")  # never sent with a newline
         self.timeout = timeout
         self._seen: dict[tuple[str, str], float] = {}  # job -> the last step end posted
         self._last_digest = b""  # of the last answer parsed and posted
