@@ -345,6 +345,15 @@ OPTIONS: tuple[Option, ...] = (
         "limits",
         "SECONDS",
     ),
+    Option(
+        "page_cache_bytes",
+        _size,
+        32 << 20,
+        "bytes of rendered job-view pages kept (the least recently stored are evicted; the "
+        "Host header never keys the cache)",
+        "limits",
+        "BYTES",
+    ),
     # ray
     Option("ray", _bool, True, "poll Ray's state API for actor liveness", "ray"),
     Option(

@@ -22,7 +22,7 @@ from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
 from ..logs import configure
-from ..server import Endpoints, make_server
+from ..server import Endpoints, PageCache, make_server
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
@@ -160,6 +160,7 @@ class Sidecar:
             windows_api=_windows_api(windows, settings),
             window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
+            pages=PageCache(max_bytes=settings.page_cache_bytes),
         )
         self.server = make_server(
             settings.listen,
