@@ -127,7 +127,8 @@ class PageCache:
         self.stats: Counter[str] = Counter()  # renders, evicted
 
     @property
-    def bytes(self) -> int:
+    def size(self) -> int:
+        """Bytes of the pages kept."""
         return self._bytes
 
     def get(
