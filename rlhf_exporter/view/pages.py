@@ -438,6 +438,7 @@ def not_found_page(project: str, experiment: str) -> str:
 class ReportRun:
     summary: Mapping[str, Any]  # report.RunSummary.to_json()
     points: Sequence[StepPoint]
+    width: int = 1  # steps per bar (history.StepBins): > 1 past MAX_DRAWN steps
 
 
 @dataclass
@@ -446,6 +447,7 @@ class ReportFile:
     records: int
     rejected: Mapping[str, int]
     runs: Sequence[ReportRun]
+    earlier: tuple[int, int] = (0, 0)  # runs, steps before the runs drawn (not drawn)
 
 
 def _summary_html(s: Mapping[str, Any]) -> str:
@@ -498,6 +500,11 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
         )
         if not f.runs:
             parts.append('<p class="empty">No classified steps (no usable timing_s/step).</p>')
+        if f.earlier[0]:
+            parts.append(
+                f"<p class=muted>{f.earlier[0]} earlier runs ({f.earlier[1]} steps) are not "
+                f"drawn: the last {len(f.runs)} runs are.</p>"
+            )
         for run in f.runs:
             s = run.summary
             dom = s.get("dominant") or {}
@@ -514,6 +521,13 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                     what="Mostly",
                 )
                 + _summary_html(s)
+                + (
+                    f"<p class=muted>{s['steps']} steps drawn as {len(run.points)} bars, each "
+                    f"the mean of up to {run.width} consecutive steps (verdict: the most "
+                    "frequent; a marker where any step regressed or shifted).</p>"
+                    if run.width > 1
+                    else ""
+                )
                 + charts(run.points, "all")
                 + (
                     f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
