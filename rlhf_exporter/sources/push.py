@@ -6,7 +6,7 @@ Body (JSON, UTF-8), one of:
     {"project": "P", "experiment": "E", "step": 1, "data": {...}}
 
 - `project`, `experiment`: non-empty strings of at most 200 characters, no control
-  characters; they become the job's labels.
+  characters, not `.` or `..`; they become the job's labels.
 - `records`: a non-empty list of verl records, applied in order; `step` is an integer >= 0,
   `data` an object (verl's flat metric dict, exactly as the `file` logger writes it).
 - No other top-level or record keys are accepted (a typo is an error, not silently ignored).
@@ -93,6 +93,8 @@ def _label(body: dict, key: str) -> str:
         raise Rejected(400, BAD_SCHEMA, f"'{key}' is longer than {MAX_LABEL_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise Rejected(400, BAD_SCHEMA, f"'{key}' contains control characters")
+    if value in (".", ".."):  # its job page's link would resolve to another path
+        raise Rejected(400, BAD_SCHEMA, f"'{key}' must not be '.' or '..'")
     return value
 
 

@@ -77,6 +77,7 @@ READ_FAILED = "read_failed"
 DUPLICATE_JOB = "duplicate_job"
 TOO_MANY_FILES = "too_many_files"
 INTERNAL_ERROR = "internal_error"
+BAD_NAME = "bad_name"  # a file named `.jsonl`, `..jsonl` or `...jsonl`
 SYMLINK_LOOP = "symlink_loop"  # a project folder that is a looping symlink
 
 
@@ -258,6 +259,16 @@ class VerlFileSource(PollingSource):
     def _watch(self, path: Path, project: str, experiment: str) -> None:
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
+        if experiment in (".", "..", ""):  # `..jsonl`: its job page's link would resolve
+            if BAD_NAME not in self._rejected:  # elsewhere: not watched, counted once
+                self._rejected[BAD_NAME] += 1
+                log.warning(
+                    "%s: a file named %r.jsonl is not watched (name it after the experiment)",
+                    _shown(path),
+                    experiment,
+                    extra={"path": _shown(path), "reason": BAD_NAME},
+                )
+            return
         key = (project, experiment)
         if key in self._jobs:
             if key not in self._duplicates:

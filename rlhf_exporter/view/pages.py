@@ -46,7 +46,8 @@ svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{fon
 svg .run{stroke:#444;stroke-dasharray:3 3}
 .up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
-.empty{color:#777;font-style:italic}td.name{white-space:nowrap}.demo{background:#fff4d6;padding:.4em .8em}
+.empty{color:#777;font-style:italic}td.name{max-width:24em;overflow-wrap:anywhere}
+h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
 """
 
 
@@ -156,6 +157,12 @@ def charts(points: Sequence[StepPoint], which: str = "last") -> str:
         + "<h3>Tokens per GPU-second</h3>"
         + draw.line(points, lambda p: p.tokens_per_gpu_second, "tokens per GPU-second")
     )
+
+
+def job_name(project: str, experiment: str) -> str:
+    """A job's name as HTML: each part escaped and bidi-isolated (`<bdi>`), so a U+202E in
+    one part cannot reorder the other or the text around it."""
+    return f"<bdi>{escape(project)}</bdi> / <bdi>{escape(experiment)}</bdi>"
 
 
 def job_path(project: str, experiment: str) -> str:
@@ -299,7 +306,7 @@ def index_page(
         advice = look_at(verdict, reason) if verdict else ""
         rows.append(
             f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
-            f"{escape(job['project'])} / {escape(job['experiment'])}</a></td>"
+            f"{job_name(job['project'], job['experiment'])}</a></td>"
             f"<td>{tag} {escape(reason or '')}</td><td>{change_text}</td>"
             f"<td>{draw.sparkline(history)}</td>"
             f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
@@ -317,7 +324,7 @@ def index_page(
     detail = ""
     if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
         for job in ordered:
-            detail += f"<h2>{escape(job['project'])} / {escape(job['experiment'])}</h2>"
+            detail += f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
             detail += verdict_box(
                 job.get("verdict"),
                 job.get("reason"),
@@ -409,7 +416,8 @@ def job_page(
     )
     body = (
         _header(facts)
-        + f"<h2>{escape(name)}</h2><p class=muted>{escape(meta)}</p>"
+        + f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
+        + f"<p class=muted>{escape(meta)}</p>"
         + stalled_html
         + verdict_box(
             job.get("verdict"), job.get("reason"), job.get("change"), job.get("regressed"), links
@@ -427,7 +435,7 @@ def job_page(
 def not_found_page(project: str, experiment: str) -> str:
     return _page(
         "no such job",
-        f'<h1>No job {escape(project)} / {escape(experiment)}</h1><p><a href="/">All jobs</a></p>',
+        f'<h1>No job {job_name(project, experiment)}</h1><p><a href="/">All jobs</a></p>',
     )
 
 
