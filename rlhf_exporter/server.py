@@ -198,6 +198,7 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 30  # seconds a connection may idle or trickle before it is closed
     endpoints: Endpoints  # set on the subclass made by make_server
     server: Server
+    chunked = False  # the request came with a Transfer-Encoding (never read)
 
     def setup(self) -> None:
         super().setup()
@@ -221,15 +222,15 @@ class Handler(BaseHTTPRequestHandler):
         self.server.disarm(self.connection)  # headers read: the handler takes over
         if not ok:
             return False
-        if self.headers.get("Transfer-Encoding") is not None:
-            # no chunked bodies here: a body framed two ways (TE and CL) is how requests
-            # are smuggled past a proxy; refused, and the connection closed unread
-            self.close_connection = True
-            self.send_error(400, "Transfer-Encoding is not accepted; send Content-Length")
-            return False
-        if self.command != "POST" and self.headers.get("Content-Length", "0").strip() != "0":
-            # a GET's body is never read: the connection closes after the answer, so its
-            # bytes are never parsed as the next request
+        # No chunked bodies here, and no GET bodies: a body framed two ways (TE and CL) is
+        # how requests are smuggled past a proxy. A POST with Transfer-Encoding is answered
+        # as one without a length (411, counted) and a GET's body is never read; either way
+        # the connection closes after the answer, so those bytes are never parsed as the
+        # next request.
+        self.chunked = self.headers.get("Transfer-Encoding") is not None
+        if self.chunked or (
+            self.command != "POST" and self.headers.get("Content-Length", "0").strip() != "0"
+        ):
             self.close_connection = True
         return True
 
@@ -318,7 +319,7 @@ class Handler(BaseHTTPRequestHandler):
             read_bytes = n - left
             return b"".join(chunks)
 
-        length = self.headers.get("Content-Length")
+        length = None if self.chunked else self.headers.get("Content-Length")
         self.server.arm(self.connection)  # the whole body within read_timeout
         try:
             answer = push.handle(

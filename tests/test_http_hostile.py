@@ -132,5 +132,5 @@ def test_te_and_cl_on_a_post_are_refused_not_smuggled(serve):
         b"Content-Length: 5\r\n\r\n0\r\n\r\n" + smuggled
     )
     data = _exchange(url, raw)
-    assert data.startswith(b"HTTP/1.1 400") and data.count(b"HTTP/1.1 ") == 1
-    assert b'"jobs"' not in data
+    assert data.startswith(b"HTTP/1.1 411") and data.count(b"HTTP/1.1 ") == 1
+    assert b'"jobs"' not in data and b"Connection: close" in data
