@@ -16,6 +16,13 @@
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   rlhf_exporter/sources/push.py for the body and the answers).
 
+Hostile requests: the job view's pages are cached by path (bounded in bytes,
+`page_cache_bytes`), never by `Host` (a checked Host is put into the cached page at serve
+time); `Accept-Encoding` weights are honoured (`gzip;q=0` gets plain text); a request with
+`Transfer-Encoding` (no chunked bodies here) or a GET with a body is answered and its
+connection closed, so its body is never parsed as the next request; failed token checks on
+push and `/api/v1/windows` are rate-limited and counted (rlhf_exporter/auth.py).
+
 Connections are bounded (`Server`): at most `http_max_connections` are served at once (one
 thread each, as `http.server.ThreadingHTTPServer` does); a connection beyond that gets a
 503 and is closed. A connection must send a request's headers (and a POST its body) within
