@@ -25,9 +25,9 @@
 - The root is walked entry by entry: a project folder that is a looping symlink
   (`symlink_loop`), unreadable (`permission_denied`) or that vanishes mid-walk is skipped
   (counted and logged once), never the whole root. A folder whose listing has not changed
-  (inode and mtime) is not listed again, so files ignored beyond `max_files` (or as
-  duplicates) cost one stat of their folder per poll; at most `max_files` folders are
-  remembered.
+  (inode and mtime) is not listed again (but every `RELIST_EVERY` seconds), so files
+  ignored beyond `max_files` (or as duplicates) cost one stat of their folder per poll; at
+  most `max_files` folders are remembered.
 - A `--verl-root` that is missing, not a directory or unreadable (a mis-mounted volume)
   makes the collector down (`rlhf_exporter_collector_up{collector="verl"} 0`), its reason
   counted once per occurrence in `rlhf_exporter_collector_errors_total`; jobs read from the
@@ -63,6 +63,8 @@ HEAD_BYTES = 64 << 10  # at most this much of the first line is fingerprinted
 TAIL_BYTES = 64  # the bytes before the read offset, kept to notice a rewrite that grew
 MAX_FILES = 5000
 RACY_NS = 2_000_000_000  # a folder modified this recently is listed again (mtime granularity)
+RELIST_EVERY = 60.0  # seconds: every folder is listed again anyway (a network filesystem's
+# cached directory mtime may lag)
 
 # record_errors reasons for whole-file problems (line problems come from rlhf_exporter.sources.verl_reader)
 FILE_DELETED = "file_deleted"
@@ -149,6 +151,7 @@ class VerlFileSource(PollingSource):
         self._folder_problems: dict[str, str] = {}  # project folder -> reason (logged once)
         # project folder -> (st_dev, st_ino, st_mtime_ns) of its last full listing
         self._folders: dict[str, tuple[int, int, int]] = {}
+        self._relist_at = 0.0  # monotonic time of the next listing of every folder
         self._rotate = 0
         self._summaries: tuple[dict[str, Any], ...] = ()
         self._parts: tuple[tuple[Sample, ...], ...] = ()  # each exported job's samples
@@ -167,6 +170,9 @@ class VerlFileSource(PollingSource):
             if path not in self._watched:
                 p, e = labels_from_path(path)
                 self._watch(path, project or p, experiment or e)
+        if time.monotonic() >= self._relist_at:
+            self._relist_at = time.monotonic() + RELIST_EVERY
+            self._folders.clear()
         for root in self.roots:
             try:
                 entries = list(os.scandir(root))
