@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from ..auth import check_token
+from ..config import ConfigError
 from ..sources.base import Clock, Context, PollingSource, PollResult, SourceError
 from .board import MAX_BODY, WINDOWS_PATH, WindowBoard, parse_board
 
@@ -53,7 +54,7 @@ class RemoteWindowsSource(PollingSource):
         self.url = url.rstrip("/") + WINDOWS_PATH
         parts = urllib.parse.urlsplit(self.url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"--gpu-windows-from must be an http(s):// URL, got {url!r}")
+            raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
         self._parts = parts
         self.board = board
         self.token = check_token(token, "the windows token")  # never sent with a newline
@@ -66,13 +67,16 @@ class RemoteWindowsSource(PollingSource):
     def from_settings(cls, settings: Any, context: Context) -> RemoteWindowsSource | None:
         if not settings.gpu_windows_from or context.windows is None:
             return None
-        return cls(
-            settings.gpu_windows_from,
-            context.windows,
-            token=settings.push_token,
-            interval=settings.gpu_windows_interval,
-            wall=context.clock,
-        )
+        try:
+            return cls(
+                settings.gpu_windows_from,
+                context.windows,
+                token=settings.push_token,
+                interval=settings.gpu_windows_interval,
+                wall=context.clock,
+            )
+        except ValueError as exc:  # a URL that is not http(s)://HOST[:PORT]
+            raise ConfigError(f"gpu_windows_from: {exc}") from None
 
     def describe(self) -> str:
         return f"GPU windows from {self.url} (every {self.interval:g}s)"
