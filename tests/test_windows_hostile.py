@@ -104,7 +104,7 @@ BAD_ANSWERS = {
     "long job name": answer(("p" * 201, "e", [step_json(1)])),
     "empty job name": answer(("", "e", [step_json(1)])),
     "long timer": answer(("p", "e", [step_json(1, timer="t" * 257)])),
-    "too many steps": answer(("p", "e", [step_json(i) for i in range(33)])),
+    "too many steps": answer(("p", "e", [step_json(i) for i in range(1025)])),
     "too many jobs": answer(*((f"p{i}", "e", [step_json(1)]) for i in range(65))),
     "repeated job": answer(("p", "e", [step_json(1)]), ("p", "e", [step_json(2)])),
     "negative step": answer(("p", "e", [step_json(-1)])),
@@ -120,6 +120,13 @@ def test_a_bad_value_rejects_the_whole_answer(name):
     with pytest.raises(ValueError) as err:
         parse_board(orjson.loads(json.dumps(doc)))  # the bytes a head would send
     assert "\ud800" not in str(err.value) and "forged" not in str(err.value)
+
+
+def test_a_head_keeping_more_steps_gives_the_newest_ones():
+    doc = answer(("p", "e", [step_json(i) for i in range(100)]), ("q", "e", [step_json(1)]))
+    got = parse_board(doc, max_steps=32)
+    assert [tl.step for labels, tl in got if labels == ("p", "e")] == list(range(68, 100))
+    assert [tl.step for labels, tl in got if labels == ("q", "e")] == [1]
 
 
 def test_every_decision_table_group_is_accepted():

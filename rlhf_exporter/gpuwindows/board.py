@@ -175,6 +175,7 @@ MAX_BODY = 4 << 20  # bytes a worker reads from the head at most; the head's ans
 MAX_INTERVALS = 64  # intervals per step a worker accepts
 MAX_LABEL_CHARS = 200  # project and experiment, as for a pushed job
 MAX_TIMER_CHARS = 256  # a timer's name (a record key's limit)
+MAX_STEPS_PER_JOB = 1024  # steps per job in an answer; more rejects it (a head keeps 32)
 _GROUPS = frozenset(GROUPS)
 
 
@@ -258,7 +259,8 @@ def parse_board(
     doc: object, max_jobs: int = MAX_JOBS, max_steps: int = 32
 ) -> list[tuple[tuple[str, str], Timeline]]:
     """The head's answer, checked as strictly as a pushed record: at most `max_jobs` jobs of
-    at most `max_steps` steps (the worker's board keeps no more), each of at most
+    at most MAX_STEPS_PER_JOB steps (of which the newest `max_steps` are returned: the
+    worker's board keeps no more, whatever the head's `gpu_windows_keep`), each of at most
     MAX_INTERVALS intervals; job names as push accepts them; groups only the decision
     table's (`GROUPS`); timer names valid label text of at most MAX_TIMER_CHARS; steps
     integers in 0..2^53, times finite. Anything else raises ValueError (whose message holds
@@ -278,7 +280,9 @@ def parse_board(
         if labels in seen:
             raise ValueError(f"jobs[{i}] repeats a job")
         seen.add(labels)
-        for k, st in enumerate(_list(job.get("steps"), f"jobs[{i}].steps", max_steps)):
+        steps = _list(job.get("steps"), f"jobs[{i}].steps", MAX_STEPS_PER_JOB)
+        first = len(out)
+        for k, st in enumerate(steps):
             where = f"jobs[{i}].steps[{k}]"
             if not isinstance(st, dict):
                 raise ValueError(f"{where} is not an object")
@@ -305,6 +309,7 @@ def parse_board(
             if end < start or error < 0:
                 raise ValueError(f"{where}: end before start, or a negative error")
             out.append((labels, Timeline(step, start, end, tuple(intervals), error)))
+        del out[first : max(first, len(out) - max_steps)]  # the newest max_steps
     return out
 
 
