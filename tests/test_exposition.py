@@ -529,3 +529,17 @@ def test_many_threads_inventing_versions_keep_the_cache_bounded():
     assert cached <= MAX_FORMATS * 3 * one  # each kept format: a body and its gzip, no more
     kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
     assert {k[0] for k in ex._chunks} <= kept
+
+
+def test_a_fragment_failing_at_every_poll_is_logged_once_not_flooded(caplog):
+    """A source whose samples fail to encode at every poll (a lone surrogate in a label
+    from a hostile head did, four times a second) is counted each time, logged once."""
+    sources = Sources([verl_snapshot([job_part("p", "e", 1)])])
+    ex = Exposition(sources.fns())
+    with caplog.at_level("DEBUG", logger="rlhf_exporter.metrics.exposition"):
+        for step in range(20):  # a new broken fragment at every poll
+            sources.snaps[0] = verl_snapshot([job_part("p\ud800", "e", step + 1)])
+            ex.render(TEXT)
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert dropped_series(ex.render(TEXT)[0])[("verl", "render_failed")] == 20 * 6  # 6 a job

@@ -74,6 +74,7 @@ BUILD_AHEAD = 2.0  # seconds before a format's next expected scrape that its bod
 MAX_LEAD = 5.0  # seconds: one build's time counted towards the lead at most
 GZIP_LEVEL = 4
 MAX_FORMATS = 4  # content types served from cache at once; the least recently scraped goes
+LOG_EVERY = 60.0  # seconds: a collector's render failure is logged at most this often
 _MAX_PROBED = 16  # content types whose line format is remembered; others get lines of their own
 _EOF = b"# EOF\n"
 _CATALOG_ORDER = tuple(BY_NAME)
@@ -282,6 +283,7 @@ class Exposition:
         self._wanted: dict[str, tuple[Encoder, float, float | None, bool]] = {}
         self._clock = clock
         self._build_s: dict[str, float] = {}  # ctype -> seconds the warm pass's last build took
+        self._failed_logged: dict[str, float] = {}  # collector -> when a failure was logged
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
         self.warm_thread: threading.Thread | None = None
@@ -480,7 +482,18 @@ class Exposition:
             add_samples(by_name, samples, frag.collector, dropped)
             lines = self._split(encoder, ctype, by_name)
         except Exception:  # a bug: this fragment is left out, every other one is served
-            log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
+            now = time.monotonic()  # logged once a minute per collector: never a flood
+            quiet = now - self._failed_logged.get(frag.collector, -LOG_EVERY) < LOG_EVERY
+            if not quiet:
+                self._failed_logged[frag.collector] = now
+            log.log(
+                logging.DEBUG if quiet else logging.ERROR,
+                "could not encode %d samples of %s (counted as render_failed; logged at most "
+                "once a minute per collector)",
+                len(frag.samples),
+                frag.collector,
+                exc_info=not quiet,
+            )
             dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
             lines = {}
         if not frag.counted:
