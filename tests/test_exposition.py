@@ -543,3 +543,17 @@ def test_a_fragment_failing_at_every_poll_is_logged_once_not_flooded(caplog):
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert len(errors) == 1
     assert dropped_series(ex.render(TEXT)[0])[("verl", "render_failed")] == 20 * 6  # 6 a job
+
+
+def test_a_family_that_fails_to_encode_leaves_the_sources_other_families_alone():
+    """One bad label in one family (the head's group did it to the window series) drops that
+    family's samples only: the GPU series beside it in the same fragment are still served."""
+    rest = (
+        Sample("rlhf_gpu_busy_seconds_total", ("0", "rollout"), 5.0),
+        Sample("rlhf_window_gpu_busy_seconds_total", ("p", "e", "rollout\ud800", "rollout"), 1.0),
+    )
+    snap = Snapshot("nvml", True, 0.01, 1.7e9, {}, None, {}, rest)
+    ex = Exposition([lambda: snap])
+    body = ex.render(TEXT)[0]
+    assert b"rlhf_gpu_busy_seconds_total{" in body
+    assert dropped_series(body) == {("nvml", "render_failed"): 1.0}

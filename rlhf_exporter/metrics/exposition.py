@@ -481,7 +481,16 @@ class Exposition:
         try:
             add_samples(by_name, samples, frag.collector, dropped)
             lines = self._split(encoder, ctype, by_name)
-        except Exception:  # a bug: this fragment is left out, every other one is served
+        except Exception:  # a bug: these families are left out, every other one is served
+            lines, failed = {}, 0
+            if len(by_name) > 1:  # family by family: only those that fail are left out
+                for name, fam in by_name.items():
+                    try:
+                        lines.update(self._split(encoder, ctype, {name: fam}))
+                    except Exception:
+                        failed += len(fam.samples)
+            else:
+                failed = len(samples) or len(frag.samples)
             now = time.monotonic()  # logged once a minute per collector: never a flood
             quiet = now - self._failed_logged.get(frag.collector, -LOG_EVERY) < LOG_EVERY
             if not quiet:
@@ -490,12 +499,11 @@ class Exposition:
                 logging.DEBUG if quiet else logging.ERROR,
                 "could not encode %d samples of %s (counted as render_failed; logged at most "
                 "once a minute per collector)",
-                len(frag.samples),
+                failed,
                 frag.collector,
                 exc_info=not quiet,
             )
-            dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
-            lines = {}
+            dropped = Counter({(frag.collector, "render_failed"): failed})
         if not frag.counted:
             self.dropped.update(dropped)
         return lines, sum(dropped.values())
