@@ -100,8 +100,9 @@ def test_push_caps_jobs_per_token_not_per_address():
 
 def test_windows_and_push_auth_failures_are_counted_in_a_series(tmp_path):
     th = load_thresholds()
-    push = PushSource(th, token=SECRET)
-    api = WindowsApi(WindowBoard(), SECRET)
+    frozen = lambda: 0.0  # noqa: E731 - no refill while the test runs, however slow
+    push = PushSource(th, token=SECRET, guard=AuthGuard(SECRET, "push", clock=frozen))
+    api = WindowsApi(WindowBoard(), SECRET, AuthGuard(SECRET, "windows", clock=frozen))
     server = make_server(
         "127.0.0.1:0", Endpoints(snapshot_fns=[push.snapshot], push=push, windows_api=api)
     )
