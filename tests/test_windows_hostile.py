@@ -101,7 +101,7 @@ BAD_ANSWERS = {
     "lone surrogate group": answer(("p", "e", [step_json(1, group="rollout\ud800")])),
     "lone surrogate job": answer(("p\udc80", "e", [step_json(1)])),
     "control char job": answer(("p\n# forged", "e", [step_json(1)])),
-    "long job name": answer(("p" * 201, "e", [step_json(1)])),
+    "long job name": answer(("p" * 257, "e", [step_json(1)])),
     "empty job name": answer(("", "e", [step_json(1)])),
     "long timer": answer(("p", "e", [step_json(1, timer="t" * 257)])),
     "too many steps": answer(("p", "e", [step_json(i) for i in range(1025)])),

@@ -173,7 +173,7 @@ class WindowJoiner:
 WINDOWS_PATH = "/api/v1/windows"
 MAX_BODY = 4 << 20  # bytes a worker reads from the head at most; the head's answer fits it
 MAX_INTERVALS = 64  # intervals per step a worker accepts
-MAX_LABEL_CHARS = 200  # project and experiment, as for a pushed job
+MAX_LABEL_CHARS = 256  # project and experiment (a file job's names: a directory name's length)
 MAX_TIMER_CHARS = 256  # a timer's name (a record key's limit)
 MAX_STEPS_PER_JOB = 1024  # steps per job in an answer; more rejects it (a head keeps 32)
 _GROUPS = frozenset(GROUPS)
@@ -240,8 +240,9 @@ def _num(x: object, what: str) -> float:
 
 
 def _label(x: object, what: str, limit: int = MAX_LABEL_CHARS) -> str:
-    """A label value from the head, checked as a pushed job's name is: a non-empty string of
-    at most `limit` characters, valid UTF-8 (no lone surrogate), no control character."""
+    """A label value from the head, checked as a pushed job's name is (but up to 256
+    characters: a file job is named after directories): a non-empty string, valid UTF-8 (no
+    lone surrogate), no control character."""
     if not isinstance(x, str) or not x or len(x) > limit:
         raise ValueError(f"{what} is not a string of 1 to {limit} characters")
     if clean_label(x)[1] is not None:
@@ -261,7 +262,7 @@ def parse_board(
     """The head's answer, checked as strictly as a pushed record: at most `max_jobs` jobs of
     at most MAX_STEPS_PER_JOB steps (of which the newest `max_steps` are returned: the
     worker's board keeps no more, whatever the head's `gpu_windows_keep`), each of at most
-    MAX_INTERVALS intervals; job names as push accepts them; groups only the decision
+    MAX_INTERVALS intervals; job names checked as push checks them; groups only the decision
     table's (`GROUPS`); timer names valid label text of at most MAX_TIMER_CHARS; steps
     integers in 0..2^53, times finite. Anything else raises ValueError (whose message holds
     no value from the answer) and the whole answer is rejected, as a push would be."""
