@@ -186,6 +186,21 @@ def test_the_heads_answer_fits_the_workers_cap_and_keeps_the_newest_steps():
     assert 31 in kept and 0 not in kept  # the oldest left out, the newest kept
 
 
+def test_the_head_never_sends_what_its_workers_refuse():
+    """A job on the head that logged odd timer keys or has a long name must not make every
+    worker refuse the head's whole answer (and lose every job's windows)."""
+    board = WindowBoard()
+    t = 1000.0
+    ivs = (
+        Interval("timing\nkey\ud800", "rollout", t, t + 1),
+        Interval("t" * 400, "update", t + 1, t + 2),
+    )
+    board.post(("p" * 300, "e\x1b[31m"), Timeline(1, t, t + 2, ivs, 0.0))
+    board.post(("ok", "e"), Timeline(1, t, t + 2, ivs[:1], 0.0))
+    parsed = parse_board(orjson.loads(board_json(board)))
+    assert len(parsed) == 2 and parsed[1][0] == ("ok", "e")
+
+
 def test_the_heads_answer_is_encoded_once_per_change():
     board = WindowBoard()
     api = WindowsApi(board, None)

@@ -179,13 +179,22 @@ MAX_STEPS_PER_JOB = 1024  # steps per job in an answer; more rejects it (a head 
 _GROUPS = frozenset(GROUPS)
 
 
+def _sendable(text: str, limit: int) -> str:
+    """A name as `parse_board` accepts it (cleaned, cut to `limit`): a head never sends an
+    answer its workers refuse because one job logged an odd timer key."""
+    return clean_label(text)[0][:limit] or "?"
+
+
 def timeline_json(tl: Timeline) -> dict:
     return {
         "step": tl.step,
         "start": tl.start,
         "end": tl.end,
         "error_seconds": tl.error_seconds,
-        "intervals": [[iv.timer, iv.group, iv.start, iv.end] for iv in tl.intervals],
+        "intervals": [
+            [_sendable(iv.timer, MAX_TIMER_CHARS), iv.group, iv.start, iv.end]
+            for iv in tl.intervals[:MAX_INTERVALS]
+        ],
     }
 
 
@@ -195,7 +204,12 @@ def board_json(board: WindowBoard, max_bytes: int = MAX_BODY) -> bytes:
     are left out, so a worker always gets the newest ones (it reads at most MAX_BODY)."""
     jobs = board.snapshot()
     encoded = [
-        (p, e, [orjson.dumps(timeline_json(tl)) for tl in tls], [tl.end for tl in tls])
+        (
+            _sendable(p, MAX_LABEL_CHARS),
+            _sendable(e, MAX_LABEL_CHARS),
+            [orjson.dumps(timeline_json(tl)) for tl in tls],
+            [tl.end for tl in tls],
+        )
         for (p, e), tls in jobs
     ]
     size = sum(
