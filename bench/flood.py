@@ -1,6 +1,8 @@
-"""Key floods (issue 12): RSS and scrape latency of `serve` under floods vs. a clean `serve`.
+"""Key floods (issue 12) and hostile surfaces (issue 26): RSS and scrape latency of `serve`
+under floods vs. a clean `serve`.
 
     .venv/bin/python bench/flood.py [--pushes 100] [--keys 30000] [--scrapes 200]
+    .venv/bin/python bench/flood.py --hostile [--jobs 100] [--seconds 60]
 
 Two `serve` processes on 127.0.0.1, each with the same healthy verl job. The flooded one
 then takes:
@@ -10,6 +12,17 @@ then takes:
 Then both are scraped `--scrapes` times (one new connection each, uncompressed text). Prints
 RSS, scrape p50/p99, /metrics size and series, the flooded/clean ratios, and checks that
 every flooded key was counted as dropped. Goals: flooded RSS < 150 MB, scrape p99 < 50 ms.
+
+`--hostile` (issue 26): two worker sidecars (fake NVML at the `pynvml` boundary, 2 GPUs),
+each following `--jobs` verl jobs that step every `--step-every` seconds (30). The attacked one, for
+`--seconds`, takes at once: the negotiation flood (4 keep-alive connections scraping with a
+new invented `Accept` version each, gzip or not) and a hostile head (`--gpu-windows-from`,
+read every 0.2 s) answering in turn with 30 invented groups, a 3 MB label, a redirect
+(with the token), a trickle of a byte every 0.5 s, an answer over 4 MiB and a valid one.
+Both are scraped by a plain Prometheus-like scraper (one request a second... as fast as
+`--scrape-every`) throughout; RSS is sampled every second. Prints RSS (max), scrape p50/p99,
+series and the attacked/clean ratios; checks that every job is still exported and the head's
+failures were counted. Goals: RSS < 150 MB, scrape p99 < 50 ms.
 """
 
 from __future__ import annotations
@@ -95,7 +108,14 @@ def main() -> int:
     ap.add_argument("--pushes", type=int, default=100)
     ap.add_argument("--keys", type=int, default=30_000)
     ap.add_argument("--scrapes", type=int, default=200)
+    ap.add_argument("--hostile", action="store_true", help="issue 26's surfaces instead")
+    ap.add_argument("--jobs", type=int, default=100)
+    ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument("--scrape-every", type=float, default=0.2)
+    ap.add_argument("--step-every", type=float, default=30.0, help="seconds between a job's steps")
     args = ap.parse_args()
+    if args.hostile:
+        return hostile(args)
     good = b"".join(encode(r) for r in records([(REGIMES["sync_bound"], 20)], seed=1))
     # push_max_bytes is raised so one push can carry --keys keys (the flood the issue used)
     flags = ("--push-max-bytes", "8MiB", "--verl-interval", "0.5")
@@ -151,6 +171,236 @@ def main() -> int:
     )
     print(
         "goals (RSS < 150 MB, p99 < 50 ms, every flooded key counted):", "met" if ok else "MISSED"
+    )
+    return 0 if ok else 1
+
+
+# -- issue 26: the negotiation flood and a hostile head --------------------------------------
+SITECUSTOMIZE = f"""\
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
+_gpus = [FakeGpu(i, util=((0.0, 30.0 + 40.0 * i),)) for i in range(2)]
+sys.modules["pynvml"] = make_module(_gpus, FakeClock(start=time.time(), real=True))
+"""
+
+
+class HostileHead:
+    """A head sidecar gone bad: a real HTTP server on 127.0.0.1 whose answers rotate through
+    the attacks of issue 26, and count what it sent."""
+
+    def __init__(self) -> None:
+        import random
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        head = self
+        self.sent: dict[str, int] = {}
+        self._n = 0
+        self._rnd = random.Random(1)
+        t0 = time.time()
+
+        def step(i: int, group: str = "rollout", timer: str = "gen") -> dict:
+            start = t0 + i
+            return {"step": i, "start": start, "end": start + 1, "error_seconds": 0.1,
+                    "intervals": [[timer, group, start, start + 1]]}  # fmt: skip
+
+        def doc(jobs: list) -> bytes:
+            return json.dumps(
+                {"jobs": [{"project": p, "experiment": e, "steps": st} for p, e, st in jobs]}
+            ).encode()
+
+        self.answers = {
+            "groups": lambda: doc([("p", "e", [step(k, group=f"g{head._n}_{k}") for k in range(30)])]),
+            "huge_label": lambda: doc([("x" * (3 << 20), "e", [step(1)])]),
+            "surrogate": lambda: doc([("p", "e", [step(1, group="rollout\ud800")])]),
+            "too_large": lambda: b'{"jobs": [], "pad": "' + b"x" * (5 << 20) + b'"}',
+            "valid": lambda: doc([("p", "e", [step(head._n)])]),
+        }  # fmt: skip
+        kinds = [*self.answers, "redirect", "trickle"]
+
+        class H(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                head._n += 1
+                kind = kinds[head._n % len(kinds)]
+                head.sent[kind] = head.sent.get(kind, 0) + 1
+                try:
+                    if kind == "redirect":
+                        self.send_response(302)
+                        self.send_header("Location", "http://127.0.0.1:9/steal")
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                    elif kind == "trickle":
+                        for byte in b"HTTP/1.1 200 OK\r\nX: " + b"a" * 30:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(0.5)
+                    else:
+                        body = head.answers[kind]()
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
+                except OSError:
+                    pass
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def negotiation_flood(port: int, stop, counts: dict, seed: int) -> None:
+    import random
+
+    rnd = random.Random(seed)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    while not stop.is_set():
+        accept = rnd.choice(
+            [
+                f"application/openmetrics-text;version=1.0.{rnd.randrange(10**9)}",
+                f"text/plain;version={rnd.randrange(10**6)}.0.0",
+                "text/plain;version=x",
+                f"application/openmetrics-text;version=1.0.0;escaping={rnd.randrange(99)}",
+            ]
+        )
+        headers = {"Accept": accept}
+        if rnd.random() < 0.5:
+            headers["Accept-Encoding"] = "gzip"
+        try:
+            conn.request("GET", "/metrics", headers=headers)
+            resp = conn.getresponse()
+            resp.read()
+            counts[resp.status] = counts.get(resp.status, 0) + 1
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.close()
+
+
+def write_steps(roots: list, jobs: int, stop, every: float) -> None:
+    """Every job gets a step every `every` seconds (spread), in every root."""
+    plan = list(records([(REGIMES["balanced"], 100_000)], seed=3))
+    i = 1
+    while not stop.wait(every / max(jobs, 1)):
+        j = i % jobs
+        line = encode(plan[min(i // jobs + 1, len(plan) - 1)])
+        for root in roots:
+            with open(root / f"p{j}" / "e.jsonl", "ab") as f:
+                f.write(line)
+        i += 1
+
+
+def hostile(args: argparse.Namespace) -> int:
+    import threading
+
+    head = HostileHead()
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = Path(tmp) / "fake-nvml"
+        fake.mkdir()
+        (fake / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        env = {"PYTHONPATH": str(fake), "RLHF_EXPORTER_PUSH_TOKEN": TOKEN}
+        flags = ("--nvml", "--nvml-interval", "1", "--verl-interval", "0.5",
+                 "--gpu-windows-interval", "0.2")  # fmt: skip
+        with (
+            Exporter(Path(tmp) / "clean", *flags, env=env) as clean,
+            Exporter(
+                Path(tmp) / "attacked", *flags, "--gpu-windows-from", head.url, env=env
+            ) as attacked,
+        ):
+            roots = [clean.verl_root, attacked.verl_root]
+            plan = list(records([(REGIMES["balanced"], 3)], seed=3))
+            for root in roots:
+                for j in range(args.jobs):
+                    (root / f"p{j}").mkdir()
+                    (root / f"p{j}" / "e.jsonl").write_bytes(b"".join(encode(r) for r in plan))
+            for exp in (clean, attacked):
+                exp.wait_for(
+                    lambda e=exp: e.value("rlhf_exporter_jobs", collector="verl") == args.jobs,
+                    timeout=120,
+                )
+            stop = threading.Event()
+            counts: dict = {}
+            threads = [
+                threading.Thread(target=write_steps, args=(roots, args.jobs, stop, args.step_every))
+            ]
+            threads += [
+                threading.Thread(target=negotiation_flood, args=(attacked.port, stop, counts, k))
+                for k in range(4)
+            ]
+            for t in threads:
+                t.daemon = True
+                t.start()
+            times: dict = {"clean": [], "attacked": []}
+            rss: dict = {"clean": [], "attacked": []}
+            end = time.monotonic() + args.seconds
+            next_rss = 0.0
+            while time.monotonic() < end:
+                for name, exp in (("clean", clean), ("attacked", attacked)):
+                    times[name].append(scrape(exp.port)[0])
+                if time.monotonic() >= next_rss:
+                    next_rss = time.monotonic() + 1.0
+                    for name, exp in (("clean", clean), ("attacked", attacked)):
+                        rss[name].append(rss_mb(exp.popen.pid))
+                time.sleep(args.scrape_every)
+            stop.set()
+            for t in threads:
+                t.join(10)
+            res = {}
+            for name, exp in (("clean", clean), ("attacked", attacked)):
+                ts = sorted(times[name])
+                samples = parse_samples(exp.metrics_text())
+                res[name] = {
+                    "rss_mb": max(rss[name]),
+                    "p50_ms": 1000 * statistics.median(ts),
+                    "p99_ms": 1000 * ts[min(len(ts) - 1, int(len(ts) * 0.99))],
+                    "series": len(samples),
+                    "jobs": sum(1 for (n, lab) in samples if n == "rlhf_steps_total"),
+                    "samples": samples,
+                }
+    head.close()
+    c, a = res["clean"], res["attacked"]
+    errors = {
+        dict(lab)["reason"]: v
+        for (n, lab), v in a["samples"].items()
+        if n == "rlhf_exporter_collector_errors_total"
+        and ("collector", "gpu_windows_remote") in lab
+    }
+    flood = sum(counts.values())
+    print(
+        f"hostile: {args.jobs} jobs stepping every {args.step_every:g} s, {args.seconds:.0f} s; "
+        "negotiation flood "
+        f"{flood} scrapes ({flood / args.seconds:.0f}/s, statuses {counts}); hostile head sent "
+        f"{head.sent}"
+    )
+    print(f"{'':14}{'clean':>12}{'attacked':>12}{'ratio':>8}")
+    for key, label in (
+        ("rss_mb", "RSS max MB"),
+        ("p50_ms", "scrape p50 ms"),
+        ("p99_ms", "scrape p99 ms"),
+        ("series", "series"),
+        ("jobs", "jobs"),
+    ):
+        print(f"{label:14}{c[key]:12.1f}{a[key]:12.1f}{a[key] / c[key]:8.2f}")
+    print(f"the head's failures counted (collector_errors_total, gpu_windows_remote): {errors}")
+    ok = (
+        a["rss_mb"] < 150
+        and a["p99_ms"] < 50
+        and a["jobs"] == args.jobs
+        and all(errors.get(r, 0) > 0 for r in ("bad_answer", "redirect", "timeout", "too_large"))
+        and set(counts) == {200}
+    )
+    print(
+        "goals (RSS < 150 MB, p99 < 50 ms, every job exported, every attack counted):",
+        "met" if ok else "MISSED",
     )
     return 0 if ok else 1
 

@@ -2,6 +2,10 @@
 
 Fields passed with `extra={...}` (collector, reason, path, project, experiment, ...) become
 `key=value` pairs in text and keys in JSON, so a log pipeline can filter on them.
+
+A text line is one line whatever a message holds: a control character (a newline in a
+directory name, a pushed label) is written as an escape (`\n`, `\x1b`), and a field value
+with a space, a quote, `=` or a control character is quoted, so no input forges a line.
 """
 
 from __future__ import annotations
@@ -25,6 +29,21 @@ def _fields(record: logging.LogRecord) -> dict:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
 
 
+_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(32), 127)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+
+
+def _one_line(text: str) -> str:
+    """The text with every control character escaped (a log line stays one line)."""
+    if text.isprintable():
+        return text
+    return "".join(
+        _ESCAPES.get(ord(c), c)
+        if not c.isprintable() and ord(c) < 0xA0
+        else (c if c.isprintable() else f"\\u{ord(c):04x}")
+        for c in text
+    )
+
+
 def _timestamp(record: logging.LogRecord) -> str:
     t = time.gmtime(record.created)
     return time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z"
@@ -32,10 +51,11 @@ def _timestamp(record: logging.LogRecord) -> str:
 
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        parts = [_timestamp(record), record.levelname.lower(), record.getMessage()]
+        parts = [_timestamp(record), record.levelname.lower(), _one_line(record.getMessage())]
         for key, value in _fields(record).items():
             text = str(value)
-            parts.append(f"{key}={json.dumps(text) if (' ' in text or not text) else text}")
+            plain = text and text.isprintable() and not any(c in text for c in ' "=')
+            parts.append(f"{key}={text if plain else json.dumps(text)}")
         line = " ".join(parts)
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)

@@ -16,6 +16,13 @@
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   rlhf_exporter/sources/push.py for the body and the answers).
 
+Hostile requests: the job view's pages are cached by path (bounded in bytes,
+`page_cache_bytes`), never by `Host` (a checked Host is put into the cached page at serve
+time); `Accept-Encoding` weights are honoured (`gzip;q=0` gets plain text); a request with
+`Transfer-Encoding` (no chunked bodies here) or a GET with a body is answered and its
+connection closed, so its body is never parsed as the next request; failed token checks on
+push and `/api/v1/windows` are rate-limited and counted (rlhf_exporter/auth.py).
+
 Connections are bounded (`Server`): at most `http_max_connections` are served at once (one
 thread each, as `http.server.ThreadingHTTPServer` does); a connection beyond that gets a
 503 and is closed. A connection must send a request's headers (and a POST its body) within
@@ -27,10 +34,12 @@ the configured log format), then at debug level; never as a raw traceback.
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import sys
 import threading
 import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -73,7 +82,12 @@ class Endpoints:
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
-        self.exposition = Exposition(self.snapshot_fns, warm_interval=EXPOSITION_WARM_INTERVAL)
+        guards = [getattr(x, "guard", None) for x in (self.push, self.windows_api)]
+        self.exposition = Exposition(
+            self.snapshot_fns,
+            warm_interval=EXPOSITION_WARM_INTERVAL,
+            sample_fns=[g.samples for g in guards if g is not None],
+        )
 
     def ready(self) -> bool:
         if not self.ready_fns:
@@ -87,29 +101,68 @@ class Endpoints:
         return sorted(out, key=lambda j: (j["project"], j["experiment"]))
 
 
+PAGE_CACHE_BYTES = 32 << 20  # bytes of rendered pages kept (page_cache_bytes)
+# what a page says where the browser's Host goes: replaced at serve time, so the Host
+# header never keys the cache (random Hosts cost no render and no memory)
+HOST_MARK = "rlhf-exporter-host.invalid"
+_HOST = re.compile(r"[A-Za-z0-9.-]{1,253}(?::[0-9]{1,5})?|\[[0-9A-Fa-f:.]{2,45}\](?::[0-9]{1,5})?")
+
+
+def clean_host(host: str | None) -> str | None:
+    """The Host header when it is a host name or address with an optional port, else None
+    (the page then names no host): nothing else of it reaches a page."""
+    if host is None or not _HOST.fullmatch(host):
+        return None
+    return host
+
+
 class PageCache:
     """Pages of the job view, kept for `ttl` seconds: a browser (or many) reloading `/` costs
     one render per second, so the pure-Python rendering does not compete with scrapes for
-    the interpreter. The pages say "N s ago", so a second's staleness is invisible."""
+    the interpreter. The pages say "N s ago", so a second's staleness is invisible.
 
-    def __init__(self, ttl: float = 1.0):
+    Bounded in bytes (`max_bytes`, the `page_cache_bytes` setting): beyond, the least
+    recently stored pages are evicted (counted in `stats["evicted"]`, rendered again when
+    asked for); a page larger than the bound is served, not kept."""
+
+    def __init__(self, ttl: float = 1.0, max_bytes: int = PAGE_CACHE_BYTES):
         self.ttl = ttl
-        self._pages: dict[tuple[str, str | None], tuple[float, int, bytes]] = {}
+        self.max_bytes = max_bytes
+        self._pages: OrderedDict[tuple[str, bool], tuple[float, int, bytes]] = OrderedDict()
+        self._bytes = 0
         self._lock = threading.Lock()
+        self.stats: Counter[str] = Counter()  # renders, evicted
+
+    @property
+    def size(self) -> int:
+        """Bytes of the pages kept."""
+        return self._bytes
 
     def get(
-        self, key: tuple[str, str | None], render: Callable[[], tuple[int, bytes]]
+        self, key: tuple[str, bool], render: Callable[[], tuple[int, bytes]]
     ) -> tuple[int, bytes]:
         now = time.monotonic()
         hit = self._pages.get(key)
         if hit is not None and now - hit[0] < self.ttl:
             return hit[1], hit[2]
         status, body = render()  # outside the lock: a slow render never holds up another
+        self.stats["renders"] += 1
         with self._lock:
-            if len(self._pages) > 256:  # many job paths: keep it bounded
-                self._pages.clear()
-            self._pages[key] = (now, status, body)
+            old = self._pages.pop(key, None)
+            if old is not None:
+                self._bytes -= len(old[2])
+            if len(body) <= self.max_bytes:
+                self._pages[key] = (now, status, body)
+                self._bytes += len(body)
+            while self._bytes > self.max_bytes:
+                _, (_, _, gone) = self._pages.popitem(last=False)
+                self._bytes -= len(gone)
+                self.stats["evicted"] += 1
         return status, body
+
+
+def _with_host(page: bytes, host: str | None) -> bytes:
+    return page.replace(HOST_MARK.encode(), host.encode()) if host else page
 
 
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
@@ -152,6 +205,7 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 30  # seconds a connection may idle or trickle before it is closed
     endpoints: Endpoints  # set on the subclass made by make_server
     server: Server
+    chunked = False  # the request came with a Transfer-Encoding (never read)
 
     def setup(self) -> None:
         super().setup()
@@ -173,7 +227,19 @@ class Handler(BaseHTTPRequestHandler):
     def parse_request(self) -> bool:
         ok = super().parse_request()
         self.server.disarm(self.connection)  # headers read: the handler takes over
-        return ok
+        if not ok:
+            return False
+        # No chunked bodies here, and no GET bodies: a body framed two ways (TE and CL) is
+        # how requests are smuggled past a proxy. A POST with Transfer-Encoding is answered
+        # as one without a length (411, counted) and a GET's body is never read; either way
+        # the connection closes after the answer, so those bytes are never parsed as the
+        # next request.
+        self.chunked = self.headers.get("Transfer-Encoding") is not None
+        if self.chunked or (
+            self.command != "POST" and self.headers.get("Content-Length", "0").strip() != "0"
+        ):
+            self.close_connection = True
+        return True
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
@@ -200,7 +266,7 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         ep = self.endpoints
         if path == "/metrics":
-            want_gzip = "gzip" in (self.headers.get("Accept-Encoding") or "")
+            want_gzip = accepts_gzip(self.headers.get("Accept-Encoding"))
             body, content_type, gzipped = ep.exposition.render(
                 self.headers.get("Accept"), want_gzip
             )
@@ -212,23 +278,27 @@ class Handler(BaseHTTPRequestHandler):
                 self._text(200, "ready\n")
             else:
                 self._text(503, "not ready: no source has finished a first collection yet\n")
-        elif path == "/":
-            host = self.headers.get("Host")
-            _, page = ep.pages.get((path, host), lambda: (200, landing_page(ep, host)))
-            self._send(200, page, "text/html; charset=utf-8")
-        elif path.startswith("/jobs/"):
-            host = self.headers.get("Host")
-            status, page = ep.pages.get((path, host), lambda: job_view(ep, path, host))
-            self._send(status, page, "text/html; charset=utf-8")
+        elif path == "/" or path.startswith("/jobs/"):
+            host = clean_host(self.headers.get("Host"))
+            mark = HOST_MARK if host else None
+
+            def render() -> tuple[int, bytes]:
+                if path == "/":
+                    return 200, landing_page(ep, mark)
+                return job_view(ep, path, mark)
+
+            status, page = ep.pages.get((path, host is not None), render)
+            self._send(status, _with_host(page, host), "text/html; charset=utf-8")
         elif path == "/api/v1/jobs":  # the view's step history and episodes stay out of the JSON
             jobs = [
                 {k: v for k, v in j.items() if k not in ("history", "episodes")} for j in ep.jobs()
             ]
             self._json(200, {"jobs": jobs})
         elif path == "/api/v1/windows" and ep.windows_api is not None:
-            status, doc = ep.windows_api.handle(self.headers.get("Authorization"))
-            extra = {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if status == 401 else None
-            self._send(status, orjson.dumps(doc) + b"\n", "application/json", extra)
+            status, body = ep.windows_api.handle(
+                self.headers.get("Authorization"), self.client_address[0]
+            )
+            self._send(status, body, "application/json", _auth_headers(status))
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:
@@ -258,7 +328,7 @@ class Handler(BaseHTTPRequestHandler):
             read_bytes = n - left
             return b"".join(chunks)
 
-        length = self.headers.get("Content-Length")
+        length = None if self.chunked else self.headers.get("Content-Length")
         self.server.arm(self.connection)  # the whole body within read_timeout
         try:
             answer = push.handle(
@@ -271,11 +341,38 @@ class Handler(BaseHTTPRequestHandler):
             self.server.disarm(self.connection)
         if length is None or read_bytes != _int(length):
             self.close_connection = True  # an unread (rejected) body: do not reuse the connection
-        extra = (
-            {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'} if answer.status == 401 else None
-        )
         body = orjson.dumps(answer.body) + b"\n"
-        self._send(answer.status, body, "application/json", extra)
+        self._send(answer.status, body, "application/json", _auth_headers(answer.status))
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """Whether Accept-Encoding allows gzip: `gzip` (or `x-gzip`) with a weight above 0, or
+    `*` above 0 where gzip is not named (RFC 9110 12.5.3)."""
+    star = None
+    for entry in (header or "").split(",")[:32]:
+        coding, *params = (t.strip() for t in entry.split(";"))
+        q = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        coding = coding.lower()
+        if coding in ("gzip", "x-gzip"):
+            return q > 0
+        if coding == "*":
+            star = q > 0
+    return bool(star)
+
+
+def _auth_headers(status: int) -> dict[str, str] | None:
+    if status == 401:
+        return {"WWW-Authenticate": 'Bearer realm="rlhf-exporter"'}
+    if status == 429:
+        return {"Retry-After": "1"}
+    return None
 
 
 def _int(text: str) -> int:

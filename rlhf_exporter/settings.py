@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .auth import FAIL_RATE, FAIL_RATE_TOTAL, check_token
 from .config import ConfigError, read_yaml
 from .diagnosis.thresholds import seconds
 from .logs import LEVELS
@@ -80,6 +81,20 @@ def _size(text: str) -> int:
             f"expected a size of at least 1 byte (e.g. 4096, 512K, 1MiB), got {text!r}"
         )
     return int(value)
+
+
+def _rate(text: str) -> float:
+    """A rate > 0 (per second)."""
+    value = float(str(text).strip())
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def _token(text: str) -> str:
+    """A bearer token: surrounding whitespace (a secret file's newline) stripped; refused,
+    without being shown, when it holds what an Authorization header cannot carry."""
+    return check_token(str(text)) or ""
 
 
 def _log_level(text: str) -> str:
@@ -231,11 +246,30 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "push_token",
-        str,
+        _token,
         None,
-        "require 'Authorization: Bearer TOKEN' on pushes (constant-time compare)",
+        "require 'Authorization: Bearer TOKEN' on pushes and GET /api/v1/windows (constant-time "
+        "compare; surrounding whitespace stripped; a space, control or non-ASCII character "
+        "inside is refused at start)",
         "push",
         "TOKEN",
+    ),
+    Option(
+        "auth_fail_rate",
+        _rate,
+        FAIL_RATE,
+        "failed authentications per second one client may make (a burst of twice that); "
+        "beyond, 429 without comparing the token, counted as auth_throttled",
+        "push",
+        "PER_SECOND",
+    ),
+    Option(
+        "auth_fail_rate_total",
+        _rate,
+        FAIL_RATE_TOTAL,
+        "failed authentications per second in all clients together (beyond: 429, auth_throttled)",
+        "push",
+        "PER_SECOND",
     ),
     Option(
         "push_allow_anonymous",
@@ -312,6 +346,15 @@ OPTIONS: tuple[Option, ...] = (
         "start the next request on a kept-alive connection; then it is closed",
         "limits",
         "SECONDS",
+    ),
+    Option(
+        "page_cache_bytes",
+        _size,
+        32 << 20,
+        "bytes of rendered job-view pages kept (the least recently stored are evicted; the "
+        "Host header never keys the cache)",
+        "limits",
+        "BYTES",
     ),
     # ray
     Option("ray", _bool, True, "poll Ray's state API for actor liveness", "ray"),

@@ -176,14 +176,27 @@ def test_formats_share_sample_lines_only_where_prometheus_client_writes_them_ali
     assert {k[0] for k in ex._chunks} == {line_format(*text), dots[1]}
 
 
-def test_a_scraper_inventing_content_types_cannot_grow_the_cache():
+# every content type prometheus_client writes (13): more than MAX_FORMATS, so they evict
+KNOWN_ACCEPTS = (
+    TEXT,
+    *(
+        f"{media};version={v}" + (f";escaping={e}" if e else "")
+        for media, v in (
+            ("application/openmetrics-text", "1.0.0"),
+            ("application/openmetrics-text", "2.0.0"),
+            ("text/plain", "1.0.0"),
+        )
+        for e in ("", "dots", "values", "allow-utf-8")
+    ),
+)
+
+
+def test_a_scraper_cycling_content_types_cannot_grow_the_cache():
     parts = [job_part(f"p{i}", "e", 1) for i in range(40)]
     sources = Sources([verl_snapshot(parts)])
     ex = Exposition(sources.fns())
-    for v in range(50):  # every scrape a new OpenMetrics version, some with odd escaping
-        accept = f"application/openmetrics-text;version=1.{v}.0" + (
-            ";escaping=dots" if v % 2 else ""
-        )
+    for v in range(50):  # every scrape another content type, some with odd escaping
+        accept = KNOWN_ACCEPTS[v % len(KNOWN_ACCEPTS)]
         body, _, _ = ex.render(accept, want_gzip=True)
         assert gzip.decompress(body) == from_scratch(sources.snaps, accept)
     assert len(ex._bodies) <= MAX_FORMATS and len(ex._wanted) <= MAX_FORMATS
@@ -380,10 +393,167 @@ def test_evicting_a_format_keeps_the_lines_the_newcomer_shares():
     sources = Sources([verl_snapshot([job_part(f"p{i}", "e", 1) for i in range(20)])])
     ex = Exposition(sources.fns())
     ex.render(TEXT)
-    for v in range(MAX_FORMATS - 1):  # formats with lines of their own fill the cache
-        ex.render(f"application/openmetrics-text;version=1.0.{v};escaping=dots")
+    for v in ("1.0.0", "2.0.0", "1.0.0;escaping=values")[: MAX_FORMATS - 1]:
+        # formats with lines of their own fill the cache
+        ex.render(f"application/openmetrics-text;version={v};escaping=dots")
     encoded = ex.stats["samples_encoded"]
     body, _, _ = ex.render(OPENMETRICS)  # evicts text, the oldest, but shares its lines
     assert body == from_scratch(sources.snaps, OPENMETRICS)
     assert ex.stats["formats_evicted"] == 1
     assert ex.stats["samples_encoded"] == encoded  # nothing encoded again
+
+
+# Accept headers a hostile scraper sends: invented versions, a version prometheus_client
+# cannot compare (`x`), an entry it must not be served (q=0), injected header bytes
+HOSTILE_ACCEPTS = (
+    "application/openmetrics-text;version=1.0.7",
+    "application/openmetrics-text; version=1.0.123456789",
+    "text/plain;version=x",
+    "application/openmetrics-text;version=x",
+    "text/plain;version=1.0.0;escaping=<script>",
+    "application/openmetrics-text;version=1.0.0;q=0",
+    'application/openmetrics-text;version="1.0.0\r\nSet-Cookie: a=b"',
+    "application/openmetrics-text;version=1.0.0;" + "x=y;" * 1000,
+    ",".join(f"application/openmetrics-text;version=1.0.{v}" for v in range(2000)),
+)
+SERVED_TYPES = {choose_encoder(a)[1] for a in KNOWN_ACCEPTS}
+
+
+@pytest.mark.parametrize("accept", HOSTILE_ACCEPTS)
+def test_only_content_types_prometheus_client_writes_are_served(accept):
+    sources = Sources([verl_snapshot([job_part("p", "e", 1)])])
+    ex = Exposition(sources.fns())
+    body, ctype, _ = ex.render(accept)  # never raises (version=x did: a TypeError)
+    assert ctype in SERVED_TYPES  # never an invented version echoed back
+    if "q=0" in accept:
+        assert ctype == "text/plain; version=0.0.4; charset=utf-8"
+    assert body == from_scratch(sources.snaps, "" if ctype.startswith("text/plain") else ctype)
+
+
+def test_content_negotiation_honours_order_weights_and_escaping():
+    ex = Exposition(Sources([verl_snapshot([job_part("p", "e", 1)])]).fns())
+    prom3 = (
+        "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.6,"
+        "application/openmetrics-text;version=0.0.1;q=0.5,text/plain;version=1.0.0;"
+        "escaping=allow-utf-8;q=0.4,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+    )
+    assert ex.render(prom3)[1] == choose_encoder(prom3)[1]  # what Prometheus 3 sends: as before
+    assert ex.render("application/openmetrics-text;version=1.0.0;q=0, text/plain;version=1.0.0")[
+        1
+    ].startswith("text/plain; version=1.0.0")
+    assert (
+        ex.render("application/openmetrics-text;version=9.9.9, application/openmetrics-text")[1]
+        == choose_encoder("application/openmetrics-text")[1]
+    )
+
+
+class _RacingLock:
+    """The exposition's lock, with a hook run the first time the warm thread takes it:
+    scrapes that arrive between warm()'s listing of the formats and its first build."""
+
+    def __init__(self, hook):
+        self._lock = threading.Lock()
+        self._hook = hook
+
+    def __enter__(self):
+        hook, self._hook = self._hook, None
+        if hook is not None and threading.current_thread().name == "warm":
+            hook()
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self._lock.__exit__(*exc)
+
+
+def test_warm_never_rebuilds_a_format_a_scrape_evicted():
+    sources = Sources([verl_snapshot([job_part(f"p{i}", "e", 1) for i in range(40)])])
+    ex = Exposition(sources.fns())
+    first, later = KNOWN_ACCEPTS[:MAX_FORMATS], KNOWN_ACCEPTS[MAX_FORMATS : 2 * MAX_FORMATS]
+    for accept in first:
+        ex.render(accept)
+    sources.snaps[0] = verl_snapshot([job_part(f"p{i}", "e", 2) for i in range(40)])
+
+    def scrapes_meanwhile():  # they evict every format warm() listed
+        lock, ex._lock = ex._lock, threading.Lock()
+        for accept in later:
+            ex.render(accept)
+        ex._lock = lock
+
+    ex._lock = _RacingLock(scrapes_meanwhile)  # type: ignore[assignment]
+    t = threading.Thread(target=ex.warm, name="warm")
+    t.start()
+    t.join()
+    assert set(ex._bodies) <= set(ex._wanted)  # nothing cached that no one scrapes
+    assert len(ex._bodies) <= MAX_FORMATS
+    kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
+    assert {k[0] for k in ex._chunks} <= kept
+    assert all(set(f.lines) <= kept for f in (*ex._by_id.values(), *ex._by_value.values()))
+
+
+def test_many_threads_inventing_versions_keep_the_cache_bounded():
+    import random
+
+    parts = [job_part(f"p{i}", "e", 1) for i in range(64)]
+    sources = Sources([verl_snapshot(parts)])
+    ex = Exposition(sources.fns(), warm_interval=0.001)
+    one = len(ex.render(TEXT)[0])
+    errors: list[BaseException] = []
+
+    def scraper(seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            for n in range(60):
+                if rnd.random() < 0.5:
+                    accept = f"application/openmetrics-text;version=1.0.{rnd.randrange(10**6)}"
+                else:
+                    accept = rnd.choice(KNOWN_ACCEPTS)
+                ctype = ex.render(accept, want_gzip=rnd.random() < 0.5)[1]
+                assert ctype in SERVED_TYPES
+                if n % 10 == 0:  # the jobs step meanwhile
+                    step = rnd.randrange(2, 100)
+                    sources.snaps[0] = verl_snapshot(
+                        [job_part(f"p{i}", "e", step) for i in range(64)]
+                    )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=scraper, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ex.warm()
+    assert not errors
+    assert len(ex._wanted) <= MAX_FORMATS and set(ex._bodies) <= set(ex._wanted)
+    cached = sum(len(b.plain or b"") + len(b.gzipped or b"") for b in ex._bodies.values())
+    assert cached <= MAX_FORMATS * 3 * one  # each kept format: a body and its gzip, no more
+    kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
+    assert {k[0] for k in ex._chunks} <= kept
+
+
+def test_a_fragment_failing_at_every_poll_is_logged_once_not_flooded(caplog):
+    """A source whose samples fail to encode at every poll (a lone surrogate in a label
+    from a hostile head did, four times a second) is counted each time, logged once."""
+    sources = Sources([verl_snapshot([job_part("p", "e", 1)])])
+    ex = Exposition(sources.fns())
+    with caplog.at_level("DEBUG", logger="rlhf_exporter.metrics.exposition"):
+        for step in range(20):  # a new broken fragment at every poll
+            sources.snaps[0] = verl_snapshot([job_part("p\ud800", "e", step + 1)])
+            ex.render(TEXT)
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert dropped_series(ex.render(TEXT)[0])[("verl", "render_failed")] == 20 * 6  # 6 a job
+
+
+def test_a_family_that_fails_to_encode_leaves_the_sources_other_families_alone():
+    """One bad label in one family (the head's group did it to the window series) drops that
+    family's samples only: the GPU series beside it in the same fragment are still served."""
+    rest = (
+        Sample("rlhf_gpu_busy_seconds_total", ("0", "rollout"), 5.0),
+        Sample("rlhf_window_gpu_busy_seconds_total", ("p", "e", "rollout\ud800", "rollout"), 1.0),
+    )
+    snap = Snapshot("nvml", True, 0.01, 1.7e9, {}, None, {}, rest)
+    ex = Exposition([lambda: snap])
+    body = ex.render(TEXT)[0]
+    assert b"rlhf_gpu_busy_seconds_total{" in body
+    assert dropped_series(body) == {("nvml", "render_failed"): 1.0}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
+import tempfile
 import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -17,7 +20,7 @@ from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, StepDiagnosis, Thresholds
 from ..diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
 from ..diagnosis.episodes import episodes
-from ..diagnosis.history import StepPoint, point
+from ..diagnosis.history import MAX_DRAWN, StepBins, StepPoint, point
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view import Links, ReportFile, ReportRun, report_page
 from ..view.report import (
@@ -106,7 +109,9 @@ def register(subparsers) -> None:
         "--html",
         metavar="OUT.html",
         help="also write the report as one self-contained HTML file (the job view's charts: "
-        "every step's anatomy, verdicts, regressions; no script, nothing fetched)",
+        f"every step's anatomy, verdicts, regressions; no script, nothing fetched). At most "
+        f"{MAX_DRAWN} bars per run (past that each bar is the mean of consecutive steps) and "
+        f"the last {REPORT_RUNS} runs of a file; never an input file; written atomically",
     )
     p.add_argument(
         "--max-line-bytes",
@@ -146,6 +151,14 @@ def run(args: argparse.Namespace) -> int:
     }[args.format]
     html = None
     if args.html:
+        same = output_is_an_input(args.html, files)
+        if same is not None:
+            print(
+                f"rlhf-exporter diagnose: --html {args.html} is the input {same}: refusing to "
+                "overwrite it (give another file name)",
+                file=sys.stderr,
+            )
+            return 2
         html = HtmlWriter(args.html, thresholds.alerts["runbook_url"])
         writer = Tee(writer, html)
     records = 0
@@ -557,9 +570,18 @@ class Tee:
             w.close()
 
 
+REPORT_RUNS = 20  # runs of a file `--html` draws (the last ones); earlier ones are counted
+
+
 class HtmlWriter:
     """`--html`: every step as a `StepPoint`, drawn at the end by rlhf_exporter/view (the same
-    code as the sidecar's job view) into one self-contained file."""
+    code as the sidecar's job view) into one self-contained file.
+
+    Bounded whatever the log's length: per run at most MAX_DRAWN bars (past that each bar is
+    the mean of consecutive steps, `StepBins`), and the last REPORT_RUNS runs of a file (the
+    earlier ones are counted in a line). The file is written to a temporary file beside the
+    target and renamed over it: never half-written, and a symlink at the target is
+    replaced, never followed."""
 
     def __init__(self, path: str, runbook_base: str):
         self.path = path
@@ -569,17 +591,25 @@ class HtmlWriter:
 
     def begin_file(self, path: str) -> None:
         self.current = path
-        self.runs: dict[int, tuple[RunSummary, list]] = {}
+        self.runs: dict[int, tuple[RunSummary, StepBins]] = {}
+        self.earlier = [0, 0]  # runs, steps not drawn
         self.extras.clear()
 
     def record(self, record: Any) -> None:
         self.extras.record(record)
 
     def step(self, d: StepDiagnosis) -> None:
-        summary, points = self.runs.setdefault(d.run, (RunSummary(d.run), []))
+        entry = self.runs.get(d.run)
+        if entry is None:
+            entry = self.runs[d.run] = (RunSummary(d.run), StepBins())
+            while len(self.runs) > REPORT_RUNS:
+                _, bins = self.runs.pop(next(iter(self.runs)))
+                self.earlier[0] += 1
+                self.earlier[1] += bins.steps
+        summary, bins = entry
         p = self.extras.point(d)
         summary.add(d, p)
-        points.append(p)
+        bins.add(p)
 
     def flush(self) -> None:
         """Nothing to do: the file is written whole at the end."""
@@ -587,10 +617,18 @@ class HtmlWriter:
     def end_file(
         self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
     ) -> None:
-        runs = [ReportRun(s.to_json(), pts) for s, pts in self.runs.values()]
+        runs = [ReportRun(s.to_json(), b.points(), b.width) for s, b in self.runs.values()]
         self.files.append(
-            ReportFile(self.current, records, dict(rejected), runs, tuple(cannot_show))
+            ReportFile(
+                self.current,
+                records,
+                dict(rejected),
+                runs,
+                tuple(cannot_show),
+                (self.earlier[0], self.earlier[1]),
+            )
         )
+        self.runs = {}
 
     def close(self) -> None:
         """Nothing to do: `write()` is called once every file is read."""
@@ -599,5 +637,33 @@ class HtmlWriter:
         from .. import __version__
 
         page = report_page(self.files, Links(self.runbook_base), __version__)
-        with open(self.path, "w", encoding="utf-8") as f:
-            f.write(page)
+        write_atomically(self.path, page.encode("utf-8"))
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """`data` as the file `path`: written beside it under a temporary name, then renamed
+    over it (a symlink at `path` is replaced, not followed; readers never see half a file)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".rlhf-report-", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def output_is_an_input(out: str, files: Sequence[str]) -> str | None:
+    """The input that `out` is (the same file, through any link), or None."""
+    for path in files:
+        if path == "-":
+            continue
+        try:
+            if os.path.samefile(out, path):
+                return path
+        except OSError:
+            continue
+    return None

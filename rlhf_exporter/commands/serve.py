@@ -22,7 +22,7 @@ from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
 from ..logs import configure
-from ..server import Endpoints, make_server
+from ..server import Endpoints, PageCache, make_server
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
@@ -169,6 +169,7 @@ class Sidecar:
             windows_api=_windows_api(windows, settings),
             window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
+            pages=PageCache(max_bytes=settings.page_cache_bytes),
         )
         self.server = make_server(
             settings.listen,
@@ -237,9 +238,13 @@ def _windows_api(windows: Any, settings: Any) -> Any:
     """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
     if windows is None:
         return None
+    from ..auth import AuthGuard
     from ..gpuwindows.board import WindowsApi
 
-    return WindowsApi(windows, settings.push_token)
+    guard = AuthGuard(
+        settings.push_token, "windows", settings.auth_fail_rate, settings.auth_fail_rate_total
+    )
+    return WindowsApi(windows, settings.push_token, guard)
 
 
 def _check_push_exposure(settings: Any) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 
 from .timeline import Timeline, place_untimed
 
@@ -168,6 +168,12 @@ class GpuWindowJoin:
                 busy[key] = busy.get(key, 0.0) + busy_s
         if tl.end > track.done:
             track.done = tl.end
+
+    def retain(self, jobs: Container) -> None:
+        """Keep the counters of these jobs only (a job the caller no longer tracks goes)."""
+        if any(k[0] not in jobs for k in self.available):
+            self.available = {k: v for k, v in self.available.items() if k[0] in jobs}
+            self.busy = {k: v for k, v in self.busy.items() if k[0] in jobs}
 
     def counters(self) -> Mapping[tuple, tuple[float, float]]:
         """(job, group, role) -> (busy seconds, available seconds), both monotonic."""

@@ -102,7 +102,19 @@ def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[st
             merged[key] = merge(base, value, where + ".")
         else:
             merged[key] = _check_leaf(where, value, _kind(base))
+            if str(key).endswith("_url"):
+                _check_url(where, value)
     return merged
+
+
+_URL = re.compile(r"https?://[^\s\x00-\x1f\x7f<>\"'`\\]+")
+
+
+def _check_url(where: str, value: str) -> None:
+    """A link the job view, the report and the alerts carry: http(s) only (a `javascript:`
+    or `data:` URL would run in whoever clicks it), no space, quote or control character."""
+    if not _URL.fullmatch(value):
+        raise ThresholdsError(f"{where}: expected an http:// or https:// URL, got {value!r}")
 
 
 def _check_leaf(where: str, value: Any, want: str) -> Any:

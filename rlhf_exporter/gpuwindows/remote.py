@@ -12,19 +12,35 @@ adds to the alignment error (docs/gpu-windows.md).
 
 from __future__ import annotations
 
-import json
+import hashlib
+import http.client
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
+from collections import Counter
 from typing import Any
 
+import orjson
+
+from ..auth import check_token
+from ..config import ConfigError
 from ..sources.base import Clock, Context, PollingSource, PollResult, SourceError
 from .board import MAX_BODY, WINDOWS_PATH, WindowBoard, parse_board
 
 NAME = "gpu_windows_remote"
+CHUNK = 1 << 16
 
 
 class RemoteWindowsSource(PollingSource):
+    """Reads the head's windows. The transport is as strict as the answer's check
+    (`parse_board`): no redirect is followed (a 3xx is an error, `redirect`: the token is
+    sent to the configured head only), the whole request has a deadline of `timeout`
+    seconds (a head that trickles bytes is cut off and counted, `timeout`), at most
+    MAX_BODY bytes are read (`too_large`), and an answer identical to the last one is not
+    parsed again. Failures are counted in `rlhf_exporter_collector_errors_total` by reason
+    and logged without any value from the answer."""
+
     def __init__(
         self,
         url: str,
@@ -36,44 +52,98 @@ class RemoteWindowsSource(PollingSource):
     ):
         super().__init__(NAME, interval, wall=wall)
         self.url = url.rstrip("/") + WINDOWS_PATH
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"expected an http:// or https:// URL, got {url!r}")
+        self._parts = parts
         self.board = board
-        self.token = token
+        self.token = check_token(token, "the windows token")  # never sent with a newline
         self.timeout = timeout
         self._seen: dict[tuple[str, str], float] = {}  # job -> the last step end posted
+        self._last_digest = b""  # of the last answer parsed and posted
+        self.stats: Counter[str] = Counter()  # answers: unchanged (not parsed), parsed
 
     @classmethod
     def from_settings(cls, settings: Any, context: Context) -> RemoteWindowsSource | None:
         if not settings.gpu_windows_from or context.windows is None:
             return None
-        return cls(
-            settings.gpu_windows_from,
-            context.windows,
-            token=settings.push_token,
-            interval=settings.gpu_windows_interval,
-            wall=context.clock,
-        )
+        try:
+            return cls(
+                settings.gpu_windows_from,
+                context.windows,
+                token=settings.push_token,
+                interval=settings.gpu_windows_interval,
+                wall=context.clock,
+            )
+        except ValueError as exc:  # a URL that is not http(s)://HOST[:PORT]
+            raise ConfigError(f"gpu_windows_from: {exc}") from None
 
     def describe(self) -> str:
         return f"GPU windows from {self.url} (every {self.interval:g}s)"
 
+    def _fetch(self) -> bytes:
+        p = self._parts
+        cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
+        conn = cls(p.hostname or "", p.port, timeout=self.timeout)
+        fired = threading.Event()
+
+        def cut() -> None:  # the deadline: a trickling head cannot hold the poll
+            fired.set()
+            sock = conn.sock
+            if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        timer = threading.Timer(self.timeout, cut)
+        timer.daemon = True
+        timer.start()
+        try:
+            headers = {"Accept": "application/json", "Connection": "close"}
+            if self.token:
+                headers["Authorization"] = f"Bearer {self.token}"
+            path = p.path + (f"?{p.query}" if p.query else "")
+            conn.request("GET", path, headers=headers)
+            resp = conn.getresponse()
+            if resp.status != 200:
+                if 300 <= resp.status < 400:
+                    raise SourceError("redirect", f"{self.url}: HTTP {resp.status}: not followed")
+                reason = {401: "unauthorized", 429: "throttled"}.get(resp.status, "http_error")
+                raise SourceError(reason, f"{self.url}: HTTP {resp.status}")
+            chunks, size = [], 0
+            while size <= MAX_BODY:
+                chunk = resp.read(min(CHUNK, MAX_BODY + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if fired.is_set():
+                raise OSError("cut at the deadline")
+            if size > MAX_BODY:
+                raise SourceError("too_large", f"{self.url}: answer over {MAX_BODY} bytes")
+            return b"".join(chunks)
+        except (OSError, http.client.HTTPException) as exc:
+            if fired.is_set():
+                raise SourceError(
+                    "timeout", f"{self.url}: no whole answer within {self.timeout:g}s"
+                ) from None
+            raise SourceError("unreachable", f"{self.url}: {type(exc).__name__}") from None
+        finally:
+            timer.cancel()
+            conn.close()
+
     def poll(self) -> PollResult:
-        req = urllib.request.Request(self.url)
-        if self.token:
-            req.add_header("Authorization", f"Bearer {self.token}")
+        raw = self._fetch()
+        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        if digest == self._last_digest:
+            self.stats["unchanged"] += 1
+            return PollResult(())  # the same answer: nothing new to post
+        self.stats["parsed"] += 1
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                raw = resp.read(MAX_BODY + 1)
-        except urllib.error.HTTPError as exc:
-            reason = "unauthorized" if exc.code == 401 else "http_error"
-            raise SourceError(reason, f"{self.url}: HTTP {exc.code}") from None
-        except (OSError, urllib.error.URLError) as exc:
-            raise SourceError("unreachable", f"{self.url}: {exc}") from None
-        if len(raw) > MAX_BODY:
-            raise SourceError("too_large", f"{self.url}: answer over {MAX_BODY} bytes")
-        try:
-            steps = parse_board(json.loads(raw))
-        except (ValueError, KeyError, TypeError) as exc:
-            raise SourceError("bad_answer", f"{self.url}: {exc}") from None
+            steps = parse_board(orjson.loads(raw), self.board.max_jobs, self.board.keep)
+        except (ValueError, orjson.JSONDecodeError) as exc:
+            raise SourceError("bad_answer", f"{self.url}: {str(exc)[:200]}") from None
         seen: dict[tuple[str, str], float] = {}  # only the jobs the head still has (bounded)
         for labels, tl in steps:
             last = seen.get(labels, self._seen.get(labels, float("-inf")))
@@ -82,4 +152,5 @@ class RemoteWindowsSource(PollingSource):
                 last = tl.end
             seen[labels] = last
         self._seen = seen
+        self._last_digest = digest
         return PollResult(())

@@ -357,6 +357,13 @@ EXPORTER = _section(
         "bad_value, render_failed); counted once per published version of a job's series.",
         ("collector", "reason"),
     ),
+    Metric(
+        "rlhf_exporter_auth_failures_total",
+        COUNTER,
+        "Requests refused for their bearer token, by endpoint (push, windows) and reason: "
+        "unauthorized (missing or wrong), auth_throttled (over auth_fail_rate: not compared).",
+        ("endpoint", "reason"),
+    ),
     Metric("rlhf_exporter_jobs", GAUGE, "verl jobs currently exported.", ("collector",)),
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
 )

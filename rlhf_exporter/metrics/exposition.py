@@ -31,6 +31,14 @@ change recompresses only the segments that hold a changed fragment.
 `serve` keeps the exposition warm: a thread encodes what changed a few times a second, off
 the scrape path, for the formats Prometheus asked for lately.
 
+Content negotiation (`negotiate`): an Accept entry is honoured only for a media type and
+version prometheus_client writes (OpenMetrics 1.0.0 and 2.0.0, text 0.0.4 and 1.0.0) and a
+known escaping scheme; anything else (an invented `version=1.0.N`, `version=x`, `q=0`) is
+ignored as if absent, so the content types served are a fixed, small set and nothing a
+scraper writes is echoed into `Content-Type`. At most `MAX_FORMATS` of them are cached at
+once; an evicted format is rebuilt only by a scrape that asks for it again (never by the
+warm thread, which re-checks under the lock that a format is still wanted).
+
 A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
 it never takes another job's series or the whole scrape with it. One render at a time;
 scrapers that arrive meanwhile get the same cached bytes.
@@ -54,7 +62,7 @@ from prometheus_client.exposition import choose_encoder
 
 from .catalog import BY_NAME
 from .collector import add_samples, build_info, health_samples, new_family
-from .snapshot import Sample, Snapshot, SnapshotFn
+from .snapshot import Sample, SnapshotFn
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +74,7 @@ BUILD_AHEAD = 2.0  # seconds before a format's next expected scrape that its bod
 MAX_LEAD = 5.0  # seconds: one build's time counted towards the lead at most
 GZIP_LEVEL = 4
 MAX_FORMATS = 4  # content types served from cache at once; the least recently scraped goes
+LOG_EVERY = 60.0  # seconds: a collector's render failure is logged at most this often
 _MAX_PROBED = 16  # content types whose line format is remembered; others get lines of their own
 _EOF = b"# EOF\n"
 _CATALOG_ORDER = tuple(BY_NAME)
@@ -104,6 +113,50 @@ _PROBE_VALUES = (
     math.inf,
     -math.inf,
 )
+
+
+_MEDIA_VERSIONS = {  # what prometheus_client writes, per media type
+    "application/openmetrics-text": frozenset({"1.0.0", "2.0.0"}),
+    "text/plain": frozenset({"0.0.4", "1.0.0"}),
+}
+_ESCAPINGS = frozenset({"underscores", "dots", "values", "allow-utf-8"})
+MAX_ACCEPT_ENTRIES = 16  # Accept entries looked at; the rest are ignored
+
+
+def negotiate(accept: str | None) -> tuple[Encoder, str]:
+    """prometheus_client's encoder and content type for this Accept header, fed only the
+    entries it knows: a known media type whose version (when given) prometheus_client
+    writes, a known escaping scheme (an unknown one is dropped, as prometheus_client would
+    default it), q not 0. The entries are rewritten from these known values, so the content
+    type never holds a byte of the header."""
+    clean = []
+    for entry in (accept or "").split(",")[:MAX_ACCEPT_ENTRIES]:
+        media, *params = (t.strip() for t in entry.split(";"))
+        versions = _MEDIA_VERSIONS.get(media.lower())
+        if versions is None:
+            continue
+        keep, ok = [media.lower()], True
+        for param in params:
+            key, _, value = param.partition("=")
+            key, value = key.strip().lower(), value.strip().strip('"')
+            if key == "version":
+                ok = ok and value in versions
+                keep.append(f"version={value}")
+            elif key == "escaping" and value in _ESCAPINGS:
+                keep.append(f"escaping={value}")
+            elif key == "q":
+                ok = ok and _q(value) > 0
+        if ok:
+            clean.append(";".join(keep))
+    return choose_encoder(",".join(clean))
+
+
+def _q(value: str) -> float:
+    try:
+        q = float(value)
+    except ValueError:
+        return 1.0  # a malformed weight: the entry as if unweighted
+    return q if 0.0 <= q <= 1.0 else 1.0
 
 
 def line_format(encoder: Encoder, ctype: str) -> str:
@@ -190,7 +243,7 @@ class _Chunk:
 
 @dataclass
 class _Body:
-    snaps: tuple[Snapshot, ...]
+    snaps: tuple[Any, ...]  # the snapshots, then the server's own sample tuples (by identity)
     encoder: Encoder
     ctype: str
     chunks: list[_Chunk]
@@ -211,8 +264,10 @@ class Exposition:
         snapshot_fns: Sequence[SnapshotFn],
         warm_interval: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        sample_fns: Sequence[Callable[[], tuple[Sample, ...]]] = (),
     ):
         self._fns = tuple(snapshot_fns)
+        self._sample_fns = tuple(sample_fns)  # the server's own few samples (auth failures)
         self._lock = threading.Lock()
         self._by_id: dict[tuple[int, str], _Fragment] = {}  # job parts, whole sample tuples
         self._by_value: dict[tuple[Any, str], _Fragment] = {}  # small fragments
@@ -228,6 +283,7 @@ class Exposition:
         self._wanted: dict[str, tuple[Encoder, float, float | None, bool]] = {}
         self._clock = clock
         self._build_s: dict[str, float] = {}  # ctype -> seconds the warm pass's last build took
+        self._failed_logged: dict[str, float] = {}  # collector -> when a failure was logged
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
         self.warm_thread: threading.Thread | None = None
@@ -243,7 +299,7 @@ class Exposition:
     # -- the scrape ---------------------------------------------------------------------
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
         """(body, content type, gzipped) for a scrape with this Accept header."""
-        encoder, ctype = choose_encoder(accept or "")
+        encoder, ctype = negotiate(accept)
         with self._lock:  # one render at a time; scrapers that wait then share its bytes
             last = self._wanted.get(ctype)
             self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
@@ -274,8 +330,12 @@ class Exposition:
         not wait for a whole fleet's deflating."""
         now, cpu = self._clock(), time.thread_time()
         lead = BUILD_AHEAD + 2 * sum(self._build_s.values())
-        for ctype, (encoder, when, before, want_gzip) in list(self._wanted.items()):
+        for ctype in list(self._wanted):
             with self._lock:  # one format at a time: a scrape waits for one build at most
+                entry = self._wanted.get(ctype)
+                if entry is None:  # evicted by a scrape since the list was taken: never
+                    continue  # rebuilt here (its body would be held by nothing that frees it)
+                encoder, when, before, want_gzip = entry
                 if now - when > WARM_FOR:
                     self._forget(ctype)
                     continue
@@ -315,7 +375,7 @@ class Exposition:
 
     def _prepare(self, encoder: Encoder, ctype: str) -> None:
         """Encode the fragments that changed since the last build; build no body."""
-        snaps = tuple(fn() for fn in self._fns)
+        snaps = self._inputs()
         body = self._bodies.get(ctype)
         if body is not None and _same(body.snaps, snaps):
             return
@@ -324,14 +384,20 @@ class Exposition:
             self._lines(frag, encoder, ctype)
 
     def _current(self, encoder: Encoder, ctype: str, want_gzip: bool) -> _Body:
-        snaps = tuple(fn() for fn in self._fns)
+        snaps = self._inputs()
         body = self._bodies.get(ctype)
         if body is None or not _same(body.snaps, snaps):
             body = self._bodies[ctype] = self._assemble(encoder, ctype, snaps)
         return body
 
     # -- fragments ------------------------------------------------------------------------
-    def _fragments(self, snaps: tuple[Snapshot, ...]) -> list[_Fragment]:
+    def _inputs(self) -> tuple[Any, ...]:
+        """The sources' snapshots, then the server's own sample tuples: a body is current
+        while each is the very object it was built from (a sample function returns the same
+        tuple while its values are unchanged)."""
+        return (*(fn() for fn in self._fns), *(fn() for fn in self._sample_fns))
+
+    def _fragments(self, inputs: tuple[Any, ...]) -> list[_Fragment]:
         by_id, by_value = self._by_id, self._by_value
         new_id: dict[tuple[int, str], _Fragment] = {}
         new_value: dict[tuple[Any, str], _Fragment] = {}
@@ -356,6 +422,11 @@ class Exposition:
             return frag
 
         out = [valued((build_info(),), "")]
+        n = len(self._fns)
+        snaps, owns = inputs[:n], inputs[n:]
+        for own in owns:
+            if own:
+                out.append(valued(own, ""))
         for snap in snaps:
             out.append(valued(health_samples(snap), snap.collector))
             out.extend(keyed(part, snap.collector) for part in snap.parts if part)
@@ -410,10 +481,29 @@ class Exposition:
         try:
             add_samples(by_name, samples, frag.collector, dropped)
             lines = self._split(encoder, ctype, by_name)
-        except Exception:  # a bug: this fragment is left out, every other one is served
-            log.exception("could not encode %d samples of %s", len(frag.samples), frag.collector)
-            dropped = Counter({(frag.collector, "render_failed"): len(frag.samples)})
-            lines = {}
+        except Exception:  # a bug: these families are left out, every other one is served
+            lines, failed = {}, 0
+            if len(by_name) > 1:  # family by family: only those that fail are left out
+                for name, fam in by_name.items():
+                    try:
+                        lines.update(self._split(encoder, ctype, {name: fam}))
+                    except Exception:
+                        failed += len(fam.samples)
+            else:
+                failed = len(samples) or len(frag.samples)
+            now = time.monotonic()  # logged once a minute per collector: never a flood
+            quiet = now - self._failed_logged.get(frag.collector, -LOG_EVERY) < LOG_EVERY
+            if not quiet:
+                self._failed_logged[frag.collector] = now
+            log.log(
+                logging.DEBUG if quiet else logging.ERROR,
+                "could not encode %d samples of %s (counted as render_failed; logged at most "
+                "once a minute per collector)",
+                failed,
+                frag.collector,
+                exc_info=not quiet,
+            )
+            dropped = Counter({(frag.collector, "render_failed"): failed})
         if not frag.counted:
             self.dropped.update(dropped)
         return lines, sum(dropped.values())
@@ -460,7 +550,7 @@ class Exposition:
         return lines
 
     # -- assembly ---------------------------------------------------------------------------
-    def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Snapshot, ...]) -> _Body:
+    def _assemble(self, encoder: Encoder, ctype: str, snaps: tuple[Any, ...]) -> _Body:
         self.stats["renders"] += 1
         frags = self._fragments(snaps)
         for frag in frags:

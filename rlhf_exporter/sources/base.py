@@ -21,6 +21,7 @@ Clock = Callable[[], float]
 """Wall time in seconds (`time.time`); injectable, so a test can drive a simulated day."""
 
 DEPENDENCY_MISSING = "dependency_missing"
+LOG_EVERY = 60.0  # seconds: a source's same failure reason is warned about at most this often
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,9 @@ class PollingSource:
 
     - A failed poll (a `SourceError`, or any exception) sets `up` to 0, drops the samples
       (never serve stale series) and counts the reason. Each distinct problem is logged
-      once, and so is the recovery.
+      once, and so is the recovery; a problem that comes back within `LOG_EVERY` seconds
+      of its last warning (a source flapping between two answers) is logged at debug
+      level only, so a flapping input cannot flood the log.
     - A poll still running after `stale_after` seconds (a hung library or server) makes
       `snapshot()` report the source down, without waiting for it.
     """
@@ -147,6 +150,7 @@ class PollingSource:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one poll at a time (thread vs. poll_once in tests)
+        self._warned_at: dict[str, float] = {}  # failure reason -> monotonic time of its warning
 
     # -- to implement -------------------------------------------------------------------
     def poll(self) -> PollResult:
@@ -212,7 +216,13 @@ class PollingSource:
                 self._problem = result.down
             last_success = self._snapshot.last_success
         elif self._problem is not None:
-            log.info("%s source recovered", self.name, extra={"collector": self.name})
+            quiet = time.monotonic() - self._warned_at.get(self._problem, -LOG_EVERY) < LOG_EVERY
+            log.log(
+                logging.DEBUG if quiet else logging.INFO,
+                "%s source recovered",
+                self.name,
+                extra={"collector": self.name},
+            )
             self._problem = None
         self._snapshot = Snapshot(
             self.name,
@@ -238,12 +248,19 @@ class PollingSource:
         if attempted:  # one count per attempt, not per poll of a source waiting to retry
             self._errors[reason] = self._errors.get(reason, 0) + 1
         if self._problem != reason:
-            log.warning(
+            now = time.monotonic()
+            if len(message) > 500:  # a value from the input never floods the log
+                message = message[:500] + "..."
+            again = now - self._warned_at.get(reason, -LOG_EVERY) < LOG_EVERY
+            if not again:
+                self._warned_at[reason] = now
+            log.log(
+                logging.DEBUG if again else logging.WARNING,
                 "%s source failed (%s): %s",
                 self.name,
                 reason,
                 message,
-                exc_info=exc_info,
+                exc_info=exc_info and not again,
                 extra={"collector": self.name, "reason": reason},
             )
             self._problem = reason

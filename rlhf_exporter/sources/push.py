@@ -6,7 +6,7 @@ Body (JSON, UTF-8), one of:
     {"project": "P", "experiment": "E", "step": 1, "data": {...}}
 
 - `project`, `experiment`: non-empty strings of at most 200 characters, no control
-  characters; they become the job's labels.
+  characters, not `.` or `..`; they become the job's labels.
 - `records`: a non-empty list of verl records, applied in order; `step` is an integer >= 0,
   `data` an object (verl's flat metric dict, exactly as the `file` logger writes it).
 - No other top-level or record keys are accepted (a typo is an error, not silently ignored).
@@ -16,7 +16,9 @@ Answers (JSON): 200 `{"accepted": N, "project", "experiment", "step", "run", "ve
 set), 409 a job of that name is read from a file (a file job always wins its name: a pushed
 job is dropped when a file of its name appears), 411 no Content-Length, 413 body over the
 limit, 429 too many pushed jobs (`push_max_jobs` in all, `push_max_jobs_per_client` per
-client address). Every rejection is all-or-nothing: it changes no job,
+client: the token's holders together when a token is set, else per address, every loopback
+address one client), or too many failed authentications (`auth_throttled`, see
+rlhf_exporter/auth.py: the token is then not compared). Every rejection is all-or-nothing: it changes no job,
 and is counted in `rlhf_exporter_record_errors_total{collector="push",reason}`.
 A pushed job that receives nothing for `job_expiry` seconds stops being exported.
 Push is not polled, so it publishes no `rlhf_exporter_collector_last_success_timestamp_seconds`
@@ -25,7 +27,6 @@ Push is not polled, so it publishes no `rlhf_exporter_collector_last_success_tim
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -37,6 +38,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from ..auth import AuthGuard, client_key
 from ..diagnosis import Record, Thresholds
 from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, limits_from_settings
 from ..metrics.snapshot import Sample, Snapshot
@@ -91,6 +93,8 @@ def _label(body: dict, key: str) -> str:
         raise Rejected(400, BAD_SCHEMA, f"'{key}' is longer than {MAX_LABEL_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise Rejected(400, BAD_SCHEMA, f"'{key}' contains control characters")
+    if value in (".", ".."):  # its job page's link would resolve to another path
+        raise Rejected(400, BAD_SCHEMA, f"'{key}' must not be '.' or '..'")
     return value
 
 
@@ -170,13 +174,14 @@ class PushSource:
         clock: Clock = time.time,
         total_steps: int | None = None,
         windows: Any = None,
+        guard: AuthGuard | None = None,
     ):
         self.th = th
         self.clock = clock
         self.total_steps = total_steps
         self.windows = windows  # the WindowBoard its jobs post step timelines to
         self.max_bytes = max_bytes
-        self._token = token.encode() if token else None
+        self.guard = guard or AuthGuard(token, NAME)
         self.job_expiry = job_expiry
         # jobs another source already exports (the verl files): never export one twice
         self.claimed = claimed or (lambda project, experiment: False)
@@ -207,6 +212,9 @@ class PushSource:
             clock=context.clock,
             total_steps=settings.total_steps,
             windows=context.windows,
+            guard=AuthGuard(
+                settings.push_token, NAME, settings.auth_fail_rate, settings.auth_fail_rate_total
+            ),
         )
 
     def start(self) -> None:
@@ -253,7 +261,7 @@ class PushSource:
     ) -> Answer:
         """One POST: check the token, then the size, then the body; apply it all or nothing."""
         try:
-            self._authorize(authorization)
+            self._authorize(authorization, client)
             length = self._length(content_length)
             raw = read(length)
             if len(raw) != length:
@@ -267,13 +275,10 @@ class PushSource:
             log.debug("push rejected (%s): %s", exc.reason, exc, extra={"reason": exc.reason})
             return Answer(exc.status, {"error": str(exc), "reason": exc.reason})
 
-    def _authorize(self, authorization: str | None) -> None:
-        if self._token is None:
-            return
-        scheme, _, given = (authorization or "").partition(" ")
-        ok = hmac.compare_digest(given.strip().encode(), self._token)
-        if scheme.lower() != "bearer" or not ok:
-            raise Rejected(401, UNAUTHORIZED, "missing or wrong 'Authorization: Bearer <token>'")
+    def _authorize(self, authorization: str | None, client: str) -> None:
+        denied = self.guard.check(authorization, client)
+        if denied is not None:
+            raise Rejected(denied.status, denied.reason, denied.message)
 
     def _length(self, content_length: str | None) -> int:
         if content_length is None:
@@ -298,6 +303,9 @@ class PushSource:
     ) -> Answer:
         now = self.clock()
         key = (project, experiment)
+        # whose jobs count against push_max_jobs_per_client: the token's holders together
+        # when a token is set, else the client's address (every loopback address is one)
+        client = "token" if self.guard.required else client_key(client)
         with self._lock:  # checked under the lock: a file's displace() cannot slip between
             if self.claimed(project, experiment):
                 raise Rejected(
@@ -395,5 +403,5 @@ class PushSource:
         )
 
     def describe(self) -> str:
-        auth = "token required" if self._token else "no token"
+        auth = "token required" if self.guard.required else "no token"
         return f"push (POST {PATH}, {auth}, max {self.max_bytes} bytes)"

@@ -22,6 +22,12 @@
 - Work per poll is bounded: at most `file_budget` bytes per file and `poll_budget` bytes in
   all, so a huge backlog or a 50 MiB line is read over several polls without stalling.
 - A job whose file has not changed for `job_expiry` seconds is no longer exported.
+- The root is walked entry by entry: a project folder that is a looping symlink
+  (`symlink_loop`), unreadable (`permission_denied`) or that vanishes mid-walk is skipped
+  (counted and logged once), never the whole root. A folder whose listing has not changed
+  (inode and mtime) is not listed again (but every `RELIST_EVERY` seconds), so files
+  ignored beyond `max_files` (or as duplicates) cost one stat of their folder per poll; at
+  most `max_files` folders are remembered.
 - A `--verl-root` that is missing, not a directory or unreadable (a mis-mounted volume)
   makes the collector down (`rlhf_exporter_collector_up{collector="verl"} 0`), its reason
   counted once per occurrence in `rlhf_exporter_collector_errors_total`; jobs read from the
@@ -30,6 +36,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -55,6 +62,9 @@ CHUNK = 1 << 20
 HEAD_BYTES = 64 << 10  # at most this much of the first line is fingerprinted
 TAIL_BYTES = 64  # the bytes before the read offset, kept to notice a rewrite that grew
 MAX_FILES = 5000
+RACY_NS = 2_000_000_000  # a folder modified this recently is listed again (mtime granularity)
+RELIST_EVERY = 60.0  # seconds: every folder is listed again anyway (a network filesystem's
+# cached directory mtime may lag)
 
 # record_errors reasons for whole-file problems (line problems come from rlhf_exporter.sources.verl_reader)
 FILE_DELETED = "file_deleted"
@@ -69,6 +79,8 @@ READ_FAILED = "read_failed"
 DUPLICATE_JOB = "duplicate_job"
 TOO_MANY_FILES = "too_many_files"
 INTERNAL_ERROR = "internal_error"
+BAD_NAME = "bad_name"  # a file named `.jsonl`, `..jsonl` or `...jsonl`
+SYMLINK_LOOP = "symlink_loop"  # a project folder that is a looping symlink
 
 
 @dataclass
@@ -136,6 +148,10 @@ class VerlFileSource(PollingSource):
         self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
         self._records = 0
         self._root_problems: dict[Path, str] = {}
+        self._folder_problems: dict[str, str] = {}  # project folder -> reason (logged once)
+        # project folder -> (st_dev, st_ino, st_mtime_ns) of its last full listing
+        self._folders: dict[str, tuple[int, int, int]] = {}
+        self._relist_at = 0.0  # monotonic time of the next listing of every folder
         self._rotate = 0
         self._summaries: tuple[dict[str, Any], ...] = ()
         self._parts: tuple[tuple[Sample, ...], ...] = ()  # each exported job's samples
@@ -154,49 +170,111 @@ class VerlFileSource(PollingSource):
             if path not in self._watched:
                 p, e = labels_from_path(path)
                 self._watch(path, project or p, experiment or e)
+        if time.monotonic() >= self._relist_at:
+            self._relist_at = time.monotonic() + RELIST_EVERY
+            self._folders.clear()
         for root in self.roots:
             try:
-                projects = [e for e in os.scandir(root) if e.is_dir()]
+                entries = list(os.scandir(root))
             except OSError as exc:
                 self._root_problem(root, exc)
                 continue
             if self._root_problems.pop(root, None) is not None:
-                log.info("verl root %s is readable again", root, extra={"path": str(root)})
-            for folder in projects:
+                log.info(
+                    "verl root %s is readable again", _shown(root), extra={"path": _shown(root)}
+                )
+            for entry in entries:  # one entry's problem never stops the walk
                 try:
-                    entries = list(os.scandir(folder.path))
-                except OSError as exc:
-                    self._root_problem(Path(folder.path), exc)
-                    continue
-                known = self._known
-                for entry in entries:  # no Path made for the files already watched
-                    if entry.name.endswith(SUFFIX) and entry.path not in known:
-                        path = Path(entry.path)
-                        if path not in self._watched:
-                            self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
+                    if not entry.is_dir():  # follows a symlink: a loop raises ELOOP
+                        continue
+                    self._scan_folder(entry)
+                except OSError as exc:  # a loop, an unreadable or vanished folder
+                    self._folder_problem(entry.path, exc)
+
+    def _scan_folder(self, folder: os.DirEntry) -> None:
+        """Watch the folder's new `*.jsonl` files. A folder whose listing is unchanged since
+        its last full scan (same inode and modification time, and that time not within
+        `RACY_NS` of the scan, when a change in the same clock tick could hide) is not
+        listed again: ignored files (beyond `max_files`, duplicates) cost nothing per poll."""
+        st = os.stat(folder.path)
+        mark = (st.st_dev, st.st_ino, st.st_mtime_ns)
+        if self._folders.get(folder.path) == mark:
+            self.stats["folders_unchanged"] += 1
+            return
+        scanned_at = time.time_ns()
+        entries = list(os.scandir(folder.path))
+        self.stats["folders_listed"] += 1
+        if self._folder_problems.pop(folder.path, None) is not None:
+            log.info(
+                "%s is readable again", _shown(folder.path), extra={"path": _shown(folder.path)}
+            )
+        known = self._known
+        for entry in entries:  # no Path made for the files already watched
+            if entry.name.endswith(SUFFIX) and entry.path not in known:
+                if len(self._watched) >= self.max_files and TOO_MANY_FILES in self._rejected:
+                    break  # full, and said so: the rest is not examined
+                path = Path(entry.path)
+                if path not in self._watched:
+                    self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
+        if st.st_mtime_ns < scanned_at - RACY_NS:
+            if len(self._folders) >= self.max_files:  # bounded: forget, list again
+                self._folders.clear()
+            self._folders[folder.path] = mark
+
+    def _folder_problem(self, path: str, exc: OSError) -> None:
+        """A project folder that cannot be listed: counted and logged once per folder and
+        reason (at most `max_files` folders remembered); the other folders are walked."""
+        self._folders.pop(path, None)
+        if isinstance(exc, FileNotFoundError):
+            return  # removed during the walk: nothing to watch
+        if isinstance(exc, PermissionError):
+            reason = PERMISSION_DENIED
+        elif exc.errno == errno.ELOOP:
+            reason = SYMLINK_LOOP
+        else:
+            reason = READ_FAILED
+        if self._folder_problems.get(path) == reason:
+            return
+        if len(self._folder_problems) >= self.max_files:
+            self._folder_problems.clear()
+        self._folder_problems[path] = reason
+        self._rejected[reason] += 1
+        log.warning(
+            "cannot list %s: %s (skipped; the rest of the root is walked)",
+            _shown(path),
+            exc.strerror or exc,
+            extra={"path": _shown(path), "reason": reason},
+        )
 
     def _root_problem(self, root: Path, exc: OSError) -> None:
-        configured = root in self.roots
         if isinstance(exc, PermissionError):
-            reason = ROOT_PERMISSION_DENIED if configured else PERMISSION_DENIED
+            reason = ROOT_PERMISSION_DENIED
         elif isinstance(exc, NotADirectoryError):
-            reason = ROOT_NOT_A_DIRECTORY if configured else NOT_A_FILE
+            reason = ROOT_NOT_A_DIRECTORY
         else:
-            reason = ROOT_MISSING if configured else FILE_MISSING
+            reason = ROOT_MISSING
         if self._root_problems.get(root) != reason:
             self._root_problems[root] = reason
-            if reason == PERMISSION_DENIED:
-                self._rejected[reason] += 1
             log.warning(
                 "cannot list verl root %s: %s (jobs there are found once it is readable)",
-                root,
+                _shown(root),
                 exc.strerror or exc,
-                extra={"path": str(root), "reason": reason},
+                extra={"path": _shown(root), "reason": reason},
             )
 
     def _watch(self, path: Path, project: str, experiment: str) -> None:
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
+        if experiment in (".", "..", ""):  # `..jsonl`: its job page's link would resolve
+            if BAD_NAME not in self._rejected:  # elsewhere: not watched, counted once
+                self._rejected[BAD_NAME] += 1
+                log.warning(
+                    "%s: a file named %r.jsonl is not watched (name it after the experiment)",
+                    _shown(path),
+                    experiment,
+                    extra={"path": _shown(path), "reason": BAD_NAME},
+                )
+            return
         key = (project, experiment)
         if key in self._jobs:
             if key not in self._duplicates:
@@ -204,11 +282,11 @@ class VerlFileSource(PollingSource):
                 self._rejected[DUPLICATE_JOB] += 1
                 log.warning(
                     "%s: project=%s experiment=%s is already read from %s; ignoring this file",
-                    path,
+                    _shown(path),
                     project,
                     experiment,
-                    self._jobs[key],
-                    extra={"path": str(path), "reason": DUPLICATE_JOB},
+                    _shown(self._jobs[key]),
+                    extra={"path": _shown(path), "reason": DUPLICATE_JOB},
                 )
             return
         if len(self._watched) >= self.max_files:
@@ -217,8 +295,8 @@ class VerlFileSource(PollingSource):
                 log.warning(
                     "watching %d files already; ignoring %s and any further files",
                     self.max_files,
-                    path,
-                    extra={"path": str(path), "reason": TOO_MANY_FILES},
+                    _shown(path),
+                    extra={"path": _shown(path), "reason": TOO_MANY_FILES},
                 )
             return
         bad = bad_p or bad_e
@@ -274,10 +352,10 @@ class VerlFileSource(PollingSource):
             self._rejected[reason] += 1
             log.warning(
                 "%s: %s",
-                w.path,
+                _shown(w.path),
                 message,
                 extra={
-                    "path": str(w.path),
+                    "path": _shown(w.path),
                     "reason": reason,
                     "project": w.project,
                     "experiment": w.experiment,
@@ -293,9 +371,9 @@ class VerlFileSource(PollingSource):
         w.job.new_run()
         log.info(
             "%s was %s: reading it again from the start as a new run",
-            w.path,
+            _shown(w.path),
             why,
-            extra={"path": str(w.path), "project": w.project, "experiment": w.experiment},
+            extra={"path": _shown(w.path), "project": w.project, "experiment": w.experiment},
         )
 
     def _count_rejections(self, w: Watched) -> None:
@@ -308,11 +386,11 @@ class VerlFileSource(PollingSource):
                     w.logged.add(reason)
                     log.warning(
                         "%s: rejected %d line(s): %s (counted, logged once per file and reason)",
-                        w.path,
+                        _shown(w.path),
                         new,
                         reason,
                         extra={
-                            "path": str(w.path),
+                            "path": _shown(w.path),
                             "reason": reason,
                             "project": w.project,
                             "experiment": w.experiment,
@@ -391,7 +469,7 @@ class VerlFileSource(PollingSource):
                 self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
                 return total
         if w.problem is not None:
-            log.info("%s is readable again", w.path, extra={"path": str(w.path)})
+            log.info("%s is readable again", _shown(w.path), extra={"path": _shown(w.path)})
             w.problem = None
         self._count_rejections(w)
         return total
@@ -455,6 +533,7 @@ class VerlFileSource(PollingSource):
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
         self._watched.pop(w.path, None)
         self._known.discard(str(w.path))
+        self._folders.clear()  # a file ignored at the cap, or a duplicate, may now be watched
         self._jobs.pop((w.project, w.experiment), None)
 
     def has_job(self, project: str, experiment: str) -> bool:
@@ -490,7 +569,7 @@ class VerlFileSource(PollingSource):
         )
 
 
-def _shown(path: Path) -> str:
+def _shown(path: Path | str) -> str:
     """A path as valid UTF-8 text for logs and the job list."""
     return clean_label(str(path))[0]
 

@@ -47,7 +47,8 @@ svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{fon
 svg .run{stroke:#444;stroke-dasharray:3 3}
 .up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
-.empty{color:#777;font-style:italic}td.name{white-space:nowrap}.demo{background:#fff4d6;padding:.4em .8em}
+.empty{color:#777;font-style:italic}td.name{max-width:24em;overflow-wrap:anywhere}
+h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
 """
 
 
@@ -200,6 +201,12 @@ def charts(points: Sequence[StepPoint], which: str = "last") -> str:
     )
 
 
+def job_name(project: str, experiment: str) -> str:
+    """A job's name as HTML: each part escaped and bidi-isolated (`<bdi>`), so a U+202E in
+    one part cannot reorder the other or the text around it."""
+    return f"<bdi>{escape(project)}</bdi> / <bdi>{escape(experiment)}</bdi>"
+
+
 def job_path(project: str, experiment: str) -> str:
     return f"/jobs/{quote(project, safe='')}/{quote(experiment, safe='')}"
 
@@ -347,7 +354,7 @@ def index_page(
             change_text += f' <span class="muted episode">{latest}</span>'
         rows.append(
             f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
-            f"{escape(job['project'])} / {escape(job['experiment'])}</a></td>"
+            f"{job_name(job['project'], job['experiment'])}</a></td>"
             f"<td>{tag} {escape(reason or '')}</td><td>{change_text}</td>"
             f"<td>{draw.sparkline(history)}</td>"
             f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
@@ -365,7 +372,7 @@ def index_page(
     detail = ""
     if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
         for job in ordered:
-            detail += f"<h2>{escape(job['project'])} / {escape(job['experiment'])}</h2>"
+            detail += f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
             history = job.get("history") or ()
             detail += verdict_box(
                 job.get("verdict"),
@@ -460,7 +467,8 @@ def job_page(
     )
     body = (
         _header(facts)
-        + f"<h2>{escape(name)}</h2><p class=muted>{escape(meta)}</p>"
+        + f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
+        + f"<p class=muted>{escape(meta)}</p>"
         + stalled_html
         + verdict_box(
             job.get("verdict"),
@@ -484,7 +492,7 @@ def job_page(
 def not_found_page(project: str, experiment: str) -> str:
     return _page(
         "no such job",
-        f'<h1>No job {escape(project)} / {escape(experiment)}</h1><p><a href="/">All jobs</a></p>',
+        f'<h1>No job {job_name(project, experiment)}</h1><p><a href="/">All jobs</a></p>',
     )
 
 
@@ -495,6 +503,7 @@ def not_found_page(project: str, experiment: str) -> str:
 class ReportRun:
     summary: Mapping[str, Any]  # report.RunSummary.to_json()
     points: Sequence[StepPoint]
+    width: int = 1  # steps per bar (history.StepBins): > 1 past MAX_DRAWN steps
 
 
 @dataclass
@@ -504,6 +513,7 @@ class ReportFile:
     rejected: Mapping[str, int]
     runs: Sequence[ReportRun]
     cannot_show: Sequence[str] = ()  # advice.missing_evidence() of the file's records
+    earlier: tuple[int, int] = (0, 0)  # runs, steps before the runs drawn (not drawn)
 
 
 def _summary_html(s: Mapping[str, Any]) -> str:
@@ -568,6 +578,11 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
         parts.append(cannot_show(f.cannot_show))
         if not f.runs:
             parts.append('<p class="empty">No classified steps (no usable timing_s/step).</p>')
+        if f.earlier[0]:
+            parts.append(
+                f"<p class=muted>{f.earlier[0]} earlier runs ({f.earlier[1]} steps) are not "
+                f"drawn: the last {len(f.runs)} runs are.</p>"
+            )
         for run in f.runs:
             s = run.summary
             dom = s.get("dominant") or {}
@@ -590,6 +605,13 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                     advice=dom.get("look_at"),
                 )
                 + _summary_html(s)
+                + (
+                    f"<p class=muted>{s['steps']} steps drawn as {len(run.points)} bars, each "
+                    f"the mean of up to {run.width} consecutive steps (verdict: the most "
+                    "frequent; a marker where any step regressed or shifted).</p>"
+                    if run.width > 1
+                    else ""
+                )
                 + charts(run.points, "all")
                 + episodes_list(
                     [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
