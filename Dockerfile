@@ -27,7 +27,8 @@ RUN python3 -m venv /opt/build \
       --disable-pip-version-check --require-hashes --only-binary :all: --no-deps \
       ${PIP_CERT:+--cert "$PIP_CERT"} ${PIP_INDEX_URL:+--index-url "$PIP_INDEX_URL"} \
       -r /tmp/lock/requirements.txt
-# The exporter itself last, so that a code change rebuilds only these layers.
+# The exporter itself last, so that a layer cache (docker build) rebuilds only these layers
+# after a code change.
 ARG VERSION=0.1.0
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
@@ -41,7 +42,7 @@ RUN /opt/build/bin/pip wheel --no-cache-dir --disable-pip-version-check --no-dep
 
 # ------------------------------------------------------------------ the image
 # What changes with the code comes last (the virtualenv, the revision label): everything above
-# it is reused from the build cache (scripts/build-image.sh builds with --layers).
+# it is reused from a layer cache (docker build; scripts/build-image.sh caches only the base).
 FROM ${BASE}
 # python3 only (no pip, no compilers); apt's lists and caches removed in the same layer.
 RUN apt-get update \
