@@ -127,3 +127,19 @@ def test_image_lock_covers_the_declared_dependencies():
         for d in PYPROJECT["project"]["dependencies"]
     }
     assert declared <= pinned, declared - pinned
+
+
+def test_the_image_archive_is_git_ignored():
+    """scripts/build-image.sh writes build/image/rlhf-exporter-<version>.oci.tar, where
+    docs/image.md says, and git ignores it."""
+    import subprocess
+
+    import rlhf_exporter
+
+    script = (ROOT / "scripts" / "build-image.sh").read_text()
+    assert "OUT=${RLHF_IMAGE_OUT:-$PWD/build/image}" in script
+    assert 'ARCHIVE="$OUT/rlhf-exporter-$VERSION.oci.tar"' in script
+    assert "build/image/rlhf-exporter-<version>.oci.tar" in (ROOT / "docs" / "image.md").read_text()
+    archive = f"build/image/rlhf-exporter-{rlhf_exporter.__version__}.oci.tar"
+    ignored = subprocess.run(["git", "check-ignore", "-q", archive], cwd=ROOT)
+    assert ignored.returncode == 0, f"{archive} is not git-ignored"
