@@ -79,6 +79,34 @@ if [ "${SKIP_LINT:-0}" != 1 ]; then
   .venv/bin/mypy
 fi
 
+# ---- The container image (issue 27; docs/image.md) ---------------------------------------
+# Built from Debian's packages (debootstrap) with buildah, no Docker daemon or registry, and
+# run by tests/test_image.py as the chart runs it. The debootstrap tarball and the base image
+# are cached in /var/cache/rlhf-exporter-image; the image is rebuilt on every run (~2 min).
+# Under CI=true (.ci/run) the image tests fail when it is missing; elsewhere they skip.
+# SKIP_IMAGE=1 skips the build (the tests then use the last image built), and so does naming
+# test files of which none is tests/test_image.py.
+build_image=1
+for arg in "$@"; do case "$arg" in tests/*|*.py|*::*) build_image=0 ;; esac; done
+for arg in "$@"; do case "$arg" in *test_image*) build_image=1 ;; esac; done
+if [ "${SKIP_IMAGE:-0}" != 1 ] && [ "$build_image" = 1 ]; then
+  image_need=()
+  for tool in buildah debootstrap umoci; do
+    command -v "$tool" >/dev/null 2>&1 || image_need+=("$tool")
+  done
+  if [ "$(id -u)" != 0 ]; then
+    echo "warning: not root: the image is not built (scripts/build-image.sh needs root); tests/test_image.py will skip, or fail under CI=true" >&2
+  else
+    if [ ${#image_need[@]} -gt 0 ]; then
+      echo "installing ${image_need[*]} (Debian packages, for the container image)" >&2
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${image_need[@]}" >/dev/null
+    fi
+    bash scripts/build-image.sh
+  fi
+fi
+# ---- end of the container image block ----------------------------------------------------
+
 # Ray's tests start their own head (`ray start --head`) and always stop it.
 export PATH="$PWD/.venv/bin:$PATH"
 say "pytest $*"

@@ -51,6 +51,7 @@ def test_every_file_the_dockerfile_copies_passes_dockerignore():
         if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
             copied += words[1:-1]
     assert "LICENSE" in copied and "rlhf_exporter" in copied
+    assert {"image/requirements.txt", "image/build-requirements.txt"} <= set(copied)
     assert set(copied) <= allowed, set(copied) - allowed
     for path in copied:
         assert (ROOT / path).exists(), path
@@ -66,3 +67,79 @@ def test_the_import_package_is_rlhf_exporter_not_a_generic_name():
     ok = subprocess.run([sys.executable, "-c", "import rlhf_exporter"], cwd=ROOT)
     assert ok.returncode == 0
     assert not (ROOT / "exporter").exists()
+
+
+DOCKERFILE = (ROOT / "Dockerfile").read_text() if (ROOT / "Dockerfile").exists() else ""
+
+
+def test_dockerfile_has_one_base_of_the_release_ci_debootstraps():
+    """One file, two bases: debian:bookworm-slim for `docker build`, a debootstrap'ed bookworm
+    (scripts/build-image.sh's SUITE) in CI; both stages take BASE."""
+    import re
+
+    (base,) = re.findall(r"^ARG BASE=(\S+)$", DOCKERFILE, re.M)
+    (suite,) = re.findall(r"^SUITE=(\w+)", (ROOT / "scripts" / "build-image.sh").read_text(), re.M)
+    assert base == f"docker.io/library/debian:{suite}-slim"
+    froms = re.findall(r"^FROM (\S+)", DOCKERFILE, re.M)
+    assert froms and all(f == "${BASE}" for f in froms), froms
+
+
+def test_dockerfile_version_default_is_the_package_version():
+    """`docker build` without --build-arg labels the image with the package's version (the
+    build stage also refuses a VERSION other than the installed package's)."""
+    import re
+
+    import rlhf_exporter
+
+    versions = set(re.findall(r"^ARG VERSION=(\S+)$", DOCKERFILE, re.M))
+    assert versions == {rlhf_exporter.__version__}
+
+
+def test_dockerfile_installs_by_hash_from_the_lock_files_only():
+    """Two builds of one commit install the same files: every pip install of a dependency
+    reads a lock file with --require-hashes, binary wheels only (no compiler in the image)."""
+    lines = [line for line in DOCKERFILE.splitlines() if not line.lstrip().startswith("#")]
+    runs = [i for i in "\n".join(lines).replace("\\\n", " ").splitlines() if i.startswith("RUN ")]
+    commands = [cmd.strip() for run in runs for cmd in run[4:].split("&&")]
+    installs = [cmd for cmd in commands if "pip" in cmd.split()[0] and " install " in cmd]
+    locked = [cmd for cmd in installs if "-r /tmp/lock/" in cmd]
+    assert len(locked) == 2
+    for cmd in locked:
+        assert "--require-hashes" in cmd and "--only-binary :all:" in cmd
+    others = [cmd for cmd in installs if cmd not in locked]
+    assert others and all("--no-deps" in cmd and "--no-index" in cmd for cmd in others)
+    for lock in ("requirements.txt", "build-requirements.txt"):
+        text = (ROOT / "image" / lock).read_text()
+        names = [line for line in text.splitlines() if line and line[0] not in "# "]
+        assert names and all("==" in line for line in names), lock
+        assert text.count("==") <= text.count("--hash=sha256:"), lock
+
+
+def test_image_lock_covers_the_declared_dependencies():
+    """Every dependency pyproject declares is pinned in image/requirements.txt."""
+    import re
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    lock = (ROOT / "image" / "requirements.txt").read_text()
+    pinned = {norm(m) for m in re.findall(r"^([A-Za-z0-9_.-]+)==", lock, re.M)}
+    declared = {
+        norm(re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0])
+        for d in PYPROJECT["project"]["dependencies"]
+    }
+    assert declared <= pinned, declared - pinned
+
+
+def test_the_image_archive_is_git_ignored():
+    """scripts/build-image.sh writes build/image/rlhf-exporter-<version>.oci.tar, where
+    docs/image.md says, and git ignores it."""
+    import subprocess
+
+    import rlhf_exporter
+
+    script = (ROOT / "scripts" / "build-image.sh").read_text()
+    assert "OUT=${RLHF_IMAGE_OUT:-$PWD/build/image}" in script
+    assert 'ARCHIVE="$OUT/rlhf-exporter-$VERSION.oci.tar"' in script
+    assert "build/image/rlhf-exporter-<version>.oci.tar" in (ROOT / "docs" / "image.md").read_text()
+    archive = f"build/image/rlhf-exporter-{rlhf_exporter.__version__}.oci.tar"
+    ignored = subprocess.run(["git", "check-ignore", "-q", archive], cwd=ROOT)
+    assert ignored.returncode == 0, f"{archive} is not git-ignored"
