@@ -93,14 +93,14 @@ def test_fake_mirrors_real_pynvml_names_values_and_exceptions():
     # the source's own copies of the throttle bits are pynvml's
     from rlhf_exporter.sources.nvml import THROTTLE_REASONS, XID_EVENT
 
-    assert XID_EVENT == real.nvmlEventTypeXidCriticalError
-    assert THROTTLE_REASONS == {
+    assert real.nvmlEventTypeXidCriticalError == XID_EVENT
+    assert {
         "power_cap": real.nvmlClocksEventReasonSwPowerCap,
         "hw_slowdown": real.nvmlClocksEventReasonHwSlowdown,
         "sw_thermal": real.nvmlClocksEventReasonSwThermalSlowdown,
         "hw_thermal": real.nvmlClocksEventReasonHwThermalSlowdown,
         "hw_power_brake": real.nvmlClocksEventReasonHwPowerBrakeSlowdown,
-    }
+    } == THROTTLE_REASONS
     for name in [n for n in dir(fake) if n.startswith("NVMLError")]:
         assert issubclass(getattr(real, name), real.NVMLError), name
         # the same factory behaviour: NVMLError(value) is the subclass; subclasses need no arg
