@@ -40,11 +40,9 @@ from .queries import (
     BY_JOB,
     RANGE,
     RATE,
-    TARGET,
     change_code,
     eq,
     gpus_per_job,
-    per_job_from_exporter,
     reason_code,
     seconds,
     sel,
@@ -135,7 +133,7 @@ def job_columns(c: Context) -> list[tuple[str, Q]]:
         ),
         (
             "GPU busy",
-            Q(per_job_from_exporter(sel(rules.gpus_busy, scope=TARGET)), table=True, instant=True),
+            Q(f"max by ({BY_JOB}) ({sel(rules.gpus_busy)})", table=True, instant=True),
         ),
         (
             "firing alerts",
@@ -159,7 +157,7 @@ def jobs_table(c: Context) -> table.Panel:
         "classified step (colours as on the job dashboard); change: against the job's own "
         "baseline; throughput: tokens per GPU-second; since last step: red past the stall "
         f"floor ({alerts['stall_min']}); GPU busy: the average busy ratio over {rules.window} of "
-        f"the GPUs on the job's exporters (red below {alerts['gpu_idle_ratio']:g}); firing alerts: alerts from "
+        f"the job's GPUs on every node (red below {alerts['gpu_idle_ratio']:g}); firing alerts: alerts from "
         "the rlhf-exporter rules that carry the job's labels. Click a job's experiment to open "
         "the job dashboard.",
         [q for _, q in columns],
