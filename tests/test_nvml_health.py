@@ -242,3 +242,35 @@ def test_configured_job_wins(monkeypatch):
     assert {s.labels[-2:] for s in snap.samples if s.name.startswith("rlhf_gpu_")} == {
         ("conf", "job")
     }
+
+
+def test_throttled_time_is_joined_to_the_step_windows(monkeypatch):
+    """Clocks held down by heat during the update window only: the window join counts the
+    throttled GPU-seconds there, none in the rollout window (the alert names the window)."""
+    from rlhf_exporter.diagnosis.timeline import Interval
+
+    clock = FakeClock()
+    gpus = [FakeGpu(0, util=[(0, 50)]), FakeGpu(1, util=[(0, 50)])]
+    monkeypatch.setitem(sys.modules, "pynvml", make_module(gpus, clock))
+    board = WindowBoard()
+    src = NvmlSource(1.0, roles=False, clock=clock, wall=clock, windows=board)
+    t0 = clock() + 1.0
+    intervals = (
+        Interval("gen", "rollout", t0, t0 + 5.0),
+        Interval("update_actor", "update", t0 + 5.0, t0 + 10.0),
+    )
+    board.post(("p", "e"), Timeline(1, t0, t0 + 10.0, intervals, 0.0))
+    src.poll_once()
+    for _ in range(13):  # a reading covers the time since the one before it
+        clock.advance(1.0)
+        snap = src.poll_once()
+        gpus[0].throttle = 0x20 if clock() >= t0 + 5.0 else 0x04  # power cap is not counted
+    throttled = {
+        s.labels: s.value
+        for s in snap.samples
+        if s.name == "rlhf_window_gpu_throttled_seconds_total"
+    }
+    total = {s.labels: s.value for s in snap.samples if s.name == "rlhf_window_gpu_seconds_total"}
+    assert total[("p", "e", "update", "unknown")] == pytest.approx(10.0)  # 2 GPUs x 5 s
+    assert throttled[("p", "e", "update", "unknown")] == pytest.approx(5.0)  # GPU 0's 5 s
+    assert throttled[("p", "e", "rollout", "unknown")] == pytest.approx(0.0)

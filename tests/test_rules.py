@@ -1044,7 +1044,7 @@ def test_amtool_check_config():
         timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS" in out.stdout and "3 inhibit rules" in out.stdout
+    assert "SUCCESS" in out.stdout and "4 inhibit rules" in out.stdout
 
 
 @pytest.mark.parametrize(

@@ -355,6 +355,16 @@ WINDOW_GPU = _section(
         "group",
         "gpu_role",
     ),
+    _job(
+        "rlhf_window_gpu_throttled_seconds_total",
+        COUNTER,
+        "GPU-seconds of the job's step windows of a group, on this node's GPUs of a role, "
+        "during which the GPU's clocks were held down by heat or hardware (thermal or "
+        "hardware slowdown, power brake; not the power cap), from NVML's throttle reasons "
+        "read at each poll. Over rlhf_window_gpu_seconds_total: the throttled share.",
+        "group",
+        "gpu_role",
+    ),
 )
 
 EXPORTER = _section(

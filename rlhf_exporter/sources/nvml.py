@@ -74,6 +74,11 @@ ECC = (("corrected", 0), ("uncorrected", 1))  # NVML_MEMORY_ERROR_TYPE_*
 ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
 PAGE_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # NVML_PAGE_RETIREMENT_CAUSE_*
 XID_EVENT = 0x08  # nvmlEventTypeXidCriticalError
+# held down by heat or hardware (not the power cap, normal under full load): what the
+# GPU-window join counts as throttled time per step window
+SLOWDOWN = sum(
+    THROTTLE_REASONS[r] for r in ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+)
 
 
 def error_reason(exc: BaseException) -> str:
@@ -452,6 +457,9 @@ class NvmlSource(PollingSource):
                     if int(mask) & bit:
                         gpu.throttle[reason] += dt
             gpu.throttle_time = now
+            if self.joiner is not None:  # covers the time since the last reading
+                slow = 1.0 if int(mask) & SLOWDOWN else 0.0
+                self.joiner.add_throttle(gpu.label, gpu.role, [(self.wall(), slow)])
             out += [
                 Sample("rlhf_gpu_throttle_seconds_total", (*key, reason), secs)
                 for reason, secs in gpu.throttle.items()

@@ -49,7 +49,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
-from . import decision, gpuwindows, operations
+from . import decision, gpuhealth, gpuwindows, operations
 from .model import (
     BOUND_ALERTS,
     DECISION_FILE,
@@ -97,7 +97,12 @@ Rules = Context
 
 
 def all_alerts(ctx: Context) -> list[Alert]:
-    return decision.alerts(ctx) + operations.alerts(ctx) + gpuwindows.alerts(ctx)
+    return (
+        decision.alerts(ctx)
+        + operations.alerts(ctx)
+        + gpuwindows.alerts(ctx)
+        + gpuhealth.alerts(ctx)
+    )
 
 
 def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
@@ -128,6 +133,7 @@ def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
             }
         ],
         gpuwindows.GPU_WINDOWS_FILE: gpuwindows.groups(ctx),
+        gpuhealth.GPU_HEALTH_FILE: gpuhealth.groups(ctx),
     }
 
 
