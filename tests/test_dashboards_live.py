@@ -254,7 +254,7 @@ def test_every_query_returns_series_for_a_real_job(live, rel, experiment):
     assert checked >= (40 if rel == JOB_PATH else 20)
     # only the Ray panels (and GPU time by step window) are left out
     left_out = {(int(w.split()[1]), w.rsplit(" ", 1)[1]) for w in skipped}
-    want = {(604, "A"), (604, "B"), (701, "A"), (702, "A"), (702, "B")}
+    want = {(604, "A"), (604, "B"), (654, "A"), (701, "A"), (702, "A"), (702, "B")}
     assert left_out == (want if rel == JOB_PATH else {(303, "A")}), skipped
 
 

@@ -11,6 +11,7 @@ from ...diagnosis import CHANGES, REASONS, VERDICTS, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING, LOOK_AT, VERDICT_MEANING
 from . import FLEET_UID, JOB_UID, style
 from .context import Context
+from .gpuhealth import gpu_health_row
 from .layout import Board, Cell, Row, header
 from .panels import (
     BigValueColorMode,
@@ -884,6 +885,7 @@ ROWS = (
     efficiency_row,
     rollout_row,
     gpu_row,
+    gpu_health_row,
     ray_row,
     health_row,
 )
