@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlhf_exporter.diagnosis.timeline import Timeline
-from rlhf_exporter.diagnosis.xid import BAD_GPU, LABELLED, xid_label
+from rlhf_exporter.diagnosis.xid import BAD_GPU, DEGRADED, LABELLED, xid_label
 from rlhf_exporter.gpuwindows.board import WindowBoard
 from rlhf_exporter.sources.nvml import MAX_EVENTS, NvmlSource
 from tests.support import fake_pynvml
@@ -63,7 +63,8 @@ def test_every_health_reading_supported(nvml):
         clock.advance(1.0)
         snap = src.poll_once()
     u, k = gpu.uuid, ("0", gpu.uuid, "unknown")
-    assert series(snap, "rlhf_gpu_xid_errors_total") == {
+    xids = series(snap, "rlhf_gpu_xid_errors_total")
+    assert {key: v for key, v in xids.items() if v} == {
         (*k, "79"): 1.0,
         (*k, "13"): 2.0,
         (*k, "other"): 1.0,
@@ -85,9 +86,12 @@ def test_every_health_reading_supported(nvml):
     assert throttle[(*k, "power_cap")] == pytest.approx(4.0)  # 4 polls 1 s apart
     assert throttle[(*k, "hw_thermal")] == pytest.approx(4.0)
     assert throttle[(*k, "sw_thermal")] == 0.0 and throttle[(*k, "hw_slowdown")] == 0.0
-    # the other GPU: no XID, counters at 0, no throttling
+    # the other GPU: the alerted XIDs at 0 from the start (so that increase() sees the first
+    # one), no other code, counters at 0, no throttling
     other = ("1", FakeGpu(1).uuid, "unknown")
-    assert (*other, "79") not in series(snap, "rlhf_gpu_xid_errors_total")
+    assert {key[3]: v for key, v in xids.items() if key[0] == "1"} == {
+        str(c): 0.0 for c in BAD_GPU | DEGRADED
+    }
     assert series(snap, "rlhf_gpu_throttle_seconds_total")[(*other, "power_cap")] == 0.0
     assert "rlhf_gpu_reading_unsupported" not in {s.name for s in snap.samples}
     assert u and snap.up and snap.errors == {}
@@ -167,7 +171,8 @@ def test_gpu_lost_mid_run(nvml):
     assert snap.up  # the three others go on
     lost = ("2", gpus[2].uuid, "unknown")
     assert series(snap, "rlhf_gpu_errors_total") == {(*lost, "gpu_is_lost"): 5.0}
-    assert series(snap, "rlhf_gpu_xid_errors_total") == {(*lost, "79"): 1.0}
+    xids = series(snap, "rlhf_gpu_xid_errors_total")
+    assert {key: v for key, v in xids.items() if v} == {(*lost, "79"): 1.0}
     # the lost GPU's readings stop (no stale health values), the others' keep counting
     throttle = series(snap, "rlhf_gpu_throttle_seconds_total")
     assert not [k for k in throttle if k[0] == "2"]

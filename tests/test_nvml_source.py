@@ -237,7 +237,9 @@ def test_gpu_is_lost_on_one_of_eight(install, caplog):
     busy = values(snap, "rlhf_gpu_busy_seconds_total")
     assert sorted(g for g, _ in busy) == ["0", "1", "2", "4", "5", "6", "7"]
     assert busy[("0", gpus[0].uuid)] == pytest.approx(4.0, abs=1 / 6)
-    assert not [s for s in snap.samples if s.labels[0] == "3" and s.name != "rlhf_gpu_errors_total"]
+    # only its error and XID counters stay (a lost GPU's XIDs are the evidence)
+    kept = ("rlhf_gpu_errors_total", "rlhf_gpu_xid_errors_total", "rlhf_gpu_reading_unsupported")
+    assert not [s for s in snap.samples if s.labels[0] == "3" and s.name not in kept]
     assert values(snap, "rlhf_gpu_errors_total") == {
         ("3", gpus[3].uuid, "unknown", "gpu_is_lost"): 3.0
     }
