@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from rlhf_exporter.config import load_thresholds
-from rlhf_exporter.diagnosis.xid import APPLICATION, BAD_GPU, DEGRADED
+from rlhf_exporter.diagnosis.xid import APPLICATION, BAD_GPU, DEGRADED, LOST
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.rules import gpuhealth
 
@@ -158,10 +158,10 @@ def test_bad_xid_pages(tmp_path, xid):
     )
 
 
-def test_application_and_other_xids_never_page(tmp_path):
+def test_application_lost_and_other_xids_never_page_as_bad_xid(tmp_path):
     quiet = [
         series("rlhf_gpu_xid_errors_total", "0+3x30", GPU, xid=x)
-        for x in [str(c) for c in sorted(APPLICATION | DEGRADED)] + ["other"]
+        for x in [str(c) for c in sorted(APPLICATION | DEGRADED | LOST)] + ["other"]
     ]
     run(tmp_path, [case(quiet, "20m", "RLHFGPUBadXid")])
 

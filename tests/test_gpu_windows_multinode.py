@@ -568,7 +568,8 @@ def test_every_gpu_alert_fires_for_the_job_on_the_right_node_and_gpu(run):
     }
     assert where["RLHFGPULost"] == {(sick_pod, "1", None)}
     assert where["RLHFGPUUncorrectableECC"] == {(sick_pod, "0", None)}
-    assert where["RLHFGPUBadXid"] == {(sick_pod, "0", "48"), (sick_pod, "1", "79")}  # not 13
+    # 48 pages; 79 is RLHFGPULost's (one page for one fault); 13 is the application's
+    assert where["RLHFGPUBadXid"] == {(sick_pod, "0", "48")}
     assert where["RLHFGPUNeedsReset"] == {(sick_pod, "3", None)}
     # job-wide: the job's GPUs on both workers (not one target), the window named
     (idle,) = by_name["RLHFGPUsIdleWhileStepping"]

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from rlhf_exporter.diagnosis.timeline import Timeline
-from rlhf_exporter.diagnosis.xid import BAD_GPU, DEGRADED, LABELLED, xid_label
+from rlhf_exporter.diagnosis.xid import BAD_GPU, DEGRADED, LABELLED, LOST, xid_label
 from rlhf_exporter.gpuwindows.board import WindowBoard
 from rlhf_exporter.sources.nvml import MAX_EVENTS, NvmlSource
 from tests.support import fake_pynvml
@@ -90,7 +90,7 @@ def test_every_health_reading_supported(nvml):
     # one), no other code, counters at 0, no throttling
     other = ("1", FakeGpu(1).uuid, "unknown")
     assert {key[3]: v for key, v in xids.items() if key[0] == "1"} == {
-        str(c): 0.0 for c in BAD_GPU | DEGRADED
+        str(c): 0.0 for c in BAD_GPU | LOST | DEGRADED
     }
     assert series(snap, "rlhf_gpu_throttle_seconds_total")[(*other, "power_cap")] == 0.0
     assert "rlhf_gpu_reading_unsupported" not in {s.name for s in snap.samples}
@@ -200,7 +200,9 @@ def test_xid_labels_are_bounded_and_events_read_per_poll_bounded(nvml):
     assert sum(xids.values()) == 1000 + MAX_EVENTS  # every event counted, over several polls
     assert len(xids) <= len(LABELLED) + 1  # the codes it labels, plus "other"
     assert xids[("0", gpu.uuid, "unknown", "48")] == MAX_EVENTS + 1
-    assert xid_label(48) == "48" and xid_label(12345) == "other" and 79 in BAD_GPU
+    assert (
+        xid_label(48) == "48" and xid_label(12345) == "other" and 79 in LOST and 79 not in BAD_GPU
+    )
 
 
 # -- the job every GPU series carries ------------------------------------------------------------

@@ -7,6 +7,8 @@ and the actions it gives per code; the table and the reasoning are in docs/dcgm-
   `xid="other"` (the label set stays bounded whatever the driver reports).
 - `BAD_GPU`: the GPU (or its memory, or its link) is broken or needs a reset / drain: the job
   on it will not recover by itself. RLHFGPUBadXid pages on these.
+- `LOST`: the GPU fell off the bus (79): NVML then answers GpuIsLost for it, which
+  RLHFGPULost pages on; counted, never a second page for the same fact.
 - `DEGRADED`: hardware-reported, the GPU keeps working but needs attention at the next
   maintenance (a row remap recorded, a high correctable-error rate, a contained ECC error
   that killed one application).
@@ -23,13 +25,13 @@ BAD_GPU: frozenset[int] = frozenset(
         62,  # internal micro-controller halt
         64,  # ECC page retirement or row remapping recording failure
         74,  # NVLink error
-        79,  # GPU has fallen off the bus
         95,  # uncontained ECC error (GPU reset required)
         119,  # GSP RPC timeout
         120,  # GSP error
         140,  # unrecovered ECC error
     }
 )
+LOST: frozenset[int] = frozenset({79})  # GPU has fallen off the bus: RLHFGPULost
 DEGRADED: frozenset[int] = frozenset(
     {
         63,  # ECC page retirement or row remapping recording event (reset to apply)
@@ -47,7 +49,7 @@ APPLICATION: frozenset[int] = frozenset(
         69,  # graphics engine class error
     }
 )
-LABELLED: frozenset[int] = BAD_GPU | DEGRADED | APPLICATION
+LABELLED: frozenset[int] = BAD_GPU | LOST | DEGRADED | APPLICATION
 OTHER = "other"
 
 

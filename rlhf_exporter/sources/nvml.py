@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..diagnosis.gpujoin import gpu_role
-from ..diagnosis.xid import BAD_GPU, DEGRADED, xid_label
+from ..diagnosis.xid import BAD_GPU, DEGRADED, LOST, xid_label
 from ..gpuwindows.board import WindowJoiner
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult, SourceError
@@ -74,7 +74,7 @@ ECC = (("corrected", 0), ("uncorrected", 1))  # NVML_MEMORY_ERROR_TYPE_*
 ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
 PAGE_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # NVML_PAGE_RETIREMENT_CAUSE_*
 XID_EVENT = 0x08  # nvmlEventTypeXidCriticalError
-ALERTED_XIDS = sorted(BAD_GPU | DEGRADED)  # exported from 0 on every GPU with XID events
+ALERTED_XIDS = sorted(BAD_GPU | LOST | DEGRADED)  # exported from 0 on every GPU with XID events
 # held down by heat or hardware (not the power cap, normal under full load): what the
 # GPU-window join counts as throttled time per step window
 SLOWDOWN = sum(

@@ -154,9 +154,10 @@ def _bad_xid(ctx: Context) -> Alert:
                 "NVML delivered an XID critical-error event whose code NVIDIA documents as a "
                 f"hardware fault: {', '.join(str(c) for c in sorted(BAD_GPU))} (48 double-bit "
                 "ECC, 62 micro-controller halt, 64 remap/retirement recording failure, 74 "
-                "NVLink, 79 fallen off the bus, 95 uncontained ECC, 119/120 GSP, 140 "
-                "unrecovered ECC). Application XIDs (13, 31, 43, 45, 68, 69) never page: the "
-                "job's own alerts cover a crashed program."
+                "NVLink, 95 uncontained ECC, 119/120 GSP, 140 unrecovered ECC). XID 79 "
+                "(fallen off the bus) is counted but pages as RLHFGPULost (NVML then answers "
+                "GpuIsLost): one page for one fault. Application XIDs (13, 31, 43, 45, 68, 69) "
+                "never page: the job's own alerts cover a crashed program."
             ),
             confirm=['increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])'],
             verl_keys=["the job's last `step`"],
