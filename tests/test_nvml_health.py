@@ -281,3 +281,22 @@ def test_throttled_time_is_joined_to_the_step_windows(monkeypatch):
     assert total[("p", "e", "update", "unknown")] == pytest.approx(10.0)  # 2 GPUs x 5 s
     assert throttled[("p", "e", "update", "unknown")] == pytest.approx(5.0)  # GPU 0's 5 s
     assert throttled[("p", "e", "rollout", "unknown")] == pytest.approx(0.0)
+
+
+def test_a_node_whose_only_gpu_is_lost_still_says_so(nvml):
+    """Every GPU lost (a one-GPU node): the source is down (all_gpus_failed, counted once),
+    and the lost GPU's counter still grows with its job's labels, for RLHFGPULost."""
+    clock = FakeClock()
+    gpu = FakeGpu(0)
+    src = nvml([gpu], clock)
+    src.configured_job = ("p", "e")
+    src.poll_once()
+    gpu.fail = fake_pynvml.NVML_ERROR_GPU_IS_LOST
+    for _ in range(3):
+        clock.advance(1.0)
+        snap = src.poll_once()
+    assert not snap.up and snap.errors == {"all_gpus_failed": 1}
+    lost = [s for s in snap.samples if s.name == "rlhf_gpu_errors_total"]
+    assert [(s.labels, s.value) for s in lost] == [
+        (("0", gpu.uuid, "unknown", "gpu_is_lost", "p", "e"), 3.0)
+    ]

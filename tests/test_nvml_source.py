@@ -271,10 +271,20 @@ def test_all_gpus_failing_is_down_and_reinitialises(install):
     for g in gpus:
         g.fail = fake_pynvml.ERRORS["NVML_ERROR_UNKNOWN"]
     snap = src.poll_once()
-    assert not snap.up and snap.samples == () and snap.errors == {"all_gpus_failed": 1}
+    assert not snap.up and snap.errors == {"all_gpus_failed": 1}
+    # down, but each GPU's error counter is still served (and continues over NVML's restart)
+    assert {s.name for s in snap.samples} <= {"rlhf_gpu_errors_total", "rlhf_gpu_xid_errors_total"}
+    assert values(snap, "rlhf_gpu_errors_total") == {
+        (str(g.index), g.uuid, "unknown", "unknown"): 1.0 for g in gpus
+    }
+    snap = src.poll_once()
+    assert values(snap, "rlhf_gpu_errors_total")[("0", gpus[0].uuid, "unknown", "unknown")] == 2.0
+    assert snap.errors == {"all_gpus_failed": 1}  # the problem counted once, not per poll
     for g in gpus:
         g.fail = None
-    assert src.poll_once().up
+    snap = src.poll_once()
+    assert snap.up
+    assert values(snap, "rlhf_gpu_errors_total")[("0", gpus[0].uuid, "unknown", "unknown")] == 2.0
 
 
 @pytest.mark.parametrize(

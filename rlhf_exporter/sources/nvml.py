@@ -243,7 +243,14 @@ class NvmlSource(PollingSource):
         if count == 0:
             self._shutdown(nv)
             self._fail_init(SourceError("no_gpu", "NVML sees no GPU on this host: GPU metrics off"))
+        old = {g.index: g for g in self._gpus}
         self._gpus = [Gpu(i) for i in range(count)]
+        for gpu in self._gpus:  # after a restart of NVML its GPUs' counters continue
+            before = old.get(gpu.index)
+            if before is not None:
+                gpu.uuid, gpu.role, gpu.failing = before.uuid, before.role, before.failing
+                gpu.errors, gpu.xids, gpu.busy = before.errors, before.xids, before.busy
+                gpu.samples, gpu.throttle = before.samples, before.throttle
         self._events = None
         if hasattr(nv, "nvmlEventSetCreate"):
             try:
@@ -334,7 +341,9 @@ class NvmlSource(PollingSource):
         if failed and failed == len(self._gpus):
             self._shutdown(nv)  # start over next poll: the driver may have been reloaded
             self._nv = None
-            raise SourceError("all_gpus_failed", f"all {failed} GPU(s) failed")
+            # down, but the error and XID counters stay: a node whose every GPU is lost
+            # (a one-GPU node, a board failure) still says which GPUs were lost
+            return PollResult(tuple(out), down="all_gpus_failed")
         return PollResult(tuple(out))
 
     def _gpu_failed(self, gpu: Gpu, reason: str, exc: BaseException) -> None:
