@@ -37,7 +37,6 @@ from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
 
-
 HEALTH = (  # the health readings' NVML calls (issue 23)
     "nvmlDeviceGetTotalEccErrors",
     "nvmlDeviceGetRemappedRows",
