@@ -657,6 +657,14 @@ def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
     pods = {r["metric"]["pod"] for r in rows}
     assert pods == {run.started["worker-1"].pod, run.started["worker-2"].pod}
     assert len(rows) == 2 * len(GPUS)
+    # the fleet's "GPUs with errors": GPU 0 (ECC, XID 48) and GPU 1 (lost) of the sick node
+    (errors,) = [e for w, e in queries if "gpu_is_lost" in e and w.startswith("fleet")]
+    for name in sorted(renamed, key=len, reverse=True):
+        errors = errors.replace(name, renamed[name])
+    (row,) = run.prom.query(
+        grafana_vars.substitute(errors, range_=range_, project=PROJECT, experiment=EXPERIMENT)
+    )
+    assert float(row["value"][1]) == 2
     # another job's selection shows none of these GPUs
     other = grafana_vars.substitute(busy, rate_interval=range_, project=PROJECT, experiment="other")
     assert run.prom.query(other) == []
