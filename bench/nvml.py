@@ -7,8 +7,12 @@ actor" PIDs through a /proc tree, so role attribution is paid for too.
 
 Measured side by side, on the thread's CPU clock:
   (a) the source's background loop: PollingSource's thread calling poll() (integrate NVML's
-      sample buffer, read memory/power/temperature/clock/processes, build the snapshot);
-  (b) the same loop without the collector: the same thread, wait and bookkeeping, no poll.
+      sample buffer, read memory/power/temperature/clock/processes and the health readings:
+      ECC counters, remapped rows, throttle reasons, the XID event queue; the job's labels
+      on every series; build the snapshot);
+  (b) the same loop with the health readings not supported by the fake GPUs (asked once,
+      then skipped: what the health readings cost is (a) - (b));
+  (c) the same loop without the collector: the same thread, wait and bookkeeping, no poll.
 The loop runs at a short interval to get many iterations quickly; the cost per poll is
 then the cost per second of sampling at the default --nvml-interval 1 s. Goal: < 0.2 % of
 one core.
@@ -32,6 +36,15 @@ from rlhf_exporter.sources.base import PollingSource, PollResult  # noqa: E402
 from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
+
+HEALTH = (  # the health readings' NVML calls (issue 23)
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceRegisterEvents",
+)
 
 
 class Idle(PollingSource):
@@ -99,11 +112,26 @@ def main() -> int:
                 i, util=[(0, 50), (5, 100)], processes=[(pids[0], 40 << 30), (pids[1], 30 << 30)]
             )
         )
-    clock = FakeClock()
-    sys.modules["pynvml"] = make_module(gpus, clock)
 
-    source = NvmlSource(1.0, ray=FakeRay(actors), roles=True, clock=clock, proc_root=str(proc))
-    assert source.poll_once().up
+    def collector(health: bool) -> tuple[NvmlSource, FakeClock]:
+        clock = FakeClock()
+        for gpu in gpus:
+            gpu.unsupported = set() if health else set(HEALTH)
+        sys.modules["pynvml"] = make_module(gpus, clock)
+        source = NvmlSource(
+            1.0,
+            ray=FakeRay(actors),
+            roles=True,
+            clock=clock,
+            proc_root=str(proc),
+            job=("proj", "exp"),
+        )
+        assert source.poll_once().up
+        return source, clock
+
+    bare, bare_clock = collector(health=False)
+    no_health_cpu = thread_cpu(bare, args.polls, args.interval, bare_clock)
+    source, clock = collector(health=True)
     with_cpu = thread_cpu(source, args.polls, args.interval, clock)
     without_cpu = thread_cpu(Idle("idle", 1.0), args.polls, args.interval)
     snap = source.snapshot()
@@ -112,7 +140,12 @@ def main() -> int:
     per_poll = (with_cpu - without_cpu) / args.polls
     print(f"{args.gpus} fake GPUs, {args.polls} polls, {len(snap.samples)} series per snapshot")
     print(f"  loop with the collector:    {with_cpu / args.polls * 1e6:8.1f} us CPU per poll")
+    print(f"  without the health readings:{no_health_cpu / args.polls * 1e6:8.1f} us CPU per poll")
     print(f"  same loop, no collector:    {without_cpu / args.polls * 1e6:8.1f} us CPU per poll")
+    health = (with_cpu - no_health_cpu) / args.polls
+    print(
+        f"  health readings per poll:   {health * 1e6:8.1f} us ({health / args.gpus * 1e6:.1f} us per GPU)"
+    )
     print(
         f"  collector cost per poll:    {per_poll * 1e6:8.1f} us "
         f"({per_poll / args.gpus * 1e6:.1f} us per GPU)"

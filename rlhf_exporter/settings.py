@@ -190,7 +190,8 @@ OPTIONS: tuple[Option, ...] = (
         str,
         None,
         "project label for --verl-file or VERL_FILE_LOGGER_PATH (default for --verl-file: "
-        "the file's parent directory)",
+        "the file's parent directory); with --experiment, also the job this node's GPUs "
+        "serve (their series' labels)",
         "verl",
     ),
     Option(

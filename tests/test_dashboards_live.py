@@ -77,6 +77,7 @@ def scaled_thresholds() -> Thresholds:
 
 
 FAKE_GPUS = 2
+GPU_JOB = "alpha"  # the job the fake GPUs serve (--experiment): the others' GPU panels are empty
 SITECUSTOMIZE = f"""\
 # Written by tests/test_dashboards_live.py: the serve process's `pynvml` is the fake.
 import sys
@@ -165,6 +166,11 @@ def live(tmp_path_factory):
         "--gpu-roles",
         "--nvml-interval",
         "0.25",
+        # the exporter follows several jobs: its GPUs serve the one configured (issue 23)
+        "--project",
+        PROJECT,
+        "--experiment",
+        GPU_JOB,
         env={"PYTHONPATH": str(fake)},
     )
     prom = None
@@ -229,20 +235,26 @@ def test_every_query_returns_series_for_a_real_job(live, rel, experiment):
     prom, dashboards, start, absent, _ = live
     end = time.time()
     range_ = f"{int(end - start) + 1}s"
-    empty, skipped, checked = [], [], 0
+    empty, skipped, checked, not_its_gpus = [], [], 0, []
     for where, expr, instant in _targets(dashboards[rel]):
         if needs_absent_source(expr, absent):
             skipped.append(where)
             continue
         result = query(prom, substitute(expr, PROJECT, experiment, range_), instant, start, end)
+        if experiment != GPU_JOB and re.search(r"rlhf_gpu_", expr):
+            # the GPUs serve GPU_JOB only: another job's GPU panels must be empty
+            not_its_gpus.append((where, result))
+            continue
         checked += 1
         if not result:
             empty.append(f"{where}:\n{substitute(expr, PROJECT, experiment, range_)}")
     assert not empty, "queries without data:\n" + "\n\n".join(empty)
+    assert all(not result for _, result in not_its_gpus), not_its_gpus
+    assert experiment == GPU_JOB or len(not_its_gpus) >= (3 if rel == JOB_PATH else 1)
     assert checked >= (40 if rel == JOB_PATH else 20)
     # only the Ray panels (and GPU time by step window) are left out
     left_out = {(int(w.split()[1]), w.rsplit(" ", 1)[1]) for w in skipped}
-    want = {(604, "A"), (604, "B"), (701, "A"), (702, "A"), (702, "B")}
+    want = {(604, "A"), (604, "B"), (654, "A"), (701, "A"), (702, "A"), (702, "B")}
     assert left_out == (want if rel == JOB_PATH else {(303, "A")}), skipped
 
 
@@ -314,7 +326,9 @@ def test_fleet_table_has_a_row_per_job(live):
         if needs_absent_source(t["expr"], absent):
             continue
         rows = prom.query(substitute(t["expr"], ".+", ".+", "1m"))
-        assert {r["metric"]["experiment"] for r in rows} == set(JOBS), t["expr"]
+        # a GPU column has a cell for the jobs GPUs serve only (the others' stay empty)
+        want = {GPU_JOB} if "rlhf_gpu_" in t["expr"] else set(JOBS)
+        assert {r["metric"]["experiment"] for r in rows} == want, t["expr"]
         assert all(set(r["metric"]) == {"project", "experiment"} for r in rows), (t["expr"], rows)
 
 

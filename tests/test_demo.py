@@ -53,6 +53,8 @@ def test_unknown_scenario_is_refused():
 
 
 class _Job:
+    project, experiment = "demo", "grpo"  # the job the simulated GPUs serve
+
     def __init__(self, phases):
         self.phase = phases[0]
         self.rollout = ActorLife()
@@ -86,12 +88,9 @@ def test_devices_follow_the_phase_and_speak_the_catalog():
     assert _value(restarted, "rlhf_ray_actors", "rollout", "ALIVE") == 8
     assert _value(restarted, "rlhf_ray_actor_restarts_total", "rollout") == 1
     assert _value(steady, "rlhf_ray_cluster_info", "demo", "demo-simulated") == 1
-    busy = _value(
-        steady, "rlhf_gpu_utilization_ratio", "0", "GPU-demo-0000-0000-0000-0000-000000000000"
-    )
-    low = _value(
-        idle, "rlhf_gpu_utilization_ratio", "0", "GPU-demo-0000-0000-0000-0000-000000000000"
-    )
+    gpu0 = ("0", "GPU-demo-0000-0000-0000-0000-000000000000", "demo", "grpo")  # with its job
+    busy = _value(steady, "rlhf_gpu_utilization_ratio", *gpu0)
+    low = _value(idle, "rlhf_gpu_utilization_ratio", *gpu0)
     assert busy > 0.8 and low < 0.1
     roles = {s.labels[2] for s in steady if s.name == "rlhf_gpu_role_memory_bytes"}
     assert roles == {"trainer", "rollout"}
@@ -138,6 +137,8 @@ def test_devices_count_busy_seconds_on_the_given_clock():
         "rlhf_gpu_busy_seconds_total",
         "0",
         "GPU-demo-0000-0000-0000-0000-000000000000",
+        "demo",
+        "grpo",
     )
     assert 600 * 0.85 <= busy <= 600 * 0.91  # the steady phase's ~0.88, for 600 s
     assert snap.last_success == 700.0

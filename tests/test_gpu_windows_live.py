@@ -124,8 +124,16 @@ def test_live_window_series_rules_and_panels(tmp_path):
         exporter.terminate()
 
 
-def test_serve_without_nvml_serves_no_windows_api(tmp_path):
-    exporter = Exporter(tmp_path / "serve")  # --no-nvml: no board, no API
+def test_a_head_without_nvml_serves_its_windows_and_gpu_windows_off_serves_none(tmp_path):
+    """Issue 23: the example's head sidecar has no GPUs (--no-nvml) and reads the job's log:
+    it keeps the step windows for its workers. With --no-gpu-windows there is no API."""
+    exporter = Exporter(tmp_path / "serve")  # --no-nvml, a verl root
+    try:
+        r = requests.get(exporter.url + "/api/v1/windows", timeout=5)
+        assert r.status_code == 200 and r.json() == {"jobs": []}
+    finally:
+        exporter.terminate()
+    exporter = Exporter(tmp_path / "off", "--no-gpu-windows")
     try:
         r = requests.get(exporter.url + "/api/v1/windows", timeout=5)
         assert r.status_code == 404

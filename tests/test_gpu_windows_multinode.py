@@ -1,39 +1,36 @@
-"""Issue 17, multi-node: two real sidecars on 127.0.0.1, a head and a worker, each a
-`python -m exporter serve` process with its own fake GPUs.
+"""Issue 23 (and 17): the example's whole multi-node job, from the RENDERED Helm chart.
 
-- The head reads the job's verl log (the verl file source) and joins the steps' windows to
-  its GPUs: a single-node run of the job.
-- The worker is configured as the chart configures a worker pod (environment only: NVML on,
-  Ray off or for PIDs only (below), `RLHF_EXPORTER_GPU_WINDOWS_FROM` = the head's URL,
-  `RLHF_EXPORTER_PUSH_TOKEN`); it has no verl log and gets the steps over the head's
-  `GET /api/v1/windows`.
-- Both load `pynvml` from tests/support/nvml_shim (the fake of tests/support/fake_pynvml.py
-  at the import boundary, nothing else patched), reading one scenario file: five GPUs whose
-  utilization follows the job's true windows on the wall clock (GPUs 0-1 busy in `gen`,
-  2-3 in `old_log_prob` and `update_actor`, 4 in all three).
+The example chart (examples/verl-grpo-rayjob, with this chart as its dependency) and the
+namespace's shared release (examples/shared-values.yaml) are rendered with the real Helm
+engine. Their pods run here as real `python -m rlhf_exporter serve` processes, each started
+with exactly the arguments and environment its rendered pod spec gives the sidecar
+container; only what cannot exist on this machine is substituted, and the list is small and
+explicit (tests/support/rendered_pods.py, `SUBSTITUTED`: the listen address, the logs
+mount path, the Ray dashboard address, the head Service's DNS name; plus the NVML fake at
+the `pynvml` import boundary, `ADDED`, and the monitor's scrape interval):
 
-The module runs twice (the `run` fixture's two params):
+- the head pod's sidecar reads the job's verl log (no NVML there: `sidecar.head.nvml: false`);
+- two GPU worker pods (`workers: 2`) read the job's step windows from the head's Service
+  (`gpuWindowsFrom`) and join them to their own fake GPUs (tests/support/nvml_shim): worker 1
+  healthy, its GPUs following the job's windows; worker 2 a sick node: idle GPUs, all
+  throttled (thermal), GPU 1 lost mid-run, GPU 0 an uncorrectable ECC error and XID 48,
+  GPU 2 an application XID (13, ignorable), GPU 3 a row remap pending;
+- an intruder: the worker pod spec with a wrong token.
 
-- `no_ray`: the chart with `sidecar.gpuRoles: false`, no Ray: every GPU's role is `unknown`.
-- `ray_roles`: the chart with `sidecar.gpuRoles: true` on a REAL Ray head (one per module,
-  tests/support/ray_head.py, always stopped) holding a rollout server (`vLLMHttpServer`
-  named `vllm_server_0_0`) and a trainer (`WorkerDict`, `<pg>WorkerDict_0:0`), actors as
-  verl creates them. The fake GPUs report those actors' real PIDs as their processes (GPUs
-  0-1 the rollout's, 2-3 the trainer's, 4 both: the hybrid engine), so both sidecars read
-  the real /proc (`ray::<Class>` titles) and the real dashboard to give them their roles:
-  `rollout`, `trainer`, `colocated`. The head sidecar exports the actor counts; the worker,
-  as the chart sets it (Ray for PIDs only: RAY_ACTORS=false), exports none.
+A real Prometheus scrapes them as the rendered PodMonitor says (prometheus-operator's
+selection, target labels and relabelings over static targets with the pods' Kubernetes
+labels) and evaluates the shipped rules, time-scaled (`rule_groups(th, SCALE)`: every window
+and `for:` x SCALE; the rendered PrometheusRule is checked equal to the unscaled rules).
+Every GPU alert fires for the example's job (its project/experiment from the verl values),
+on the right node and GPU, and the ignorable ones do not; every GPU panel query of the
+rendered dashboards shows data for the job, from both worker nodes.
 
-A synthetic job writes its records to the log at their true times. The worker's
-`rlhf_window_gpu_{busy_,}seconds_total` per (group, gpu_role) must equal the head's.
-The tolerance is 1e-6 GPU-seconds: both nodes see the same buffered samples (NVML stamps
-them itself, on the driver's grid, so when a sidecar polls changes which poll brings a
-sample, not its time or value) and the same step timelines (the API's JSON carries the
-floats exactly), so only float formatting may differ. Both must also hold every step exactly
-once (available GPU-seconds = GPUs x the steps' durations) and be near the truth.
-
-A third sidecar, a worker with a wrong token, must report its collector down with reason
-`unauthorized` and export no window series.
+The module runs twice: `no_ray` (`sidecar.gpuRoles: false`; the head's Ray address points
+at a closed port) and `ray_roles` (the example's default `gpuRoles: true`, on a real Ray
+head holding verl-named actors whose PIDs the fake GPUs report: roles rollout, trainer,
+colocated). Balance alerts (RLHFTrainerStarved, RLHFRolloutOverprovisioned) need
+`balance.min_gpu_seconds` (600) a side, more than this run has: their logic is tested in
+tests/test_gpu_windows_rules.py.
 """
 
 from __future__ import annotations
@@ -41,26 +38,51 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import requests
 import yaml
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules as rules_mod
+from rlhf_exporter.render.dashboards import FLEET_PATH, JOB_PATH
 from rlhf_exporter.render.rules import gpuwindows
-from tests.support.procs import REPO
+from tests.support import grafana_vars
+from tests.support.procs import REPO, free_port, wait_until
+from tests.support.prometheus import Prometheus
 from tests.support.ray_head import connected_head, verl_actor_classes
+from tests.support.rendered_pods import (
+    ADDED,
+    SUBSTITUTED,
+    pod_env,
+    ray_pod_templates,
+    render,
+    scrape_config,
+    sd_labels,
+    sidecar,
+    substitute,
+)
 from tests.support.serve import Exporter
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
+pytest.importorskip("helm_python")
 
+CHART = REPO / "helm" / "rlhf-exporter"
+EXAMPLE = REPO / "examples" / "verl-grpo-rayjob"
+SHARED_VALUES = REPO / "examples" / "shared-values.yaml"
+RELEASE, NAMESPACE, SHARED = "grpo", "ray-jobs", "rlhf-exporter"
+CLUSTER = "grpo-grpo-x7k2p"  # the RayCluster KubeRay creates for the RayJob (its name + suffix)
 TOKEN = "multinode-s3cret"
-PROJECT, EXPERIMENT = "p", "e"
+SECRET = "rlhf-token"
+_VERL = yaml.safe_load((EXAMPLE / "values.yaml").read_text())["verl"]
+PROJECT, EXPERIMENT = _VERL["project"], _VERL["experiment"]  # the example's job
 SHIM = REPO / "tests" / "support" / "nvml_shim"
+SCALE = 1 / 120  # the rules' windows and for: 30m -> 15 s, 15m -> 7.5 s, 1h -> 30 s
+SCRAPE = "1s"  # the monitor says 15s
 # one step's windows in verl's order, back to back (no untimed remainder: where R runs is a
 # placement choice, not what this test is about), seconds
 WINDOWS = (
@@ -72,7 +94,7 @@ WINDOWS = (
     ("update_weights", 0.2),
 )
 # per GPU: its role when its processes are matched to Ray actors, and percent busy during its
-# windows (IDLE otherwise)
+# windows (IDLE otherwise) on the healthy worker
 GPUS = (
     ("rollout", {"gen": 90}),
     ("rollout", {"gen": 90}),
@@ -81,20 +103,19 @@ GPUS = (
     ("colocated", {"gen": 70, "old_log_prob": 80, "update_actor": 80}),
 )
 BUSY = [busy for _role, busy in GPUS]
-# the processes NVML reports on a GPU of each role: (actor, GPU memory bytes); each actor is
-# named by its Ray role
+# the processes NVML reports on a GPU of each role: (actor, GPU memory bytes)
 PROCESSES = {
     "rollout": (("rollout", 30 << 30),),
     "trainer": (("trainer", 40 << 30),),
     "colocated": (("rollout", 30 << 30), ("trainer", 40 << 30)),
 }
 IDLE = 5
-STEPS = 5
+STEPS = 9
 GAP = 0.3  # seconds between a record and the next step's start (outside every window)
 TESTING = {3: 0.5}  # validation after `step` in these steps: the record comes later
 SAMPLE_PERIOD = 0.05  # the fake driver's sampling period (real GPUs: 1/6 to 1 s)
+SICK_FROM = 3  # the sick node's faults start with this step
 GROUPS = load_thresholds().timer_groups
-EXACT = 1e-6  # GPU-seconds: worker versus head (see the module docstring)
 NEAR_TRUTH = 0.05  # busy share versus the simulation's truth (the issue's 5 points)
 
 
@@ -117,7 +138,7 @@ def plan(t0: float) -> list[dict]:
 
 
 def schedule(steps: list[dict], gpu: int) -> list[list[float]]:
-    """GPU `gpu`'s utilization as a step function of epoch seconds."""
+    """GPU `gpu`'s utilization on the healthy worker as a step function of epoch seconds."""
     util = [[0.0, IDLE]]
     for st in steps:
         for timer, a, b in st["intervals"]:
@@ -131,22 +152,35 @@ def schedule(steps: list[dict], gpu: int) -> list[list[float]]:
     return out
 
 
-def write_scenario(path: Path, steps: list[dict], pids: dict[str, int] | None = None) -> None:
-    """The fake GPUs: utilization by `steps`; with `pids` (actor -> PID), each GPU runs the
-    processes of its role (none without)."""
-    doc = {
-        "sample_period": SAMPLE_PERIOD,
-        "gpus": [
-            {
-                "util": schedule(steps, g),
-                "processes": [[pids[actor], mem] for actor, mem in PROCESSES[role]] if pids else [],
-            }
-            for g, (role, _busy) in enumerate(GPUS)
-        ],
-    }
+def write_scenario(path: Path, gpus: list[dict]) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc))
+    tmp.write_text(json.dumps({"sample_period": SAMPLE_PERIOD, "gpus": gpus}))
     os.replace(tmp, path)  # the sidecars re-read it whole, never half-written
+
+
+def healthy(steps: list[dict], pids: dict | None) -> list[dict]:
+    return [
+        {
+            "util": schedule(steps, g),
+            "processes": [[pids[actor], mem] for actor, mem in PROCESSES[role]] if pids else [],
+        }
+        for g, (role, _busy) in enumerate(GPUS)
+    ]
+
+
+def sick(steps: list[dict], pids: dict | None) -> list[dict]:
+    """Worker 2: idle and hot; faults from step SICK_FROM on (times on the wall clock)."""
+    gpus = [
+        {**gpu, "util": [[0.0, 0]], "throttle": 0x20}  # sw_thermal slowdown, all the time
+        for gpu in healthy(steps, pids)
+    ]
+    if steps:
+        t = steps[SICK_FROM - 1]["intervals"][0][1]
+        gpus[0].update(ecc_uncorrected=[[t, 2]], xids=[[t, 48]])
+        gpus[1].update(lost_at=t, xids=[[t, 79]])
+        gpus[2].update(xids=[[t, 13]])
+    gpus[3]["remapped_rows"] = [0, 1, 1, 0]
+    return gpus
 
 
 def truth_shares(steps: list[dict], roles: list[str]) -> dict[tuple[str, str], float]:
@@ -163,24 +197,18 @@ def truth_shares(steps: list[dict], roles: list[str]) -> dict[tuple[str, str], f
     return {k: busy[k] / avail[k] for k in avail}
 
 
-def window_series(exp: Exporter) -> dict[tuple[str, frozenset], float]:
-    """The job's GPU-window series of one scrape: (name, label items) -> value."""
-    return {
-        (name, labels): value
-        for (name, labels), value in exp.samples().items()
-        if name in (gpuwindows.BUSY, gpuwindows.TOTAL)
-        and {("project", PROJECT), ("experiment", EXPERIMENT)} <= labels
-    }
-
-
 def windows_by_group(exp: Exporter) -> dict[tuple[str, str], tuple[float, float]]:
     """(group, gpu_role) -> (busy, available) GPU-seconds of the job, from one scrape."""
     out: dict[tuple[str, str], list[float]] = {}
-    for (name, labels), value in window_series(exp).items():
+    for (name, labels), value in exp.samples().items():
         lab = dict(labels)
-        out.setdefault((lab["group"], lab["gpu_role"]), [0.0, 0.0])[name == gpuwindows.TOTAL] = (
-            value
-        )
+        if name in (gpuwindows.BUSY, gpuwindows.TOTAL) and (
+            lab.get("project"),
+            lab.get("experiment"),
+        ) == (PROJECT, EXPERIMENT):
+            out.setdefault((lab["group"], lab["gpu_role"]), [0.0, 0.0])[
+                name == gpuwindows.TOTAL
+            ] = value
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -193,31 +221,6 @@ def role_memory(exp: Exporter) -> dict[str, dict[str, float]]:
         if value > 0:
             out[lab["gpu"]][lab["role"]] = value
     return out
-
-
-def chart_env(
-    scenario: Path, pod: str, ray_address: str | None = None, **settings: str
-) -> dict[str, str]:
-    """The environment helm/rlhf-exporter/templates/_helpers.tpl (`rlhf-exporter.sidecar`)
-    gives the sidecar of a `pod` ("head" or "worker"): with `ray_address` (the Ray dashboard)
-    as with `sidecar.gpuRoles: true` (head: Ray with actor counts; worker: Ray for PIDs only,
-    `sidecar.worker.rayAddress`), without it as with `gpuRoles: false` and no Ray at all.
-    Plus the fake pynvml and short intervals (tests only), then `settings`."""
-    roles = ray_address is not None
-    env = {
-        "PYTHONPATH": os.pathsep.join([str(SHIM), str(REPO)]),
-        "FAKE_PYNVML_SCENARIO": str(scenario),
-        "RLHF_EXPORTER_RAY": str(roles).lower(),
-        "RLHF_EXPORTER_RAY_ACTORS": str(roles and pod == "head").lower(),
-        "RLHF_EXPORTER_NVML": "true",
-        "RLHF_EXPORTER_GPU_ROLES": str(roles).lower(),
-        "RLHF_EXPORTER_NVML_INTERVAL": "0.25",
-    }
-    if ray_address is not None:
-        env["RLHF_EXPORTER_RAY_ADDRESS"] = ray_address
-        env["RLHF_EXPORTER_RAY_INTERVAL"] = "1"  # the chart leaves the default, 15 s
-    env.update({f"RLHF_EXPORTER_{k.upper()}": v for k, v in settings.items()})
-    return env
 
 
 @pytest.fixture(scope="module")
@@ -237,70 +240,140 @@ def ray_actors():
         )
 
 
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """The shared release (monitor, rules, dashboards) and the example chart, rendered."""
+    where = tmp_path_factory.mktemp("example") / EXAMPLE.name
+    shutil.copytree(EXAMPLE, where)
+    shutil.copytree(CHART, where / "charts" / CHART.name)  # as `helm dependency build` does
+    shared = render(CHART, yaml.safe_load(SHARED_VALUES.read_text()), SHARED, NAMESPACE)
+    return SimpleNamespace(example=where, shared=shared)
+
+
+def _one(objects: list[dict], kind: str) -> dict:
+    (found,) = [o for o in objects if o["kind"] == kind]
+    return found
+
+
+def _pod_labels(template: dict, node_type: str, group: str) -> dict[str, str]:
+    """The pod's labels: its template's and those KubeRay adds to every Ray pod."""
+    return {
+        **template["metadata"]["labels"],
+        "ray.io/cluster": CLUSTER,
+        "ray.io/node-type": node_type,
+        "ray.io/group": group,
+    }
+
+
 @pytest.fixture(scope="module", params=["no_ray", pytest.param("ray_roles", marks=pytest.mark.ray)])
-def run(request, tmp_path_factory):
-    """Head, worker and a worker with a wrong token, all started before the job (with Ray:
-    and all knowing their GPUs' roles); the job runs, then both nodes have joined every step.
-    Every sidecar is stopped at the end of its run, also on failure."""
+def run(request, rendered, tmp_path_factory):
+    """The rendered job's pods as processes, Prometheus scraping them as the monitor says;
+    the job runs, then every expected alert fires. Everything is stopped at the end."""
     cluster = request.getfixturevalue("ray_actors") if request.param == "ray_roles" else None
     pids = cluster.pids if cluster else None
-    dashboard = cluster.head.dashboard_url if cluster else None
     roles = [role if cluster else "unknown" for role, _busy in GPUS]
-    tmp_path = tmp_path_factory.mktemp(f"multinode-{request.param}")
-    scenario = tmp_path / "gpus.json"
-    write_scenario(scenario, [], pids)  # idle until the job's plan is known
-    verl_root = tmp_path / "verl"
+    tmp = tmp_path_factory.mktemp(f"multinode-{request.param}")
+    values = {"rlhf-exporter": {"push": {"tokenSecret": {"name": SECRET}}}}
+    if cluster is None:
+        values["rlhf-exporter"]["sidecar"] = {"gpuRoles": False}
+    example = render(rendered.example, values, RELEASE, NAMESPACE)
+    templates = ray_pod_templates(_one(example, "RayJob"))
+    head_svc = _one(example, "Service")
+    ray_address = cluster.head.dashboard_url if cluster else f"http://127.0.0.1:{free_port()}"
+    verl_root = tmp / "verl"
     (verl_root / PROJECT).mkdir(parents=True)
-    started: list[Exporter] = []
-    try:
-        head = Exporter(
-            tmp_path / "head",
-            defaults=False,
-            env=chart_env(
-                scenario,
-                "head",
-                dashboard,
-                verl_root=str(verl_root),
-                verl_interval="0.2",
-                push_token=TOKEN,
-            ),
+    scenarios = {"worker-1": tmp / "gpus-1.json", "worker-2": tmp / "gpus-2.json"}
+    write_scenario(scenarios["worker-1"], healthy([], pids))
+    write_scenario(scenarios["worker-2"], sick([], pids))
+
+    def start(name: str, pod: str, template: dict, labels: dict, token: str, **subs: str):
+        side = sidecar(template)
+        assert side["args"] == ["serve"]  # the container's command line: nothing else
+        env = pod_env(side, labels, NAMESPACE, {f"{SECRET}/token": token})
+        port = free_port()
+        env = substitute(env, RLHF_EXPORTER_LISTEN=f"127.0.0.1:{port}", **subs)
+        if name != "head":
+            env["FAKE_PYNVML_SCENARIO"] = str(scenarios.get(name, scenarios["worker-1"]))
+            env["PYTHONPATH"] = os.pathsep.join([str(SHIM), str(REPO)])
+        else:
+            env["PYTHONPATH"] = str(REPO)
+        assert set(env) - set(pod_env(side, labels, NAMESPACE, {f"{SECRET}/token": token})) <= set(
+            ADDED
         )
-        started.append(head)
-        sidecars = {"head": head}
-        for name, token in (("worker", TOKEN), ("intruder", "not-the-token")):
-            sidecars[name] = Exporter(
-                tmp_path / name,
-                defaults=False,
-                ready=False,
-                env=chart_env(
-                    scenario,
-                    "worker",
-                    dashboard,
-                    gpu_windows_from=head.url,
-                    gpu_windows_interval="0.5",
-                    push_token=token,
-                ),
+        exp = Exporter(tmp / name, defaults=False, ready=False, env=env)
+        exp.pod, exp.env = pod, env
+        exp.sd = sd_labels(pod, NAMESPACE, labels, side)
+        return exp
+
+    started: dict[str, Exporter] = {}
+    prom = seen = None
+    try:
+        head_t = templates["head"]
+        head_labels = _pod_labels(head_t, "head", "headgroup")
+        # the example's head Service selects the head pod (and no worker)
+        assert head_svc["spec"]["selector"].items() <= head_labels.items()
+        started["head"] = start(
+            "head",
+            f"{CLUSTER}-head-8kq2d",
+            head_t,
+            head_labels,
+            TOKEN,
+            RLHF_EXPORTER_VERL_ROOT=str(verl_root),
+            RLHF_EXPORTER_RAY_ADDRESS=ray_address,
+        )
+        head = started["head"]
+        head.wait_ready()
+        worker_t = templates["worker-gpu"]
+        for name, suffix, token in (
+            ("worker-1", "4xz9p", TOKEN),
+            ("worker-2", "m2v7c", TOKEN),
+            ("intruder", "bad00", "not-the-token"),
+        ):
+            labels = _pod_labels(worker_t, "worker", "gpu")
+            assert not head_svc["spec"]["selector"].items() <= labels.items()
+            subs = {"RLHF_EXPORTER_GPU_WINDOWS_FROM": head.url}
+            if cluster is not None:  # gpuRoles: the worker reads Ray for PIDs only
+                subs["RLHF_EXPORTER_RAY_ADDRESS"] = ray_address
+            started[name] = start(
+                name, f"{CLUSTER}-gpu-worker-{suffix}", worker_t, labels, token, **subs
             )
-            started.append(sidecars[name])
-        for exp in started:
+        for exp in started.values():
             exp.wait_ready()
-        if cluster:  # every GPU's role known on both nodes before the job's first sample
+        if cluster:  # every GPU's role known before the job's first sample
             want = {
                 str(g): {actor for actor, _mem in PROCESSES[role]}
                 for g, (role, _b) in enumerate(GPUS)
             }
-            for name in ("head", "worker"):
-                exp = sidecars[name]
-                exp.wait_for(
-                    lambda e=exp: {g: set(r) for g, r in role_memory(e).items()} == want,
-                    30,
-                    f"{name} matches its GPUs' processes to Ray roles",
-                )
+            worker = started["worker-1"]
+            worker.wait_for(
+                lambda: {g: set(r) for g, r in role_memory(worker).items()} == want,
+                60,  # the chart leaves Ray's poll interval at its default (15 s)
+                "worker 1 matches its GPUs' processes to Ray roles",
+            )
+
+        # Prometheus: the rendered monitor's scrape job over the pods run here; the rules
+        monitor = _one(rendered.shared, "PodMonitor")
+        targets = [(exp.url.removeprefix("http://"), exp.sd) for exp in started.values()]
+        config = scrape_config(monitor, targets, interval=SCRAPE)
+        th = load_thresholds()
+        shipped = _one(rendered.shared, "PrometheusRule")["spec"]["groups"]
+        by_name = {g["name"]: g for gs in rules_mod.rule_groups(th).values() for g in gs}
+        assert {g["name"]: g for g in shipped} == by_name  # the shipped rules, at scale 1
+        rule_dir = tmp / "rules"
+        rule_dir.mkdir()
+        rule_files = []
+        for rel, text in rules_mod.rule_files(th, SCALE).items():
+            path = rule_dir / Path(rel).name
+            path.write_text(text)
+            rule_files.append(path)
+        prom = Prometheus(tmp / "prom", [], rule_files, SCRAPE, scrape_configs=[config])
+        seen = AlertWatch(prom)  # every alert that fires while the job runs, and after
 
         log_file = verl_root / PROJECT / f"{EXPERIMENT}.jsonl"
         log_file.write_bytes(b"")  # the job's logger opens its file before the first step
         steps = plan(time.time() + 1.5)
-        write_scenario(scenario, steps, pids)  # before any sample of the job is taken
+        write_scenario(scenarios["worker-1"], healthy(steps, pids))
+        write_scenario(scenarios["worker-2"], sick(steps, pids))
         late = []
         with open(log_file, "ab") as f:
             for st in steps:
@@ -313,85 +386,292 @@ def run(request, tmp_path_factory):
         def joined(exp: Exporter) -> dict:
             found = windows_by_group(exp)
             total = sum(avail for _busy, avail in found.values())
-            # epoch seconds carry ~2.4e-7 s of float resolution: relative 1e-6, far below one
-            # step's 15 GPU-seconds, tells "every step joined once" from anything else
             return found if abs(total - gpu_seconds) <= 1e-6 * gpu_seconds else {}
 
-        results = {
-            name: sidecars[name].wait_for(lambda e=sidecars[name]: joined(e), 20, f"{name} joins")
-            for name in ("head", "worker")
-        }
-        yield {
-            **sidecars,
-            "results": results,
-            "steps": steps,
-            "late": late,
-            "tmp": tmp_path,
-            "roles": roles,
-            "ray": cluster,
-        }
+        result = started["worker-1"].wait_for(
+            lambda: joined(started["worker-1"]), 20, "worker 1 joins every step"
+        )
+        try:
+            wait_until(
+                lambda: _names(seen.alerts) >= EXPECTED, 30, 0.5, what=f"alerts {sorted(EXPECTED)}"
+            )
+        except TimeoutError:
+            up = {r["metric"]["pod"]: r["value"][1] for r in prom.query("up")}
+            raise AssertionError(f"fired: {sorted(_names(seen.alerts))}; up: {up}") from None
+        firing = list(seen.alerts)
+        yield SimpleNamespace(
+            **started,
+            started=started,
+            result=result,
+            steps=steps,
+            late=late,
+            roles=roles,
+            ray=cluster,
+            prom=prom,
+            firing=firing,
+            config=config,
+            dashboards=_dashboards(rendered.shared),
+            end=time.time(),
+            start=steps[0]["intervals"][0][1],
+        )
     finally:
-        for exp in started:
+        if seen is not None:
+            seen.stop()
+        if prom is not None:
+            prom.terminate()
+        for exp in started.values():
             exp.terminate()
 
 
-def test_worker_sidecar_matches_a_single_node_run(run):
-    head_result, worker_result = run["results"]["head"], run["results"]["worker"]
-    assert worker_result.keys() == head_result.keys()
-    assert {g for g, _ in head_result} == {GROUPS.get(t, "other") for t, _ in WINDOWS}
-    roles = run["roles"]
-    # no Ray: no PID join, all `unknown`; with Ray: exactly the GPUs' roles, none `unknown`
-    assert {r for _, r in head_result} == set(roles)
-    assert {(g, r) for g, _ in head_result for r in roles} == set(head_result)
-    for key, (busy, avail) in head_result.items():
-        w_busy, w_avail = worker_result[key]
-        assert abs(w_avail - avail) <= EXACT, (key, w_avail, avail)
-        assert abs(w_busy - busy) <= EXACT, (key, w_busy, busy)
-        assert 0.0 <= busy <= avail
-    # ... and both are near the truth the simulation used (every step was joined once: the
-    # fixture waited for available GPU-seconds = GPUs x the steps' durations)
-    # (the groups of 1 s windows and longer: a 0.2 s window's share also carries how late the
-    # test wrote a record, x5 -- the anchor error the docs state, not the join's)
-    truth = truth_shares(run["steps"], roles)
+EXPECTED = {
+    "RLHFGPUsIdleWhileStepping",
+    "RLHFGPULost",
+    "RLHFGPUUncorrectableECC",
+    "RLHFGPUBadXid",
+    "RLHFGPUNeedsReset",
+    "RLHFGPUThrottledInWindow",
+}
+
+
+def _names(alerts: list[dict]) -> set[str]:
+    return {a["labels"]["alertname"] for a in alerts}
+
+
+class AlertWatch:
+    """Every distinct firing alert (by labels) Prometheus reports, polled twice a second in
+    a thread: the health alerts hold for `gpu_health_window` (30 s scaled), shorter than
+    the job, so they are collected while it runs."""
+
+    def __init__(self, prom: Prometheus):
+        self.prom = prom
+        self.alerts: list[dict] = []
+        self._keys: set = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                firing = _firing(self.prom)
+            except requests.RequestException:
+                continue
+            for a in firing:
+                key = tuple(sorted(a["labels"].items()))
+                if key not in self._keys:
+                    self._keys.add(key)
+                    self.alerts = [*self.alerts, a]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def _firing(prom: Prometheus) -> list[dict]:
+    return [a for a in prom.alerts() if a["state"] == "firing"]
+
+
+def _dashboards(shared: list[dict]) -> dict[str, dict]:
+    out = {}
+    for cm in (o for o in shared if o["kind"] == "ConfigMap"):
+        for text in cm["data"].values():
+            doc = json.loads(text)
+            out[{"rlhf-job": JOB_PATH, "rlhf-fleet": FLEET_PATH}[doc["uid"]]] = doc
+    return out
+
+
+def _panels(doc: dict):
+    for p in doc["panels"]:
+        yield p
+        yield from p.get("panels", ())
+
+
+# ------------------------------------------------------------------------------------------
+def test_the_substitutions_are_few_and_named(run):
+    """Only what cannot exist here differs from the rendered pod specs."""
+    assert set(SUBSTITUTED) == {
+        "RLHF_EXPORTER_LISTEN",
+        "RLHF_EXPORTER_VERL_ROOT",
+        "RLHF_EXPORTER_RAY_ADDRESS",
+        "RLHF_EXPORTER_GPU_WINDOWS_FROM",
+    }
+    assert set(ADDED) == {"PYTHONPATH", "FAKE_PYNVML_SCENARIO"}
+    head, worker = run.head.env, run.started["worker-1"].env
+    assert head["RLHF_EXPORTER_NVML"] == "false"  # the example's head has no GPUs
+    assert worker["RLHF_EXPORTER_NVML"] == "true"
+    assert worker["RLHF_EXPORTER_GPU_WINDOWS_FROM"] == run.head.url
+    assert worker["RLHF_EXPORTER_PUSH_TOKEN"] == head["RLHF_EXPORTER_PUSH_TOKEN"] == TOKEN
+    assert run.config["scrape_interval"] == SCRAPE  # the monitor's 15s, the one other change
+
+
+def test_workers_join_the_heads_windows_near_the_truth(run):
+    result, roles = run.result, run.roles
+    assert {g for g, _ in result} == {GROUPS.get(t, "other") for t, _ in WINDOWS}
+    assert {r for _, r in result} == set(roles)
+    truth = truth_shares(run.steps, roles)
     for group in ("rollout", "logprob", "update"):
         for role in set(roles):
-            busy, avail = head_result[group, role]
-            share = busy / avail
-            assert abs(share - truth[group, role]) <= NEAR_TRUTH, (group, role, share, run["late"])
-    # the worker read no log: its windows came over the head's API, and its source is up
-    head, worker = run["head"], run["worker"]
-    assert worker.value("rlhf_steps_total") is None
+            busy, avail = result[group, role]
+            assert abs(busy / avail - truth[group, role]) <= NEAR_TRUTH, (group, role, run.late)
+    head, worker = run.head, run.started["worker-1"]
+    assert worker.value("rlhf_steps_total") is None  # the worker read no log
     assert head.value("rlhf_steps_total", project=PROJECT) == STEPS
+    assert head.value("rlhf_gpu_busy_seconds_total") is None  # no NVML on the head
     assert worker.value("rlhf_exporter_collector_up", collector="gpu_windows_remote") == 1.0
+    # every GPU series of both workers carries the job, learnt from the head's windows
+    for name in ("worker-1", "worker-2"):
+        jobs = {
+            (dict(lab).get("project"), dict(lab).get("experiment"))
+            for (metric, lab) in run.started[name].samples()
+            if metric.startswith("rlhf_gpu_")
+        }
+        assert jobs == {(PROJECT, EXPERIMENT)}, (name, jobs)
 
 
-def test_gpu_roles_come_from_the_real_ray_actors_and_only_the_head_counts_them(run):
-    """With Ray: each GPU's memory goes to the role of the actor process holding it, on both
-    nodes (each read /proc and the dashboard itself); the worker reads Ray for PIDs only."""
-    cluster = run["ray"]
-    if cluster is None:
-        for name in ("head", "worker"):
-            assert run[name].value("rlhf_gpu_role_memory_bytes") is None  # gpu_roles off
-            assert run[name].value("rlhf_ray_actors") is None
+def test_gpu_roles_come_from_the_real_ray_actors(run):
+    worker = run.started["worker-1"]
+    if run.ray is None:
+        assert worker.value("rlhf_gpu_role_memory_bytes") is None  # gpu_roles off
         return
-    # the actors are named by their Ray roles: `rollout` and `trainer`
     want = {
         str(g): {actor: float(mem) for actor, mem in PROCESSES[role]}
         for g, (role, _busy) in enumerate(GPUS)
     }
-    head, worker = run["head"], run["worker"]
-    assert role_memory(head) == role_memory(worker) == want
-    for exp in (head, worker):
-        assert exp.value("rlhf_exporter_collector_up", collector="ray") == 1.0
-        assert exp.value("rlhf_exporter_collector_up", collector="nvml") == 1.0
-    assert head.value("rlhf_ray_actors", role="rollout", state="ALIVE") == 1.0
-    assert head.value("rlhf_ray_actors", role="trainer", state="ALIVE") == 1.0
+    assert role_memory(worker) == want
     assert worker.value("rlhf_ray_actors") is None  # the head counts actors, once
-    assert worker.value("rlhf_ray_cluster_info") == 1.0  # ... the worker did read Ray
+    assert run.head.value("rlhf_ray_actors", role="rollout", state="ALIVE") == 1.0
+
+
+def test_every_gpu_alert_fires_for_the_job_on_the_right_node_and_gpu(run):
+    sick_pod = run.started["worker-2"].pod
+    by_name: dict[str, list[dict]] = {}
+    early = []
+    for a in run.firing:
+        labels = a["labels"]
+        if "project" not in labels:  # fired before the sidecar learnt the job (first step)
+            early.append(labels)
+            continue
+        assert (labels["project"], labels["experiment"]) == (PROJECT, EXPERIMENT), labels
+        assert labels["namespace"] == NAMESPACE
+        by_name.setdefault(labels["alertname"], []).append(labels)
+    assert set(by_name) >= EXPECTED, sorted(by_name)
+    # only a condition there before the job's first step (the pending row remap) and the
+    # exporter's own alerts (the scaled windows are shorter than Ray's 15 s poll) fire
+    # without the job's labels
+    assert all(
+        lab["alertname"] == "RLHFGPUNeedsReset" or lab["alertname"].startswith("RLHFExporter")
+        for lab in early
+    ), early
+    where = {
+        name: {(lab.get("pod"), lab.get("gpu"), lab.get("xid")) for lab in by_name[name]}
+        for name in EXPECTED - {"RLHFGPUsIdleWhileStepping", "RLHFGPUThrottledInWindow"}
+    }
+    assert where["RLHFGPULost"] == {(sick_pod, "1", None)}
+    assert where["RLHFGPUUncorrectableECC"] == {(sick_pod, "0", None)}
+    # 48 pages; 79 is RLHFGPULost's (one page for one fault); 13 is the application's
+    assert where["RLHFGPUBadXid"] == {(sick_pod, "0", "48")}
+    assert where["RLHFGPUNeedsReset"] == {(sick_pod, "3", None)}
+    # job-wide: the job's GPUs on both workers (not one target), the window named
+    (idle,) = by_name["RLHFGPUsIdleWhileStepping"]
+    assert "instance" not in idle and "pod" not in idle
+    groups = {lab["group"] for lab in by_name["RLHFGPUThrottledInWindow"]}
+    assert groups and groups <= {"rollout", "update"}
+    assert "RLHFGPURowRemapFailed" not in by_name
+    # the idle GPUs are two nodes' average: worker 1 alone would not fire
+    busy = run.prom.query(
+        "avg(rate(rlhf_gpu_busy_seconds_total"
+        f'{{pod="{run.started["worker-1"].pod}",project="{PROJECT}"}}[10s]))'
+    )
+    assert float(busy[0]["value"][1]) > load_thresholds().alerts["gpu_idle_ratio"]
+
+
+def test_the_job_idle_record_sums_both_workers(run):
+    ctx = rules_mod.Context(load_thresholds(), SCALE)
+    rows = run.prom.query(
+        f'{gpuwindows.job_idle(ctx)}{{project="{PROJECT}",experiment="{EXPERIMENT}"}}'
+    )
+    keys = [(r["metric"]["group"], r["metric"]["gpu_role"]) for r in rows]
+    assert keys and len(keys) == len(set(keys))  # one series per (group, role): nodes summed
+    assert not any("pod" in r["metric"] or "instance" in r["metric"] for r in rows)
+
+
+def _gpu_queries(run) -> list[tuple[str, str]]:
+    job = run.dashboards[JOB_PATH]
+    fleet = run.dashboards[FLEET_PATH]
+    out = []
+    for p in _panels(job):
+        if 600 < p["id"] < 700:  # the GPU row and the GPU health row
+            out += [
+                (f"job {p['id']} {p['title']} {t['refId']}", t["expr"])
+                for t in p.get("targets", ())
+            ]
+    for p in _panels(fleet):
+        for t in p.get("targets", ()):
+            if "rlhf_gpu" in t["expr"] or "rlhf_window_gpu" in t["expr"]:
+                out.append((f"fleet {p['id']} {p['title']} {t['refId']}", t["expr"]))
+    return out
+
+
+def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
+    range_ = f"{int(run.end - run.start) + 1}s"
+    queries = _gpu_queries(run)
+    assert len(queries) >= 15
+    # the dashboards read the records by their names at scale 1; Prometheus has them scaled
+    th = load_thresholds()
+    renamed = {
+        a["record"]: b["record"]
+        for rel, groups in rules_mod.rule_groups(th).items()
+        for ga, gb in zip(groups, rules_mod.rule_groups(th, SCALE)[rel])
+        for a, b in zip(ga["rules"], gb["rules"])
+        if "record" in a
+    }
+    empty = []
+    for where, expr in queries:
+        for name in sorted(renamed, key=len, reverse=True):
+            expr = expr.replace(name, renamed[name])
+        if run.ray is None and "rlhf_gpu_role_memory_bytes" in expr:
+            continue  # gpuRoles off: no memory by role, by design
+        q = grafana_vars.substitute(
+            expr,
+            rate_interval=range_,  # the whole job (the query runs when it has ended)
+            interval="1s",
+            range_=range_,
+            project=PROJECT,
+            experiment=EXPERIMENT,
+        )
+        rows = run.prom.query(q)
+        if not rows:
+            empty.append(f"{where}: {q}")
+        for r in rows:
+            m = r["metric"]
+            assert (
+                m.get("project", PROJECT) == PROJECT
+                and m.get("experiment", EXPERIMENT) == EXPERIMENT
+            )
+    assert not empty, "GPU panels without data:\n" + "\n".join(empty)
+    # the GPU busy panel shows both workers' GPUs (the lost one's until it was lost)
+    (busy,) = [e for w, e in queries if "GPU busy ratio" in w]
+    rows = run.prom.query(
+        grafana_vars.substitute(busy, rate_interval=range_, project=PROJECT, experiment=EXPERIMENT)
+    )
+    pods = {r["metric"]["pod"] for r in rows}
+    assert pods == {run.started["worker-1"].pod, run.started["worker-2"].pod}
+    assert len(rows) == 2 * len(GPUS)
+    # the fleet's "GPUs with errors": GPU 0 (ECC, XID 48) and GPU 1 (lost) of the sick node
+    (errors,) = [e for w, e in queries if "gpu_is_lost" in e and w.startswith("fleet")]
+    for name in sorted(renamed, key=len, reverse=True):
+        errors = errors.replace(name, renamed[name])
+    (row,) = run.prom.query(
+        grafana_vars.substitute(errors, range_=range_, project=PROJECT, experiment=EXPERIMENT)
+    )
+    assert float(row["value"][1]) == 2
+    # another job's selection shows none of these GPUs
+    other = grafana_vars.substitute(busy, rate_interval=range_, project=PROJECT, experiment="other")
+    assert run.prom.query(other) == []
 
 
 def test_worker_with_a_wrong_token_is_down_and_exports_no_windows(run):
-    intruder = run["intruder"]
+    intruder = run.intruder
     assert intruder.value("rlhf_exporter_collector_up", collector="gpu_windows_remote") == 0.0
     errors = intruder.value(
         "rlhf_exporter_collector_errors_total",
@@ -399,60 +679,7 @@ def test_worker_with_a_wrong_token_is_down_and_exports_no_windows(run):
         reason="unauthorized",
     )
     assert errors is not None and errors >= 1
-    assert windows_by_group(intruder) == {}
     assert intruder.value("rlhf_window_gpu_seconds_total") is None
-    log = intruder.output()
-    assert "gpu_windows_remote source failed (unauthorized)" in log and "HTTP 401" in log
-
-
-def test_recording_rules_sum_the_nodes_into_the_job_total(run):
-    """The two nodes' real series, fed to promtool as counters growing by their scraped value
-    every minute: at 60m the job's idle record (`sum without (instance, pod)`) must be one
-    series per (group, gpu_role), worth 30 minutes of both nodes' idle GPU-seconds."""
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (scripts/test.sh installs it)")
-    th = load_thresholds()
-    ctx = rules_mod.Context(th)
-    head, worker = window_series(run["head"]), window_series(run["worker"])
-    assert head.keys() == worker.keys()  # same labels: the nodes' series add up
-    inputs, idle = [], {}
-    for instance, series in (("head:19839", head), ("worker:19839", worker)):
-        for (name, labels), value in series.items():
-            lab = {**dict(labels), "instance": instance, "job": "rlhf-exporter"}
-            text = ",".join(f'{k}="{v}"' for k, v in sorted(lab.items()))
-            inputs.append({"series": f"{name}{{{text}}}", "values": f"0+{value!r}x60"})
-            key = (dict(labels)["group"], dict(labels)["gpu_role"])
-            sign = 1.0 if name == gpuwindows.TOTAL else -1.0
-            idle[key] = idle.get(key, 0.0) + sign * value * 30
-    record = gpuwindows.job_idle(ctx)
-    exprs = []
-    for (group, role), want in idle.items():
-        sel = f'{record}{{project="{PROJECT}",experiment="{EXPERIMENT}",group="{group}",gpu_role="{role}"}}'
-        tol = 1e-9 * max(1.0, abs(want))
-        exprs += [
-            {"expr": f"count({sel})", "eval_time": "60m", "exp_samples": [{"value": 1}]},
-            {
-                "expr": f"abs(sum({sel}) - {want!r}) < bool {tol!r}",
-                "eval_time": "60m",
-                "exp_samples": [{"value": 1}],
-            },
-        ]
-    tmp = run["tmp"]
-    rule_file = tmp / "gpu-windows.rules.yaml"
-    rule_file.write_text(rules_mod.rule_files(th)[gpuwindows.GPU_WINDOWS_FILE])
-    spec = tmp / "rules-test.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": [str(rule_file)],
-                "evaluation_interval": "1m",
-                "tests": [{"interval": "1m", "input_series": inputs, "promql_expr_test": exprs}],
-            },
-            sort_keys=False,
-        )
-    )
-    out = subprocess.run(
-        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+    # ... and its GPUs learn no job from a head it may not read
+    assert intruder.series("rlhf_gpu_busy_seconds_total", project=PROJECT) == {}
+    assert requests.get(run.head.url + "/api/v1/windows", timeout=5).status_code == 401

@@ -759,7 +759,7 @@ def rayjob_of(objects: list[dict]) -> dict:
 def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(example_chart):
     objects = render(chart=example_chart, namespace="ray-jobs")
     assert kinds(objects) == expected_kinds(  # scope=job: the job's objects only
-        workload={"RayJob": 1, "PersistentVolumeClaim": 1},
+        workload={"RayJob": 1, "PersistentVolumeClaim": 1, "Service": 1},
         monitor=None,
         service=False,
         rules=False,
@@ -779,6 +779,18 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
     monitor = only(render(shared, namespace="ray-jobs", name="rlhf-exporter"), "PodMonitor")
     actor_exporters = 0
     templates = ray_pod_templates(rayjob)
+    # the head sidecar's Service (the workers' gpuWindowsFrom): the head pod, its port
+    head_svc = only(objects, "Service")
+    head_labels = {**templates["head"]["metadata"]["labels"], "ray.io/node-type": "head"}
+    assert head_svc["spec"]["selector"].items() <= head_labels.items()  # KubeRay adds node-type
+    for name, template in templates.items():
+        if name != "head":
+            worker_labels = {**template["metadata"]["labels"], "ray.io/node-type": "worker"}
+            assert not head_svc["spec"]["selector"].items() <= worker_labels.items()
+    (svc_port,) = head_svc["spec"]["ports"]
+    head_side = container(templates["head"]["spec"], "rlhf-exporter")
+    assert svc_port["targetPort"] == head_side["ports"][0]["name"]
+    windows_url = f"http://{RELEASE}-rlhf-head.ray-jobs.svc:{svc_port['port']}"
     for name, template in templates.items():
         spec = template["spec"]
         role = "head" if name == "head" else "worker"
@@ -818,6 +830,7 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
             assert conf.nvml is True and conf.gpu_roles is True
             assert conf.ray is True and conf.ray_actors is False
             assert conf.ray_address == "http://grpo-grpo-x7k2p-head-svc.ray-jobs.svc:8265"
+            assert conf.gpu_windows_from == windows_url  # wired to the head by default
     assert actor_exporters == 1, "Ray actors must be exported by the head sidecar only"
 
 
@@ -922,7 +935,25 @@ def test_example_worker_reads_the_heads_gpu_windows_when_wired(example_chart):
     assert head_conf.gpu_windows_from is None
     # the token the head's API checks (push's) travels to the worker from the same Secret
     assert ("RLHF_EXPORTER_PUSH_TOKEN" in env) == ("RLHF_EXPORTER_PUSH_TOKEN" in head_env)
-    unwired = rayjob_of(render(example_values(), chart=example_chart, namespace="ray-jobs"))
+    # with a token Secret (push itself still off), the head's windows API asks for it and
+    # the workers send it
+    guarded = rayjob_of(
+        render(
+            {"rlhf-exporter": {"push": {"tokenSecret": {"name": "rlhf-token"}}}},
+            chart=example_chart,
+            namespace="ray-jobs",
+        )
+    )
+    for template in ray_pod_templates(guarded).values():
+        conf, env = serve_settings(container(template["spec"], "rlhf-exporter"), labels=cluster)
+        assert conf.push_token == "a-secret-token" and conf.push is False
+    unwired = rayjob_of(
+        render(
+            example_values(sidecar={"worker": {"gpuWindowsFrom": ""}}),
+            chart=example_chart,
+            namespace="ray-jobs",
+        )
+    )
     worker = ray_pod_templates(unwired)["worker-gpu"]["spec"]
     conf, env = serve_settings(container(worker, "rlhf-exporter"), labels=cluster)
     assert conf.gpu_windows_from is None and "RLHF_EXPORTER_PUSH_TOKEN" not in env

@@ -5,6 +5,7 @@ real Ray head's actor PIDs is in tests/test_ray_source.py (it shares that module
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import sys
 import threading
@@ -32,9 +33,24 @@ from tests.support.procs import wait_until
 from tests.support.serve import Exporter
 
 
-def values(snapshot, name):
-    """{labels tuple: value} of one metric in a snapshot."""
-    return {s.labels: s.value for s in snapshot.samples if s.name == name}
+def _arity(module, name):
+    """Positional parameters of a fake function (a device call: its scripted result's)."""
+    fn = getattr(module, name)
+    return len(inspect.signature(getattr(fn, "result", fn)).parameters)
+
+
+def values(snapshot, name, job=("", "")):
+    """{labels tuple: value} of one metric in a snapshot; a GPU series' labels without its
+    job (project, experiment), which must be `job`."""
+    out = {}
+    for s in snapshot.samples:
+        if s.name == name:
+            labels = s.labels
+            if name.startswith("rlhf_gpu_"):
+                assert labels[-2:] == job, (name, labels)
+                labels = labels[:-2]
+            out[labels] = s.value
+    return out
 
 
 @pytest.fixture
@@ -55,10 +71,36 @@ def test_fake_mirrors_real_pynvml_names_values_and_exceptions():
     fake = make_module([FakeGpu(0)])
     for name, value in {**fake_pynvml.ERRORS, **fake_pynvml.CONSTANTS}.items():
         assert getattr(real, name) == value, name
-    used = [n for n in dir(fake) if n.startswith("nvml")]
+    used = [n for n in dir(fake) if n.startswith("nvml") and callable(getattr(fake, n))]
     assert len(used) >= 14
     for name in used:
         assert callable(getattr(real, name)), f"real pynvml has no {name}"
+    # the health readings' functions take what the real ones take (their positional arity)
+    for name in (
+        "nvmlDeviceGetTotalEccErrors",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetRetiredPages",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceRegisterEvents",
+        "nvmlEventSetWait_v2",
+        "nvmlEventSetCreate",
+        "nvmlEventSetFree",
+    ):
+        assert name in used, name
+        assert len(inspect.signature(getattr(real, name)).parameters) == _arity(fake, name), name
+    # the source's own copies of the throttle bits are pynvml's
+    from rlhf_exporter.sources.nvml import THROTTLE_REASONS, XID_EVENT
+
+    assert real.nvmlEventTypeXidCriticalError == XID_EVENT
+    assert {
+        "power_cap": real.nvmlClocksEventReasonSwPowerCap,
+        "hw_slowdown": real.nvmlClocksEventReasonHwSlowdown,
+        "sw_thermal": real.nvmlClocksEventReasonSwThermalSlowdown,
+        "hw_thermal": real.nvmlClocksEventReasonHwThermalSlowdown,
+        "hw_power_brake": real.nvmlClocksEventReasonHwPowerBrakeSlowdown,
+    } == THROTTLE_REASONS
     for name in [n for n in dir(fake) if n.startswith("NVMLError")]:
         assert issubclass(getattr(real, name), real.NVMLError), name
         # the same factory behaviour: NVMLError(value) is the subclass; subclasses need no arg
@@ -171,8 +213,11 @@ def test_unsupported_readings_are_left_out_not_errors(install):
     calls = gpu.calls
     clock.advance(1.0)
     src.poll_once()
-    # samples, memory, temperature, clock: unsupported readings are not asked again
-    assert gpu.calls - calls == 4
+    # samples, memory, temperature, clock, 4 ECC counters, remapped rows, throttle reasons:
+    # unsupported readings (power, processes) are not asked again
+    assert gpu.calls - calls == 10
+    unsupported = values(snap, "rlhf_gpu_reading_unsupported")
+    assert unsupported == {("0", gpu.uuid, "power"): 1.0, ("0", gpu.uuid, "processes"): 1.0}
 
 
 # -- faults --------------------------------------------------------------------------------
@@ -192,8 +237,12 @@ def test_gpu_is_lost_on_one_of_eight(install, caplog):
     busy = values(snap, "rlhf_gpu_busy_seconds_total")
     assert sorted(g for g, _ in busy) == ["0", "1", "2", "4", "5", "6", "7"]
     assert busy[("0", gpus[0].uuid)] == pytest.approx(4.0, abs=1 / 6)
-    assert not [s for s in snap.samples if s.labels[0] == "3" and s.name != "rlhf_gpu_errors_total"]
-    assert values(snap, "rlhf_gpu_errors_total") == {("3", gpus[3].uuid, "gpu_is_lost"): 3.0}
+    # only its error and XID counters stay (a lost GPU's XIDs are the evidence)
+    kept = ("rlhf_gpu_errors_total", "rlhf_gpu_xid_errors_total", "rlhf_gpu_reading_unsupported")
+    assert not [s for s in snap.samples if s.labels[0] == "3" and s.name not in kept]
+    assert values(snap, "rlhf_gpu_errors_total") == {
+        ("3", gpus[3].uuid, "unknown", "gpu_is_lost"): 3.0
+    }
     lost = [
         r for r in caplog.records if "GPU 3" in r.getMessage() and "gpu_is_lost" in r.getMessage()
     ]
@@ -207,7 +256,9 @@ def test_gpu_is_lost_on_one_of_eight(install, caplog):
     snap = src.poll_once()
     busy = values(snap, "rlhf_gpu_busy_seconds_total")
     assert ("3", gpus[3].uuid) in busy and busy[("0", gpus[0].uuid)] > before
-    assert values(snap, "rlhf_gpu_errors_total")[("3", gpus[3].uuid, "gpu_is_lost")] == 3.0
+    assert (
+        values(snap, "rlhf_gpu_errors_total")[("3", gpus[3].uuid, "unknown", "gpu_is_lost")] == 3.0
+    )
     assert any("GPU 3 answers again" in r.getMessage() for r in caplog.records)
 
 
@@ -220,10 +271,20 @@ def test_all_gpus_failing_is_down_and_reinitialises(install):
     for g in gpus:
         g.fail = fake_pynvml.ERRORS["NVML_ERROR_UNKNOWN"]
     snap = src.poll_once()
-    assert not snap.up and snap.samples == () and snap.errors == {"all_gpus_failed": 1}
+    assert not snap.up and snap.errors == {"all_gpus_failed": 1}
+    # down, but each GPU's error counter is still served (and continues over NVML's restart)
+    assert {s.name for s in snap.samples} <= {"rlhf_gpu_errors_total", "rlhf_gpu_xid_errors_total"}
+    assert values(snap, "rlhf_gpu_errors_total") == {
+        (str(g.index), g.uuid, "unknown", "unknown"): 1.0 for g in gpus
+    }
+    snap = src.poll_once()
+    assert values(snap, "rlhf_gpu_errors_total")[("0", gpus[0].uuid, "unknown", "unknown")] == 2.0
+    assert snap.errors == {"all_gpus_failed": 1}  # the problem counted once, not per poll
     for g in gpus:
         g.fail = None
-    assert src.poll_once().up
+    snap = src.poll_once()
+    assert snap.up
+    assert values(snap, "rlhf_gpu_errors_total")[("0", gpus[0].uuid, "unknown", "unknown")] == 2.0
 
 
 @pytest.mark.parametrize(
@@ -423,7 +484,16 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
 
 def test_from_settings():
     def s(**kw):
-        return SimpleNamespace(**{"nvml": True, "nvml_interval": 2.0, "gpu_roles": None, **kw})
+        return SimpleNamespace(
+            **{
+                "nvml": True,
+                "nvml_interval": 2.0,
+                "gpu_roles": None,
+                "project": None,
+                "experiment": None,
+                **kw,
+            }
+        )
 
     ctx = Context(load_thresholds())
     assert NvmlSource.from_settings(s(nvml=False), ctx) is None
@@ -434,6 +504,9 @@ def test_from_settings():
         NvmlSource.from_settings(s(gpu_roles=False), replace(ctx, ray=FakeRay({}))).roles is False
     )
     assert "nvml" in with_ray.describe()
+    # the GPUs' job from configuration, only when both labels are set
+    assert NvmlSource.from_settings(s(project="p", experiment="e"), ctx).current_job() == ("p", "e")
+    assert NvmlSource.from_settings(s(project="p"), ctx).current_job() == ("", "")
 
 
 # -- property: whatever the poll timing, every NVML sample is integrated exactly once ----------

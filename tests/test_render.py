@@ -116,6 +116,13 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_job_finished",  # a 0/1 state, like collector_up
         "rlhf_exporter_jobs",
         "rlhf_agent_loop_preempted_max",
+        # GPU health (issue 23): counts of rows and pages, and 0/1 states
+        "rlhf_gpu_remapped_rows",
+        "rlhf_gpu_retired_pages",
+        "rlhf_gpu_row_remap_pending",
+        "rlhf_gpu_row_remap_failed",
+        "rlhf_gpu_retired_pages_pending",
+        "rlhf_gpu_reading_unsupported",
     }, unitless
 
 

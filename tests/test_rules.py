@@ -681,12 +681,25 @@ def logic_cases() -> list[dict]:
         }
     )
 
-    # GPUs idle while steps progress (busy 20% of the time, two GPUs).
-    gpus = [
-        series("rlhf_gpu_busy_seconds_total", "0+12x60", TARGET, gpu=str(i), uuid=f"GPU-{i}")
-        for i in (0, 1)
-    ]
-    idle = alert("RLHFGPUsIdleWhileStepping", "warning", "gpu", TARGET)
+    # GPUs idle while steps progress (busy 20% of the time). Multi-node (issue 23): the steps
+    # come from the head sidecar (JOB, instance e:9), the GPUs from two worker sidecars (other
+    # targets) whose GPU series carry the job's labels; no `on (job, instance)` join.
+    def worker_gpus(busy: str, job: dict = JOB) -> list[dict]:
+        return [
+            series(
+                "rlhf_gpu_busy_seconds_total",
+                busy,
+                {**job, "instance": f"w{node}:9", "pod": f"w{node}"},
+                gpu=str(i),
+                uuid=f"GPU-{node}-{i}",
+            )
+            for node in (1, 2)
+            for i in (0, 1)
+        ]
+
+    gpus = worker_gpus("0+12x60")
+    job_wide = {k: v for k, v in JOB.items() if k != "instance"}
+    idle = alert("RLHFGPUsIdleWhileStepping", "warning", "gpu", job_wide)
     tests.append(
         {
             "interval": "1m",
@@ -707,10 +720,26 @@ def logic_cases() -> list[dict]:
     tests.append(
         {
             "interval": "1m",
-            "input_series": [  # busy
-                series("rlhf_gpu_busy_seconds_total", "0+54x60", TARGET, gpu="0", uuid="GPU-0"),
-                series("rlhf_steps_total", "0+1x60"),
-            ],
+            "input_series": worker_gpus("0+54x60")  # busy
+            + [series("rlhf_steps_total", "0+1x60")],
+            "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")],
+        }
+    )
+    tests.append(  # one node busy (54/60), one idle (6/60): the job's mean 50%, quiet
+        {
+            "interval": "1m",
+            "input_series": worker_gpus("0+54x60")[:2]
+            + worker_gpus("0+6x60")[2:]
+            + [series("rlhf_steps_total", "0+1x60")],
+            "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")],
+        }
+    )
+    tests.append(  # another job's idle GPUs, or GPUs that know no job yet: never this job's
+        {
+            "interval": "1m",
+            "input_series": worker_gpus("0+12x60", {**JOB, "experiment": "other"})
+            + worker_gpus("0+12x60", TARGET)
+            + [series("rlhf_steps_total", "0+1x60")],
             "alert_rule_test": [case("50m", "RLHFGPUsIdleWhileStepping")],
         }
     )
@@ -1035,7 +1064,7 @@ def test_amtool_check_config():
         timeout=60,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS" in out.stdout and "3 inhibit rules" in out.stdout
+    assert "SUCCESS" in out.stdout and "4 inhibit rules" in out.stdout
 
 
 @pytest.mark.parametrize(

@@ -123,8 +123,11 @@ class Sidecar:
             )
             extra_roots.append(self.tempdir)
         windows = None
-        # issue 17: GPU time by step window (the demo's simulated GPUs join it too)
-        if (settings.nvml or self.demo is not None) and settings.gpu_windows:
+        # issue 17: GPU time by step window (the demo's simulated GPUs join it too); issue 23:
+        # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
+        # windows, for its worker sidecars to read (GET /api/v1/windows)
+        reads_jobs = bool(settings.verl_root or settings.verl_file or settings.push)
+        if (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows:
             from ..gpuwindows.board import WindowBoard
 
             windows = WindowBoard(keep=settings.gpu_windows_keep)

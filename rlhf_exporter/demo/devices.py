@@ -226,6 +226,13 @@ class DemoDevices(PollingSource):
                 Sample("rlhf_gpu_sm_clock_hertz", key, 1.98e9),
                 *(Sample("rlhf_gpu_role_memory_bytes", (*key, r), v) for r, v in memory),
             ]
+        # every GPU series carries the job its GPUs serve (as NvmlSource's do: issue 23)
+        job = (getattr(self.job, "project", ""), getattr(self.job, "experiment", ""))
+        out = [
+            Sample(s.name, (*s.labels, *job), s.value)
+            for s in out
+            if s.name.startswith("rlhf_gpu_")
+        ] + [s for s in out if not s.name.startswith("rlhf_gpu_")]
         if self.joiner is not None:
             out += self.joiner.samples()
         # the rollout actor that died: RESTARTING, then (its replacement) PENDING_CREATION

@@ -39,6 +39,7 @@ class DemoJob:
         self.root = Path(root)
         self.project, self.experiment = project, experiment
         self.path = self.root / project / f"{experiment}.jsonl"
+        self.project, self.experiment = project, experiment  # the demo GPUs' job labels
         self.step_seconds = step_seconds
         self.seed = seed
         self.phases = scenario(scenario_name)  # KeyError for an unknown name

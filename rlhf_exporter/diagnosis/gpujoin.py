@@ -102,9 +102,14 @@ class GpuWindowJoin:
         """Attribute every kept GPU's samples overlapping the step's windows to `job`, after
         placing its untimed remainder where the GPUs idled; returns the placed timeline."""
         tl = place_untimed(tl, self._busy_function(tl.start, tl.end))
+        self.attribute(tl, job)
+        return tl
+
+    def attribute(self, tl: Timeline, job: tuple = ()) -> None:
+        """Attribute every kept GPU's samples overlapping the step's windows to `job`, the
+        windows as they are (already placed: another join's `add_timeline` result)."""
         for track in self._gpus.values():
             self._attribute(track, tl, job)
-        return tl
 
     def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
         """t -> GPU-seconds busy up to t (from an origin at or before `lo`; read for t in

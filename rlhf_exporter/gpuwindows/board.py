@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 BUSY_METRIC = "rlhf_window_gpu_busy_seconds_total"
 TOTAL_METRIC = "rlhf_window_gpu_seconds_total"
+THROTTLED_METRIC = "rlhf_window_gpu_throttled_seconds_total"
 MAX_JOBS = 64  # jobs the board remembers (the least recently posted goes first)
 
 
@@ -110,6 +111,9 @@ class WindowJoiner:
         self.horizon = horizon
         # one history: its per-GPU `done` mark keeps a GPU-second from counting twice
         self._join = GpuWindowJoin(horizon)
+        # the same steps' windows (as the busy join placed them) over each GPU's throttle
+        # readings: 1 while its clocks were held down by heat or hardware, else 0 (issue 23)
+        self._throttle = GpuWindowJoin(horizon)
         self._skipped_logged = False
         self._pending: list[tuple[tuple[str, str], Timeline]] = []
         self._wall: dict[tuple[str, str], float] = {}  # step seconds joined, per job
@@ -122,8 +126,12 @@ class WindowJoiner:
     def add_samples(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
         self._join.add_samples(gpu, role, samples)
 
+    def add_throttle(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
+        self._throttle.add_samples(gpu, role, samples)
+
     def forget(self, gpu: str) -> None:
         self._join.forget(gpu)
+        self._throttle.forget(gpu)
 
     def join(self, now: float) -> None:
         """Attribute the steps posted so far whose end every GPU's samples have reached (a
@@ -148,7 +156,7 @@ class WindowJoiner:
                 self._skipped_logged = True
             return
         for labels, tl in new:
-            self._join.add_timeline(tl, labels)
+            self._throttle.attribute(self._join.add_timeline(tl, labels), labels)
             self._wall[labels] = self._wall.get(labels, 0.0) + (tl.end - tl.start)
         # counters only for the jobs the board keeps (at most its max_jobs): a head that
         # names a new job at every answer cannot grow this worker's series
@@ -166,6 +174,8 @@ class WindowJoiner:
             labels = (*job, group, role)
             out.append(Sample(BUSY_METRIC, labels, busy))
             out.append(Sample(TOTAL_METRIC, labels, total))
+        for (job, group, role), (throttled, _avail) in sorted(self._throttle.counters().items()):
+            out.append(Sample(THROTTLED_METRIC, (*job, group, role), throttled))
         return out
 
 

@@ -253,40 +253,119 @@ RAY = _section(
     ),
 )
 
+
+def _gpu(name: str, type_: str, help_: str, *extra: str) -> Metric:
+    """A per-GPU series: the GPU, its extra labels, then the job its node serves (empty when
+    the sidecar does not know it yet: docs/gpu-windows.md, "Which job a GPU serves")."""
+    return Metric(name, type_, help_, ("gpu", "uuid", *extra) + JOB)
+
+
+GPU_ROLE = "gpu_role"  # rollout, trainer, colocated or unknown (rlhf_exporter/diagnosis/gpujoin.py)
+
 GPU = _section(
     "GPUs (NVML)",
-    Metric(
+    _gpu(
         "rlhf_gpu_info",
         GAUGE,
-        "GPU identity; join with dcgm-exporter on uuid.",
-        ("gpu", "uuid", "name", "driver_version"),
+        "GPU identity; join with dcgm-exporter on uuid (docs/dcgm-exporter.md).",
+        "name",
+        "driver_version",
     ),
-    Metric(
-        "rlhf_gpu_utilization_ratio", GAUGE, "GPU utilization, last sample (0-1).", ("gpu", "uuid")
-    ),
-    Metric(
+    _gpu("rlhf_gpu_utilization_ratio", GAUGE, "GPU utilization, last sample (0-1)."),
+    _gpu(
         "rlhf_gpu_busy_seconds_total",
         COUNTER,
         "Integral of utilization over time; rate() is the exact busy ratio.",
-        ("gpu", "uuid"),
     ),
-    Metric("rlhf_gpu_samples_total", COUNTER, "Utilization samples integrated.", ("gpu", "uuid")),
-    Metric("rlhf_gpu_memory_used_bytes", GAUGE, "GPU memory used.", ("gpu", "uuid")),
-    Metric("rlhf_gpu_memory_total_bytes", GAUGE, "GPU memory total.", ("gpu", "uuid")),
-    Metric("rlhf_gpu_power_watts", GAUGE, "GPU power draw.", ("gpu", "uuid")),
-    Metric("rlhf_gpu_temperature_celsius", GAUGE, "GPU temperature.", ("gpu", "uuid")),
-    Metric("rlhf_gpu_sm_clock_hertz", GAUGE, "GPU SM clock.", ("gpu", "uuid")),
-    Metric(
+    _gpu("rlhf_gpu_samples_total", COUNTER, "Utilization samples integrated."),
+    _gpu("rlhf_gpu_memory_used_bytes", GAUGE, "GPU memory used."),
+    _gpu("rlhf_gpu_memory_total_bytes", GAUGE, "GPU memory total."),
+    _gpu("rlhf_gpu_power_watts", GAUGE, "GPU power draw."),
+    _gpu("rlhf_gpu_temperature_celsius", GAUGE, "GPU temperature."),
+    _gpu("rlhf_gpu_sm_clock_hertz", GAUGE, "GPU SM clock."),
+    _gpu(
         "rlhf_gpu_role_memory_bytes",
         GAUGE,
         "GPU memory of processes matched to Ray actors of a role (unknown: unmatched).",
-        ("gpu", "uuid", "role"),
+        "role",
     ),
-    Metric(
+    _gpu(
         "rlhf_gpu_errors_total",
         COUNTER,
-        "NVML errors per GPU, by reason (gpu_is_lost, ...); a failing GPU's other series are dropped until it answers.",
-        ("gpu", "uuid", "reason"),
+        "NVML errors per GPU, by reason (gpu_is_lost, ...); a failing GPU's other series are "
+        "dropped until it answers. gpu_role: the GPU's role when it last answered.",
+        GPU_ROLE,
+        "reason",
+    ),
+)
+
+GPU_HEALTH = _section(
+    "GPU health (NVML)",
+    _gpu(
+        "rlhf_gpu_xid_errors_total",
+        COUNTER,
+        "XID critical-error events (NVML events) by XID code; codes outside the documented "
+        'set (docs/dcgm-exporter.md) are counted as xid="other".',
+        GPU_ROLE,
+        "xid",
+    ),
+    _gpu(
+        "rlhf_gpu_ecc_errors_total",
+        COUNTER,
+        "ECC memory errors (nvmlDeviceGetTotalEccErrors): error corrected or uncorrected; "
+        "scope volatile (since the driver loaded) or aggregate (the GPU's lifetime).",
+        GPU_ROLE,
+        "error",
+        "scope",
+    ),
+    _gpu(
+        "rlhf_gpu_remapped_rows",
+        GAUGE,
+        "Memory rows remapped (A100 and later), by cause: correctable or uncorrectable errors.",
+        GPU_ROLE,
+        "cause",
+    ),
+    _gpu(
+        "rlhf_gpu_row_remap_pending",
+        GAUGE,
+        "1 when a row remap waits for the next GPU reset (A100 and later).",
+        GPU_ROLE,
+    ),
+    _gpu(
+        "rlhf_gpu_row_remap_failed",
+        GAUGE,
+        "1 when a row remap failed: the GPU needs service (A100 and later).",
+        GPU_ROLE,
+    ),
+    _gpu(
+        "rlhf_gpu_retired_pages",
+        GAUGE,
+        "Retired memory pages (GPUs before A100, which have no row remapping), by cause: "
+        "multiple_single_bit or double_bit ECC errors.",
+        GPU_ROLE,
+        "cause",
+    ),
+    _gpu(
+        "rlhf_gpu_retired_pages_pending",
+        GAUGE,
+        "1 when a page retirement waits for the next GPU reset (GPUs before A100).",
+        GPU_ROLE,
+    ),
+    _gpu(
+        "rlhf_gpu_throttle_seconds_total",
+        COUNTER,
+        "Seconds the GPU's clocks were held down, by reason (power_cap, sw_thermal, "
+        "hw_thermal, hw_power_brake, hw_slowdown), sampled at each poll; rate() is the time "
+        "share.",
+        GPU_ROLE,
+        "reason",
+    ),
+    _gpu(
+        "rlhf_gpu_reading_unsupported",
+        GAUGE,
+        "1 for each reading this GPU does not support (NVML's NotSupported): normal on some "
+        "GPUs, asked once, never retried.",
+        "reading",
     ),
 )
 
@@ -307,6 +386,16 @@ WINDOW_GPU = _section(
         COUNTER,
         "GPU-seconds available during the job's step windows of a group, on this node's GPUs "
         "of a role. Minus rlhf_window_gpu_busy_seconds_total: the idle GPU-seconds, exactly.",
+        "group",
+        "gpu_role",
+    ),
+    _job(
+        "rlhf_window_gpu_throttled_seconds_total",
+        COUNTER,
+        "GPU-seconds of the job's step windows of a group, on this node's GPUs of a role, "
+        "during which the GPU's clocks were held down by heat or hardware (thermal or "
+        "hardware slowdown, power brake; not the power cap), from NVML's throttle reasons "
+        "read at each poll. Over rlhf_window_gpu_seconds_total: the throttled share.",
         "group",
         "gpu_role",
     ),
@@ -368,6 +457,6 @@ EXPORTER = _section(
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
 )
 
-CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + WINDOW_GPU + EXPORTER)
+CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + GPU_HEALTH + WINDOW_GPU + EXPORTER)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)

@@ -20,6 +20,15 @@ Every series the exporter serves. verl-derived series carry `project` and `exper
 Per-actor and per-PID labels are never exported; per-class Ray series are opt-in.
 
 Renaming a metric needs a migration note here.
+
+Migration notes:
+
+- Issue 23: every `rlhf_gpu_*` series gained `project` and `experiment` (the job the node's
+  GPUs serve; empty until the sidecar knows it), and `rlhf_gpu_errors_total` gained
+  `gpu_role`. Queries that join GPU series to a job `on (job, instance)` select them by the
+  job's labels instead. The recording rule `instance:rlhf_gpu_busy:ratio_rate30m` (an
+  exporter's GPUs) is replaced by `project_experiment:rlhf_gpu_busy:ratio_rate30m` (a job's
+  GPUs on every node).
 """
 
 

@@ -21,10 +21,22 @@ RLHF (weight sync, the rollout's long tail). This source samples every --nvml-in
   it (or an ancestor, e.g. vLLM's engine processes under the rollout actor) in /proc, titled
   `ray::<ActorClass>` as Ray names actor processes. Anything else is role `unknown`: memory
   is never given to a wrong role.
+- The job the GPUs serve (`project`/`experiment` on every `rlhf_gpu_*` series): configured
+  (`--project`/`--experiment`), else the one job of the window board (this sidecar's own
+  jobs on a head, the head's windows on a worker) that made a step in the last
+  `JOB_HORIZON` seconds; when none did, the last such job is kept (a stalled job's GPUs keep
+  its name); when several did, none (NVML cannot tell which job a GPU serves; logged once).
+  One job per GPU at a time: the labels add no cardinality.
+- Health (docs/dcgm-exporter.md): XID critical errors from one NVML event set, by XID code
+  (bounded: rlhf_exporter/diagnosis/xid.py); ECC error counters; remapped rows (A100 and
+  later) or retired pages (older GPUs); clock throttle reasons as seconds per reason. Each is
+  optional per GPU: NotSupported (or no permission) once means never asked again, shown by
+  `rlhf_gpu_reading_unsupported{reading}` and one log line.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import re
@@ -33,6 +45,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..diagnosis.gpujoin import gpu_role
+from ..diagnosis.xid import BAD_GPU, DEGRADED, LOST, xid_label
 from ..gpuwindows.board import WindowJoiner
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult, SourceError
@@ -44,6 +57,29 @@ UNKNOWN_ROLE = "unknown"
 MAX_ANCESTORS = 8  # /proc parent hops from a GPU process to its actor
 MAX_GAP_US = 3600 * 10**6  # a larger jump between samples is a clock change, not busy time
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+JOB_HORIZON = 900.0  # seconds: a job that made a step this recently is the GPUs' job
+NO_JOB = ("", "")
+MAX_EVENTS = 256  # XID events read per poll at most (the rest wait in NVML's queue)
+MAX_THROTTLE_GAP = 5.0  # polls' worth of time one throttle reading may stand for at most
+# clock event (throttle) reasons: bits of nvmlDeviceGetCurrentClocksEventReasons, the same
+# values as pynvml's nvmlClocksEventReason* / nvmlClocksThrottleReason* constants
+THROTTLE_REASONS = {
+    "power_cap": 0x04,  # SwPowerCap
+    "hw_slowdown": 0x08,  # HwSlowdown (clocks halved or worse: thermal, power brake, ...)
+    "sw_thermal": 0x20,  # SwThermalSlowdown
+    "hw_thermal": 0x40,  # HwThermalSlowdown
+    "hw_power_brake": 0x80,  # HwPowerBrakeSlowdown
+}
+ECC = (("corrected", 0), ("uncorrected", 1))  # NVML_MEMORY_ERROR_TYPE_*
+ECC_SCOPES = (("volatile", 0), ("aggregate", 1))  # NVML_VOLATILE_ECC, NVML_AGGREGATE_ECC
+PAGE_CAUSES = (("multiple_single_bit", 0), ("double_bit", 1))  # NVML_PAGE_RETIREMENT_CAUSE_*
+XID_EVENT = 0x08  # nvmlEventTypeXidCriticalError
+ALERTED_XIDS = sorted(BAD_GPU | LOST | DEGRADED)  # exported from 0 on every GPU with XID events
+# held down by heat or hardware (not the power cap, normal under full load): what the
+# GPU-window join counts as throttled time per step window
+SLOWDOWN = sum(
+    THROTTLE_REASONS[r] for r in ("hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+)
 
 
 def error_reason(exc: BaseException) -> str:
@@ -62,6 +98,15 @@ def _sample_value(value_type: int, value: Any) -> float:
     """A c_nvmlValue_t union read by its NVML_VALUE_TYPE_* (0 double, 1 uint, 2 ulong, ...)."""
     field = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
     return float(getattr(value, field.get(value_type, "uiVal")))
+
+
+def _address(handle: Any) -> int:
+    """What identifies an NVML device handle: the address a ctypes pointer holds (two pointer
+    objects to one device are not equal in Python), else the object itself."""
+    try:
+        return int(ctypes.cast(handle, ctypes.c_void_p).value or 0) or id(handle)
+    except (TypeError, ctypes.ArgumentError):
+        return id(handle)
 
 
 class Gpu:
@@ -84,6 +129,9 @@ class Gpu:
         self.failing: str | None = None
         self.recent: list[tuple[float, float]] = []  # this poll's (end time, ratio) samples
         self.role = UNKNOWN_ROLE  # gpu_role() of its processes, for the window join
+        self.xids: dict[str, int] = {}  # xid label -> events
+        self.throttle = dict.fromkeys(THROTTLE_REASONS, 0.0)  # reason -> seconds
+        self.throttle_time: float | None = None  # clock() of the last throttle reading
 
 
 class NvmlSource(PollingSource):
@@ -99,6 +147,7 @@ class NvmlSource(PollingSource):
         proc_root: str = "/proc",
         wall: Clock = time.time,
         windows: Any = None,
+        job: tuple[str, str] | None = None,
     ):
         super().__init__("nvml", interval, stale_after, wall=wall)
         self.ray = ray
@@ -108,6 +157,11 @@ class NvmlSource(PollingSource):
         self.proc_root = proc_root
         # GPU time by step window (rlhf_exporter/gpuwindows/board.py): None when off
         self.joiner = WindowJoiner(windows) if windows is not None else None
+        self.board = windows
+        self.configured_job = job  # (project, experiment) from configuration, or None
+        self._job = NO_JOB
+        self._job_ambiguous = False
+        self._events: Any = None  # the NVML event set XID events arrive on, or None
         self._nv: Any = None  # the pynvml module, once initialised
         self._gpus: list[Gpu] = []
         self._driver = "unknown"
@@ -133,6 +187,11 @@ class NvmlSource(PollingSource):
             roles=roles,
             wall=context.clock,
             windows=context.windows,
+            job=(
+                (settings.project, settings.experiment)
+                if settings.project and settings.experiment
+                else None
+            ),
         )
 
     def describe(self) -> str:
@@ -184,7 +243,24 @@ class NvmlSource(PollingSource):
         if count == 0:
             self._shutdown(nv)
             self._fail_init(SourceError("no_gpu", "NVML sees no GPU on this host: GPU metrics off"))
+        old = {g.index: g for g in self._gpus}
         self._gpus = [Gpu(i) for i in range(count)]
+        for gpu in self._gpus:  # after a restart of NVML its GPUs' counters continue
+            before = old.get(gpu.index)
+            if before is not None:
+                gpu.uuid, gpu.role, gpu.failing = before.uuid, before.role, before.failing
+                gpu.errors, gpu.xids, gpu.busy = before.errors, before.xids, before.busy
+                gpu.samples, gpu.throttle = before.samples, before.throttle
+        self._events = None
+        if hasattr(nv, "nvmlEventSetCreate"):
+            try:
+                self._events = nv.nvmlEventSetCreate()
+            except nv.NVMLError as exc:
+                log.info(
+                    "NVML events unavailable (%s): no XID counts",
+                    exc,
+                    extra={"collector": self.name},
+                )
         self._nv = nv
         self._init_failed = None
         log.info("NVML %s: %d GPU(s)", self._driver, count, extra={"collector": self.name})
@@ -194,8 +270,13 @@ class NvmlSource(PollingSource):
         self._init_failed = (self.clock(), error)
         raise error
 
-    @staticmethod
-    def _shutdown(nv: Any) -> None:
+    def _shutdown(self, nv: Any) -> None:
+        if self._events is not None:
+            try:
+                nv.nvmlEventSetFree(self._events)
+            except Exception:  # best effort, as the shutdown
+                pass
+            self._events = None
         try:
             nv.nvmlShutdown()
         except Exception:  # shutting down is best effort
@@ -208,11 +289,33 @@ class NvmlSource(PollingSource):
             self._nv = None
 
     # -- one poll ---------------------------------------------------------------------------
+    def current_job(self) -> tuple[str, str]:
+        """(project, experiment) of the job this node's GPUs serve, or ("", "")."""
+        if self.configured_job is not None:
+            return self.configured_job
+        if self.board is None:
+            return NO_JOB
+        active = self.board.active_jobs(self.wall() - JOB_HORIZON)
+        if len(active) == 1:
+            self._job, self._job_ambiguous = next(iter(active)), False
+        elif len(active) > 1:
+            if not self._job_ambiguous:
+                log.warning(
+                    "%d verl jobs made steps here in the last %gs: GPU series carry no job "
+                    "(NVML cannot tell which job a GPU serves)",
+                    len(active),
+                    JOB_HORIZON,
+                    extra={"collector": self.name},
+                )
+            self._job, self._job_ambiguous = NO_JOB, True
+        return self._job  # none active: the last job keeps its GPUs
+
     def poll(self) -> PollResult:
         nv = self._init()
         actors = self._actors()
         out: list[Sample] = []
         failed = 0
+        self._read_events(nv)
         for gpu in self._gpus:
             try:
                 out += self._sample_gpu(nv, gpu, actors)
@@ -223,15 +326,24 @@ class NvmlSource(PollingSource):
                 if gpu.failing is not None:
                     log.info("GPU %s answers again", gpu.label, extra={"collector": self.name})
                     gpu.failing = None
+            key = (gpu.label, gpu.uuid)
             for reason, n in gpu.errors.items():
-                out.append(Sample("rlhf_gpu_errors_total", (gpu.label, gpu.uuid, reason), float(n)))
+                out.append(Sample("rlhf_gpu_errors_total", (*key, gpu.role, reason), float(n)))
+            for xid, n in sorted(gpu.xids.items()):
+                out.append(Sample("rlhf_gpu_xid_errors_total", (*key, gpu.role, xid), float(n)))
+            for what in sorted(gpu.unsupported):
+                out.append(Sample("rlhf_gpu_reading_unsupported", (*key, what), 1.0))
+        job = self.current_job()
+        out = [Sample(s.name, (*s.labels, *job), s.value) for s in out]  # every rlhf_gpu_*
         if self.joiner is not None:
             self.joiner.join(self.wall())
             out += self.joiner.samples()
         if failed and failed == len(self._gpus):
             self._shutdown(nv)  # start over next poll: the driver may have been reloaded
             self._nv = None
-            raise SourceError("all_gpus_failed", f"all {failed} GPU(s) failed")
+            # down, but the error and XID counters stay: a node whose every GPU is lost
+            # (a one-GPU node, a board failure) still says which GPUs were lost
+            return PollResult(tuple(out), down="all_gpus_failed")
         return PollResult(tuple(out))
 
     def _gpu_failed(self, gpu: Gpu, reason: str, exc: BaseException) -> None:
@@ -257,6 +369,21 @@ class NvmlSource(PollingSource):
             gpu.uuid = _text(nv.nvmlDeviceGetUUID(handle))
             gpu.name = _text(nv.nvmlDeviceGetName(handle))
             gpu.handle = handle
+            if self._events is not None:
+                self._optional(
+                    nv,
+                    gpu,
+                    "xid_events",
+                    nv.nvmlDeviceRegisterEvents,
+                    handle,
+                    XID_EVENT,
+                    self._events,
+                )
+                if "xid_events" not in gpu.unsupported:
+                    # the codes the alerts read start at 0: a counter born at 1 would show
+                    # no increase() for its first event
+                    for code in ALERTED_XIDS:
+                        gpu.xids.setdefault(str(code), 0)
         h, key = gpu.handle, (gpu.label, gpu.uuid)
         self._integrate(nv, gpu)
         memory = nv.nvmlDeviceGetMemoryInfo(h)
@@ -292,10 +419,101 @@ class NvmlSource(PollingSource):
                     for role, v in sorted(by_role.items())
                 ]
                 gpu.role = gpu_role(by_role)
+        out += self._health(nv, gpu)
         if self.joiner is not None:
             self.joiner.add_samples(gpu.label, gpu.role, gpu.recent)
         gpu.recent = []
         return out
+
+    # -- health -----------------------------------------------------------------------------
+    def _health(self, nv: Any, gpu: Gpu) -> list[Sample]:
+        """ECC, remapped rows or retired pages, throttle seconds (docs/dcgm-exporter.md)."""
+        h, key = gpu.handle, (gpu.label, gpu.uuid, gpu.role)
+        out: list[Sample] = []
+        for error, etype in ECC:
+            for scope, counter in ECC_SCOPES:
+                n = self._optional(
+                    nv, gpu, "ecc", nv.nvmlDeviceGetTotalEccErrors, h, etype, counter
+                )
+                if n is None:
+                    break
+                out.append(Sample("rlhf_gpu_ecc_errors_total", (*key, error, scope), float(n)))
+        rows = self._optional(nv, gpu, "remapped_rows", nv.nvmlDeviceGetRemappedRows, h)
+        if rows is not None:
+            corr, unc, pending, failed = rows
+            out += [
+                Sample("rlhf_gpu_remapped_rows", (*key, "correctable"), float(corr)),
+                Sample("rlhf_gpu_remapped_rows", (*key, "uncorrectable"), float(unc)),
+                Sample("rlhf_gpu_row_remap_pending", key, 1.0 if pending else 0.0),
+                Sample("rlhf_gpu_row_remap_failed", key, 1.0 if failed else 0.0),
+            ]
+        else:  # GPUs before A100 retire pages instead
+            for cause, code in PAGE_CAUSES:
+                pages = self._optional(
+                    nv, gpu, "retired_pages", nv.nvmlDeviceGetRetiredPages, h, code
+                )
+                if pages is None:
+                    break
+                out.append(Sample("rlhf_gpu_retired_pages", (*key, cause), float(len(pages))))
+            pend = self._optional(
+                nv, gpu, "retired_pages_pending", nv.nvmlDeviceGetRetiredPagesPendingStatus, h
+            )
+            if pend is not None:
+                out.append(Sample("rlhf_gpu_retired_pages_pending", key, 1.0 if pend else 0.0))
+        reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        mask = self._optional(
+            nv, gpu, "throttle", reasons or nv.nvmlDeviceGetCurrentClocksThrottleReasons, h
+        )
+        if mask is not None:
+            now = self.clock()
+            if gpu.throttle_time is not None:
+                dt = min(max(now - gpu.throttle_time, 0.0), MAX_THROTTLE_GAP * self.interval)
+                for reason, bit in THROTTLE_REASONS.items():
+                    if int(mask) & bit:
+                        gpu.throttle[reason] += dt
+            gpu.throttle_time = now
+            if self.joiner is not None:  # covers the time since the last reading
+                slow = 1.0 if int(mask) & SLOWDOWN else 0.0
+                self.joiner.add_throttle(gpu.label, gpu.role, [(self.wall(), slow)])
+            out += [
+                Sample("rlhf_gpu_throttle_seconds_total", (*key, reason), secs)
+                for reason, secs in gpu.throttle.items()
+            ]
+        return out
+
+    def _read_events(self, nv: Any) -> None:
+        """Count the XID events waiting in the event set (at most MAX_EVENTS a poll)."""
+        if self._events is None:
+            return
+        by_uuid = {g.uuid: g for g in self._gpus if g.uuid}
+        by_handle = {_address(g.handle): g for g in self._gpus if g.handle is not None}
+        for _ in range(MAX_EVENTS):
+            try:
+                data = nv.nvmlEventSetWait_v2(self._events, 0)
+            except nv.NVMLError_Timeout:
+                return
+            except nv.NVMLError as exc:  # e.g. a GPU lost: its own reading says so
+                log.debug("NVML event wait failed: %s", exc, extra={"collector": self.name})
+                return
+            if int(data.eventType) & XID_EVENT == 0:
+                continue
+            gpu = by_handle.get(_address(data.device))
+            if gpu is None:
+                try:
+                    gpu = by_uuid.get(_text(nv.nvmlDeviceGetUUID(data.device)))
+                except nv.NVMLError:  # a lost GPU may not answer even that
+                    gpu = None
+            if gpu is None:
+                continue
+            xid = xid_label(int(data.eventData))
+            gpu.xids[xid] = gpu.xids.get(xid, 0) + 1
+            log.warning(
+                "GPU %s (%s): XID %d",
+                gpu.label,
+                gpu.uuid,
+                int(data.eventData),
+                extra={"collector": self.name, "reason": f"xid_{xid}"},
+            )
 
     def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable, *args: Any) -> Any:
         """A reading some GPUs do not support: NotSupported once means never again."""
@@ -303,7 +521,11 @@ class NvmlSource(PollingSource):
             return None
         try:
             return fn(*args)
-        except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+        except (
+            nv.NVMLError_NotSupported,
+            nv.NVMLError_FunctionNotFound,
+            nv.NVMLError_NoPermission,
+        ):
             gpu.unsupported.add(what)
             log.info("GPU %s does not report %s", gpu.label, what, extra={"collector": self.name})
             return None

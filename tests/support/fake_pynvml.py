@@ -63,6 +63,7 @@ NVML_ERROR_NOT_FOUND = ERRORS["NVML_ERROR_NOT_FOUND"]
 NVML_ERROR_DRIVER_NOT_LOADED = ERRORS["NVML_ERROR_DRIVER_NOT_LOADED"]
 NVML_ERROR_LIBRARY_NOT_FOUND = ERRORS["NVML_ERROR_LIBRARY_NOT_FOUND"]
 NVML_ERROR_GPU_IS_LOST = ERRORS["NVML_ERROR_GPU_IS_LOST"]
+NVML_ERROR_TIMEOUT = ERRORS["NVML_ERROR_TIMEOUT"]
 CONSTANTS = {
     "NVML_SUCCESS": 0,
     "NVML_GPU_UTILIZATION_SAMPLES": 1,
@@ -70,6 +71,18 @@ CONSTANTS = {
     "NVML_CLOCK_SM": 1,
     "NVML_VALUE_TYPE_DOUBLE": 0,
     "NVML_VALUE_TYPE_UNSIGNED_INT": 1,
+    "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+    "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1,
+    "NVML_VOLATILE_ECC": 0,
+    "NVML_AGGREGATE_ECC": 1,
+    "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": 0,
+    "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": 1,
+    "nvmlEventTypeXidCriticalError": 0x08,
+    "nvmlClocksEventReasonSwPowerCap": 0x04,
+    "nvmlClocksEventReasonHwSlowdown": 0x08,
+    "nvmlClocksEventReasonSwThermalSlowdown": 0x20,
+    "nvmlClocksEventReasonHwThermalSlowdown": 0x40,
+    "nvmlClocksEventReasonHwPowerBrakeSlowdown": 0x80,
 }
 MESSAGES = {
     1: "Uninitialized",
@@ -77,6 +90,7 @@ MESSAGES = {
     6: "Not Found",
     9: "Driver Not Loaded",
     12: "NVML Shared Library Not Found",
+    10: "Timeout",
     15: "GPU is lost",
     999: "Unknown Error",
 }
@@ -155,6 +169,16 @@ class FakeGpu:
     hang: threading.Event | None = None  # calls block until it is set
     start: float = 1000.0
     calls: int = 0
+    # health: ECC counts by (NVML_MEMORY_ERROR_TYPE_*, NVML_*_ECC), remapped rows
+    # (corrected, uncorrected, pending, failure), retired page addresses by
+    # NVML_PAGE_RETIREMENT_CAUSE_*, pending retirement, the clock event reasons' bit mask, and
+    # XID codes waiting to be delivered through the event set (a test appends to it)
+    ecc: dict[tuple[int, int], int] = field(default_factory=dict)
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)
+    retired_pages: dict[int, list[int]] = field(default_factory=dict)
+    retired_pending: int = 0
+    throttle: int = 0
+    xids: list[int] = field(default_factory=list)
 
     @property
     def uuid(self) -> str:
@@ -231,6 +255,7 @@ def make_module(
             return result(handle, *args)
 
         call.__name__ = name
+        call.result = result  # type: ignore[attr-defined]  # its signature, for the mirror test
         return call
 
     def samples(gpu: FakeGpu, sampling_type, last_seen):
@@ -256,8 +281,35 @@ def make_module(
             raise NVMLError(NVML_ERROR_NOT_FOUND)
         return CONSTANTS["NVML_VALUE_TYPE_UNSIGNED_INT"], out
 
+    registered: list[FakeGpu] = []  # GPUs registered on the (one) event set
+
+    def event_wait(event_set, timeoutms):  # nvmlEventSetWait_v2: the next XID, or Timeout
+        initialised()
+        for gpu in registered:
+            if gpu.xids:
+                return types.SimpleNamespace(
+                    device=gpu,
+                    eventType=CONSTANTS["nvmlEventTypeXidCriticalError"],
+                    eventData=gpu.xids.pop(0),
+                    gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                )
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+
+    def register(gpu: FakeGpu, event_types, event_set):
+        if event_types != CONSTANTS["nvmlEventTypeXidCriticalError"]:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        registered.append(gpu)
+
     funcs = {
         "nvmlDeviceGetUUID": lambda g: g.uuid,
+        "nvmlDeviceRegisterEvents": register,
+        "nvmlDeviceGetTotalEccErrors": lambda g, etype, counter: g.ecc.get((etype, counter), 0),
+        "nvmlDeviceGetRemappedRows": lambda g: tuple(g.remapped_rows),
+        "nvmlDeviceGetRetiredPages": lambda g, cause: list(g.retired_pages.get(cause, [])),
+        "nvmlDeviceGetRetiredPagesPendingStatus": lambda g: g.retired_pending,
+        "nvmlDeviceGetCurrentClocksEventReasons": lambda g: g.throttle,
+        "nvmlDeviceGetCurrentClocksThrottleReasons": lambda g: g.throttle,
         "nvmlDeviceGetName": lambda g: g.name,
         "nvmlDeviceGetSamples": samples,
         "nvmlDeviceGetUtilizationRates": lambda g: types.SimpleNamespace(
@@ -287,6 +339,10 @@ def make_module(
     ):
         setattr(mod, fn.__name__, fn)
     mod.nvmlInitWithFlags = lambda flags: nvmlInit()
+    mod.nvmlEventSetCreate = lambda: (initialised(), object())[1]
+    mod.nvmlEventSetWait_v2 = event_wait
+    mod.nvmlEventSetWait = event_wait
+    mod.nvmlEventSetFree = lambda event_set: registered.clear()
     return mod
 
 

@@ -32,15 +32,16 @@ class Prometheus(Proc):
         scrape_interval: str = "1s",
         alertmanagers: Sequence[str] = (),
         extra_args: Sequence[str] = (),
+        scrape_configs: Sequence[dict] | None = None,
     ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config: dict[str, Any] = {
             "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
             "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [
-                {"job_name": "rlhf-exporter", "static_configs": [{"targets": list(targets)}]}
-            ],
+            "scrape_configs": list(scrape_configs)
+            if scrape_configs is not None  # e.g. a monitor's, translated by the caller
+            else [{"job_name": "rlhf-exporter", "static_configs": [{"targets": list(targets)}]}],
         }
         if alertmanagers:
             config["alerting"] = {

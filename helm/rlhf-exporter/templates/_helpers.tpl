@@ -102,6 +102,10 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ACTORS" "value" "true") }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_NVML" "value" (toString $v.sidecar.head.nvml)) }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_ROLES" "value" (toString (and $v.sidecar.head.nvml $v.sidecar.gpuRoles))) }}
+{{- if and $v.push.tokenSecret.name (not $v.push.enabled) }}
+{{- /* the token also guards the head's GET /api/v1/windows, which the workers read */}}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.push.tokenSecret.name "key" $v.push.tokenSecret.key))) }}
+{{- end }}
 {{- else }}
 {{- if $v.sidecar.gpuRoles }}
 {{- $address := $v.sidecar.worker.rayAddress }}
@@ -120,8 +124,9 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_NVML" "value" "true") }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_ROLES" "value" (toString $v.sidecar.gpuRoles)) }}
 {{- with $v.sidecar.worker.gpuWindowsFrom }}
-{{- /* GPU time by step window: the head sidecar's recent step windows, read with the push token */}}
-{{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_WINDOWS_FROM" "value" .) }}
+{{- /* GPU time by step window: the head sidecar's recent step windows, read with the push token;
+       a template, rendered in the calling chart (e.g. its Service named after .Release.Name) */}}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_WINDOWS_FROM" "value" (tpl . $.root)) }}
 {{- if $v.push.tokenSecret.name }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.push.tokenSecret.name "key" $v.push.tokenSecret.key))) }}
 {{- end }}

@@ -18,6 +18,7 @@ from ...diagnosis import CHANGES, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING
 from . import FLEET_UID, JOB_UID, style
 from .context import Context
+from .gpuhealth import gpus_with_errors_column
 from .job import JOB_LEGEND
 from .layout import Board, Cell, Row, header
 from .panels import (
@@ -40,11 +41,9 @@ from .queries import (
     BY_JOB,
     RANGE,
     RATE,
-    TARGET,
     change_code,
     eq,
     gpus_per_job,
-    per_job_from_exporter,
     reason_code,
     seconds,
     sel,
@@ -135,8 +134,9 @@ def job_columns(c: Context) -> list[tuple[str, Q]]:
         ),
         (
             "GPU busy",
-            Q(per_job_from_exporter(sel(rules.gpus_busy, scope=TARGET)), table=True, instant=True),
+            Q(f"max by ({BY_JOB}) ({sel(rules.gpus_busy)})", table=True, instant=True),
         ),
+        gpus_with_errors_column(),
         (
             "firing alerts",
             Q(
@@ -159,7 +159,8 @@ def jobs_table(c: Context) -> table.Panel:
         "classified step (colours as on the job dashboard); change: against the job's own "
         "baseline; throughput: tokens per GPU-second; since last step: red past the stall "
         f"floor ({alerts['stall_min']}); GPU busy: the average busy ratio over {rules.window} of "
-        f"the GPUs on the job's exporters (red below {alerts['gpu_idle_ratio']:g}); firing alerts: alerts from "
+        f"the job's GPUs on every node (red below {alerts['gpu_idle_ratio']:g}); GPUs with errors: the job's GPUs lost, with a bad-GPU XID, an uncorrectable "
+        "ECC error or a failed row remap in the time range; firing alerts: alerts from "
         "the rlhf-exporter rules that carry the job's labels. Click a job's experiment to open "
         "the job dashboard.",
         [q for _, q in columns],
@@ -226,6 +227,13 @@ def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
             prop("unit", style.RATIO),
             prop("custom.cellOptions", {"type": "color-text"}),
             prop("thresholds", _thresholds_json(style.BAD, (c.alerts["gpu_idle_ratio"], style.OK))),
+        ],
+    )
+    t = t.override_by_name(  # issue 23: lost, bad XID, uncorrectable ECC, failed row remap
+        "GPUs with errors",
+        [
+            prop("custom.cellOptions", {"type": "color-background", "mode": "basic"}),
+            prop("thresholds", _thresholds_json("transparent", (1, style.BAD))),
         ],
     )
     t = t.override_by_name(

@@ -11,6 +11,7 @@ from ...diagnosis import CHANGES, REASONS, VERDICTS, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING, LOOK_AT, VERDICT_MEANING
 from . import FLEET_UID, JOB_UID, style
 from .context import Context
+from .gpuhealth import gpu_health_row
 from .layout import Board, Cell, Row, header
 from .panels import (
     BigValueColorMode,
@@ -36,7 +37,7 @@ from .queries import (
     change_code,
     eq,
     match,
-    on_job_exporters,
+    on_sole_job_exporters,
     reason_code,
     seconds,
     sel,
@@ -591,15 +592,13 @@ def gpu_busy(c: Context) -> PanelBuilder:
         time_series(
             "GPU busy ratio",
             "rate(rlhf_gpu_busy_seconds_total): the exact fraction of time each GPU was busy, on "
-            "the exporters (nodes) that export the selected jobs. Busy below "
+            "every node that serves the selected jobs (GPU series carry their job). Busy below "
             f"{alerts['gpu_idle_ratio']:g} (dashed line) while steps progress means the loop waits "
             "on something that is not GPU work."
             + said(alerts, " The GPU-idle alert fires after {gpu_idle_for}."),
             [
                 Q(
-                    on_job_exporters(
-                        f"rate({sel('rlhf_gpu_busy_seconds_total', scope=TARGET)}[{RATE}])"
-                    ),
+                    f"rate({sel('rlhf_gpu_busy_seconds_total')}[{RATE}])",
                     "{{instance}} GPU {{gpu}}",
                 )
             ],
@@ -642,17 +641,11 @@ def gpu_busy_by_window_and_role(c: Context) -> PanelBuilder:
 def gpu_memory(c: Context) -> PanelBuilder:
     return time_series(
         "GPU memory used per GPU",
-        "Memory used on each GPU of the exporters of the selected jobs (NVML), and each GPU's "
-        "total (dashed).",
+        "Memory used on each GPU serving the selected jobs, on every node (NVML), and each "
+        "GPU's total (dashed).",
         [
-            Q(
-                on_job_exporters(sel("rlhf_gpu_memory_used_bytes", scope=TARGET)),
-                "{{instance}} GPU {{gpu}}",
-            ),
-            Q(
-                on_job_exporters(sel("rlhf_gpu_memory_total_bytes", scope=TARGET)),
-                "{{instance}} GPU {{gpu}} total",
-            ),
+            Q(sel("rlhf_gpu_memory_used_bytes"), "{{instance}} GPU {{gpu}}"),
+            Q(sel("rlhf_gpu_memory_total_bytes"), "{{instance}} GPU {{gpu}} total"),
         ],
         style.BYTES,
         fill=0,
@@ -666,7 +659,7 @@ def gpu_memory_by_role(c: Context) -> PanelBuilder:
         "stacked: which part of the job (rollout engines, actor, critic, reward) holds the memory.",
         [
             Q(
-                f"sum by (role) ({on_job_exporters(sel('rlhf_gpu_role_memory_bytes', scope=TARGET))})",
+                f"sum by (role) ({sel('rlhf_gpu_role_memory_bytes')})",
                 "{{role}}",
             )
         ],
@@ -680,7 +673,9 @@ def ray_actors(c: Context) -> PanelBuilder:
     return time_series(
         "Ray actors by role and state",
         "Actors of the Ray cluster the exporter reads, per role and state (ALIVE, "
-        "PENDING_CREATION, RESTARTING, DEAD)."
+        "PENDING_CREATION, RESTARTING, DEAD), from an exporter that serves the selected job "
+        "alone (its head sidecar): a fleet exporter's one shared cluster is no single job's, "
+        "so it is shown for none."
         + said(
             alerts,
             " Actors stuck in PENDING_CREATION "
@@ -688,7 +683,7 @@ def ray_actors(c: Context) -> PanelBuilder:
         ),
         [
             Q(
-                f"sum by (role, state) ({on_job_exporters(sel('rlhf_ray_actors', scope=TARGET))})",
+                f"sum by (role, state) ({on_sole_job_exporters(sel('rlhf_ray_actors', scope=TARGET))})",
                 "{{role}} {{state}}",
             )
         ],
@@ -705,10 +700,10 @@ def actor_restarts_and_deaths(c: Context) -> PanelBuilder:
         "Restarts seen (growth of num_restarts) and actors that became DEAD, by role and "
         "death reason, per interval; a role without deaths shows a line at 0.",
         [
-            Q(f"sum by (role) ({on_job_exporters(restarts)})", "{{role}} restarts"),
+            Q(f"sum by (role) ({on_sole_job_exporters(restarts)})", "{{role}} restarts"),
             Q(
-                f"sum by (role, reason) ({on_job_exporters(deaths)})\n"
-                f"or 0 * sum by (role) ({on_job_exporters(restarts)})",
+                f"sum by (role, reason) ({on_sole_job_exporters(deaths)})\n"
+                f"or 0 * sum by (role) ({on_sole_job_exporters(restarts)})",
                 "{{role}} died {{reason}}",
             ),
         ],
@@ -850,7 +845,7 @@ def rollout_row(c: Context) -> Row:
 def gpu_row(c: Context) -> Row:
     return Row(
         600,
-        "GPUs (NVML) on the exporters of the selected jobs",
+        "GPUs (NVML) serving the selected jobs, every node",
         [
             Cell(601, gpu_busy(c), w=8, h=8),
             Cell(602, gpu_memory(c), w=8, h=8),
@@ -890,6 +885,7 @@ ROWS = (
     efficiency_row,
     rollout_row,
     gpu_row,
+    gpu_health_row,
     ray_row,
     health_row,
 )

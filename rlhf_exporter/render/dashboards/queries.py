@@ -66,18 +66,14 @@ def change_code() -> str:
     return coded("rlhf_change", {c: n for c, n in change_codes().items() if n}, ("kind",))
 
 
-def on_job_exporters(expr: str) -> str:
-    """Keep the series of `expr` that come from an exporter (job, instance) that exports a
-    selected verl job: the way to scope per-node GPU and Ray series to a job."""
-    return f"({expr})\nand on (job, instance) {sel('rlhf_step')}"
-
-
-def per_job_from_exporter(expr_by_instance: str) -> str:
-    """A per-(job, instance) value copied onto every verl job that exporter exports."""
-    return (
-        f"max by ({BY_JOB}) (\n  {sel('rlhf_step')} * 0\n"
-        f"  + on (job, instance) group_left ()\n  {expr_by_instance}\n)"
-    )
+def on_sole_job_exporters(expr: str) -> str:
+    """Keep the series of `expr` (per-exporter series without job labels: Ray's) only from an
+    exporter that exports exactly one verl job, a selected one. A sidecar serves one job, so
+    its Ray cluster is that job's; a fleet exporter serves many jobs from one shared cluster,
+    and its cluster-wide series are shown for none of them rather than for every one (the
+    fleet dashboard shows the shared cluster; docs/fleet.md)."""
+    one = f"count by (job, instance) ({sel('rlhf_step', scope=TARGET)}) == 1"
+    return f"({expr})\nand on (job, instance) ({one})\nand on (job, instance) {sel('rlhf_step')}"
 
 
 def gpus_per_job() -> str:
@@ -117,8 +113,7 @@ __all__ = [
     "eq",
     "gpus_per_job",
     "match",
-    "on_job_exporters",
-    "per_job_from_exporter",
+    "on_sole_job_exporters",
     "reason_code",
     "seconds",
     "sel",

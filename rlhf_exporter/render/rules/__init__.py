@@ -18,8 +18,8 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment_group:rlhf_regression_steps:increase30m` | steps that regressed group g |
 | `project_experiment_kind:rlhf_change_steps:ratio_rate30m` | fraction of steps per change kind |
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate30m` | tokens per second of step time |
-| `instance_gpu:rlhf_gpu_busy:ratio_rate30m` | busy ratio per GPU |
-| `instance:rlhf_gpu_busy:ratio_rate30m` | mean busy ratio of an exporter's GPUs |
+| `instance_gpu:rlhf_gpu_busy:ratio_rate30m` | busy ratio per GPU (with the job its node serves) |
+| `project_experiment:rlhf_gpu_busy:ratio_rate30m` | mean busy ratio of a job's GPUs on every node that serves it |
 | `project_experiment_verdict_reason:rlhf_bottleneck_reason_steps:topratio_rate30m` | the dominant reason of each verdict (a bound alert's evidence) |
 | `project_experiment:rlhf_untimed_of_other:ratio_rate30m` | untimed remainder over the `other` window |
 | `project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean` | agent-loop generate_sequences max / mean |
@@ -30,8 +30,10 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 
 The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` for
 the last three, which the bound alerts read `offset <window>`; they are their own group,
-`rlhf-exporter.reference`, evaluated every `alerts.bound_reference_interval`). Rules never aggregate across
-scrape targets (they use `without`), so the target labels survive for routing and joins.
+`rlhf-exporter.reference`, evaluated every `alerts.bound_reference_interval`). Rules use `without`, so the
+target labels survive for routing and joins; the only records summed across targets are a
+job's GPU records (`without (instance, pod)`: a job's head and worker sidecars are different
+targets, and every GPU series carries its job's labels).
 
 Each rule is a function of a frozen `Context` (the thresholds, the time scale and the records'
 names): `recording.py` (the records), `decision.py` (one function per decision-table row, with
@@ -47,7 +49,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
-from . import decision, gpuwindows, operations
+from . import decision, gpuhealth, gpuwindows, operations
 from .model import (
     BOUND_ALERTS,
     DECISION_FILE,
@@ -95,7 +97,12 @@ Rules = Context
 
 
 def all_alerts(ctx: Context) -> list[Alert]:
-    return decision.alerts(ctx) + operations.alerts(ctx) + gpuwindows.alerts(ctx)
+    return (
+        decision.alerts(ctx)
+        + operations.alerts(ctx)
+        + gpuwindows.alerts(ctx)
+        + gpuhealth.alerts(ctx)
+    )
 
 
 def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
@@ -126,6 +133,7 @@ def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
             }
         ],
         gpuwindows.GPU_WINDOWS_FILE: gpuwindows.groups(ctx),
+        gpuhealth.GPU_HEALTH_FILE: gpuhealth.groups(ctx),
     }
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .model import JOB_MATCH, JOB_NAME, Alert, Context, Runbook, _num, _tq
+from .model import JOB_MATCH, JOB_NAME, NODES, Alert, Context, Runbook, _num, _tq
 
 GPU_WINDOWS_FILE = "alerts/gpu-windows.rules.yaml"
 BUSY = "rlhf_window_gpu_busy_seconds_total"
 TOTAL = "rlhf_window_gpu_seconds_total"
-NODES = "instance, pod"  # the labels that tell a job's sidecars apart
 
 
 def _limits(ctx: Context) -> Any:

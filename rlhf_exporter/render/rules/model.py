@@ -63,6 +63,12 @@ def _tq(expr: str, fmt: str, args: str = JOB_ARGS, default: str = "n/a") -> str:
 
 JOB_NAME = "{{ $labels.project }}/{{ $labels.experiment }}"
 
+# A job's identity across scrape targets: its head and worker sidecars are different targets
+# (`instance`, `pod`) of one job. Joins between a job's series from different targets match
+# `on (JOB_KEY)`; sums over a job's nodes drop `NODES` (issue 23: never `on (job, instance)`).
+JOB_KEY = "cluster, namespace, project, experiment"
+NODES = "instance, pod"
+
 
 def fill(template: str, **names: str) -> str:
     """`template` with each `<name>` replaced by `names[name]`: annotation templates stay
@@ -162,7 +168,8 @@ class Context:
 
     @property
     def gpus_busy(self) -> str:
-        return f"instance:rlhf_gpu_busy:ratio_rate{self.window}"
+        """The mean busy ratio of a job's GPUs, across every node that serves it (issue 23)."""
+        return f"project_experiment:rlhf_gpu_busy:ratio_rate{self.window}"
 
     # the bound alerts' evidence, precomputed so that their templates read one series
     @property

@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...diagnosis.thresholds import seconds
-from .model import JOB_MATCH, JOB_NAME, Alert, Context, Runbook, _num, _tq, duration
+from .model import (
+    JOB_KEY,
+    JOB_MATCH,
+    JOB_NAME,
+    NODES,
+    Alert,
+    Context,
+    Runbook,
+    _num,
+    _tq,
+    duration,
+)
 
 
 def stalled(ctx: Context) -> Alert:
@@ -210,29 +221,40 @@ def actors_pending(ctx: Context) -> Alert:
 
 
 def gpus_idle(ctx: Context) -> Alert:
+    """The job's GPUs on every node (head and workers: GPU series carry their job, issue 23)
+    against the job's own step rate from the head: joined `on` the job, never on a target."""
     w, ratio = ctx.window, ctx.a["gpu_idle_ratio"]
+    nodes = _tq(f"count(count by ({NODES}) ({ctx.gpu_busy}{{{JOB_MATCH}}}))", 'printf "%.0f"')
     return Alert(
         name="RLHFGPUsIdleWhileStepping",
         expr=(
             f"{ctx.gpus_busy} < {_num(ratio)}\n"
-            f"and on (job, instance)\n  sum by (job, instance) ({ctx.step_rate}) > 0"
+            f"and on ({JOB_KEY})\n  sum without ({NODES}) ({ctx.step_rate}) > 0"
         ),
         for_=ctx.dur("gpu_idle_for"),
         severity="warning",
         category="gpu",
-        summary="GPUs on {{ $labels.instance }} are busy {{ $value | humanizePercentage }} of the time while steps progress",
+        summary=f"{JOB_NAME}: GPUs busy {{{{ $value | humanizePercentage }}}} of the time while steps progress",
         description=(
-            f"The GPUs that {{{{ $labels.instance }}}} watches were busy {{{{ $value | humanizePercentage }}}} "
-            f"of the last {w} (below {ratio:.0%}) while its verl jobs kept making steps: the loop "
-            "waits on something other than these GPUs."
+            f"The GPUs serving {JOB_NAME} (on {nodes} node(s)) were busy "
+            f"{{{{ $value | humanizePercentage }}}} of the last {w} on average (below "
+            f"{ratio:.0%}) while the job kept making steps: the loop waits on something other "
+            "than these GPUs."
         ),
         runbook=Runbook(
             meaning=(
-                f"The mean NVML busy ratio of an exporter's GPUs over {w} is below {_num(ratio)} while "
-                "the jobs it exports make steps: most of the step time is spent off these GPUs "
-                "(CPU reward, tools, data movement, a remote rollout)."
+                f"The mean NVML busy ratio over {w} of every GPU serving the job (the head's and "
+                f"each worker sidecar's, summed across nodes) is below {_num(ratio)} while the "
+                "job makes steps: most of the step time is spent off these GPUs (CPU reward, "
+                "tools, data movement, a remote rollout). A worker's GPUs count once its "
+                "sidecar knows the job: from the head's windows (`gpuWindowsFrom`) or from "
+                "`--project`/`--experiment`."
             ),
-            confirm=[f"{ctx.gpu_busy}", f'{ctx.verdicts}{{project="P", experiment="E"}}'],
+            confirm=[
+                f'{ctx.gpus_busy}{{project="P", experiment="E"}}',
+                f'{ctx.gpu_busy}{{project="P", experiment="E"}}',
+                f'{ctx.verdicts}{{project="P", experiment="E"}}',
+            ],
             verl_keys=["the job's `timing_s/*` (which window is long)"],
             change=[
                 "Follow the bound alert of the job's verdict. Idle GPUs in a rollout-bound job: "

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from . import decision, gpuwindows, operations
+from . import decision, gpuhealth, gpuwindows, operations
 from .decision import STEADY_STATE
 from .model import Context, anchor
 from .recording import recording
@@ -89,7 +89,7 @@ def runbooks_markdown(r: Context) -> str:
         expr = rec["expr"].replace("\n", " ").replace("|", "\\|")
         out.append(f"| `{rec['record']}` | `{expr}` |")
     out += ["", "## Alerts", "", "| alert | severity | for | |", "|---|---|---|---|"]
-    alerts = decision.alerts(r) + operations.alerts(r) + gpuwindows.alerts(r)
+    alerts = decision.alerts(r) + operations.alerts(r) + gpuwindows.alerts(r) + gpuhealth.alerts(r)
     for a in alerts:
         out.append(f"| [{a.name}](#{anchor(a.name)}) | {a.severity} | {a.for_} | {a.category} |")
     for a in alerts:

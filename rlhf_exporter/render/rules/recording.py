@@ -10,7 +10,7 @@ window ends where the window begins).
 from __future__ import annotations
 
 from ...diagnosis import VERDICTS
-from .model import Context, _num
+from .model import NODES, Context, _num
 
 # The one-hot verdict gauge as one number per job, recorded once per evaluation: a fleet
 # panel's range query over 1,000 jobs then reads one series per job instead of evaluating a
@@ -57,7 +57,11 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
         {"record": ctx.gpu_busy, "expr": f"rate(rlhf_gpu_busy_seconds_total[{w}])"},
         {
             "record": ctx.gpus_busy,
-            "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))",
+            # every node's GPUs of the job (GPU series carry their job: issue 23)
+            "expr": (
+                f"avg without (gpu, uuid, {NODES}) (\n"
+                f'  rate(rlhf_gpu_busy_seconds_total{{project!=""}}[{w}])\n)'
+            ),
         },
         {"record": VERDICT_CODE, "expr": verdict_code_expr()},
     ]

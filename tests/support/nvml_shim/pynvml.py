@@ -15,6 +15,14 @@ Utilization follows the WALL clock: each GPU's `util` is a step function of epoc
 microseconds as NVML does. `processes` (optional, none when absent) is what
 `nvmlDeviceGetComputeRunningProcesses` reports: real PIDs (e.g. Ray actors') make the
 sidecar's GPU roles real. The number of GPUs is fixed by the file's first version.
+
+Health, optional per GPU, on the same wall clock (issue 23):
+
+    {"lost_at": EPOCH,                       # every call fails with GpuIsLost from then on
+     "xids": [[EPOCH, CODE], ...],           # XID events delivered once their time passed
+     "ecc_uncorrected": [[EPOCH, COUNT], ...],  # the volatile and aggregate counters' values
+     "remapped_rows": [CORR, UNC, PENDING, FAILED],
+     "throttle": MASK}                       # clock event reasons (bits as pynvml's)
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository, for tests.*
 
-from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
+from tests.support.fake_pynvml import NVML_ERROR_GPU_IS_LOST, FakeClock, FakeGpu, make_module
 
 SCENARIO = Path(os.environ["FAKE_PYNVML_SCENARIO"])
 _cache: dict = {"mtime": None, "doc": None}
@@ -56,6 +64,61 @@ class ScenarioGpu(FakeGpu):
     @processes.setter
     def processes(self, value: object) -> None:
         pass  # FakeGpu's constructor sets its default: the scenario file decides
+
+    def _doc(self) -> dict:
+        return _scenario()["gpus"][self.index]
+
+    @property  # type: ignore[override]
+    def fail(self) -> int | None:
+        lost = self._doc().get("lost_at")
+        return NVML_ERROR_GPU_IS_LOST if lost is not None and time.time() >= lost else None
+
+    @fail.setter
+    def fail(self, value: object) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def xids(self) -> list[int]:
+        """The events due and not yet read (the fake pops what it delivers)."""
+        pending = self.__dict__.setdefault("_pending", [])
+        due = [c for t, c in self._doc().get("xids", ()) if time.time() >= t]
+        sent = self.__dict__.get("_sent", 0)
+        pending += due[sent:]
+        self.__dict__["_sent"] = len(due)
+        return pending
+
+    @xids.setter
+    def xids(self, value: object) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def ecc(self) -> dict[tuple[int, int], int]:
+        count = 0
+        for t, n in self._doc().get("ecc_uncorrected", ()):
+            if time.time() >= t:
+                count = int(n)
+        return {(1, 0): count, (1, 1): count}
+
+    @ecc.setter
+    def ecc(self, value: object) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def remapped_rows(self) -> tuple[int, int, int, int]:
+        rows = self._doc().get("remapped_rows", (0, 0, 0, 0))
+        return (int(rows[0]), int(rows[1]), int(rows[2]), int(rows[3]))
+
+    @remapped_rows.setter
+    def remapped_rows(self, value: object) -> None:
+        pass
+
+    @property  # type: ignore[override]
+    def throttle(self) -> int:
+        return int(self._doc().get("throttle", 0))
+
+    @throttle.setter
+    def throttle(self, value: object) -> None:
+        pass
 
 
 _doc = _scenario()

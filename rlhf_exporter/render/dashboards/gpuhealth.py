@@ -1,0 +1,180 @@
+"""GPU health panels (issue 23): a row of the job dashboard (per node and GPU role) and the
+fleet table's "GPUs with errors" column. Every GPU series carries the job its node serves,
+so the panels select by the job, across all of its nodes (rlhf_exporter/sources/nvml.py)."""
+
+from __future__ import annotations
+
+from ...diagnosis.xid import BAD_GPU, regex
+from ..rules import gpuhealth as rules
+from . import style
+from .context import Context
+from .layout import Cell, Row
+from .panels import PanelBuilder, Q, said, threshold_line, time_series
+from .queries import BY_JOB, RANGE, RATE, sel
+
+NODE_GPU = "{{instance}} GPU {{gpu}}"
+UNCORRECTED = ('error="uncorrected"', 'scope="volatile"')
+LOST = 'reason="gpu_is_lost"'
+BAD_XID = f'xid=~"{regex(BAD_GPU)}"'
+
+
+def gpu_errors(c: Context) -> PanelBuilder:
+    return time_series(
+        "GPU errors by node and role",
+        "Per interval, on every node serving the job: NVML errors (a lost GPU: gpu_is_lost), "
+        "XID critical errors by code, and uncorrectable ECC errors, by node and GPU role. "
+        f"XIDs {regex(BAD_GPU).replace('|', ', ')} mean a bad GPU and page; application XIDs "
+        "(13, 31, 43, 45, ...) do not (docs/dcgm-exporter.md).",
+        [
+            Q(
+                f"sum by (instance, gpu_role, reason) (increase({sel('rlhf_gpu_errors_total')}[{RATE}]))"
+                f"\nor 0 * count by (instance) ({sel('rlhf_gpu_info')})",
+                "{{instance}} {{gpu_role}} {{reason}}",
+            ),
+            Q(
+                f"sum by (instance, gpu_role, xid) (increase({sel('rlhf_gpu_xid_errors_total')}[{RATE}]))"
+                f"\nor 0 * count by (instance) ({sel('rlhf_gpu_info')})",
+                "{{instance}} {{gpu_role}} XID {{xid}}",
+            ),
+            Q(
+                "sum by (instance, gpu_role) (increase("
+                f"{sel('rlhf_gpu_ecc_errors_total', *UNCORRECTED)}[{RATE}]))",
+                "{{instance}} {{gpu_role}} uncorrectable ECC",
+            ),
+        ],
+        style.PLAIN,
+        bars=True,
+        calcs=("sum",),
+    ).min(0)
+
+
+def memory_repairs(c: Context) -> PanelBuilder:
+    return time_series(
+        "Memory repairs: remapped rows, retired pages",
+        "Rows remapped (A100 and later) or pages retired (older GPUs) per GPU, and whether a "
+        "repair waits for a GPU reset (pending: 1) or failed (failed: 1, the GPU needs service).",
+        [
+            Q(
+                f"{sel('rlhf_gpu_remapped_rows')}\nor {sel('rlhf_gpu_retired_pages')}",
+                NODE_GPU + " {{__name__}} {{cause}}",
+            ),
+            Q(
+                f"{sel('rlhf_gpu_row_remap_pending')}\nor {sel('rlhf_gpu_retired_pages_pending')}"
+                f"\nor {sel('rlhf_gpu_row_remap_failed')}",
+                NODE_GPU + " {{__name__}}",
+            ),
+        ],
+        style.PLAIN,
+        fill=0,
+    ).min(0)
+
+
+def throttle_reasons(c: Context) -> PanelBuilder:
+    return time_series(
+        "Clock throttling by reason, node and role",
+        "Share of time the GPUs' clocks were held down, by reason (power_cap: at the power "
+        "limit, normal at full load; sw_thermal, hw_thermal: heat; hw_slowdown, "
+        "hw_power_brake: hardware protection), averaged per node and GPU role.",
+        [
+            Q(
+                f"avg by (instance, gpu_role, reason) (rate({sel('rlhf_gpu_throttle_seconds_total')}[{RATE}]))",
+                "{{instance}} {{gpu_role}} {{reason}}",
+            )
+        ],
+        style.RATIO,
+        fill=0,
+    ).min(0)
+
+
+def throttled_windows(c: Context) -> PanelBuilder:
+    ratio = c.alerts.get("gpu_throttle_ratio", 0.2)
+    return threshold_line(
+        time_series(
+            "Throttled share of the step windows",
+            "GPU-seconds of each step-window group held down by heat or hardware, over the "
+            "GPU-seconds of that group, per GPU role, summed over the job's nodes. Above "
+            f"{ratio:g} (dashed) in rollout or update windows for "
+            + said(c.alerts, "{gpu_throttle_for}")
+            + " fires RLHFGPUThrottledInWindow, naming the window.",
+            [
+                Q(
+                    f"sum by (group, gpu_role) (increase({sel(rules.THROTTLED)}[{RATE}]))\n"
+                    f"/ (sum by (group, gpu_role) (increase({sel(rules.TOTAL)}[{RATE}])) > 0)",
+                    "{{gpu_role}} {{group}}",
+                )
+            ],
+            style.RATIO,
+            fill=0,
+        ).min(0),
+        float(ratio),
+        style.WARN,
+    )
+
+
+def temperature(c: Context) -> PanelBuilder:
+    return time_series(
+        "GPU temperature",
+        "Temperature per GPU on every node serving the job (NVML): heat is what the thermal "
+        "throttle reasons react to.",
+        [Q(sel("rlhf_gpu_temperature_celsius"), NODE_GPU)],
+        "celsius",
+        fill=0,
+    )
+
+
+def power(c: Context) -> PanelBuilder:
+    return time_series(
+        "GPU power",
+        "Power draw per GPU on every node serving the job (NVML): a GPU at its power limit "
+        "shows the power_cap throttle reason.",
+        [Q(sel("rlhf_gpu_power_watts"), NODE_GPU)],
+        "watt",
+        fill=0,
+    ).min(0)
+
+
+def sm_clock(c: Context) -> PanelBuilder:
+    return time_series(
+        "GPU SM clock",
+        "Streaming-multiprocessor clock per GPU (NVML): a drop while busy is throttling.",
+        [Q(sel("rlhf_gpu_sm_clock_hertz"), NODE_GPU)],
+        "hertz",
+        fill=0,
+    ).min(0)
+
+
+def gpu_health_row(c: Context) -> Row:
+    return Row(
+        650,
+        "GPU health (NVML), every node serving the selected jobs",
+        [
+            Cell(651, gpu_errors(c), w=12, h=8),
+            Cell(652, memory_repairs(c), w=12, h=8),
+            Cell(653, throttle_reasons(c), w=12, h=8),
+            Cell(654, throttled_windows(c), w=12, h=8),
+            Cell(655, temperature(c), w=8, h=7),
+            Cell(656, power(c), w=8, h=7),
+            Cell(657, sm_clock(c), w=8, h=7),
+        ],
+    )
+
+
+# -- the fleet table's column ------------------------------------------------------------------
+def gpus_with_errors_query() -> str:
+    """GPUs (distinct node and uuid) of each job that were lost, raised a bad-GPU XID, had an
+    uncorrectable ECC error or a failed row remap in the time range; 0 for a job whose GPUs
+    are known and healthy, no cell for a job without GPU series."""
+    bad = (
+        f"(increase({sel('rlhf_gpu_errors_total', LOST)}[{RANGE}]) > 0)\n"
+        f"  or (increase({sel('rlhf_gpu_xid_errors_total', BAD_XID)}[{RANGE}]) > 0)\n"
+        f"  or (increase({sel('rlhf_gpu_ecc_errors_total', *UNCORRECTED)}[{RANGE}]) > 0)\n"
+        f"  or ({sel('rlhf_gpu_row_remap_failed')} == 1)"
+    )
+    return (
+        f"count by ({BY_JOB}) (max by ({BY_JOB}, instance, uuid) (\n  {bad}\n))\n"
+        f"or 0 * count by ({BY_JOB}) ({sel('rlhf_gpu_info')})"
+    )
+
+
+def gpus_with_errors_column() -> tuple[str, Q]:
+    return ("GPUs with errors", Q(gpus_with_errors_query(), table=True, instant=True))

@@ -1,0 +1,266 @@
+"""GPU health (issue 23): a lost GPU, uncorrectable memory errors, bad XIDs, throttling.
+
+Their own file, `alerts/gpu-health.rules.yaml`: a recording group (the throttled share of a
+job's step windows, summed across its nodes) and an alerting group, one function per alert
+with its runbook beside it. Every GPU series carries the job its node serves (`project`,
+`experiment`: rlhf_exporter/sources/nvml.py), so the alerts name the job, and
+alerts/alertmanager.example.yaml inhibits a job's stall page while one of its GPUs is lost.
+Which XID codes page and which are ignorable: rlhf_exporter/diagnosis/xid.py and
+docs/dcgm-exporter.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...diagnosis.xid import BAD_GPU, DEGRADED, regex
+from .model import JOB_NAME, NODES, Alert, Context, Runbook, _num
+
+GPU_HEALTH_FILE = "alerts/gpu-health.rules.yaml"
+THROTTLED = "rlhf_window_gpu_throttled_seconds_total"
+TOTAL = "rlhf_window_gpu_seconds_total"
+WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
+SERVING = "serving " + JOB_NAME + " as {{ $labels.gpu_role }}"
+DRAIN = (
+    "Cordon the node (`kubectl cordon`) so the job's restart lands elsewhere, restart the job "
+    "from its last checkpoint (`trainer.resume_mode=auto`), and hand the GPU (its `uuid`) to "
+    "the hardware team: `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT` and the kernel "
+    "log (`dmesg | grep -i xid`) on the node."
+)
+
+
+def throttled(ctx: Context) -> str:
+    return f"project_experiment_group_gpu_role:rlhf_window_gpu_throttled:ratio_rate{ctx.window}"
+
+
+def records(ctx: Context) -> list[dict[str, str]]:
+    w = ctx.window
+    return [
+        {  # the throttled share of the job's GPU-seconds in each window group, every node
+            "record": throttled(ctx),
+            "expr": (
+                f"sum without ({NODES}) (increase({THROTTLED}[{w}]))\n"
+                f"/ (sum without ({NODES}) (increase({TOTAL}[{w}])) > 0)"
+            ),
+        }
+    ]
+
+
+def _lost(ctx: Context) -> Alert:
+    w = ctx.dur("gpu_health_window")
+    return Alert(
+        name="RLHFGPULost",
+        expr=f'increase(rlhf_gpu_errors_total{{reason="gpu_is_lost"}}[{w}]) > 0',
+        for_="0s",
+        severity="critical",
+        category="gpu",
+        summary=f"{WHERE} is lost ({SERVING})",
+        description=(
+            f"NVML reports {WHERE} lost (NVMLError_GpuIsLost: it fell off the bus or stopped "
+            f"answering) in the last {w}. {JOB_NAME} cannot make progress on it and will not "
+            "recover by itself; its stall alert is inhibited while this one fires (the cause, "
+            "not two pages)."
+        ),
+        runbook=Runbook(
+            meaning=(
+                'A GPU stopped answering NVML (`rlhf_gpu_errors_total{reason="gpu_is_lost"}` '
+                "grows every poll while it stays lost; its other series are dropped). Usually "
+                "XID 79 (fallen off the bus) or a GSP error (XID 119/120) comes with it. The "
+                "collective the job runs hangs or fails: a lost GPU looks like a stall."
+            ),
+            confirm=[
+                'increase(rlhf_gpu_errors_total{reason="gpu_is_lost", project="P", experiment="E"}[1h])',
+                'increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])',
+            ],
+            verl_keys=["the job's last `step` (it stops advancing)"],
+            change=[DRAIN, "A GPU that falls off the bus again after a reset is an RMA case."],
+        ),
+    )
+
+
+def _uncorrectable_ecc(ctx: Context) -> Alert:
+    w = ctx.dur("gpu_health_window")
+    return Alert(
+        name="RLHFGPUUncorrectableECC",
+        expr=(
+            f'increase(rlhf_gpu_ecc_errors_total{{error="uncorrected", scope="volatile"}}[{w}]) > 0'
+        ),
+        for_="0s",
+        severity="critical",
+        category="gpu",
+        summary=f"{WHERE} had {{{{ $value }}}} uncorrectable ECC error(s) ({SERVING})",
+        description=(
+            f"{WHERE} reported uncorrectable (double-bit) ECC memory errors in the last {w}. "
+            "The data in that memory is lost: the process that used it was killed or computes "
+            f"on garbage, and {JOB_NAME} will not recover on this GPU without a reset."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "NVML's volatile uncorrected ECC counter (since the driver loaded) grew. The "
+                "GPU retires the page or remaps the row (A100 and later) at the next reset."
+            ),
+            confirm=[
+                'rlhf_gpu_ecc_errors_total{error="uncorrected", project="P", experiment="E"}',
+                'rlhf_gpu_row_remap_pending{project="P", experiment="E"}',
+            ],
+            verl_keys=["the job's last `step`"],
+            change=[DRAIN],
+        ),
+    )
+
+
+def _row_remap_failed(ctx: Context) -> Alert:
+    return Alert(
+        name="RLHFGPURowRemapFailed",
+        expr="rlhf_gpu_row_remap_failed == 1",
+        for_="0s",
+        severity="critical",
+        category="gpu",
+        summary=f"{WHERE} failed to remap a memory row ({SERVING})",
+        description=(
+            f"{WHERE} could not remap a row with uncorrectable errors (no spare rows left): "
+            f"the memory stays bad after a reset. {JOB_NAME} must move off this GPU; the GPU "
+            "needs service."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "`nvmlDeviceGetRemappedRows` reports a remapping failure (A100 and later). "
+                "Older GPUs retire pages instead (`rlhf_gpu_retired_pages`)."
+            ),
+            confirm=['rlhf_gpu_remapped_rows{project="P", experiment="E"}'],
+            verl_keys=["the job's last `step`"],
+            change=[DRAIN, "A failed remap is an RMA case (NVIDIA's row-remapping guide)."],
+        ),
+    )
+
+
+def _bad_xid(ctx: Context) -> Alert:
+    w = ctx.dur("gpu_health_window")
+    return Alert(
+        name="RLHFGPUBadXid",
+        expr=f'increase(rlhf_gpu_xid_errors_total{{xid=~"{regex(BAD_GPU)}"}}[{w}]) > 0',
+        for_="0s",
+        severity="critical",
+        category="gpu",
+        summary=f"{WHERE} raised XID {{{{ $labels.xid }}}} ({SERVING})",
+        description=(
+            f"{WHERE} raised XID {{{{ $labels.xid }}}} in the last {w}: an XID that means a "
+            f"bad GPU, memory or link (docs/dcgm-exporter.md). {JOB_NAME} will not recover on "
+            "this GPU by itself."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "NVML delivered an XID critical-error event whose code NVIDIA documents as a "
+                f"hardware fault: {', '.join(str(c) for c in sorted(BAD_GPU))} (48 double-bit "
+                "ECC, 62 micro-controller halt, 64 remap/retirement recording failure, 74 "
+                "NVLink, 95 uncontained ECC, 119/120 GSP, 140 unrecovered ECC). XID 79 "
+                "(fallen off the bus) is counted but pages as RLHFGPULost (NVML then answers "
+                "GpuIsLost): one page for one fault. Application XIDs (13, 31, 43, 45, 68, 69) "
+                "never page: the job's own alerts cover a crashed program."
+            ),
+            confirm=['increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])'],
+            verl_keys=["the job's last `step`"],
+            change=[DRAIN],
+        ),
+    )
+
+
+def _degraded(ctx: Context) -> Alert:
+    w = ctx.dur("gpu_health_window")
+    return Alert(
+        name="RLHFGPUNeedsReset",
+        expr=(
+            "rlhf_gpu_row_remap_pending == 1\n"
+            "or rlhf_gpu_retired_pages_pending == 1\n"
+            f'or sum without (xid) (increase(rlhf_gpu_xid_errors_total{{xid=~"{regex(DEGRADED)}"}}[{w}]) > 0)'
+        ),
+        for_="0s",
+        severity="warning",
+        category="gpu",
+        summary=f"{WHERE} needs a reset at the next maintenance ({SERVING})",
+        description=(
+            f"{WHERE} has a row remap or page retirement waiting for a GPU reset, or raised "
+            f"XID 63, 92 or 94 in the last {w}: it works, with degraded memory, until reset."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "The GPU recorded a memory repair that takes effect at the next reset (row "
+                "remap pending, page retirement pending, XID 63), or reports many correctable "
+                "errors (XID 92) or a contained ECC error that killed one process (XID 94)."
+            ),
+            confirm=[
+                'rlhf_gpu_row_remap_pending{project="P", experiment="E"}',
+                'rlhf_gpu_ecc_errors_total{project="P", experiment="E"}',
+            ],
+            verl_keys=[],
+            change=[
+                "Reset the GPU when the job next stops (drain the node, `nvidia-smi -r` or a "
+                "reboot); no action on the job now."
+            ],
+        ),
+    )
+
+
+def _throttled(ctx: Context) -> Alert:
+    ratio = float(ctx.a["gpu_throttle_ratio"])
+    return Alert(
+        name="RLHFGPUThrottledInWindow",
+        expr=f'{throttled(ctx)}{{group=~"rollout|update"}} >= {_num(ratio)}',
+        for_=ctx.dur("gpu_throttle_for"),
+        severity="warning",
+        category="gpu",
+        summary=(
+            f"{JOB_NAME}: {{{{ $labels.gpu_role }}}} GPUs throttled {{{{ $value | humanizePercentage }}}} "
+            "of the {{ $labels.group }} window"
+        ),
+        description=(
+            f"The {{{{ $labels.gpu_role }}}} GPUs of {JOB_NAME} ran with their clocks held down "
+            "by heat or hardware (thermal or hardware slowdown, power brake) for "
+            f"{{{{ $value | humanizePercentage }}}} of their time in the job's "
+            f"{{{{ $labels.group }}}} windows over the last {ctx.window} (threshold "
+            f"{_num(ratio)}): that window runs slower than the GPUs can."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "NVML's clock event reasons (thermal slowdown, hardware slowdown, power brake), "
+                "read every poll and joined to the job's step windows like the busy time "
+                "(docs/gpu-windows.md), over the rollout and update windows. The power cap "
+                "alone does not count (GPUs at full load sit at it); "
+                '`rlhf_gpu_throttle_seconds_total{reason="power_cap"}` shows it.'
+            ),
+            confirm=[
+                f'{throttled(ctx)}{{project="P", experiment="E"}}',
+                'rate(rlhf_gpu_throttle_seconds_total{project="P", experiment="E"}[30m])',
+                'rlhf_gpu_temperature_celsius{project="P", experiment="E"}',
+            ],
+            verl_keys=["timing_s/gen", "timing_s/update_actor"],
+            change=[
+                "Thermal: check the node's cooling and airflow (temperature panel, per node); "
+                "hardware slowdown or power brake: the node's power supply or the GPU "
+                "(`nvidia-smi -q -d PERFORMANCE`). Move the job off a node that keeps throttling."
+            ],
+        ),
+    )
+
+
+ALERTS: tuple[Callable[[Context], Alert], ...] = (
+    _lost,
+    _uncorrectable_ecc,
+    _row_remap_failed,
+    _bad_xid,
+    _degraded,
+    _throttled,
+)
+
+
+def alerts(ctx: Context) -> list[Alert]:
+    return [make(ctx) for make in ALERTS]
+
+
+def groups(ctx: Context) -> list[dict[str, Any]]:
+    base = ctx.a["runbook_url"]
+    return [
+        {"name": "rlhf-exporter.gpu-health.recording", "rules": records(ctx)},
+        {"name": "rlhf-exporter.gpu-health", "rules": [a.rule(base) for a in alerts(ctx)]},
+    ]

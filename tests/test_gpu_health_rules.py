@@ -1,0 +1,270 @@
+"""Issue 23's GPU health rules with promtool: a firing and a quiet case for each alert
+(lost GPU, uncorrectable ECC, failed row remap, bad XID, reset pending, throttled in a
+window), the throttled-share record summed across a job's nodes, and the Alertmanager
+inhibition of a job's stall page by its lost GPU (amtool/alertmanager: tests/test_rules.py
+checks the file's syntax; here the rule itself)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.diagnosis.xid import APPLICATION, BAD_GPU, DEGRADED, LOST
+from rlhf_exporter.render import rules
+from rlhf_exporter.render.rules import gpuhealth
+
+pytestmark = pytest.mark.prometheus
+
+REPO = Path(__file__).resolve().parent.parent
+JOB = {"job": "rlhf-exporter", "project": "p", "experiment": "e"}
+WORKER = {**JOB, "instance": "w1:9", "pod": "w1"}
+GPU = {**WORKER, "gpu": "3", "uuid": "GPU-3", "gpu_role": "trainer"}
+ALERTS = [a.__name__ for a in gpuhealth.ALERTS]
+
+
+def series(metric: str, values: str, labels: dict, **extra: str) -> dict:
+    lab = {**labels, **extra}
+    return {
+        "series": metric + "{" + ",".join(f'{k}="{v}"' for k, v in lab.items()) + "}",
+        "values": values,
+    }
+
+
+def firing(name: str, severity: str, labels: dict) -> dict:
+    return {"exp_labels": {"severity": severity, "category": "gpu", **labels}}
+
+
+def case(series_: list, at: str, name: str, *expected: dict) -> dict:
+    return {
+        "interval": "1m",
+        "input_series": series_,
+        "alert_rule_test": [{"eval_time": at, "alertname": name, "exp_alerts": list(expected)}],
+    }
+
+
+def run(tmp_path: Path, tests: list) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (scripts/test.sh installs it)")
+    groups = rules.rule_groups(load_thresholds())[gpuhealth.GPU_HEALTH_FILE]
+    for g in groups:
+        for r in g["rules"]:
+            r.pop("annotations", None)
+    rule_file = tmp_path / "gpu-health.rules.yaml"
+    rule_file.write_text(yaml.safe_dump({"groups": groups}))
+    spec = tmp_path / "tests.yaml"
+    spec.write_text(
+        yaml.safe_dump(
+            {"rule_files": [str(rule_file)], "evaluation_interval": "1m", "tests": tests},
+            sort_keys=False,
+        )
+    )
+    out = subprocess.run(
+        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+
+
+def test_lost_gpu(tmp_path):
+    lost = series("rlhf_gpu_errors_total", "_x10 1+60x30", GPU, reason="gpu_is_lost")
+    other = series("rlhf_gpu_errors_total", "0+60x40", GPU, reason="timeout")
+    run(
+        tmp_path,
+        [
+            case(
+                [lost],
+                "20m",
+                "RLHFGPULost",
+                firing("RLHFGPULost", "critical", {**GPU, "reason": "gpu_is_lost"}),
+            ),
+            case([lost], "5m", "RLHFGPULost"),  # not yet lost
+            case([other], "20m", "RLHFGPULost"),  # another NVML error is not a lost GPU
+            # lost once and back: active for gpu_health_window, then quiet
+            case(
+                [series("rlhf_gpu_errors_total", "0x10 3x200", GPU, reason="gpu_is_lost")],
+                "20m",
+                "RLHFGPULost",
+                firing("RLHFGPULost", "critical", {**GPU, "reason": "gpu_is_lost"}),
+            ),
+            case(
+                [series("rlhf_gpu_errors_total", "0x10 3x200", GPU, reason="gpu_is_lost")],
+                "100m",
+                "RLHFGPULost",
+            ),
+        ],
+    )
+
+
+def test_uncorrectable_ecc(tmp_path):
+    def ecc(error: str, values: str) -> dict:
+        return series("rlhf_gpu_ecc_errors_total", values, GPU, error=error, scope="volatile")
+
+    want = {**GPU, "error": "uncorrected", "scope": "volatile"}
+    run(
+        tmp_path,
+        [
+            case(
+                [ecc("uncorrected", "0x10 1x30")],
+                "15m",
+                "RLHFGPUUncorrectableECC",
+                firing("RLHFGPUUncorrectableECC", "critical", want),
+            ),
+            case(
+                [ecc("corrected", "0+5x40"), ecc("uncorrected", "0x40")],
+                "30m",
+                "RLHFGPUUncorrectableECC",
+            ),
+            # a driver reload resets the volatile counter: not an error
+            case([ecc("uncorrected", "4x10 0x30")], "20m", "RLHFGPUUncorrectableECC"),
+        ],
+    )
+
+
+def test_row_remap_failed(tmp_path):
+    run(
+        tmp_path,
+        [
+            case(
+                [series("rlhf_gpu_row_remap_failed", "0x5 1x10", GPU)],
+                "10m",
+                "RLHFGPURowRemapFailed",
+                firing("RLHFGPURowRemapFailed", "critical", GPU),
+            ),
+            case(
+                [series("rlhf_gpu_row_remap_failed", "0x15", GPU)], "10m", "RLHFGPURowRemapFailed"
+            ),
+        ],
+    )
+
+
+@pytest.mark.parametrize("xid", sorted(BAD_GPU))
+def test_bad_xid_pages(tmp_path, xid):
+    s = series("rlhf_gpu_xid_errors_total", "0x10 1x20", GPU, xid=str(xid))
+    run(
+        tmp_path,
+        [
+            case(
+                [s],
+                "15m",
+                "RLHFGPUBadXid",
+                firing("RLHFGPUBadXid", "critical", {**GPU, "xid": str(xid)}),
+            )
+        ],
+    )
+
+
+def test_application_lost_and_other_xids_never_page_as_bad_xid(tmp_path):
+    quiet = [
+        series("rlhf_gpu_xid_errors_total", "0+3x30", GPU, xid=x)
+        for x in [str(c) for c in sorted(APPLICATION | DEGRADED | LOST)] + ["other"]
+    ]
+    run(tmp_path, [case(quiet, "20m", "RLHFGPUBadXid")])
+
+
+def test_needs_reset(tmp_path):
+    want = firing("RLHFGPUNeedsReset", "warning", GPU)
+    run(
+        tmp_path,
+        [
+            case(
+                [series("rlhf_gpu_row_remap_pending", "0x5 1x10", GPU)],
+                "10m",
+                "RLHFGPUNeedsReset",
+                want,
+            ),
+            case(
+                [series("rlhf_gpu_retired_pages_pending", "1x10", GPU)],
+                "5m",
+                "RLHFGPUNeedsReset",
+                want,
+            ),
+            case(
+                [series("rlhf_gpu_xid_errors_total", "0x5 1x10", GPU, xid="63")],
+                "10m",
+                "RLHFGPUNeedsReset",
+                want,
+            ),
+            case(
+                [
+                    series("rlhf_gpu_row_remap_pending", "0x15", GPU),
+                    series("rlhf_gpu_retired_pages_pending", "0x15", GPU),
+                    series("rlhf_gpu_xid_errors_total", "0+1x15", GPU, xid="13"),
+                ],
+                "10m",
+                "RLHFGPUNeedsReset",
+            ),
+        ],
+    )
+
+
+def _windows(throttled_update: float, throttled_rollout: float) -> list[dict]:
+    """Two worker nodes, 4 trainer GPUs each: 40 GPU-s of `update` and 80 of `rollout` a
+    minute per node; the first node throttled the given shares, the second never."""
+    out = []
+    for node, factor in (("w1", 1.0), ("w2", 0.0)):
+        labels = {**JOB, "instance": f"{node}:9", "pod": node, "gpu_role": "trainer"}
+        for group, total, share in (
+            ("update", 40, throttled_update),
+            ("rollout", 80, throttled_rollout),
+        ):
+            out.append(series(gpuhealth.TOTAL, f"0+{total}x90", labels, group=group))
+            out.append(
+                series(gpuhealth.THROTTLED, f"0+{total * share * factor:g}x90", labels, group=group)
+            )
+    return out
+
+
+def test_throttled_in_window_names_the_window(tmp_path):
+    ctx = rules.Context(load_thresholds())
+    # node 1 throttled 60 % of its update windows, node 2 never: the job's share is 30 %
+    hot = _windows(0.6, 0.0)
+    want = firing(
+        "RLHFGPUThrottledInWindow", "warning", {**JOB, "group": "update", "gpu_role": "trainer"}
+    )
+    record = {
+        "expr": f'{gpuhealth.throttled(ctx)}{{group="update"}}',
+        "eval_time": "60m",
+        "exp_samples": [
+            {
+                "labels": gpuhealth.throttled(ctx)
+                + '{experiment="e",gpu_role="trainer",group="update",job="rlhf-exporter",project="p"}',
+                "value": 0.3,
+            }
+        ],
+    }
+    run(
+        tmp_path,
+        [
+            {**case(hot, "60m", "RLHFGPUThrottledInWindow", want), "promql_expr_test": [record]},
+            case(hot, "12m", "RLHFGPUThrottledInWindow"),  # not for gpu_throttle_for yet
+            case(_windows(0.3, 0.0), "60m", "RLHFGPUThrottledInWindow"),  # 15 %: below 0.2
+        ],
+    )
+    # throttling outside the rollout and update windows (here: `rollout` only counts when
+    # the group is rollout or update; a `reward` window's throttling never fires)
+    labels = {**JOB, "instance": "w1:9", "pod": "w1", "gpu_role": "trainer"}
+    reward = [
+        series(gpuhealth.TOTAL, "0+40x90", labels, group="reward"),
+        series(gpuhealth.THROTTLED, "0+40x90", labels, group="reward"),
+    ]
+    run(tmp_path, [case(reward, "60m", "RLHFGPUThrottledInWindow")])
+
+
+def test_every_health_alert_has_a_case_here():
+    text = Path(__file__).read_text()
+    for a in gpuhealth.alerts(rules.Context(load_thresholds())):
+        assert text.count(f'"{a.name}"') >= 2, a.name  # a firing and a quiet case at least
+
+
+def test_alertmanager_inhibits_a_jobs_stall_page_while_its_gpu_is_lost():
+    config = yaml.safe_load((REPO / "alerts" / "alertmanager.example.yaml").read_text())
+    (rule,) = [
+        r for r in config["inhibit_rules"] if 'alertname="RLHFGPULost"' in r["source_matchers"]
+    ]
+    assert rule["target_matchers"] == ['alertname="RLHFJobStalled"']
+    assert set(rule["equal"]) == {"project", "experiment"}
