@@ -27,7 +27,7 @@ def steady(
     **values: float,
 ) -> list[EngineSample]:
     out = []
-    n = int(round((t1 - t0) / dt))
+    n = round((t1 - t0) / dt)
     for i in range(n + 1):
         t = t0 + i * dt
         out.append(

@@ -24,6 +24,7 @@ Decisions where the contract is silent (docs/decision-table.md, "Engine evidence
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -129,7 +130,7 @@ def _counter_increase(
 ) -> float | None:
     """The counter's increase over the spans (pro rata inside each sample interval)."""
     total, seen = 0.0, False
-    for prev, cur in zip(samples, samples[1:], strict=False):
+    for prev, cur in itertools.pairwise(samples):
         c0, c1 = getattr(prev, field), getattr(cur, field)
         if c0 is None or c1 is None or cur.t <= prev.t:
             continue
@@ -184,7 +185,7 @@ def measure(
     kv_full = queue = 0.0
     segments: list[tuple[float, float]] = []  # (duration, running) for the long-tail share
     span_i = 0
-    for x0, x1 in zip(cuts, cuts[1:], strict=False):
+    for x0, x1 in itertools.pairwise(cuts):
         mid = (x0 + x1) / 2
         while span_i < len(spans) and spans[span_i][1] <= mid:
             span_i += 1

@@ -149,7 +149,7 @@ class _Handler(BaseHTTPRequestHandler):
     sim: EngineSim
     replica: Replica
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         t = self.sim.clock()
         if not self.replica.alive(t):
             self.close_connection = True
