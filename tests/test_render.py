@@ -116,4 +116,12 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_job_finished",  # a 0/1 state, like collector_up
         "rlhf_exporter_jobs",
         "rlhf_agent_loop_preempted_max",
+        # engine evidence (issue 29): counts of requests, replicas, preemptions; 0/1 states
+        "rlhf_engine_evidence_usable",
+        "rlhf_engine_replicas",
+        "rlhf_engine_running_requests_peak",
+        "rlhf_engine_running_requests_mean",
+        "rlhf_engine_waiting_requests_mean",
+        "rlhf_engine_preemptions",
+        "rlhf_engine_up",
     }, unitless

@@ -21,6 +21,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 from ..diagnosis.gpujoin import GpuWindowJoin
 from ..diagnosis.timeline import Recent, Timeline
@@ -42,6 +43,9 @@ class WindowBoard:
         self._lock = threading.Lock()
         self._jobs: OrderedDict[tuple[str, str], Recent] = OrderedDict()
         self._new: list[tuple[tuple[str, str], Timeline]] = []
+        # the engine source (sources/engines.py), when the sidecar samples rollout engines:
+        # a job joins its step's rollout window to the engines' samples through it
+        self.engines: Any = None
 
     def post(self, labels: tuple[str, str], timeline: Timeline) -> None:
         with self._lock:
