@@ -177,7 +177,7 @@ class EngineSource(PollingSource):
         self._clock = clock
         self._workers = max(1, workers)
         self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._rings_lock = threading.Lock()
         self._rings: dict[str, deque[EngineSample]] = {}
         self._engine: dict[str, str] = {}
         self._up: dict[str, bool] = {}
@@ -247,7 +247,7 @@ class EngineSource(PollingSource):
             found = found[: self.max_replicas]
         reads = self.read_all(found)
         busy = False
-        with self._lock:
+        with self._rings_lock:
             for target, read in zip(found, reads, strict=True):
                 name = target.name
                 if read.error is not None:
@@ -310,7 +310,7 @@ class EngineSource(PollingSource):
             return {}
         lo, hi = spans[0][0] - self.limits.max_sample_gap, spans[-1][1]
         out: dict[str, tuple[EngineSample, ...]] = {}
-        with self._lock:
+        with self._rings_lock:
             rings = {k: tuple(v) for k, v in self._rings.items()}
         for name, ring in rings.items():
             picked: list[EngineSample] = []
