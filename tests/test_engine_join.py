@@ -171,3 +171,28 @@ def test_a_healthy_rollout_keeps_the_logs_reason_with_evidence() -> None:
         assert value(job.samples(), "rlhf_engine_imbalance_ratio") == pytest.approx(1.0, abs=0.01)
     finally:
         sim.stop()
+
+
+def test_the_sidecar_wires_engines_only_where_they_can_be_found() -> None:
+    from rlhf_exporter import settings as settings_mod
+    from rlhf_exporter.commands import serve as serve_mod
+
+    base = {
+        "RLHF_EXPORTER_LISTEN": "127.0.0.1:0",
+        "RLHF_EXPORTER_NVML": "false",
+        "RLHF_EXPORTER_RAY": "false",
+    }
+    plain = serve_mod.Sidecar(settings_mod.resolve(None, base))
+    try:  # no Ray and no targets: no engine source, no window board, as before
+        assert [s.name for s in plain.sources] == ["push"]
+        assert plain.engines is None and plain.endpoints.windows_api is None
+    finally:
+        plain.server.server_close()
+    s = settings_mod.resolve(None, {**base, "RLHF_EXPORTER_ENGINE_TARGET": "127.0.0.1:1"})
+    wired = serve_mod.Sidecar(s)
+    try:
+        assert wired.engines is not None and "engines" in [x.name for x in wired.sources]
+        assert wired.push is not None and wired.push.windows.engines is wired.engines
+        assert wired.endpoints.windows_api is None  # no GPU windows: no windows API either
+    finally:
+        wired.server.server_close()

@@ -153,7 +153,8 @@ class Sidecar:
             self.demo_devices = DemoDevices.from_settings(settings, context)
             self.sources += [s for s in (self.demo_devices,) if s]
         self.engines = None
-        if engines_on and windows is not None:  # issue 29: the rollout engines' evidence
+        if engines_on and windows is not None and (ray is not None or _engine_targets(settings)):
+            # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
             from ..sources.engines import EngineSource
 
             self.engines = EngineSource.from_settings(settings, replace(context, ray=ray))
@@ -243,13 +244,12 @@ ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engine
 def _engines_wanted(settings: Any) -> bool:
     """Engine scraping is on and has somewhere to find engines: Ray's rollout servers, verl's
     Prometheus file, a targets file or static targets."""
-    if not settings.engines:
-        return False
+    return bool(settings.engines and (settings.ray or _engine_targets(settings)))
+
+
+def _engine_targets(settings: Any) -> bool:
     return bool(
-        settings.ray
-        or settings.engine_target
-        or settings.engine_targets_file
-        or settings.engine_prometheus_file
+        settings.engine_target or settings.engine_targets_file or settings.engine_prometheus_file
     )
 
 
