@@ -153,7 +153,8 @@ class Sidecar:
             self.demo_devices = DemoDevices.from_settings(settings, context)
             self.sources += [s for s in (self.demo_devices,) if s]
         self.engines = None
-        if engines_on and windows is not None and (ray is not None or _engine_targets(settings)):
+        found_by_ray = ray is not None and settings.ray_actors
+        if engines_on and windows is not None and (found_by_ray or _engine_targets(settings)):
             # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
             from ..sources.engines import EngineSource
 
@@ -244,7 +245,9 @@ ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engine
 def _engines_wanted(settings: Any) -> bool:
     """Engine scraping is on and has somewhere to find engines: Ray's rollout servers, verl's
     Prometheus file, a targets file or static targets."""
-    return bool(settings.engines and (settings.ray or _engine_targets(settings)))
+    # a worker sidecar (--no-ray-actors: Ray for PIDs only) has no jobs to join engines to
+    ray_discovery = settings.ray and settings.ray_actors
+    return bool(settings.engines and (ray_discovery or _engine_targets(settings)))
 
 
 def _engine_targets(settings: Any) -> bool:
