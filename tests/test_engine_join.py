@@ -196,3 +196,25 @@ def test_the_sidecar_wires_engines_only_where_they_can_be_found() -> None:
         assert wired.endpoints.windows_api is None  # no GPU windows: no windows API either
     finally:
         wired.server.server_close()
+
+
+def test_diagnose_says_which_reasons_need_the_sidecar() -> None:
+    import subprocess
+
+    from tests.support.procs import exporter_cmd
+
+    def run(trace: str) -> str:
+        out = subprocess.run(
+            exporter_cmd("diagnose", str(TRACES / trace)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**__import__("os").environ, "COLUMNS": "400"},
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    rollout = run("fully_async_rollout.jsonl")
+    assert "kv_pressure, queueing and replica_imbalance" in rollout
+    assert "need the sidecar" in rollout and "docs/engines.md" in rollout
+    assert "need the sidecar" not in run("checkpoint_outside_one_step_off.jsonl")  # update-bound

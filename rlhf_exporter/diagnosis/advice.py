@@ -120,6 +120,15 @@ EVIDENCE_CAVEATS: Mapping[str, str] = {
     ),
 }
 
+# The rollout reasons only the sidecar can give: they need the rollout engines' own metrics
+# (engine evidence, docs/engines.md), which a log never holds. `diagnose` says so.
+SIDECAR_REASONS: tuple[str, ...] = ("kv_pressure", "queueing", "replica_imbalance")
+SIDECAR_NOTE = (
+    "kv_pressure, queueing and replica_imbalance (and preemption and long_tail from the "
+    "engines on V1 and fully-async) need the sidecar: `rlhf-exporter serve` reads the vLLM / "
+    "SGLang /metrics during each rollout window (docs/engines.md); a log alone cannot show them"
+)
+
 # Which caveat belongs under which verdict and reason (None: every reason of the verdict).
 CAVEATS_BY_VERDICT: Mapping[tuple[str, str | None], tuple[str, ...]] = {
     ("rollout", "preemption"): ("v1_rollout_reasons",),
