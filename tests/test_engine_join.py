@@ -218,3 +218,21 @@ def test_diagnose_says_which_reasons_need_the_sidecar() -> None:
     assert "kv_pressure, queueing and replica_imbalance" in rollout
     assert "need the sidecar" in rollout and "docs/engines.md" in rollout
     assert "need the sidecar" not in run("checkpoint_outside_one_step_off.jsonl")  # update-bound
+
+
+def test_the_landing_page_and_job_view_show_the_evidence_beside_the_reason() -> None:
+    from rlhf_exporter.view.pages import Facts, Links, index_page, job_page
+
+    job, _shadow, sim, _spans, _ = replay("rollout_generation_v1.jsonl", "queueing")
+    sim.stop()
+    facts, links = Facts("test", "http://127.0.0.1:9", "verl (test)"), Links("https://r/x.md")
+    summary = job.summary()
+    page = job_page(summary, [], facts, links)
+    assert "rollout-bound: queueing" in page and "Engine evidence" in page
+    assert "share of W: waiting with KV room" in page
+    ev = summary["engine"]
+    assert f"{ev['queueing_share']:.0%}" in page and f"{ev['kv_max']:.0%}" in page
+    landing = index_page([summary], [], facts, links)
+    assert "queueing" in landing and "engines: KV max" in landing
+    plain = Job("p", "e", load_thresholds(None))
+    assert "Engine evidence" not in job_page(plain.summary(), [], facts, links)
