@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import re
 import threading
 import time
 from collections import Counter, deque
@@ -57,12 +56,20 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "sglang:generation_tokens_total": ("tokens", "sum"),
     "sglang:gen_throughput": ("throughput", "sum"),
 }
-_WANTED = re.compile(
-    rb"^(?:# (?:HELP|TYPE) )?(?:"
-    + b"|".join(re.escape(n.encode()) for n in FAMILIES)
-    + rb")[ {].*$",
-    re.MULTILINE,
+# the lines handed to the parser: each wanted family's TYPE line and samples (no HELP: the
+# parser does not need it); a name must be followed by `{` or a space, so that
+# `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`
+_WANTED: tuple[bytes, ...] = tuple(
+    p
+    for name in FAMILIES
+    for p in (name.encode() + b"{", name.encode() + b" ", b"# TYPE " + name.encode() + b" ")
 )
+
+
+def wanted_lines(body: bytes) -> list[bytes]:
+    return [line for line in body.split(b"\n") if line.startswith(_WANTED)]
+
+
 ENGINES = ("vllm", "sglang", "trtllm")
 
 TOO_MANY = "engine_too_many_replicas"
@@ -86,15 +93,41 @@ class FetchError(Exception):
         self.reason = reason
 
 
-def fetch(url: str, timeout: float, max_bytes: int) -> bytes:
-    """GET `url` within `timeout` seconds in all, at most `max_bytes` bytes."""
+def fetch(
+    url: str,
+    timeout: float,
+    max_bytes: int,
+    conns: dict[str, http.client.HTTPConnection] | None = None,
+) -> bytes:
+    """GET `url` within `timeout` seconds in all, at most `max_bytes` bytes. With `conns`, the
+    connection is kept alive there for the next read (engines serve HTTP/1.1), and a kept
+    connection the engine closed meanwhile is replaced once."""
+    kept = conns.pop(url, None) if conns is not None else None
+    try:
+        return _get(url, timeout, max_bytes, kept, conns)
+    except FetchError as exc:
+        if kept is None or exc.reason != UNREACHABLE:
+            raise
+        return _get(url, timeout, max_bytes, None, conns)  # the kept one had gone stale
+
+
+def _get(
+    url: str,
+    timeout: float,
+    max_bytes: int,
+    conn: http.client.HTTPConnection | None,
+    conns: dict[str, http.client.HTTPConnection] | None,
+) -> bytes:
     parts = urlsplit(url)
     deadline = time.monotonic() + timeout
-    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
+    if conn is None:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
+    keep = False
     try:
         conn.request("GET", parts.path or "/metrics", headers={"Accept": "text/plain"})
         resp = conn.getresponse()
         if resp.status != 200:
+            resp.read(max_bytes)
             raise FetchError(HTTP_ERROR)
         chunks, size = [], 0
         while True:
@@ -107,20 +140,27 @@ def fetch(url: str, timeout: float, max_bytes: int) -> bytes:
             if time.monotonic() > deadline:
                 raise FetchError(TIMEOUT)
             chunks.append(chunk)
+            if resp.length == 0:  # read1 would not notice the end of a sized body by itself
+                break
+        resp.close()  # done with this response: the connection can send the next request
+        keep = conns is not None and not resp.will_close
         return b"".join(chunks)
     except TimeoutError:
         raise FetchError(TIMEOUT) from None
     except (OSError, http.client.HTTPException):
         raise FetchError(UNREACHABLE) from None
     finally:
-        conn.close()
+        if keep and conns is not None:
+            conns[url] = conn
+        else:
+            conn.close()
 
 
 def parse(body: bytes, t: float) -> Read:
     """The engine's page -> one EngineSample (series of one family combined per FAMILIES)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    lines = _WANTED.findall(body)
+    lines = wanted_lines(body)
     if not lines:
         return Read(EngineSample(t), "", NO_STATS)
     values: dict[str, float] = {}
@@ -186,6 +226,7 @@ class EngineSource(PollingSource):
         self._last_scrape: float | None = None
         self._busy = False  # an engine had running or waiting requests at the last read
         self._result = PollResult(())
+        self._conns: dict[str, http.client.HTTPConnection] = {}  # kept alive per target URL
 
     @classmethod
     def from_settings(cls, settings: Any, context: Context) -> EngineSource | None:
@@ -225,6 +266,9 @@ class EngineSource(PollingSource):
         return dict(self._errors)
 
     def close(self) -> None:
+        for conn in list(self._conns.values()):
+            conn.close()
+        self._conns.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
@@ -266,6 +310,9 @@ class EngineSource(PollingSource):
                 if (s.running or 0.0) > 0 or (s.waiting or 0.0) > 0:
                     busy = True
             self._forget(now, {t.name for t in found})
+            urls = {t.url for t in found}
+            for url in [u for u in self._conns if u not in urls]:  # a target gone: its socket too
+                self._conns.pop(url).close()
         self._busy = busy
         self._result = PollResult(tuple(self._samples()), record_errors=dict(self._errors))
         return self._result
@@ -281,7 +328,7 @@ class EngineSource(PollingSource):
 
     def _read(self, target: Target) -> Read:
         try:
-            body = fetch(target.url, self.timeout, self.max_bytes)
+            body = fetch(target.url, self.timeout, self.max_bytes, self._conns)
         except FetchError as exc:
             return Read(None, target.engine, exc.reason)
         return parse(body, self._clock())

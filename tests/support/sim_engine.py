@@ -94,8 +94,23 @@ class SimClock:
         return self.t
 
 
-def page(r: Replica, t: float, windows: Sequence[tuple[float, float]]) -> bytes:
-    """The replica's /metrics body at time t, as the engine writes it."""
+BULK_HISTOGRAMS = (  # more of vLLM's histogram families, for a page of realistic size (bench)
+    "vllm:request_queue_time_seconds",
+    "vllm:request_inference_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:request_time_per_output_token_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+    "vllm:request_params_max_tokens",
+    "vllm:request_params_n",
+)
+
+
+def page(r: Replica, t: float, windows: Sequence[tuple[float, float]], bulk: bool = False) -> bytes:
+    """The replica's /metrics body at time t, as the engine writes it. `bulk`: with more
+    histogram families (bench/engines.py: a page the size of a real vLLM's)."""
     reg = CollectorRegistry()
     GCCollector(registry=reg)
     PlatformCollector(registry=reg)
@@ -118,7 +133,10 @@ def page(r: Replica, t: float, windows: Sequence[tuple[float, float]]) -> bytes:
         metric("preempted").inc(preempted)
         metric("tokens").inc(tokens)
         metric("prompt").inc(tokens / 4)
-        for name, doc, buckets in (em.VLLM_E2E, em.VLLM_TTFT):
+        hists = [(em.VLLM_E2E[0], em.VLLM_E2E[1], em.VLLM_E2E[2]), em.VLLM_TTFT]
+        if bulk:
+            hists += [(n, "Histogram.", em.VLLM_E2E[2]) for n in BULK_HISTOGRAMS]
+        for name, doc, buckets in hists:
             h = Histogram(name, doc, em.VLLM_LABELS, buckets=buckets, registry=reg).labels(*lv)
             for x in (0.2, 3.0, 45.0):
                 h.observe(x)
@@ -148,6 +166,7 @@ def page(r: Replica, t: float, windows: Sequence[tuple[float, float]]) -> bytes:
 class _Handler(BaseHTTPRequestHandler):
     sim: EngineSim
     replica: Replica
+    protocol_version = "HTTP/1.1"  # keep-alive, as the engines' servers (uvicorn) do
 
     def do_GET(self) -> None:
         t = self.sim.clock()
@@ -158,7 +177,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.split("?")[0] != "/metrics":
             self.send_error(404)
             return
-        body = page(self.replica, t, self.sim.windows)
+        body = page(self.replica, t, self.sim.windows, self.sim.bulk)
         self.sim.scrapes += 1
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
@@ -178,9 +197,11 @@ class EngineSim:
         replicas: Sequence[Replica],
         windows: Sequence[tuple[float, float]] = (),
         clock: Callable[[], float] | None = None,
+        bulk: bool = False,
     ):
         import time
 
+        self.bulk = bulk
         self.replicas = list(replicas)
         self.windows: list[tuple[float, float]] = list(windows)
         self.clock = clock or time.time
