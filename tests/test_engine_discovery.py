@@ -19,6 +19,7 @@ from collections import Counter
 
 import pytest
 
+from rlhf_exporter.sources import engine_targets
 from rlhf_exporter.sources.engine_targets import (
     Targets,
     listening_ports,
@@ -126,7 +127,9 @@ def _server_class(class_name: str):
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other() -> None:
+def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
+    monkeypatch,
+) -> None:
     import ray
 
     from rlhf_exporter.sources.ray import RaySource
@@ -158,6 +161,34 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other()
             assert found[name].url.endswith(f":{http_port}/metrics"), (found[name], mute_port)
             assert found[name].engine == "vllm"
         assert not errors
+        # a server whose HTTP server is not up yet (vLLM loads the model first): not a target,
+        # counted, and found once it listens and PROBE_RETRY has passed
+        late = cls.options(name="vllm_server_3_0").remote()
+        wait_until(
+            lambda: (
+                "vllm_server_3_0"
+                in {a.name for a in (ray_src.poll_once() and ray_src.pid_actors()).values()}
+            ),
+            60,
+            0.5,
+            what="the Ray source lists the late server",
+        )
+        assert "vllm_server_3_0" not in {t.name for t in targets.current(errors)}
+        assert errors["engine_port_not_found"] == 1
+        late_port, _ = ray.get(late.serve.remote(body))
+        monkeypatch.setattr(engine_targets, "PROBE_RETRY", 0.0)
+        again = {t.name: t for t in targets.current(errors)}
+        assert again["vllm_server_3_0"].url.endswith(f":{late_port}/metrics")
+        ray.kill(late)
+        wait_until(
+            lambda: (
+                "vllm_server_3_0"
+                not in {a.name for a in (ray_src.poll_once() and ray_src.pid_actors()).values()}
+            ),
+            60,
+            0.5,
+            what="the late server leaves",
+        )
         # the engine source reads them: every replica up, with its engine series
         source = EngineSource(targets, interval=1.0, active=lambda: True)
         snap = source.poll_once()

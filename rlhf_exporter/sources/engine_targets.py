@@ -9,7 +9,8 @@ In order, merged (one target per URL):
    node's ALIVE actors with their worker PID (`RaySource.pid_actors`); the server's
    listening TCP ports come from `/proc/<pid>/fd` and `/proc/<pid>/net/tcp{,6}` (node-local:
    the sidecar must see the actor's processes, as for the GPU roles), and the port that
-   answers `GET /metrics` with Prometheus text is kept for that PID.
+   answers `GET /metrics` with Prometheus text is kept for that PID (a server whose port is
+   not found yet, still loading its model, is probed again after PROBE_RETRY seconds).
 2. **verl's Prometheus config** (`actor_rollout_ref.rollout.prometheus.enable=True` writes
    `rollout.prometheus.file`, by default /tmp/ray/session_latest/metrics/prometheus/prometheus.yml,
    on every node): the `rollout` scrape job's static targets, every replica of the job
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -34,6 +36,7 @@ from typing import Any, NamedTuple
 ROLLOUT_SERVER = re.compile(r"(vllm|sglang|trtllm)_server_(\d+)_(\d+)")
 """A rollout replica's server actor (verl 0.9.1); reward/teacher servers do not match."""
 MAX_PORTS = 8
+PROBE_RETRY = 30.0  # seconds before a server whose port was not found is probed again
 MAX_FILE_BYTES = 1 << 20
 PORT_NOT_FOUND = "engine_port_not_found"
 BAD_TARGET_FILE = "engine_bad_target_file"
@@ -151,7 +154,8 @@ class Targets:
         self.probe_timeout = probe_timeout
         self.proc = proc
         self._files: dict[str, tuple[float, list[Target]]] = {}  # path -> (mtime, targets)
-        self._ports: dict[int, str | None] = {}  # pid -> the /metrics URL (None: none found)
+        # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic)
+        self._ports: dict[int, tuple[str | None, float]] = {}
 
     def describe(self) -> str:
         parts = []
@@ -206,11 +210,14 @@ class Targets:
             if found is None or found[2] != 0:
                 continue
             alive.add(pid)
-            if pid not in self._ports:
-                self._ports[pid] = self._probe(pid)
-                if self._ports[pid] is None:
+            url, probed = self._ports.get(pid, (None, None))
+            now = time.monotonic()
+            if url is None and (probed is None or now - probed >= PROBE_RETRY):
+                # a server found before its HTTP server listens (vLLM loads the model first)
+                url = self._probe(pid)
+                self._ports[pid] = (url, now)
+                if url is None:
                     errors[PORT_NOT_FOUND] += 1
-            url = self._ports[pid]
             if url is not None:
                 out.append(Target(actor.name, url, found[0]))
         for pid in list(self._ports):
