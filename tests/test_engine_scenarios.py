@@ -138,3 +138,34 @@ def test_bounds_are_counted() -> None:
     # targets are read in name order: 127.0.0.1:1 (nothing listens) first
     assert errors["engine_unreachable"] == 1
     assert errors["engine_body_too_large"] == 2  # every page is larger than 1000 bytes
+
+
+def test_a_hung_engine_times_out_and_a_broken_page_is_counted() -> None:
+    import socket
+    import time
+
+    from rlhf_exporter.sources.engines import PARSE_ERROR, TIMEOUT, parse
+
+    with socket.socket() as mute:  # accepts connections (the kernel's backlog), never answers
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        url = f"127.0.0.1:{mute.getsockname()[1]}"
+        source = EngineSource(Targets(static=[url]), timeout=0.3, active=lambda: True)
+        started = time.monotonic()
+        source.poll()
+        took = time.monotonic() - started
+        source.close()
+    assert source.error_counts()[TIMEOUT] == 1
+    assert took < 2.0
+    broken = b'# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0" 5\n'
+    assert parse(broken, 1.0).error == PARSE_ERROR
+    odd = (
+        b"# TYPE vllm:num_requests_running gauge\n"
+        b'vllm:num_requests_running{engine="0"} NaN\n'
+        b'vllm:num_requests_running{engine="1"} 3\n'
+        b'vllm:num_requests_waiting_by_reason{reason="capacity"} 7\n'
+    )
+    read = parse(odd, 1.0)
+    assert read.error is None and read.sample is not None
+    assert read.sample.running == 3.0  # NaN dropped, the other engine kept
+    assert read.sample.waiting is None  # waiting_by_reason is not waiting
