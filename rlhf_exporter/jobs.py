@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .diagnosis import (
@@ -47,8 +47,9 @@ from .diagnosis import (
     history,
 )
 from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
+from .diagnosis.engines import EngineEvidence, EngineLimits, refine, rollout_spans
 from .diagnosis.episodes import Episode, episodes
-from .diagnosis.timeline import Placer
+from .diagnosis.timeline import Placer, Timeline
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
 from .metrics.catalog import BY_NAME
@@ -289,6 +290,11 @@ class Job:
         self._history: tuple[history.StepPoint, ...] = ()  # the last steps, for the job view
         # the change episodes of `_history`, computed when first shown after a step
         self._episodes: tuple[tuple[history.StepPoint, ...], tuple[Episode, ...]] = ((), ())
+        # engine evidence (diagnosis/engines.py): the last measured rollout window's
+        self.engine: EngineEvidence | None = None
+        self.engine_step: int | None = None
+        self._engine_windows = {"true": 0, "false": 0}
+        self._engine_preemptions = 0.0
 
     @property
     def run(self) -> int:
@@ -332,6 +338,10 @@ class Job:
         # the last trainer record (classified, or fully-async's empty one) not yet known to
         # be followed by another record of the batch: the placer's anchor (timeline.Placer)
         anchor: Record | None = None
+        # with engine evidence the batch's last diagnosis waits for its timeline (its reason
+        # may come from the engines); without, every step is classified as it comes
+        engines = getattr(self._windows, "engines", None)
+        pending: StepDiagnosis | None = None
         for record in records:
             try:
                 clean = self._clean(record)
@@ -354,7 +364,12 @@ class Job:
                 self._remember_evidence(clean.data)
                 post = event.diagnosis
                 if event.diagnosis is not None:
-                    self._classified(event.diagnosis)
+                    if engines is None:
+                        self._classified(event.diagnosis)
+                    else:
+                        if pending is not None:
+                            self._classified(pending)
+                        pending = event.diagnosis
                 n += 1
             except Exception:  # a bug or an input no check foresaw: drop this record only
                 self._drop(INTERNAL_ERROR, exc_info=True)
@@ -366,11 +381,46 @@ class Job:
             if post is None:  # fully-async's empty trainer record (verl 0.8.0)
                 self._placer.empty(self._arrival, anchor.step)
             else:
-                for timeline in self._placer.place(
+                timelines = self._placer.place(
                     post.step, post.windows, post.timers, anchor.data, self._arrival
-                ):
+                )
+                if pending is not None and pending is post and timelines:
+                    pending = self._with_engines(pending, timelines, engines)
+                for timeline in timelines:
                     self._windows.post(self.labels, timeline)
+        if pending is not None:
+            try:
+                self._classified(pending)
+            except Exception:
+                self._drop(INTERNAL_ERROR, exc_info=True)
+            self._samples = None
         return n
+
+    def _with_engines(
+        self, d: StepDiagnosis, timelines: Sequence[Timeline], engines: Any
+    ) -> StepDiagnosis:
+        """The step's reason and evidence with the engines' evidence over its rollout window
+        (a `rollout` verdict's reason comes from the engines when usable and one holds); a
+        fully-async record places several sub-steps: their rollout spans together."""
+        try:
+            spans = rollout_spans([iv for tl in timelines for iv in tl.intervals])
+            ev = engines.evidence(spans) if spans else None
+        except Exception:  # the engine side must never cost a step its diagnosis
+            self._drop(INTERNAL_ERROR, exc_info=True)
+            return d
+        if ev is None:
+            return d
+        self.engine, self.engine_step = ev, d.step
+        self._engine_windows["true" if ev.usable else "false"] += 1
+        if ev.usable:
+            self._engine_preemptions += ev.preemptions
+        limits = getattr(engines, "limits", None) or EngineLimits()
+        reason, evidence = refine(
+            d.verdict, d.reason, d.evidence, ev if ev.usable else None, limits
+        )
+        if not ev.usable:
+            evidence.update(ev.numbers())
+        return d._replace(reason=reason, evidence=evidence)
 
     def _remember_evidence(self, data: Mapping[str, Any]) -> None:
         """Which of the keys the reasons need this job's log has reported (either spelling of
@@ -550,8 +600,39 @@ class Job:
             )
         if last is not None:
             yield from self._last_step(last)
+        if self.engine is not None:
+            yield from self._engine_samples(self.engine)
         for (name, extra), value in sorted(self._extra.items()):
             yield Sample(name, j + extra, value)
+
+    def _engine_samples(self, ev: EngineEvidence) -> Iterable[Sample]:
+        j = self.labels
+        yield Sample("rlhf_engine_evidence_usable", j, 1.0 if ev.usable else 0.0)
+        for usable, n in self._engine_windows.items():
+            yield Sample("rlhf_engine_windows_total", j + (usable,), float(n))
+        yield Sample("rlhf_engine_window_seconds", j, ev.window_seconds)
+        yield Sample("rlhf_engine_coverage_ratio", j, ev.coverage)
+        yield Sample("rlhf_engine_replicas", j, float(ev.replicas))
+        yield Sample("rlhf_engine_running_requests_peak", j, ev.peak_running)
+        yield Sample("rlhf_engine_running_requests_mean", j, ev.running_mean)
+        yield Sample("rlhf_engine_waiting_requests_mean", j, ev.waiting_mean)
+        yield Sample("rlhf_engine_kv_cache_usage_max_ratio", j, ev.kv_max)
+        yield Sample("rlhf_engine_preemptions", j, ev.preemptions)
+        yield Sample("rlhf_engine_preemptions_total", j, self._engine_preemptions)
+        if ev.imbalance is not None:
+            yield Sample("rlhf_engine_imbalance_ratio", j, ev.imbalance)
+        for condition, share in (
+            ("kv_pressure", ev.kv_pressure_share),
+            ("queueing", ev.queueing_share),
+            ("long_tail", ev.long_tail_share),
+        ):
+            yield Sample("rlhf_engine_window_share_ratio", j + (condition,), share)
+        for replica, tokens in sorted(ev.tokens.items()):
+            label, _ = clean_label(replica[:MAX_LABEL_CHARS])
+            yield Sample("rlhf_engine_replica_generated_tokens", j + (label,), tokens)
+        for replica, kv in sorted(ev.kv_max_by_replica.items()):
+            label, _ = clean_label(replica[:MAX_LABEL_CHARS])
+            yield Sample("rlhf_engine_replica_kv_cache_usage_max_ratio", j + (label,), kv)
 
     def _last_step(self, d: StepDiagnosis) -> Iterable[Sample]:
         j = self.labels
@@ -602,7 +683,7 @@ class Job:
     def summary(self) -> dict[str, Any]:
         """What the landing page shows for this job."""
         d = self.last
-        return {
+        out: dict[str, Any] = {
             "project": self.project,
             "experiment": self.experiment,
             "step": self.step,
@@ -619,6 +700,27 @@ class Job:
             "finished": self.finished,
             "cannot_show": missing_evidence(self._evidence_seen),
         }
+        if self.engine is not None:  # a sidecar without engines: the summary as before
+            out["engine"] = _engine_summary(self.engine, self.engine_step)
+        return out
+
+
+def _engine_summary(ev: EngineEvidence, step: int | None) -> dict[str, Any]:
+    """The engine evidence for `/` and the job view."""
+    return {
+        "step": step,
+        "usable": ev.usable,
+        "coverage": ev.coverage,
+        "replicas": ev.replicas,
+        "peak_running": ev.peak_running,
+        "waiting_mean": ev.waiting_mean,
+        "kv_max": ev.kv_max,
+        "preemptions": ev.preemptions,
+        "imbalance": ev.imbalance,
+        "kv_pressure_share": ev.kv_pressure_share,
+        "queueing_share": ev.queueing_share,
+        "long_tail_share": ev.long_tail_share,
+    }
 
 
 def verl_metric_names() -> frozenset[str]:

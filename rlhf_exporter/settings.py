@@ -434,6 +434,91 @@ OPTIONS: tuple[Option, ...] = (
         "nvml",
         "SECONDS",
     ),
+    # rollout engines (docs/engines.md)
+    Option(
+        "engines",
+        _bool,
+        True,
+        "sample the rollout engines' /metrics (vLLM, SGLang) for each rollout window's evidence: "
+        "verl's rollout servers found through Ray on this node, plus the targets below",
+        "engines",
+    ),
+    Option(
+        "engine_target",
+        str,
+        None,
+        "a rollout engine's metrics URL or HOST:PORT (repeatable; engines outside Ray)",
+        "engines",
+        "URL",
+        multiple=True,
+    ),
+    Option(
+        "engine_targets_file",
+        str,
+        None,
+        "a Prometheus file_sd YAML/JSON list of engine targets ({targets, labels: {replica}}), "
+        "re-read when it changes",
+        "engines",
+        "FILE",
+    ),
+    Option(
+        "engine_prometheus_file",
+        str,
+        None,
+        "the Prometheus config verl writes with actor_rollout_ref.rollout.prometheus.enable=True "
+        "(rollout.prometheus.file): its `rollout` job's targets are scraped",
+        "engines",
+        "FILE",
+    ),
+    Option(
+        "engine_interval",
+        _positive,
+        1.0,
+        "seconds between engine reads while a job steps or an engine is busy",
+        "engines",
+        "SECONDS",
+    ),
+    Option(
+        "engine_idle_interval",
+        _positive,
+        15.0,
+        "seconds between engine reads while nothing steps",
+        "engines",
+        "SECONDS",
+    ),
+    Option(
+        "engine_timeout",
+        _positive,
+        0.5,
+        "seconds one engine read may take in all (then counted as engine_timeout)",
+        "engines",
+        "SECONDS",
+    ),
+    Option(
+        "engine_max_bytes",
+        _size,
+        4 << 20,
+        "largest engine /metrics answer read (larger: engine_body_too_large)",
+        "engines",
+        "BYTES",
+    ),
+    Option(
+        "engine_max_replicas",
+        _count,
+        64,
+        "engine replicas read at most; more are dropped as engine_too_many_replicas",
+        "engines",
+        "N",
+    ),
+    Option(
+        "engine_ring",
+        _count,
+        900,
+        "samples kept per replica (at 1 s: the last 15 minutes; a longer rollout window is "
+        "not covered and keeps the log's reason)",
+        "engines",
+        "N",
+    ),
 )
 BY_NAME: Mapping[str, Option] = {o.name: o for o in OPTIONS}
 GROUP_TITLES = {
@@ -443,6 +528,7 @@ GROUP_TITLES = {
     "limits": "limits (bad or hostile input)",
     "ray": "Ray actors",
     "nvml": "GPUs (NVML)",
+    "engines": "rollout engines (vLLM, SGLang)",
 }
 
 

@@ -39,7 +39,7 @@ from rlhf_exporter.demo.simulator import (
     shifted,
 )
 from rlhf_exporter.diagnosis import Thresholds
-from rlhf_exporter.metrics.catalog import RAY, WINDOW_GPU
+from rlhf_exporter.metrics.catalog import ENGINE, RAY, WINDOW_GPU
 from rlhf_exporter.render import rules as rules_mod
 from rlhf_exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
 from rlhf_exporter.render.dashboards.queries import gpus_per_job
@@ -64,6 +64,10 @@ JOBS = {
     ],
 }
 STEP_EVERY = 0.3  # seconds between two steps of a job: a few scrapes per step
+
+
+ENGINE_PANELS = {551: "ABC", 552: "AB", 553: "A", 554: "A", 555: "A", 556: "AB"}
+"""The job dashboard's engines row: panel id -> its queries (tests/test_engines_live.py)."""
 
 
 def scaled_thresholds() -> Thresholds:
@@ -95,8 +99,10 @@ def absent_source_series(rule_dir: Path) -> set[str]:
     """Series that only the Ray source feeds: their catalog names, and recording rules
     computed from them (read from the rule files). Also GPU time by step window: it needs
     one job per exporter (docs/gpu-windows.md), and this exporter follows several; its
-    panels are checked live in tests/test_gpu_windows.py."""
-    names = {m.name for m in RAY} | {m.name for m in WINDOW_GPU}
+    panels are checked live in tests/test_gpu_windows.py. And engine evidence: the replay's
+    steps are far shorter in wall time than their timers say, so no rollout window lies where
+    an engine was read; the engines row is checked live in tests/test_engines_live.py."""
+    names = {m.name for m in RAY} | {m.name for m in WINDOW_GPU} | {m.name for m in ENGINE}
     for path in rule_dir.glob("*.yaml"):
         for group in yaml.safe_load(path.read_text())["groups"]:
             for rule in group["rules"]:
@@ -255,6 +261,7 @@ def test_every_query_returns_series_for_a_real_job(live, rel, experiment):
     # only the Ray panels (and GPU time by step window) are left out
     left_out = {(int(w.split()[1]), w.rsplit(" ", 1)[1]) for w in skipped}
     want = {(604, "A"), (604, "B"), (654, "A"), (701, "A"), (702, "A"), (702, "B")}
+    want |= {(p, r) for p, refs in ENGINE_PANELS.items() for r in refs}
     assert left_out == (want if rel == JOB_PATH else {(303, "A")}), skipped
 
 

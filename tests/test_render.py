@@ -123,6 +123,14 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_gpu_row_remap_failed",
         "rlhf_gpu_retired_pages_pending",
         "rlhf_gpu_reading_unsupported",
+        # engine evidence (issue 29): counts of requests, replicas, preemptions; 0/1 states
+        "rlhf_engine_evidence_usable",
+        "rlhf_engine_replicas",
+        "rlhf_engine_running_requests_peak",
+        "rlhf_engine_running_requests_mean",
+        "rlhf_engine_waiting_requests_mean",
+        "rlhf_engine_preemptions",
+        "rlhf_engine_up",
     }, unitless
 
 

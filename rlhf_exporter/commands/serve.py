@@ -125,9 +125,14 @@ class Sidecar:
         windows = None
         # issue 17: GPU time by step window (the demo's simulated GPUs join it too); issue 23:
         # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
-        # windows, for its worker sidecars to read (GET /api/v1/windows)
+        # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
+        # evidence joins each step's rollout window through the same board
         reads_jobs = bool(settings.verl_root or settings.verl_file or settings.push)
-        if (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows:
+        gpu_windows = bool(
+            (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows
+        )
+        engines_on = _engines_wanted(settings)
+        if gpu_windows or engines_on:
             from ..gpuwindows.board import WindowBoard
 
             windows = WindowBoard(keep=settings.gpu_windows_keep)
@@ -146,11 +151,11 @@ class Sidecar:
         ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
-        nvml_windows = windows if self.demo is None else None
+        nvml_windows = windows if self.demo is None and gpu_windows else None
         self.nvml = self._optional(
             "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray, windows=nvml_windows)
         )
-        if windows is not None and settings.gpu_windows_from:  # a worker: the head's windows
+        if gpu_windows and settings.gpu_windows_from:  # a worker: the head's windows
             from ..gpuwindows.remote import RemoteWindowsSource
 
             self.sources += [
@@ -161,15 +166,27 @@ class Sidecar:
 
             self.demo_devices = DemoDevices.from_settings(settings, context)
             self.sources += [s for s in (self.demo_devices,) if s]
+        self.engines = None
+        found_by_ray = ray is not None and settings.ray_actors
+        if engines_on and windows is not None and (found_by_ray or _engine_targets(settings)):
+            # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
+            from ..sources.engines import EngineSource
+
+            self.engines = EngineSource.from_settings(settings, replace(context, ray=ray))
+            if self.engines is not None:
+                board = windows
+                windows.engines = self.engines
+                self.engines.set_active(lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)))
+                self.sources.append(self.engines)
         self.endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
             snapshot_fns=[s.snapshot for s in self.sources],
             jobs_fns=[s.jobs for s in self.sources],
             push=self.push,
-            ready_fns=[s.snapshot for s in self.sources if s is not self.push],
+            ready_fns=[s.snapshot for s in self.sources if s not in (self.push, self.engines)],
             sources_text=", ".join(s.describe() for s in self.sources) or "none",
-            windows_api=_windows_api(windows, settings),
+            windows_api=_windows_api(windows if gpu_windows else None, settings),
             window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
             pages=PageCache(max_bytes=settings.page_cache_bytes),
@@ -235,6 +252,23 @@ class Sidecar:
             t.join(3.0)
         if self.tempdir is not None:
             shutil.rmtree(self.tempdir, ignore_errors=True)
+
+
+ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engines are read at 1 Hz
+
+
+def _engines_wanted(settings: Any) -> bool:
+    """Engine scraping is on and has somewhere to find engines: Ray's rollout servers, verl's
+    Prometheus file, a targets file or static targets."""
+    # a worker sidecar (--no-ray-actors: Ray for PIDs only) has no jobs to join engines to
+    ray_discovery = settings.ray and settings.ray_actors
+    return bool(settings.engines and (ray_discovery or _engine_targets(settings)))
+
+
+def _engine_targets(settings: Any) -> bool:
+    return bool(
+        settings.engine_target or settings.engine_targets_file or settings.engine_prometheus_file
+    )
 
 
 def _windows_api(windows: Any, settings: Any) -> Any:

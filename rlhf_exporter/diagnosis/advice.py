@@ -23,7 +23,11 @@ VERDICT_MEANING: Mapping[str, str] = {
 }
 
 REASON_MEANING: Mapping[str, str] = {
-    "preemption": "rollout requests were preempted (agent_loop/num_preempted/max > 0)",
+    "preemption": "rollout requests were preempted (the engines' preemption or retraction "
+    "counters grew during the rollout window, or agent_loop/num_preempted/max > 0)",
+    "kv_pressure": "the engines' KV cache was full while requests waited",
+    "queueing": "requests waited while the engines' KV cache had room",
+    "replica_imbalance": "one rollout replica generated far more tokens than the others",
     "tool_calls": "the slowest sample spent its time in tool calls",
     "reward_in_loop": "the slowest sample spent its time in compute_score",
     "long_tail": "a few long samples hold the batch (max >> mean)",
@@ -46,6 +50,18 @@ LOOK_AT: Mapping[tuple[str, str], str] = {
         "reward_in_loop",
     ): "reward function / reward workers (reward.*, not reward_model.*)",
     ("rollout", "long_tail"): "response length cap; partial rollout (fully-async only)",
+    ("rollout", "kv_pressure"): (
+        "KV-cache room: rollout gpu_memory_utilization, max_num_seqs, max_num_batched_tokens, "
+        "or more rollout replicas (a smaller tensor_model_parallel_size)"
+    ),
+    ("rollout", "queueing"): (
+        "too few replicas or a low max_num_seqs: the engine had room (raise max_num_seqs, or "
+        "a smaller tensor_model_parallel_size for more replicas)"
+    ),
+    ("rollout", "replica_imbalance"): (
+        "one slow node or an uneven load: the replica's node and GPUs, per-replica batch "
+        "(agent.num_workers), data_parallel_size"
+    ),
     ("rollout", "generation"): "rollout engine throughput, TP size, concurrency",
     ("update", "compute_bound"): "more GPUs or fewer tokens",
     ("update", "low_mfu"): (
@@ -114,6 +130,15 @@ EVIDENCE_CAVEATS: Mapping[str, str] = {
         "the signal."
     ),
 }
+
+# The rollout reasons only the sidecar can give: they need the rollout engines' own metrics
+# (engine evidence, docs/engines.md), which a log never holds. `diagnose` says so.
+SIDECAR_REASONS: tuple[str, ...] = ("kv_pressure", "queueing", "replica_imbalance")
+SIDECAR_NOTE = (
+    "kv_pressure, queueing and replica_imbalance (and preemption and long_tail from the "
+    "engines on V1 and fully-async) need the sidecar: `rlhf-exporter serve` reads the vLLM / "
+    "SGLang /metrics during each rollout window (docs/engines.md); a log alone cannot show them"
+)
 
 # Which caveat belongs under which verdict and reason (None: every reason of the verdict).
 CAVEATS_BY_VERDICT: Mapping[tuple[str, str | None], tuple[str, ...]] = {

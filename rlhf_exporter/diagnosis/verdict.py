@@ -15,7 +15,17 @@ VERDICTS = GROUPS + (BALANCED, UNKNOWN)
 """Every verdict, groups first. The sidecar exports all of them, always."""
 
 REASONS: Mapping[str, tuple[str, ...]] = {
-    "rollout": ("preemption", "tool_calls", "reward_in_loop", "long_tail", "generation"),
+    "rollout": (
+        "preemption",
+        "tool_calls",
+        "reward_in_loop",
+        "long_tail",
+        "generation",
+        # engine evidence only (diagnosis/engines.py; a sidecar with engine scraping)
+        "kv_pressure",
+        "queueing",
+        "replica_imbalance",
+    ),
     "reward": ("reward_model",),
     "logprob": ("compute_bound", "low_mfu", "mfu_unknown"),
     "update": ("compute_bound", "low_mfu", "mfu_unknown"),

@@ -22,6 +22,7 @@ import math
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
+from typing import Any
 
 import orjson
 
@@ -50,6 +51,9 @@ class WindowBoard:
         self._jobs: OrderedDict[tuple[str, str], Recent] = OrderedDict()
         self._new: list[tuple[tuple[str, str], Timeline]] = []
         self.version = 0  # bumped at every post (the windows API caches its answer per version)
+        # the engine source (sources/engines.py), when the sidecar samples rollout engines:
+        # a job joins its step's rollout window to the engines' samples through it
+        self.engines: Any = None
 
     def post(self, labels: tuple[str, str], timeline: Timeline) -> None:
         with self._lock:

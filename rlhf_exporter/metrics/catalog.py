@@ -401,6 +401,98 @@ WINDOW_GPU = _section(
     ),
 )
 
+ENGINE = _section(
+    "Engine evidence",
+    _job(
+        "rlhf_engine_evidence_usable",
+        GAUGE,
+        "1 when the last measured rollout window W had usable engine evidence (every replica "
+        "alive in W covered by samples for at least engine.min_coverage of W), so a rollout "
+        "verdict's reason came from the engines when one held; 0: the log's rules applied.",
+    ),
+    _job(
+        "rlhf_engine_windows_total",
+        COUNTER,
+        "Rollout windows measured against the engines' samples, by whether the evidence was "
+        "usable (true/false).",
+        "usable",
+    ),
+    _job(
+        "rlhf_engine_window_seconds",
+        GAUGE,
+        "Length of W, the last measured step's rollout window (the union of its rollout-group "
+        "spans in the step's timeline).",
+    ),
+    _job(
+        "rlhf_engine_coverage_ratio",
+        GAUGE,
+        "Share of W covered by samples, for the least-covered replica alive in W.",
+    ),
+    _job("rlhf_engine_replicas", GAUGE, "Rollout replicas that answered during W."),
+    _job(
+        "rlhf_engine_running_requests_peak",
+        GAUGE,
+        "Peak over W of the running requests summed over replicas.",
+    ),
+    _job(
+        "rlhf_engine_running_requests_mean",
+        GAUGE,
+        "Time-weighted mean over W of the running requests summed over replicas.",
+    ),
+    _job(
+        "rlhf_engine_waiting_requests_mean",
+        GAUGE,
+        "Time-weighted mean over W of the waiting (queued) requests summed over replicas.",
+    ),
+    _job(
+        "rlhf_engine_kv_cache_usage_max_ratio",
+        GAUGE,
+        "Highest KV-cache usage (0-1) of any replica during W.",
+    ),
+    _job(
+        "rlhf_engine_preemptions",
+        GAUGE,
+        "Preemptions (vLLM) or retractions (SGLang) during W, summed over replicas.",
+    ),
+    _job(
+        "rlhf_engine_preemptions_total",
+        COUNTER,
+        "Preemptions or retractions during the measured rollout windows (usable ones only).",
+    ),
+    _job(
+        "rlhf_engine_imbalance_ratio",
+        GAUGE,
+        "Generated tokens during W: the busiest replica's over the mean replica's (1: even).",
+    ),
+    _job(
+        "rlhf_engine_window_share_ratio",
+        GAUGE,
+        "Time-weighted share of W where a condition held: kv_pressure (KV cache >= "
+        "engine.kv_full with requests waiting), queueing (requests waiting, KV cache < "
+        "engine.kv_free), long_tail (running <= engine.long_tail_running_ratio x the peak).",
+        "condition",
+    ),
+    _job(
+        "rlhf_engine_replica_generated_tokens",
+        GAUGE,
+        "Tokens each rollout replica generated during W (at most --engine-max-replicas).",
+        "replica",
+    ),
+    _job(
+        "rlhf_engine_replica_kv_cache_usage_max_ratio",
+        GAUGE,
+        "Each rollout replica's highest KV-cache usage (0-1) during W.",
+        "replica",
+    ),
+    Metric(
+        "rlhf_engine_up",
+        GAUGE,
+        "1 when the rollout replica's last /metrics read succeeded (its engine label: vllm, "
+        "sglang; empty when it exported no engine series).",
+        ("replica", "engine"),
+    ),
+)
+
 EXPORTER = _section(
     "The exporter itself",
     Metric(
@@ -457,6 +549,6 @@ EXPORTER = _section(
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
 )
 
-CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + GPU_HEALTH + WINDOW_GPU + EXPORTER)
+CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + GPU_HEALTH + WINDOW_GPU + ENGINE + EXPORTER)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)

@@ -159,6 +159,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         "mfu_unknown": "MFU missing or 0",
         "untimed": f"R ≥ {r['untimed_fraction']} × T(other)",
         "driver_compute": "otherwise",
+        **_engine_when(th),
     }
     for verdict, reasons in REASONS.items():
         for reason in reasons:
@@ -173,6 +174,7 @@ def decision_table_markdown(th: Thresholds) -> str:
                 f"| `{verdict}` | `{reason}` — {REASON_MEANING[reason]} | {condition} | "
                 f"{look_at(verdict, reason)} |"
             )
+    out += _engine_section(th)
     out += [
         "",
         "## Change against the job's own baseline",
@@ -219,3 +221,65 @@ def decision_table_markdown(th: Thresholds) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _engine_when(th: Thresholds) -> dict[str, str]:
+    """The engine-only rollout reasons' conditions (engine evidence, a sidecar's)."""
+    e = th.document["engine"]
+    return {
+        "kv_pressure": f"engines only: KV cache ≥ {e['kv_full']} with requests waiting for "
+        f"≥ {e['kv_pressure_share']} of W",
+        "queueing": f"engines only: requests waiting with KV cache < {e['kv_free']} for "
+        f"≥ {e['queueing_share']} of W",
+        "replica_imbalance": f"engines only: max replica tokens ≥ {e['imbalance_ratio']} × "
+        "their mean over W",
+    }
+
+
+def _engine_section(th: Thresholds) -> list[str]:
+    """How the rollout engines' evidence refines a `rollout` verdict's reason."""
+    e = th.document["engine"]
+    return [
+        "",
+        "## Engine evidence (the sidecar, with the rollout engines' metrics)",
+        "",
+        "`serve` reads the rollout engines' own `/metrics` (vLLM, SGLang; docs/engines.md) and joins",
+        "them to each step's rollout window W: the union of the step's `rollout`-group spans in",
+        "the timeline the GPU join rebuilds (docs/gpu-windows.md). `diagnose` reads only the log",
+        "and cannot see engines: `kv_pressure`, `queueing` and `replica_imbalance` come only",
+        "from a sidecar, and so do `preemption` and `long_tail` on V1 and fully-async.",
+        "",
+        "Over W: running and waiting requests summed over replicas, the KV-cache usage as the",
+        "maximum over replicas, preemptions (vLLM) or retractions (SGLang) as the counters'",
+        "increase, generated tokens per replica (SGLang without the counter: `gen_throughput`",
+        "integrated), imbalance = max / mean of those tokens (1.0 with one replica). Shares are",
+        "time-weighted: a sample stands for the time since the same replica's previous sample,",
+        f"for at most **{e['max_sample_gap']}** s (`engine.max_sample_gap`); a replica not read",
+        "longer is missing there, never zero.",
+        "",
+        "The evidence is **usable** when every replica alive in W (one that answered during W)",
+        f"has samples covering ≥ **{e['min_coverage']}** of W (`engine.min_coverage`). Decided",
+        "where the contract is silent: a replica that answers without engine series",
+        "(`disable_log_stats=True`) or stops answering in W (it died) is alive but uncovered, so",
+        "the evidence is not usable; shares and means are over the part of W where every alive",
+        "replica is covered. When the verdict is `rollout` and the evidence is usable, the reason",
+        "is the first that holds; otherwise the log's rules above apply unchanged:",
+        "",
+        "| reason | holds when |",
+        "|---|---|",
+        f"| `preemption` | preemptions over W > **{e['preemptions_min']}** (`engine.preemptions_min`) |",
+        f"| `kv_pressure` | the share of W where KV ≥ **{e['kv_full']}** (`engine.kv_full`) and "
+        f"waiting > 0 is ≥ **{e['kv_pressure_share']}** (`engine.kv_pressure_share`) |",
+        f"| `queueing` | the share of W where waiting > 0 and KV < **{e['kv_free']}** "
+        f"(`engine.kv_free`) is ≥ **{e['queueing_share']}** (`engine.queueing_share`) |",
+        f"| `long_tail` | the share of W where running ≤ **{e['long_tail_running_ratio']}** × "
+        f"peak running (`engine.long_tail_running_ratio`) is ≥ **{e['long_tail_share']}** "
+        "(`engine.long_tail_share`), peak > 0 |",
+        f"| `replica_imbalance` | imbalance ≥ **{e['imbalance_ratio']}** (`engine.imbalance_ratio`) |",
+        "| (the log's rules) | otherwise |",
+        "",
+        "A step's rollout window must lie within the engine ring (`--engine-ring` samples per",
+        "replica); only the last step of a batch of records has a known arrival time and so a",
+        "place in time (a backlog keeps the log's reasons). The evidence is exported per job",
+        "(`rlhf_engine_*`, docs/metrics.md) with the step's verdict and reason.",
+    ]

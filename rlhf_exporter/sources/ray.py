@@ -84,6 +84,7 @@ class ActorProcess(NamedTuple):
 
     class_name: str
     role: str
+    name: str = ""  # the actor's name (verl's rollout servers: `vllm_server_<r>_<n>`)
 
 
 def resolve_address(setting: str | None, environ: Mapping[str, str] | None = None) -> str:
@@ -377,7 +378,8 @@ class RaySource(PollingSource):
             pid = _int(row.get("pid"))
             if pid > 0 and row.get("node_id") in local_nodes:
                 name = str(row.get("class_name") or "")
-                pids[pid] = ActorProcess(name, self.roles.role(name, _actor_name(row)))
+                actor = _actor_name(row)
+                pids[pid] = ActorProcess(name, self.roles.role(name, actor), actor)
         with self._pids_lock:
             self._pids = MappingProxyType(pids)
             self._pids_at = time.monotonic()

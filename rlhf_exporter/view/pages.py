@@ -101,6 +101,59 @@ def _age(now: float, t: float | None) -> str:
     return "never" if t is None else f"{_duration(now - t)} ago"
 
 
+def engine_short(engine: Mapping[str, Any] | None) -> str:
+    """The engines' evidence of the last measured rollout window, in a few words (for `/`)."""
+    if not engine:
+        return ""
+    if not engine.get("usable"):
+        return f"engines: not usable (coverage {engine.get('coverage', 0.0):.0%})"
+    parts = [
+        f"KV max {engine.get('kv_max', 0.0):.0%}",
+        f"waiting {engine.get('waiting_mean', 0.0):.1f}",
+        f"preemptions {engine.get('preemptions', 0.0):.0f}",
+    ]
+    if engine.get("imbalance") is not None:
+        parts.append(f"imbalance {engine['imbalance']:.2f}")
+    return "engines: " + ", ".join(parts)
+
+
+def engine_box(engine: Mapping[str, Any] | None) -> str:
+    """The evidence beside the rollout reason (docs/engines.md), for the job view."""
+    if not engine:
+        return ""
+    usable = engine.get("usable")
+    imbalance = engine.get("imbalance")
+    rows = [
+        ("replicas read", f"{engine.get('replicas', 0)}"),
+        ("coverage of W", f"{engine.get('coverage', 0.0):.0%}"),
+        ("peak running requests", f"{engine.get('peak_running', 0.0):.0f}"),
+        ("mean waiting requests", f"{engine.get('waiting_mean', 0.0):.1f}"),
+        ("KV cache, highest", f"{engine.get('kv_max', 0.0):.0%}"),
+        ("preemptions", f"{engine.get('preemptions', 0.0):.0f}"),
+        ("token imbalance (max / mean)", "-" if imbalance is None else f"{imbalance:.2f}"),
+        ("share of W: KV full, requests waiting", f"{engine.get('kv_pressure_share', 0.0):.0%}"),
+        ("share of W: waiting with KV room", f"{engine.get('queueing_share', 0.0):.0%}"),
+        ("share of W: long tail", f"{engine.get('long_tail_share', 0.0):.0%}"),
+    ]
+    note = (
+        "usable: a rollout verdict's reason comes from these numbers when one holds"
+        if usable
+        else "not usable (a replica was not covered for enough of the window): the log's "
+        "reasons apply"
+    )
+    return (
+        f'<div class="engine-box"><b>Engine evidence</b> (step {escape(str(engine.get("step")))}'
+        f", rollout window; {escape(note)})<table>"
+        + "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows)
+        + "</table></div>"
+    )
+
+
+def _engine_note(job: Mapping[str, Any]) -> str:
+    text = engine_short(job.get("engine"))
+    return f'<br><span class="muted">{escape(text)}</span>' if text else ""
+
+
 def verdict_box(
     verdict: str | None,
     reason: str | None,
@@ -355,7 +408,7 @@ def index_page(
         rows.append(
             f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
             f"{job_name(job['project'], job['experiment'])}</a></td>"
-            f"<td>{tag} {escape(reason or '')}</td><td>{change_text}</td>"
+            f"<td>{tag} {escape(reason or '')}{_engine_note(job)}</td><td>{change_text}</td>"
             f"<td>{draw.sparkline(history)}</td>"
             f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
             f'<td>{escape(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
@@ -382,6 +435,7 @@ def index_page(
                 links,
                 advice=history_advice(history, job.get("verdict")),
             )
+            detail += engine_box(job.get("engine"))
             detail += charts(history)
             detail += history_episodes(job)
     body = (
@@ -478,6 +532,7 @@ def job_page(
             links,
             advice=history_advice(job.get("history") or (), job.get("verdict")),
         )
+        + engine_box(job.get("engine"))
         + cannot_show(job.get("cannot_show") or ())
         + charts(job.get("history") or ())
         + history_episodes(job)

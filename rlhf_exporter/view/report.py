@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 from ..diagnosis import BALANCED, GROUPS, StepDiagnosis
-from ..diagnosis.advice import LOOK_AT, look_at
+from ..diagnosis.advice import LOOK_AT, SIDECAR_NOTE, look_at
 from ..diagnosis.episodes import Episode, balanced_look_at, episodes
 from ..diagnosis.history import StepPoint, point
 
@@ -367,6 +367,8 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
     advice = s.look_at()
     if advice:
         lines.append(f"    look at:     {advice}")
+    if verdict == "rollout":  # the log cannot see the engines (docs/engines.md)
+        lines.append(f"    engines:     {SIDECAR_NOTE}")
     lines.append("    verdicts:    " + ", ".join(f"{v} {c}" for v, c in s.verdicts.most_common()))
     shares = sorted(s.mean_shares().items(), key=lambda kv: -kv[1])
     lines.append("    mean shares: " + ", ".join(f"{g} {x:.0%}" for g, x in shares if x >= 0.005))

@@ -53,6 +53,20 @@ VERL_KEYS: Mapping[tuple[str, str], tuple[str, ...]] = {
         "actor_rollout_ref.rollout.response_length",
         "async_training.partial_rollout",
     ),
+    ("rollout", "kv_pressure"): (
+        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    ),
+    ("rollout", "queueing"): (
+        "actor_rollout_ref.rollout.max_num_seqs",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+    ),
+    ("rollout", "replica_imbalance"): (
+        "actor_rollout_ref.rollout.agent.num_workers",
+        "actor_rollout_ref.rollout.data_parallel_size",
+    ),
     ("rollout", "generation"): (
         "actor_rollout_ref.rollout.tensor_model_parallel_size",
         "actor_rollout_ref.rollout.max_num_batched_tokens",

@@ -1,0 +1,296 @@
+"""Engine evidence: what the rollout engines did during a step's rollout window, and the
+rollout reason it adds (the engine-evidence contract; docs/decision-table.md, docs/engines.md).
+
+Pure: samples and spans in, numbers and a reason out. The engine source
+(rlhf_exporter/sources/engines.py) keeps each replica's recent samples; the sidecar calls
+`measure()` with a step's rollout spans (`rollout_spans(timeline)`) and `refine()` decides.
+
+Sampling model (the contract's §2): a sample of replica r at time t_i stands for
+(t_{i-1}, t_i], the time since r's previous sample, but for at most `engine.max_sample_gap`
+seconds (a replica unread for longer is missing there, never assumed unchanged). At each
+instant the sums over replicas use each replica's latest sample. Counters (tokens,
+preemptions) grow over (t_{i-1}, t_i] evenly; a counter that goes down was reset (the
+engine restarted) and its new value is the increase. SGLang without a generated-tokens
+counter: its `gen_throughput` gauge integrated over the covered time.
+
+Decisions where the contract is silent (docs/decision-table.md, "Engine evidence"):
+- a replica is *alive* in W when one of its answers (with or without engine series) covers
+  part of W; a replica that answers without engine series (`disable_log_stats=True`) or
+  stops answering during W (it died) leaves its part of W uncovered, so the evidence is
+  not usable and the log's rules apply;
+- the shares and means are over the part of W where every alive replica is covered (the
+  jointly covered time), so a missing replica never reads as an idle one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+ROLLOUT = "rollout"
+ENGINE_REASONS = ("preemption", "kv_pressure", "queueing", "long_tail", "replica_imbalance")
+"""The rollout reasons engine evidence can give, in the order they are tested."""
+
+
+class EngineSample(NamedTuple):
+    """One read of one replica. None: the engine did not export that series."""
+
+    t: float
+    running: float | None = None
+    waiting: float | None = None
+    kv: float | None = None  # KV-cache usage, 0-1
+    preempted: float | None = None  # counter: preemptions (vLLM) / retractions (SGLang)
+    tokens: float | None = None  # counter: generated tokens
+    throughput: float | None = None  # gauge: generated tokens per second (SGLang)
+
+    @property
+    def has_stats(self) -> bool:
+        return self.running is not None
+
+
+class EngineLimits(NamedTuple):
+    """The `engine:` section of the thresholds file."""
+
+    min_coverage: float = 0.8
+    max_sample_gap: float = 3.0
+    preemptions_min: float = 0.0
+    kv_full: float = 0.95
+    kv_pressure_share: float = 0.5
+    kv_free: float = 0.90
+    queueing_share: float = 0.5
+    long_tail_running_ratio: float = 0.10
+    long_tail_share: float = 0.30
+    imbalance_ratio: float = 1.5
+
+    @classmethod
+    def from_document(cls, doc: Mapping[str, Any]) -> EngineLimits:
+        """From the merged thresholds document (`Thresholds.document`)."""
+        section = doc.get("engine") or {}
+        return cls(**{k: float(section[k]) for k in cls._fields if k in section})
+
+
+class EngineEvidence(NamedTuple):
+    window_seconds: float  # |W|
+    coverage: float  # the least-covered alive replica's share of W covered by samples
+    usable: bool
+    replicas: int  # alive replicas
+    covered_seconds: float  # the part of W where every alive replica is covered
+    peak_running: float
+    running_mean: float
+    waiting_mean: float
+    kv_max: float
+    preemptions: float
+    tokens: Mapping[str, float]  # generated tokens per replica over W
+    kv_max_by_replica: Mapping[str, float]
+    imbalance: float | None
+    kv_pressure_share: float
+    queueing_share: float
+    long_tail_share: float
+
+    def numbers(self) -> dict[str, float | None]:
+        """The evidence as the reason's numbers (`engine_*` keys)."""
+        return {
+            "engine_window_seconds": self.window_seconds,
+            "engine_coverage": self.coverage,
+            "engine_replicas": float(self.replicas),
+            "engine_peak_running": self.peak_running,
+            "engine_running_mean": self.running_mean,
+            "engine_waiting_mean": self.waiting_mean,
+            "engine_kv_max": self.kv_max,
+            "engine_preemptions": self.preemptions,
+            "engine_imbalance": self.imbalance,
+            "engine_kv_pressure_share": self.kv_pressure_share,
+            "engine_queueing_share": self.queueing_share,
+            "engine_long_tail_share": self.long_tail_share,
+        }
+
+
+def rollout_spans(intervals: Iterable[Any], group: str = ROLLOUT) -> list[tuple[float, float]]:
+    """W: the union of a timeline's intervals of `group` (Interval: timer, group, start,
+    end), merged and ordered. Whatever timers the rollout group holds (`gen`,
+    `generate_sequences`, `wait_for_enough_samples`, ...), the timeline's groups decide."""
+    spans = sorted((iv[2], iv[3]) for iv in intervals if iv[1] == group and iv[3] > iv[2])
+    out: list[tuple[float, float]] = []
+    for a, b in spans:
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+def _overlap(a: float, b: float, spans: Sequence[tuple[float, float]]) -> float:
+    return sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans)
+
+
+def _counter_increase(
+    samples: Sequence[EngineSample], field: str, spans: Sequence[tuple[float, float]]
+) -> float | None:
+    """The counter's increase over the spans (pro rata inside each sample interval)."""
+    total, seen = 0.0, False
+    for prev, cur in itertools.pairwise(samples):
+        c0, c1 = getattr(prev, field), getattr(cur, field)
+        if c0 is None or c1 is None or cur.t <= prev.t:
+            continue
+        seen = True
+        inc = c1 - c0 if c1 >= c0 else c1  # a reset: the new value is the increase
+        part = _overlap(prev.t, cur.t, spans)
+        if part > 0.0:
+            total += inc * part / (cur.t - prev.t)
+    return total if seen else None
+
+
+def measure(
+    spans: Sequence[tuple[float, float]],
+    replicas: Mapping[str, Sequence[EngineSample]],
+    lim: EngineLimits,
+) -> EngineEvidence | None:
+    """The evidence over W (`spans`, merged) from each replica's samples (time order).
+    None when W is empty or no replica answered during it."""
+    window = sum(b - a for a, b in spans)
+    if window <= 0.0 or not spans:
+        return None
+    lo, hi = spans[0][0], spans[-1][1]
+    gap = lim.max_sample_gap
+    # per alive replica: pieces (start, end, sample) overlapping W
+    pieces: dict[str, list[tuple[float, float, EngineSample]]] = {}
+    for name, samples in replicas.items():
+        own = []
+        prev_t: float | None = None
+        for s in samples:
+            if prev_t is not None and s.t > prev_t:
+                a = max(prev_t, s.t - gap)
+                if s.t > lo and a < hi and _overlap(a, s.t, spans) > 0.0:
+                    own.append((a, s.t, s))
+            prev_t = s.t
+        if own:
+            pieces[name] = own
+    if not pieces:
+        return None
+    coverage = 1.0
+    for own in pieces.values():
+        covered = sum(_overlap(a, b, spans) for a, b, s in own if s.has_stats)
+        coverage = min(coverage, covered / window)
+    # a sweep over the elementary segments of W: each replica's latest covering sample
+    edges = {x for a, b in spans for x in (a, b)}
+    for own in pieces.values():
+        for a, b, _ in own:
+            edges.update(x for x in (a, b) if lo < x < hi)
+    cuts = sorted(edges)
+    names = list(pieces)
+    idx = dict.fromkeys(names, 0)
+    joint = run_sum = wait_sum = peak = kv_top = 0.0
+    kv_full = queue = 0.0
+    segments: list[tuple[float, float]] = []  # (duration, running) for the long-tail share
+    span_i = 0
+    for x0, x1 in itertools.pairwise(cuts):
+        mid = (x0 + x1) / 2
+        while span_i < len(spans) and spans[span_i][1] <= mid:
+            span_i += 1
+        if span_i >= len(spans) or spans[span_i][0] > mid:
+            continue  # between two spans of W
+        running = waiting = 0.0
+        kv = 0.0
+        complete = True
+        for name in names:
+            own = pieces[name]
+            i = idx[name]
+            while i < len(own) and own[i][1] <= mid:
+                i += 1
+            idx[name] = i
+            if i >= len(own) or own[i][0] > mid or not own[i][2].has_stats:
+                complete = False
+                break
+            s = own[i][2]
+            running += s.running or 0.0
+            waiting += s.waiting or 0.0
+            kv = max(kv, s.kv or 0.0)
+        if not complete:
+            continue
+        d = x1 - x0
+        joint += d
+        run_sum += running * d
+        wait_sum += waiting * d
+        peak = max(peak, running)
+        kv_top = max(kv_top, kv)
+        if kv >= lim.kv_full and waiting > 0:
+            kv_full += d
+        if waiting > 0 and kv < lim.kv_free:
+            queue += d
+        segments.append((d, running))
+    tail = sum(d for d, r in segments if r <= lim.long_tail_running_ratio * peak) if peak else 0.0
+    tokens: dict[str, float] = {}
+    kv_by: dict[str, float] = {}
+    preempted = 0.0
+    for name in names:
+        samples = replicas[name]
+        inc = _counter_increase(samples, "preempted", spans)
+        preempted += inc or 0.0
+        got = _counter_increase(samples, "tokens", spans)
+        if got is None:  # SGLang without the counter: integrate gen_throughput
+            got = sum(
+                (s.throughput or 0.0) * _overlap(a, b, spans)
+                for a, b, s in pieces[name]
+                if s.throughput is not None
+            )
+        tokens[name] = got
+        kvs = [s.kv for _, _, s in pieces[name] if s.kv is not None]
+        if kvs:
+            kv_by[name] = max(kvs)
+    mean = sum(tokens.values()) / len(tokens) if tokens else 0.0
+    imbalance = max(tokens.values()) / mean if mean > 0 else None
+    share = 1.0 / joint if joint > 0 else 0.0
+    return EngineEvidence(
+        window_seconds=window,
+        coverage=coverage,
+        usable=coverage >= lim.min_coverage and joint > 0,
+        replicas=len(names),
+        covered_seconds=joint,
+        peak_running=peak,
+        running_mean=run_sum * share,
+        waiting_mean=wait_sum * share,
+        kv_max=kv_top,
+        preemptions=preempted,
+        tokens=tokens,
+        kv_max_by_replica=kv_by,
+        imbalance=imbalance,
+        kv_pressure_share=kv_full * share,
+        queueing_share=queue * share,
+        long_tail_share=tail * share,
+    )
+
+
+def reason(ev: EngineEvidence, lim: EngineLimits) -> str | None:
+    """The contract's §3: the first engine reason that holds, or None (the log decides)."""
+    if not ev.usable:
+        return None
+    if ev.preemptions > lim.preemptions_min:
+        return "preemption"
+    if ev.kv_pressure_share >= lim.kv_pressure_share:
+        return "kv_pressure"
+    if ev.queueing_share >= lim.queueing_share:
+        return "queueing"
+    if ev.peak_running > 0 and ev.long_tail_share >= lim.long_tail_share:
+        return "long_tail"
+    if ev.imbalance is not None and ev.imbalance >= lim.imbalance_ratio:
+        return "replica_imbalance"
+    return None
+
+
+def refine(
+    verdict: str,
+    log_reason: str | None,
+    evidence: Mapping[str, float | None],
+    ev: EngineEvidence | None,
+    lim: EngineLimits,
+) -> tuple[str | None, dict[str, float | None]]:
+    """A step's reason and evidence with the engines' evidence: for a `rollout` verdict with
+    usable evidence, the engine reason when one holds; otherwise the log's, unchanged."""
+    out = dict(evidence)
+    if verdict != ROLLOUT or ev is None:
+        return log_reason, out
+    out.update(ev.numbers())
+    found = reason(ev, lim)
+    return (found if found is not None else log_reason), out

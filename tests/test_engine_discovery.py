@@ -1,0 +1,223 @@
+"""Discovery of a job's rollout replicas without addresses (issue 29, done-when 3).
+
+On a REAL Ray head: actors named as verl 0.9.1 names its servers, each serving a simulated
+engine page on a port of its own process (and listening on a second port that is no HTTP
+server, as vLLM's ZMQ sockets do). The Ray source lists this node's actors with their PIDs;
+the engine targets find each rollout replica's port through /proc. Reward and teacher
+servers, and a replica's node-rank-1 server, are not scraped.
+
+Also without Ray: verl's Prometheus config file, a file_sd list, static targets, and the
+/proc reader on this test's own listening socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections import Counter
+
+import pytest
+
+from rlhf_exporter.sources import engine_targets
+from rlhf_exporter.sources.engine_targets import (
+    Targets,
+    listening_ports,
+    rollout_replica,
+)
+from rlhf_exporter.sources.engines import EngineSource
+from tests.support.procs import wait_until
+from tests.support.sim_engine import Replica, page, scenario
+
+ROLLOUT = ["vllm_server_0_0", "vllm_server_1_0", "vllm_server_2_0"]
+NOT_ROLLOUT = [
+    "vllm_server_reward_0_0",
+    "vllm_server_teacher_0_0",
+    "vllm_server_1_1",  # node rank 1 of replica 1: only node rank 0 serves HTTP
+]
+
+
+def test_rollout_replica_names() -> None:
+    assert rollout_replica("vllm_server_3_0") == ("vllm", 3, 0)
+    assert rollout_replica("sglang_server_12_1") == ("sglang", 12, 1)
+    assert rollout_replica("trtllm_server_0_0") == ("trtllm", 0, 0)
+    for name in (
+        "vllm_server_reward_0_0",
+        "sglang_server_teacher_1_0",
+        "vllm_server_decode_0_0",
+        "rollout_reward_colocate_0CheckpointEngineWorker_0:0",
+        "trtllm_server_reward_0",
+        "",
+    ):
+        assert rollout_replica(name) is None, name
+
+
+def test_listening_ports_of_this_process() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert ("127.0.0.1", port) in listening_ports(os.getpid())
+    assert listening_ports(2**22 + 12345) == []  # no such process: nothing, no error
+
+
+def test_verl_prometheus_file_file_sd_and_static(tmp_path) -> None:
+    prom = tmp_path / "prometheus.yml"
+    prom.write_text(
+        "global:\n  scrape_interval: 10s\nscrape_configs:\n"
+        "- job_name: ray\n  file_sd_configs:\n  - files: [/tmp/ray/prom_metrics_service_discovery.json]\n"
+        "- job_name: rollout\n  metrics_path: /metrics\n  static_configs:\n"
+        "  - targets: ['10.0.0.5:41001', '10.0.0.6:41002']\n"
+    )
+    sd = tmp_path / "engines.json"
+    sd.write_text(json.dumps([{"targets": ["10.0.0.7:8000"], "labels": {"replica": "r7"}}]))
+    t = Targets(
+        static=["http://10.0.0.8:9000/metrics", "10.0.0.5:41001"],
+        file_sd=str(sd),
+        prometheus_file=str(prom),
+    )
+    errors: Counter[str] = Counter()
+    got = {x.name: x.url for x in t.current(errors)}
+    assert got == {
+        "10.0.0.5:41001": "http://10.0.0.5:41001/metrics",
+        "10.0.0.6:41002": "http://10.0.0.6:41002/metrics",
+        "r7": "http://10.0.0.7:8000/metrics",
+        "10.0.0.8:9000": "http://10.0.0.8:9000/metrics",
+    }
+    sd.write_text("{not json")  # broken: counted, the targets from it are gone
+    os.utime(sd, (1, 1))
+    assert "r7" not in {x.name for x in t.current(errors)}
+    assert errors["engine_bad_target_file"] == 1
+
+
+def _server_class(class_name: str):
+    """An actor class that serves a given /metrics body from its own process, and listens on
+    a second port that answers nothing (vLLM's ZMQ-like sockets)."""
+    import ray
+
+    class Server:
+        def pid(self) -> int:
+            return os.getpid()
+
+        def serve(self, body: bytes) -> tuple[int, int]:
+            import threading
+            from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+            class H(BaseHTTPRequestHandler):
+                def do_GET(self) -> None:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+                def log_message(self, *a) -> None:
+                    pass
+
+            self.mute = socket.socket()
+            self.mute.bind(("127.0.0.1", 0))
+            self.mute.listen()  # never accepted: a probe must time out and move on
+            self.httpd = ThreadingHTTPServer(("0.0.0.0", 0), H)
+            threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+            return self.httpd.server_address[1], self.mute.getsockname()[1]
+
+    Server.__name__ = Server.__qualname__ = class_name
+    return ray.remote(num_cpus=0)(Server)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
+    monkeypatch,
+) -> None:
+    import ray
+
+    from rlhf_exporter.sources.ray import RaySource
+    from tests.support.ray_head import connected_head
+
+    replicas, _ = scenario("healthy")
+    body = page(replicas[0], 0.0, [])
+    with connected_head("rlhf-exporter-engines") as head:
+        cls = _server_class("vLLMHttpServer")
+        actors = {name: cls.options(name=name).remote() for name in ROLLOUT + NOT_ROLLOUT}
+        ports = dict(
+            zip(actors, ray.get([a.serve.remote(body) for a in actors.values()]), strict=True)
+        )
+        pids = dict(zip(actors, ray.get([a.pid.remote() for a in actors.values()]), strict=True))
+        assert len(set(pids.values())) == len(actors)  # one worker process per server
+        ray_src = RaySource(head.dashboard_url, interval=60, timeout=10)
+        wait_until(
+            lambda: ray_src.poll_once().up and len(ray_src.pid_actors()) >= len(actors),
+            60,
+            0.5,
+            what="the Ray source lists the servers",
+        )
+        targets = Targets(ray=ray_src, probe_timeout=0.5)
+        errors: Counter[str] = Counter()
+        found = {t.name: t for t in targets.current(errors)}
+        assert set(found) == set(ROLLOUT), found
+        for name in ROLLOUT:
+            http_port, mute_port = ports[name]
+            assert found[name].url.endswith(f":{http_port}/metrics"), (found[name], mute_port)
+            assert found[name].engine == "vllm"
+        assert not errors
+        # a server whose HTTP server is not up yet (vLLM loads the model first): not a target,
+        # counted, and found once it listens and PROBE_RETRY has passed
+        late = cls.options(name="vllm_server_3_0").remote()
+        wait_until(
+            lambda: (
+                "vllm_server_3_0"
+                in {a.name for a in (ray_src.poll_once() and ray_src.pid_actors()).values()}
+            ),
+            60,
+            0.5,
+            what="the Ray source lists the late server",
+        )
+        assert "vllm_server_3_0" not in {t.name for t in targets.current(errors)}
+        assert errors["engine_port_not_found"] == 1
+        late_port, _ = ray.get(late.serve.remote(body))
+        monkeypatch.setattr(engine_targets, "PROBE_RETRY", 0.0)
+        again = {t.name: t for t in targets.current(errors)}
+        assert again["vllm_server_3_0"].url.endswith(f":{late_port}/metrics")
+        ray.kill(late)
+        wait_until(
+            lambda: (
+                "vllm_server_3_0"
+                not in {a.name for a in (ray_src.poll_once() and ray_src.pid_actors()).values()}
+            ),
+            60,
+            0.5,
+            what="the late server leaves",
+        )
+        # the engine source reads them: every replica up, with its engine series
+        source = EngineSource(targets, interval=1.0, active=lambda: True)
+        snap = source.poll_once()
+        up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
+        assert up == {(name, "vllm"): 1.0 for name in ROLLOUT}
+        # a replica that goes away is no longer a target; the others stay
+        ray.kill(actors["vllm_server_2_0"])
+        wait_until(
+            lambda: (
+                "vllm_server_2_0"
+                not in {a.name for a in (ray_src.poll_once() and ray_src.pid_actors()).values()}
+            ),
+            60,
+            0.5,
+            what="the killed server leaves the Ray source's list",
+        )
+        assert {t.name for t in targets.current(errors)} == set(ROLLOUT[:2])
+        source.close()
+
+
+def test_a_replica_that_answers_without_stats_counts_as_no_stats() -> None:
+    from tests.support.sim_engine import EngineSim, SimClock
+
+    clock = SimClock(10.0)
+    r = Replica("vllm", scenario("healthy")[0][0].profile, stats=False)
+    with EngineSim([r], [(0.0, 100.0)], clock) as sim:
+        source = EngineSource(Targets(static=sim.urls()), active=lambda: True, clock=clock)
+        snap = source.poll_once()
+        source.close()
+    assert snap.record_errors.get("engine_no_stats") == 1
+    up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
+    assert list(up.values()) == [1.0]  # it answers: up, but its windows are not usable
