@@ -114,6 +114,8 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_ray_actors_by_class",
         "rlhf_exporter_collector_up",
         "rlhf_job_finished",  # a 0/1 state, like collector_up
+        "rlhf_job_state",  # one-hot over states, like rlhf_bottleneck
+        "rlhf_ray_jobs",  # a count of Jobs API entries, like rlhf_ray_actors
         "rlhf_exporter_jobs",
         "rlhf_agent_loop_preempted_max",
     }, unitless

@@ -132,6 +132,13 @@ class Sidecar:
         self.sources += [s for s in (self.verl, self.push) if s is not None]
         self.ray = self._optional("ray", settings.ray, _ray, settings, context)
         ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
+        reader: Any = ray  # the RaySource (imported lazily: it needs requests)
+        if reader is not None and getattr(reader, "actors", False):  # job states from Ray
+            for source in (self.verl, self.push):
+                if source is not None:
+                    source.lifecycle = reader.job_fact
+            if self.push is not None:
+                self.push.lifecycle_version = lambda: reader.facts_version
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
         nvml_windows = windows if self.demo is None else None
