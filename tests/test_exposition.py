@@ -241,7 +241,7 @@ def test_a_new_step_of_one_job_re_encodes_that_job_only():
     # gzip: the segments of the changed job's chunk only (its 4 job families, the 4 health
     # families and build_info that share the first chunk), once for both formats
     members = ex.stats["segments_deflated"] - before["segments_deflated"]
-    assert members <= 9, members
+    assert members <= 10, members  # + process_start_time_seconds in the first chunk
     assert before["segments_deflated"] > 5 * members
 
 

@@ -354,6 +354,12 @@ EXPORTER = _section(
     ),
     Metric("rlhf_exporter_jobs", GAUGE, "verl jobs currently exported.", ("collector",)),
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
+    Metric(
+        "process_start_time_seconds",
+        GAUGE,
+        "Unix time the exporter process started (the standard process metric): rules tell an "
+        "exporter restart, whose re-read of a log grows counters again, from new work.",
+    ),
 )
 
 CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + WINDOW_GPU + EXPORTER)

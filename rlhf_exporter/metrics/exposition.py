@@ -53,7 +53,7 @@ from typing import Any
 from prometheus_client.exposition import choose_encoder
 
 from .catalog import BY_NAME
-from .collector import add_samples, build_info, health_samples, new_family
+from .collector import add_samples, health_samples, new_family, process_samples
 from .snapshot import Sample, Snapshot, SnapshotFn
 
 log = logging.getLogger(__name__)
@@ -355,7 +355,7 @@ class Exposition:
             new_value[key] = frag
             return frag
 
-        out = [valued((build_info(),), "")]
+        out = [valued(process_samples(), "")]
         for snap in snaps:
             out.append(valued(health_samples(snap), snap.collector))
             out.extend(keyed(part, snap.collector) for part in snap.parts if part)

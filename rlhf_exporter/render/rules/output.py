@@ -102,6 +102,15 @@ def runbooks_markdown(r: Context) -> str:
             "",
             "**Meaning.** " + rb.meaning,
             "",
+        ]
+        if rb.impact:
+            out += ["**Impact.** " + rb.impact, ""]
+        if rb.mitigate:
+            out += ["**Immediate mitigation.**", ""]
+            out += [f"{i}. {m}" for i, m in enumerate(rb.mitigate, 1)] + [""]
+        if rb.escalate:
+            out += ["**Escalation.** " + rb.escalate, ""]
+        out += [
             "**Rule.**",
             "",
             "```promql",
