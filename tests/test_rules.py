@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.render import repo_root, rules, stale
@@ -1017,7 +1018,7 @@ def test_promtool_a_moved_bottleneck_names_both(tmp_path, thresholds):
 
 def test_promtool_annotations(tmp_path):
     """The committed files' templates, expanded by promtool: reasons, evidence, advice."""
-    base = "https://github.com/rlhf-exporter/rlhf-exporter/blob/main/docs/runbooks.md#"
+    base = load_thresholds().alerts["runbook_url"] + "#"
     # rollout-bound all day; at CHANGE its throughput drops to 70%: the cost case.
     rollout = day_job("rollout", "costs", "e") + [
         series(
@@ -1189,10 +1190,14 @@ def test_amtool_routes(labels, receiver):
 def test_alertmanager_example_inhibits_bound_alerts_of_a_stalled_job():
     config = yaml.safe_load(AM_EXAMPLE.read_text())
     rule = next(
-        r for r in config["inhibit_rules"] if 'alertname="RLHFJobStalled"' in r["source_matchers"]
+        r
+        for r in config["inhibit_rules"]
+        if 'alertname=~"RLHFJobStalled|RLHFJobFailed"' in r["source_matchers"]
     )
-    assert rule["equal"] == ["project", "experiment"]
-    assert config["route"]["group_by"] == ["project", "experiment"]
+    assert rule["equal"] == ["cluster", "namespace", "project", "experiment"]
+    assert config["route"]["group_by"][:4] == ["cluster", "namespace", "project", "experiment"]
+    for inhibit in config["inhibit_rules"]:  # never across clusters or namespaces (issue 22)
+        assert inhibit["equal"][:2] == ["cluster", "namespace"], inhibit
     categories = {
         r["labels"]["category"]
         for r in all_rules()

@@ -223,12 +223,21 @@ def test_each_failure_pages_once_on_time_and_nothing_else(tmp_path, ray_api, nvm
     else:
         starts = INJECT
         due = starts + seconds(cfg["exporter_down_for"]) + LATE
-        alert, labels = "RLHFExporterDown", {"instance": "head-v1:19839"}
+        # the page is the job's own (critical, with its identity); the exporter's is a warning
+        alert, labels = "RLHFJobUnwatched", {"project": "grpo", "experiment": "v1"}
     end = max(due, INJECT) + 5 * 60
     day.run(end, fleet.jobs)
 
     day.expect_firing(due, alert, **labels)  # on time
-    day.expect_pages(at=end, window=end, pages={alert: 1})  # once, and nothing else
+    pages = {alert: 1}
+    if failure == "exporter_down":
+        day.expect_firing(due, "RLHFExporterDown", instance="head-v1:19839")
+        pages["RLHFExporterDown"] = 1  # the warning beside the page, once
+    day.expect_pages(at=end, window=end, pages=pages)  # once, and nothing else
+    critical = {"RLHFJobStalled", "RLHFRayActorsDied", "RLHFJobUnwatched"}
+    day.expect_pages(  # the pager's share: one page, or none for a warning
+        at=end, window=end, pages={alert: 1} if alert in critical else {}, severities="critical"
+    )
     if starts > SCRAPE:  # and not before its condition could hold
         day.expect_pages(at=starts - SCRAPE, window=starts, pages={})
     if failure == "mis_mounted_log":  # the reason is counted, the pod stays ready

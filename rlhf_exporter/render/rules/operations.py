@@ -537,7 +537,9 @@ def exporter_absent(ctx: Context) -> Alert:
                 "The chart's ServiceMonitor labels must match the Prometheus' selector; set "
                 "`alerts.exporter_selector` in the thresholds file to the scrape job's name and "
                 "run `rlhf-exporter render rules`. Where exporters run only as sidecars of jobs, "
-                "silence this alert while no job runs."
+                "no exporter at all is normal between jobs: the chart leaves this alert out in "
+                "sidecar mode (`prometheusRule.alerts.RLHFExporterAbsent.enabled` turns it on), "
+                "and a job whose exporter vanishes pages as RLHFJobUnwatched."
             ],
         ),
     )
