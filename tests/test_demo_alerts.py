@@ -217,7 +217,11 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
         ("RLHFExporterDown", ""): (t2, t2 + 8 * 60 + RECOVER),
         ("RLHFExporterAbsent", ""): (t3, t3 + 8 * 60 + RECOVER),
     }
-    assert {a for a, _ in [*JOB_ALERTS, *infra]} == _rule_alerts()
+    # the demo's job neither fails nor loses its exporter while it steps: those two lifecycle
+    # pages are shown by tests/test_lifecycle_live.py, tests/test_simulated_day.py and the
+    # promtool cases of tests/test_rules.py (issue 22)
+    lifecycle = {"RLHFJobFailed", "RLHFJobUnwatched"}
+    assert {a for a, _ in [*JOB_ALERTS, *infra]} == _rule_alerts() - lifecycle
     for (alert, value), (first, last) in JOB_ALERTS.items():
         z = end if alert == "RLHFJobStalled" else _phase(run, last)[1] + LATE
         _fires_only_within(day, end, alert, value, _phase(run, first)[0], z)

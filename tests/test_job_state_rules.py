@@ -181,8 +181,8 @@ def test_panels_and_alerts_agree_on_every_state(tmp_path):
 def test_regression_increase_ignores_an_exporter_restart(tmp_path):
     """An exporter restart on a big log re-reads it over several polls: the regression
     counter drops, then grows back. The record that the regression alert reads ignores a
-    window holding a restart (process_start_time_seconds changed) instead of counting the
-    re-read as new regressions."""
+    window that holds the exporter's start (process_start_time_seconds) instead of counting
+    the re-read as new regressions."""
     labels = {**TARGET, "project": "p", "experiment": "e", "group": "update"}
     spec = tmp_path / "restart.yaml"
     from rlhf_exporter.config import load_thresholds
@@ -198,11 +198,11 @@ def test_regression_increase_ignores_an_exporter_restart(tmp_path):
                     + "{"
                     + ",".join(f'{k}="{v}"' for k, v in labels.items())
                     + "}",
-                    "values": "40x20 5 20 35 40x40",  # restart at 21m: re-read 5, 20, 35, 40
+                    "values": "40x20 5 20 35 40x50",  # restart at 21m: re-read 5, 20, 35, 40
                 },
                 {
                     "series": 'process_start_time_seconds{job="rlhf-exporter",instance="e:9"}',
-                    "values": "0x20 1260x43",
+                    "values": "0x20 1260x53",
                 },
             ],
             "promql_expr_test": [
@@ -212,9 +212,9 @@ def test_regression_increase_ignores_an_exporter_restart(tmp_path):
                     "eval_time": "30m",
                     "exp_samples": [{"labels": "{" + plain + "}", "value": 1}],
                 },
-                {  # once the restart has left the window: counted again (nothing new here)
+                {  # once the restart and its catch-up left the window: counted again
                     "expr": record,
-                    "eval_time": "55m",
+                    "eval_time": "65m",
                     "exp_samples": [
                         {
                             "labels": "{"

@@ -1080,15 +1080,18 @@ def test_promtool_annotations(tmp_path):
         "reason": "low_mfu",
         "runbook_url": base + "rlhfjobupdatebound",
     }
+    # the exporter vanishes at 45m, while the job is stalled: the page keeps the budget it
+    # had when last seen (140%, frozen: the value reads the same whichever rule group
+    # promtool evaluates first)
     stall = [
-        series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x60"),
-        series("rlhf_baseline_step_duration_seconds", "60x90"),
-        *state_series("running", "1x90"),
+        series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x13 stale"),
+        series("rlhf_baseline_step_duration_seconds", "60x44 stale"),
+        *state_series("running", "1x44 stale"),
     ]
     stall_ann = {
-        "summary": "p/e has made no step for 15m 0s",
+        "summary": "p/e has made no step for 20m 0s",
         "description": (
-            "No new step of p/e for 15m 0s: 150% of its stall limit (limit: max(3 x its "
+            "No new step of p/e for 20m 0s: 140% of its stall limit (limit: max(3 x its "
             "baseline step time of 1m 0s, 10m) + its longest validation and checkpoint seen), "
             "seen by e:9 (last seen, if that exporter is down or gone). "
             "An NCCL hang ends in ActorDiedError only after "
@@ -1123,7 +1126,7 @@ def test_promtool_annotations(tmp_path):
             "input_series": stall,
             "alert_rule_test": [
                 {
-                    **case("45m", "RLHFJobStalled"),
+                    **case("50m", "RLHFJobStalled"),
                     "exp_alerts": [
                         {**alert("RLHFJobStalled", "critical", "job"), "exp_annotations": stall_ann}
                     ],

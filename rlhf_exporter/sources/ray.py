@@ -246,6 +246,18 @@ class RaySource(PollingSource):
             return newest
         return fact
 
+    def tell(self, *sources: Any) -> None:
+        """Give the verl and push sources what Ray says about their jobs (their `lifecycle`;
+        the push source also learns when it changed, to publish again)."""
+        if not self.actors:  # a GPU worker's source reads PIDs only: no jobs
+            return
+        for source in sources:
+            if source is None:
+                continue
+            source.lifecycle = self.job_fact
+            if hasattr(source, "lifecycle_version"):
+                source.lifecycle_version = lambda: self.facts_version
+
     def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
         return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}
 

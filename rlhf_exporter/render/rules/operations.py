@@ -40,7 +40,8 @@ def stalled(ctx: Context) -> Alert:
             "of its stall limit (limit: "
             f"max({_num(f_)} x its baseline step time of "
             + _tq(
-                f"rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}",
+                f"max(last_over_time(rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}"
+                f"[{ctx.blind}]))",
                 "humanizeDuration",
                 default="unknown",
             )

@@ -144,10 +144,15 @@ RESTARTS = (  # what queries show across an exporter restart (issue 12)
     "drop and `increase()` over a window that spans the restart counts only the new steps. "
     "A larger backlog is read over several polls: while it catches up a counter is lower "
     "than before, Prometheus takes that for a reset, and `increase()` over that window "
-    "counts the re-read part again (once). `_created` is not exported: these counters are "
+    "counts the re-read part again (once). The exporter exports `process_start_time_seconds`: "
+    "the regression record ignores a window that holds the exporter's start, so the re-read "
+    "raises no RLHFJobRegression. `_created` is not exported: these counters are "
     "re-derived, not reset.",
     "- **Pushed jobs** live in memory only: their counters restart at 0, a real reset that "
-    "`increase()` handles; the series are absent until the job pushes again.",
+    "`increase()` handles; the series are absent until the job pushes again. Meanwhile the "
+    "job keeps the state it had (docs/job-states.md): one that does not push again within "
+    "`exporter_down_for` pages as RLHFJobUnwatched; one that was stalled keeps "
+    "RLHFJobStalled.",
     "- `rlhf_last_step_timestamp_seconds` of a file job is the file's modification time, not "
     "the restart: a job that stalled before the restart still looks stalled and "
     "`RLHFJobStalled` keeps firing.",
