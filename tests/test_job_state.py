@@ -17,7 +17,7 @@ from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.jobs import Job
 from rlhf_exporter.lifecycle import RayFact, is_failure, job_state
 from rlhf_exporter.sources.ray_jobs import JobBook, tie
-from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.sources.verl_files import CHUNK, VerlFileSource
 from tests.support.procs import wait_until
 
 TH = load_thresholds(None)
@@ -167,6 +167,28 @@ def test_fleet_declares_per_job_ends_beside_the_log(tmp_path):
     now[0] += 30
     samples = [s for part in src.poll_once().parts for s in part]
     assert state_of(samples, "p", "b") == "running"  # the marker is the state, not a latch
+
+
+def test_a_big_log_is_exported_once_read_to_its_end(tmp_path):
+    """An exporter (re)starting on a log larger than one poll's budget reads it over several
+    polls; the job is exported only once the read reached the end, so no scrape shows a
+    partial history (Prometheus would take the lower counters for a reset)."""
+    root = tmp_path / "logs"
+    (root / "p").mkdir(parents=True)
+    write_jsonl(root / "p" / "big.jsonl", DEMO_PLAN * 40)
+    size = (root / "p" / "big.jsonl").stat().st_size
+    src = VerlFileSource(TH, [root], file_budget=CHUNK, poll_budget=CHUNK)
+    polls = 0
+    while True:
+        polls += 1
+        steps = [s.value for part in src.poll_once().parts for s in part
+                 if s.name == "rlhf_steps_total"]  # fmt: skip
+        if steps:
+            break
+        assert polls < 100
+    assert polls >= size // CHUNK >= 2  # it took several polls, all of them hidden
+    assert steps == [float(sum(n for _, n in DEMO_PLAN) * 40 + 1)]  # all at once (and step 0)
+    assert src.stats["backlog_hidden"] >= polls - 1
 
 
 # -- a real Ray head, real `ray job submit` ------------------------------------------------------

@@ -94,6 +94,7 @@ class Watched:
     last_change: float = 0.0  # wall time of the last change seen (initially the file's mtime)
     problem: str | None = None
     markers_at: float = float("-inf")  # when the .finished/.total_steps files were last read
+    backlog: bool = True  # its first read has not reached the end yet: not exported until it has
     rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
     logged: set = field(default_factory=set)  # line problems already logged
 
@@ -397,6 +398,8 @@ class VerlFileSource(PollingSource):
             except OSError as exc:
                 self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
                 return total
+        if w.offset >= st.st_size:
+            w.backlog = False
         if w.problem is not None:
             log.info("%s is readable again", w.path, extra={"path": str(w.path)})
             w.problem = None
@@ -431,6 +434,12 @@ class VerlFileSource(PollingSource):
                 continue
             if w.job.records == 0 and w.identity is None:
                 continue  # never read anything: nothing to export yet
+            if w.backlog:
+                # a log larger than one poll's budget (an exporter (re)start on a big log) is
+                # exported once read to its end: a counter never shows a partial history,
+                # which Prometheus would take for a reset and count again
+                self.stats["backlog_hidden"] += 1
+                continue
             try:
                 self._job_state(w, now, sole=len(self._watched) == 1)
                 part = w.job.samples()

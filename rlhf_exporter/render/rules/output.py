@@ -139,15 +139,13 @@ RESTARTS = (  # what queries show across an exporter restart (issue 12)
     "",
     "- **File jobs** are read again from the start of each file, so their counters "
     "(`rlhf_steps_total`, `rlhf_*_seconds_total`, `rlhf_*_steps_total`) come back with the "
-    "same values, plus the steps written while the exporter was down. A file up to "
-    "8 MiB is read in the first poll, before `/readyz` turns 200, so Prometheus sees no "
-    "drop and `increase()` over a window that spans the restart counts only the new steps. "
-    "A larger backlog is read over several polls: while it catches up a counter is lower "
-    "than before, Prometheus takes that for a reset, and `increase()` over that window "
-    "counts the re-read part again (once). The exporter exports `process_start_time_seconds`: "
-    "the regression record ignores a window that holds the exporter's start, so the re-read "
-    "raises no RLHFJobRegression. `_created` is not exported: these counters are "
-    "re-derived, not reset.",
+    "same values, plus the steps written while the exporter was down. A log larger than "
+    "one poll reads (8 MiB) is exported only once read to its end (a few polls, a second "
+    "each): Prometheus never sees a partial history, which it would take for a counter "
+    "reset and count again in `increase()` (a fake RLHFJobRegression). The job's series are "
+    "absent meanwhile, never lower. `process_start_time_seconds` tells a restart "
+    "(`changes(process_start_time_seconds[1h])`); `_created` is not exported: these counters "
+    "are re-derived, not reset.",
     "- **Pushed jobs** live in memory only: their counters restart at 0, a real reset that "
     "`increase()` handles; the series are absent until the job pushes again. Meanwhile the "
     "job keeps the state it had (docs/job-states.md): one that does not push again within "

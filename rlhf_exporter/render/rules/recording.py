@@ -24,12 +24,6 @@ def verdict_code_expr() -> str:
     return "max without (verdict) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
-RESTART_CATCH_UP = 600.0
-"""Seconds an exporter may take to re-read its logs after it starts (8 MiB per file and
-64 MiB in all per poll, a poll a second: gigabytes); windows that end within this of the
-catch-up ignore the regrowth."""
-
-
 def _ratio(numerator: str, label: str, floor: str = "> 0") -> str:
     """Each series of `numerator` over their sum across `label` (kept where the sum `floor`)."""
     return (
@@ -51,15 +45,7 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
             "expr": _ratio(f"increase(rlhf_bottleneck_reason_steps_total[{w}])", "reason"),
         },
         {"record": ctx.step_rate, "expr": f"rate(rlhf_steps_total[{w}])"},
-        {  # a window that holds the exporter's start (a restart, or a first start on a big
-            # log) and its catch-up (RESTART_CATCH_UP) sees counters regrow: no new work
-            "record": ctx.regressions,
-            "expr": (
-                f"increase(rlhf_regression_steps_total[{w}])\n"
-                "unless on (job, instance)\n"
-                f"time() - process_start_time_seconds < {_num(ctx.secs('window') + RESTART_CATCH_UP)}"
-            ),
-        },
+        {"record": ctx.regressions, "expr": f"increase(rlhf_regression_steps_total[{w}])"},
         {
             "record": ctx.changes,
             "expr": _ratio(f"increase(rlhf_change_steps_total[{w}])", "kind"),
