@@ -191,6 +191,30 @@ def test_a_big_log_is_exported_once_read_to_its_end(tmp_path):
     assert src.stats["backlog_hidden"] >= polls - 1
 
 
+def test_a_broken_jobs_api_keeps_the_actor_series_and_the_last_facts():
+    """A Jobs API answer that is not usable (here: not a list; in life: larger than the
+    body limit, a timeout) is counted and logged once; the actor series stay, and each job
+    keeps what Ray last said about it (a failed job stays failed)."""
+    from rlhf_exporter.sources.ray import RaySource
+    from tests.support.ray_state import RayStateApi
+
+    with RayStateApi() as api:
+        api.submit("s1", "p", "e", job_id="02000000")
+        api.end("s1", "FAILED")
+        src = RaySource(api.url, node_ips=["127.0.0.1"], interval=60, timeout=5)
+        assert src.poll_once().up and src.job_fact("p", "e").status == "FAILED"
+        real = api._answer
+
+        def broken(path, query):
+            return {"oops": 1} if path == "/api/jobs/" else real(path, query)
+
+        api._answer = broken
+        snap = src.poll_once()
+        assert snap.up and any(s.name == "rlhf_ray_actors" for s in snap.samples)
+        assert snap.errors["jobs_api_bad_response"] == 1
+        assert src.job_fact("p", "e").status == "FAILED"
+
+
 # -- a real Ray head, real `ray job submit` ------------------------------------------------------
 ray = pytest.importorskip("ray")
 from rlhf_exporter.sources.ray import RaySource  # noqa: E402

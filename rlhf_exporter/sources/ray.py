@@ -496,13 +496,18 @@ class RaySource(PollingSource):
         """The Jobs API's entries: each verl job's submission status, and counts by status."""
         try:
             entries = self._get("/api/jobs/")
+            if not isinstance(entries, list):
+                raise SourceError("bad_response", "/api/jobs/: not a list")
         except SourceError as exc:
-            if exc.reason != "http_404":
-                raise
-            self._warn_once("no jobs api", "this Ray dashboard has no Jobs API (%s)", exc)
-            entries = []
-        if not isinstance(entries, list):
-            raise SourceError("bad_response", "/api/jobs/: not a list")
+            # the actor series do not depend on it: keep them, and the jobs' last facts
+            # (a failed job stays failed); logged once per reason, counted as jobs_api_<reason>
+            # in rlhf_exporter_collector_errors_total
+            reason = "jobs_api_" + exc.reason  # rlhf_exporter_collector_errors_total{reason}
+            self._errors[reason] = self._errors.get(reason, 0) + 1
+            self._warn_once(f"jobs api {exc.reason}", "Ray's Jobs API unusable (%s): job "
+                            "states keep their last Ray facts", exc)  # fmt: skip
+            return [Sample("rlhf_ray_jobs", (s,), float(n))
+                    for s, n in sorted(self._jobs_by_status.items())]  # fmt: skip
         self._jobs_by_status = self._book.update(entries)
         facts = self._book.facts()
         if facts != self._facts:
