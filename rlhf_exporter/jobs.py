@@ -52,6 +52,7 @@ from .diagnosis.episodes import Episode, episodes
 from .diagnosis.timeline import Placer, Timeline
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
+from .lifecycle import STATES, UNKNOWN, RayFact, job_state
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
 
@@ -271,6 +272,10 @@ class Job:
         self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
+        self.finished_file = False  # a `<experiment>.finished` file lies beside its log
+        self.ray: RayFact | None = None  # what Ray's Jobs API and death causes say (set_ray)
+        self._state = (UNKNOWN, "none")
+        self.state_since: float = clock()  # when the job entered its current state
         self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
         self.records = 0
         self.step: int | None = None
@@ -301,13 +306,56 @@ class Job:
         return self._run_base + max(self._diagnoser.run, 0)
 
     @property
-    def finished(self) -> bool:
-        """The job reached the end verl shows (its step reached --total-steps), or it
-        logged the rlhf_job_finished marker in this run."""
+    def declared_finished(self) -> bool:
+        """The job reached the end verl shows (its step reached its total steps), logged the
+        rlhf_job_finished marker in this run, or has a `.finished` file beside its log."""
         reached = (
             self.total_steps is not None and self.step is not None and self.step >= self.total_steps
         )
-        return reached or self.finished_marker
+        return reached or self.finished_marker or self.finished_file
+
+    @property
+    def state(self) -> str:
+        """running, finished, failed or unknown (see rlhf_exporter.lifecycle)."""
+        return self._refresh_state()[0]
+
+    @property
+    def state_signal(self) -> str:
+        """Which signal the state came from (ray_job, actor_death, declared, steps, none)."""
+        return self._refresh_state()[1]
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "finished"
+
+    def _refresh_state(self) -> tuple[str, str]:
+        state = job_state(
+            stepped=self.step is not None, declared_finished=self.declared_finished, ray=self.ray
+        )
+        if state[0] != self._state[0]:
+            self.state_since = self._clock()
+            self._samples = None
+        self._state = state
+        return state
+
+    def set_ray(self, fact: RayFact | None) -> None:
+        """What Ray says about this job now (None: nothing ties a submission to it)."""
+        if fact != self.ray:
+            self.ray = fact
+            self._samples = None
+            self._refresh_state()
+
+    def set_finished_file(self, present: bool) -> None:
+        if present != self.finished_file:
+            self.finished_file = present
+            self._samples = None
+            self._refresh_state()
+
+    def set_total_steps(self, total: int | None) -> None:
+        if total != self.total_steps:
+            self.total_steps = total
+            self._samples = None
+            self._refresh_state()
 
     @property
     def verdict(self) -> str | None:
@@ -575,7 +623,11 @@ class Job:
         if self.last_step_time is not None:
             yield Sample("rlhf_last_step_timestamp_seconds", j, self.last_step_time)
             yield Sample("rlhf_between_steps_max_seconds", j, self.between_steps_max)
-        yield Sample("rlhf_job_finished", j, 1.0 if self.finished else 0.0)
+        state = self.state
+        yield Sample("rlhf_job_finished", j, 1.0 if state == "finished" else 0.0)
+        for name in STATES:
+            yield Sample("rlhf_job_state", j + (name,), 1.0 if name == state else 0.0)
+        yield Sample("rlhf_job_state_timestamp_seconds", j, self.state_since)
         yield Sample("rlhf_step_seconds_total", j, self.step_seconds)
         yield Sample("rlhf_untimed_seconds_total", j, self.untimed_seconds)
         yield Sample("rlhf_tokens_total", j, self.tokens)
@@ -698,6 +750,8 @@ class Job:
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
             "finished": self.finished,
+            "state": self.state,
+            "state_signal": self.state_signal,
             "cannot_show": missing_evidence(self._evidence_seen),
         }
         if self.engine is not None:  # a sidecar without engines: the summary as before

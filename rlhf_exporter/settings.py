@@ -222,8 +222,9 @@ OPTIONS: tuple[Option, ...] = (
         "total_steps",
         _count,
         None,
-        "the job's last step (verl's trainer.total_training_steps): reaching it exports "
-        "rlhf_job_finished 1, and a finished job is not a stalled one",
+        "every job's last step (verl's trainer.total_training_steps): reaching it makes "
+        "the job finished, and a finished job is not a stalled one; a "
+        "<experiment>.total_steps file beside a log sets it for that job",
         "verl",
         "STEPS",
     ),

@@ -267,4 +267,4 @@ def test_alertmanager_inhibits_a_jobs_stall_page_while_its_gpu_is_lost():
         r for r in config["inhibit_rules"] if 'alertname="RLHFGPULost"' in r["source_matchers"]
     ]
     assert rule["target_matchers"] == ['alertname="RLHFJobStalled"']
-    assert set(rule["equal"]) == {"project", "experiment"}
+    assert set(rule["equal"]) == {"cluster", "namespace", "project", "experiment"}

@@ -165,10 +165,17 @@ def serve_settings(ctr: dict, labels: dict | None = None, namespace: str = "ray-
     return settings.resolve(args, environ=env), env
 
 
-def alert_groups() -> list[dict]:
+SIDECAR_ONLY_OFF = "RLHFExporterAbsent"  # the chart leaves it out in sidecar mode (issue 22)
+
+
+def alert_groups(sidecar: bool = True) -> list[dict]:
+    """The rule files' groups, as the chart renders them in sidecar mode (the default)."""
     groups = []
     for path in RULE_FILES:
         groups += (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("groups") or []
+    if sidecar:
+        for g in groups:
+            g["rules"] = [r for r in g["rules"] if r.get("alert") != SIDECAR_ONLY_OFF]
     return groups
 
 
@@ -563,7 +570,10 @@ def test_all_features_render_valid_objects():
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "metrics"
     assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("30s", "20s")
-    assert endpoint["relabelings"] == [{"targetLabel": "cluster", "replacement": "training-a"}]
+    assert endpoint["relabelings"] == [
+        RAY_CLUSTER_RELABELING,  # the chart's own, first (issue 22)
+        {"targetLabel": "cluster", "replacement": "training-a"},
+    ]
     assert endpoint["metricRelabelings"][0]["action"] == "drop"
     assert service["metadata"]["annotations"] == {"example.com/note": "metrics"}
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
@@ -1023,3 +1033,61 @@ def test_push_is_off_by_default_and_a_network_policy_admits_only_the_given_peers
     assert rule["from"] == peers
     assert rule["ports"] == [{"port": settings.DEFAULT_PORT, "protocol": "TCP"}]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+RAY_CLUSTER_RELABELING = {
+    "sourceLabels": ["__meta_kubernetes_pod_label_ray_io_cluster"],
+    "targetLabel": "ray_cluster",
+}
+
+
+@pytest.mark.parametrize("kind", ["PodMonitor", "ServiceMonitor"])
+def test_monitors_label_every_target_with_its_ray_cluster(kind):
+    """Alertmanager groups Ray and exporter alerts per KubeRay cluster: the monitor copies the
+    pod's ray.io/cluster label to `ray_cluster` (issue 22); the user's relabelings follow."""
+    monitor = only(render({"monitor": {"kind": kind}}), kind)
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints" if kind == "PodMonitor" else "endpoints"]
+    assert endpoint["relabelings"] == [RAY_CLUSTER_RELABELING]
+
+
+def test_runbook_base_url_is_settable_and_the_default_points_nowhere_real():
+    base = "https://wiki.example.com/rlhf/runbooks"
+    rule = only(render({"prometheusRule": {"runbookBaseUrl": base + "/"}}), "PrometheusRule")
+    urls = {
+        r["alert"]: r["annotations"]["runbook_url"]
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert urls and all(u == f"{base}#{a.lower()}" for a, u in urls.items())
+    default = only(render(), "PrometheusRule")
+    hosts = {
+        r["annotations"]["runbook_url"].split("/")[2]
+        for g in default["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert hosts == {"rlhf-exporter.invalid"}  # RFC 2606: never someone else's page
+
+
+def test_the_head_sidecar_reads_no_gpu_by_default():
+    """A KubeRay head usually has no GPU: NVML there would be a collector down for good."""
+    from yaml import safe_load
+
+    values = safe_load((CHART / "values.yaml").read_text())
+    assert values["sidecar"]["head"]["nvml"] is False
+
+
+def test_exporter_absent_is_left_out_of_sidecar_mode_only():
+    """Between two jobs no sidecar exists: absence is normal there (issue 22)."""
+
+    def names(values):
+        rule = only(render(values), "PrometheusRule")
+        return {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r}
+
+    assert "RLHFExporterAbsent" not in names({})  # sidecar is the default mode
+    assert "RLHFExporterAbsent" in names(
+        {"prometheusRule": {"alerts": {"RLHFExporterAbsent": {"enabled": True}}}}
+    )
+    standalone = yaml.safe_load(STANDALONE_VALUES.read_text())
+    assert "RLHFExporterAbsent" in names(standalone)

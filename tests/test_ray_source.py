@@ -357,7 +357,7 @@ def test_restart_and_death_bookkeeping(fake_state):
     snap = src.poll_once()
     assert values(snap, "rlhf_ray_actor_deaths_total")[("rollout", "RAY_KILL")] == 1.0
     assert values(snap, "rlhf_ray_actor_restarts_total")[("trainer",)] == 1
-    assert s.requests - before == 7  # version, nodes, 3 summaries, ALIVE, RESTARTING
+    assert s.requests - before == 8  # version, nodes, 3 summaries, ALIVE, RESTARTING, jobs
     # a new session (Ray restarted): its deaths are new, the counters keep growing
     s.session = "session_fake_2"
     s.dead = [
@@ -651,4 +651,4 @@ def test_truncated_and_malformed_rows(fake_state, caplog):
     assert len(warnings) == len(set(warnings)) >= 1  # once per query, not once per poll
     before = s.requests
     src.poll_once()
-    assert s.requests - before == 8  # the DEAD list is read every poll while truncated
+    assert s.requests - before == 9  # the DEAD list is read every poll while truncated

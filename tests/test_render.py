@@ -93,6 +93,8 @@ def test_catalog_names_follow_prometheus_conventions():
         "_per_gpu_second",
     )
     for m in CATALOG:
+        if m.name == "process_start_time_seconds":  # the standard process metric, by its name
+            continue
         assert re.fullmatch(r"rlhf_[a-z0-9_]+", m.name), m.name
         assert (m.type == COUNTER) == m.name.endswith("_total"), m.name
         assert all(re.fullmatch(r"[a-z][a-z0-9_]*", label) for label in m.labels), m.name
@@ -114,6 +116,8 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_ray_actors_by_class",
         "rlhf_exporter_collector_up",
         "rlhf_job_finished",  # a 0/1 state, like collector_up
+        "rlhf_job_state",  # one-hot over states, like rlhf_bottleneck
+        "rlhf_ray_jobs",  # a count of Jobs API entries, like rlhf_ray_actors
         "rlhf_exporter_jobs",
         "rlhf_agent_loop_preempted_max",
         # GPU health (issue 23): counts of rows and pages, and 0/1 states

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.render import repo_root, rules, stale
@@ -90,7 +91,14 @@ def test_scale_shrinks_windows_and_for(thresholds):
         r for r in groups[rules.OPERATIONS_FILE][0]["rules"] if r["alert"] == "RLHFJobStalled"
     )
     assert stalled["for"] == "1200ms"
-    assert "clamp_min(0.03 * rlhf_baseline_step_duration_seconds, 6)" in stalled["expr"]
+    budget = next(
+        r
+        for g in groups[rules.RECORDING_FILE]
+        for r in g["rules"]
+        if r.get("record") == "project_experiment:rlhf_job_stall_budget:ratio"
+    )
+    assert "clamp_min(0.03 * rlhf_baseline_step_duration_seconds, 6)" in budget["expr"]
+    assert "project_experiment:rlhf_job_stall_budget:ratio" in stalled["expr"]
 
 
 def test_durations():
@@ -116,7 +124,9 @@ def test_every_alert_carries_severity_for_summary_description_and_runbook():
         assert "for" in r, r["alert"]
         ann = r["annotations"]
         assert ann["summary"], r["alert"]
-        if r["alert"] != "RLHFExporterAbsent":  # absent() has no labels and no value to show
+        if r["alert"] in ("RLHFJobFailed", "RLHFJobUnwatched"):  # a state: its value is 1
+            assert "$labels" in ann["description"] and "query" in ann["description"]
+        elif r["alert"] != "RLHFExporterAbsent":  # absent() has no labels and no value
             assert "$labels" in ann["description"] and "$value" in ann["description"], r["alert"]
         url = ann["runbook_url"]
         assert url.endswith("#" + r["alert"].lower())
@@ -129,10 +139,12 @@ def test_every_alert_carries_severity_for_summary_description_and_runbook():
     assert (
         severities["RLHFJobStalled"] == "critical" and severities["RLHFRayActorsDied"] == "critical"
     )
-    assert [a for a, s in severities.items() if s == "critical"] == [
-        "RLHFJobStalled",
-        "RLHFRayActorsDied",
-    ]
+    critical = [a for a, s in severities.items() if s == "critical"]
+    assert critical == ["RLHFJobStalled", "RLHFJobFailed", "RLHFJobUnwatched", "RLHFRayActorsDied"]
+    for name in critical:  # what a page costs, what to do now, whom to call (issue 22)
+        body = runbooks.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
+        for part in ("**Impact.**", "**Immediate mitigation.**", "**Escalation.**"):
+            assert part in body, (name, part)
 
 
 def test_one_bound_alert_per_decision_table_row_and_none_for_checkpoint():
@@ -238,6 +250,16 @@ def alert(
             **extra,
         }
     }
+
+
+def state_series(state: str, values: str, others: str | None = None, labels: dict | None = None):
+    """rlhf_job_state one-hot: `state` takes `values`, the other states `others` (default:
+    0 wherever `values` has a sample)."""
+    zero = others or re.sub(r"\d+(\.\d+)?(?=x|$| )", "0", values)
+    return [
+        series("rlhf_job_state", values if s == state else zero, labels, state=s)
+        for s in ("running", "finished", "failed", "unknown")
+    ]
 
 
 def case(at: str, name: str, *expected: dict) -> dict:
@@ -485,8 +507,9 @@ def logic_cases() -> list[dict]:
     )
 
     # Stalled: steps every minute until minute 30, baseline step 60 s -> limit max(180 s, 10m).
+    # The state comes from the exporter (rlhf_job_state) and the stall budget (issue 22).
     last = "0+60x30 1800x60"
-    up = series("up", "1x90", TARGET)
+    running = state_series("running", "1x90")
     stalled = alert("RLHFJobStalled", "critical", "job")
     tests.append(
         {
@@ -494,7 +517,7 @@ def logic_cases() -> list[dict]:
             "input_series": [
                 series("rlhf_last_step_timestamp_seconds", last),
                 series("rlhf_baseline_step_duration_seconds", "60x90"),
-                up,
+                *running,
             ],
             "alert_rule_test": [
                 case("45m", "RLHFJobStalled", stalled),
@@ -509,7 +532,7 @@ def logic_cases() -> list[dict]:
             "input_series": [  # long steps: 3 x 400 s = 20m
                 series("rlhf_last_step_timestamp_seconds", last),
                 series("rlhf_baseline_step_duration_seconds", "400x90"),
-                up,
+                *running,
             ],
             "alert_rule_test": [
                 case("45m", "RLHFJobStalled"),
@@ -522,67 +545,136 @@ def logic_cases() -> list[dict]:
             "interval": "1m",
             "input_series": [  # no baseline yet: the 10m floor
                 series("rlhf_last_step_timestamp_seconds", last),
-                up,
+                *running,
             ],
             "alert_rule_test": [case("45m", "RLHFJobStalled", stalled)],
         }
     )
-    # Guard: a finished job that the exporter stops exporting does not page.
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # a 30-minute checkpoint seen before: the limit grows by it
+                series("rlhf_last_step_timestamp_seconds", last),
+                series("rlhf_between_steps_max_seconds", "1800x90"),
+                *running,
+            ],
+            "alert_rule_test": [
+                case("45m", "RLHFJobStalled"),
+                case("75m", "RLHFJobStalled", stalled),
+            ],
+        }
+    )
+    # A finished job raises nothing, whether still exported or gone (its last state).
+    finished = state_series("finished", "0x30 1x20 stale", "1x30 0x20 stale")
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x20 stale"),
+                *finished,
+            ],
+            "alert_rule_test": [
+                case(t, n)
+                for t in ("45m", "80m", "200m")
+                for n in ("RLHFJobStalled", "RLHFJobUnwatched", "RLHFJobFailed")
+            ],
+        }
+    )
+    # A failed job pages once, as RLHFJobFailed; RLHFJobStalled does not page for it.
+    failed = alert("RLHFJobFailed", "critical", "job")
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series("rlhf_last_step_timestamp_seconds", last),
+                *state_series("failed", "0x31 1x60", "1x31 0x60"),
+            ],
+            "alert_rule_test": [
+                case("31m", "RLHFJobFailed"),  # failed from 32m; for 1m (+1m: group order)
+                case("35m", "RLHFJobFailed", failed),
+                case("80m", "RLHFJobFailed", failed),
+                case("80m", "RLHFJobStalled"),
+                case("20m", "RLHFJobFailed"),
+            ],
+        }
+    )
+    # Blindness never resolves a page. A real stall, then scrape failures (stale), then the
+    # target vanishes: the stall page stays, and no second page (unwatched) comes.
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series(
+                    "rlhf_last_step_timestamp_seconds", "0+60x30 1800x15 stale _x5 1800x5 stale"
+                ),
+                *state_series("running", "1x45 stale _x5 1x5 stale", "0x45 stale _x5 0x5 stale"),
+            ],
+            "alert_rule_test": [
+                case(t, "RLHFJobStalled", stalled) for t in ("45m", "48m", "58m", "120m", "300m")
+            ]
+            + [case(t, "RLHFJobUnwatched") for t in ("48m", "58m", "120m")]
+            + [case("420m", "RLHFJobStalled")],  # blind_lookback (6h) after its last series
+        }
+    )
+    # A job that was stepping when its exporter went blind pages once: unwatched, not stalled.
+    unwatched = alert("RLHFJobUnwatched", "critical", "job")
     tests.append(
         {
             "interval": "1m",
             "input_series": [
                 series("rlhf_last_step_timestamp_seconds", "0+60x30 stale"),
-                series("rlhf_baseline_step_duration_seconds", "60x30 stale"),
-                up,
+                *state_series("running", "1x30 stale", "0x30 stale"),
             ],
-            "alert_rule_test": [case("45m", "RLHFJobStalled"), case("80m", "RLHFJobStalled")],
+            "alert_rule_test": [
+                case("33m", "RLHFJobUnwatched"),
+                case("38m", "RLHFJobUnwatched", unwatched),  # stale from 31m; for 5m (+1m)
+                case("100m", "RLHFJobUnwatched", unwatched),
+                case("100m", "RLHFJobStalled"),
+                case("20m", "RLHFJobUnwatched"),
+            ],
         }
     )
-    # Guard: not while the exporter is down (RLHFExporterDown covers it).
+    # ... but not when a new target (a replaced pod) exports the job.
+    moved = {**JOB, "instance": "f:9"}
     tests.append(
         {
             "interval": "1m",
             "input_series": [
-                series("rlhf_last_step_timestamp_seconds", last),
+                series("rlhf_last_step_timestamp_seconds", "0+60x30 stale"),
+                *state_series("running", "1x30 stale", "0x30 stale"),
+                series("rlhf_last_step_timestamp_seconds", "_x31 1900+60x30", moved),
+                *state_series("running", "_x31 1x30", "_x31 0x30", moved),
+            ],
+            "alert_rule_test": [
+                case("40m", "RLHFJobUnwatched"),
+                case("55m", "RLHFJobStalled"),
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # the exporter is down (up 0), its series stale: unwatched
+                series("rlhf_last_step_timestamp_seconds", "0+60x30 stale"),
+                *state_series("running", "1x30 stale", "0x30 stale"),
                 series("up", "1x30 0x60", TARGET),
             ],
-            "alert_rule_test": [case("45m", "RLHFJobStalled")],
-        }
-    )
-    # Ray watched: a hang (actors ALIVE) pages; a job whose actors are all gone does not.
-    tests.append(
-        {
-            "interval": "1m",
-            "input_series": [
-                series("rlhf_last_step_timestamp_seconds", last),
-                up,
-                series("rlhf_ray_actors", "8x90", TARGET, role="actor", state="ALIVE"),
-            ],
-            "alert_rule_test": [case("45m", "RLHFJobStalled", stalled)],
-        }
-    )
-    tests.append(
-        {
-            "interval": "1m",
-            "input_series": [
-                series("rlhf_last_step_timestamp_seconds", last),
-                up,
-                series("rlhf_ray_actors", "8x30 0x60", TARGET, role="actor", state="ALIVE"),
-                series("rlhf_ray_actors", "0x30 8x60", TARGET, role="actor", state="DEAD"),
-            ],
-            "alert_rule_test": [case("45m", "RLHFJobStalled")],
+            "alert_rule_test": [case("40m", "RLHFJobUnwatched", unwatched)],
         }
     )
 
-    # Ray actors died: a death counter that appears at minute 10 with its first death.
+    # Ray actors died of a failure: a counter that appears at minute 10 with its first death.
     died = alert("RLHFRayActorsDied", "critical", "ray", TARGET, role="actor")
     tests.append(
         {
             "interval": "1m",
             "input_series": [
                 series(
-                    "rlhf_ray_actor_deaths_total", "_x9 1x50", TARGET, role="actor", reason="OOM"
+                    "rlhf_ray_actor_failures_total",
+                    "_x9 1x50",
+                    TARGET,
+                    role="actor",
+                    reason="OUT_OF_MEMORY",
                 )
             ],
             "alert_rule_test": [
@@ -597,18 +689,56 @@ def logic_cases() -> list[dict]:
             "interval": "1m",
             "input_series": [
                 series(
-                    "rlhf_ray_actor_deaths_total",
+                    "rlhf_ray_actor_failures_total",
                     "0x20 2x30",
                     TARGET,
                     role="actor",
                     reason="NODE_DIED",
                 ),
-                series("rlhf_ray_actor_deaths_total", "3x50", TARGET, role="rollout", reason="OOM"),
+                series(
+                    "rlhf_ray_actor_failures_total",
+                    "3x50",
+                    TARGET,
+                    role="rollout",
+                    reason="OUT_OF_MEMORY",
+                ),
             ],
             "alert_rule_test": [
                 case("25m", "RLHFRayActorsDied", died),
                 case("45m", "RLHFRayActorsDied"),
             ],
+        }
+    )
+    # A normal end (deaths counted, no failure) raises nothing; a failure of a job the
+    # exporter knows failed or finished is RLHFJobFailed's (or nothing), not a second page.
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [
+                series(
+                    "rlhf_ray_actor_deaths_total",
+                    "0x20 6x30",
+                    TARGET,
+                    role="trainer",
+                    reason="OWNER_DIED",
+                ),
+                series(
+                    "rlhf_ray_actor_failures_total",
+                    "0x50",
+                    TARGET,
+                    role="trainer",
+                    reason="WORKER_DIED",
+                ),
+                series(
+                    "rlhf_ray_actor_failures_total",
+                    "0x20 1x30",
+                    TARGET,
+                    role="rollout",
+                    reason="WORKER_DIED",
+                ),
+                *state_series("failed", "0x20 1x30", "1x20 0x30"),
+            ],
+            "alert_rule_test": [case("22m", "RLHFRayActorsDied"), case("30m", "RLHFRayActorsDied")],
         }
     )
 
@@ -618,11 +748,11 @@ def logic_cases() -> list[dict]:
             "interval": "1m",
             "input_series": [
                 series(
-                    "rlhf_ray_actor_deaths_total",
+                    "rlhf_ray_actor_failures_total",
                     "3x30 stale _x9 3x40",
                     TARGET,
                     role="actor",
-                    reason="OOM",
+                    reason="OUT_OF_MEMORY",
                 )
             ],
             "alert_rule_test": [
@@ -653,19 +783,19 @@ def logic_cases() -> list[dict]:
         }
     )
 
-    # Pending creation for 10m.
+    # Pending creation for 30m (longer than a cluster autoscaler takes).
     tests.append(
         {
             "interval": "1m",
             "input_series": [
-                series("rlhf_ray_actors", "2x30", TARGET, role="actor", state="PENDING_CREATION"),
+                series("rlhf_ray_actors", "2x50", TARGET, role="actor", state="PENDING_CREATION"),
                 series(
-                    "rlhf_ray_actors", "3x5 0x25", TARGET, role="rollout", state="PENDING_CREATION"
+                    "rlhf_ray_actors", "3x25 0x25", TARGET, role="rollout", state="PENDING_CREATION"
                 ),
             ],
             "alert_rule_test": [
                 case(
-                    "15m",
+                    "35m",
                     "RLHFRayActorsPending",
                     alert(
                         "RLHFRayActorsPending",
@@ -676,7 +806,7 @@ def logic_cases() -> list[dict]:
                         state="PENDING_CREATION",
                     ),
                 ),
-                case("5m", "RLHFRayActorsPending"),
+                case("25m", "RLHFRayActorsPending"),
             ],
         }
     )
@@ -937,7 +1067,7 @@ def test_promtool_a_moved_bottleneck_names_both(tmp_path, thresholds):
 
 def test_promtool_annotations(tmp_path):
     """The committed files' templates, expanded by promtool: reasons, evidence, advice."""
-    base = "https://github.com/rlhf-exporter/rlhf-exporter/blob/main/docs/runbooks.md#"
+    base = load_thresholds().alerts["runbook_url"] + "#"
     # rollout-bound all day; at CHANGE its throughput drops to 70%: the cost case.
     rollout = day_job("rollout", "costs", "e") + [
         series(
@@ -999,17 +1129,21 @@ def test_promtool_annotations(tmp_path):
         "reason": "low_mfu",
         "runbook_url": base + "rlhfjobupdatebound",
     }
+    # the exporter vanishes at 45m, while the job is stalled: the page keeps the budget it
+    # had when last seen (140%, frozen: the value reads the same whichever rule group
+    # promtool evaluates first)
     stall = [
-        series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x60"),
-        series("rlhf_baseline_step_duration_seconds", "60x90"),
-        series("up", "1x90", TARGET),
+        series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x13 stale"),
+        series("rlhf_baseline_step_duration_seconds", "60x44 stale"),
+        *state_series("running", "1x44 stale"),
     ]
     stall_ann = {
-        "summary": "p/e has made no step for 15m 0s",
+        "summary": "p/e has made no step for 20m 0s",
         "description": (
-            "No new step of p/e for 15m 0s (limit: max(3 x its baseline step time of 1m 0s, 10m) "
-            "+ its longest validation and checkpoint seen) "
-            "while its exporter e:9 is up. An NCCL hang ends in ActorDiedError only after "
+            "No new step of p/e for 20m 0s: 140% of its stall limit (limit: max(3 x its "
+            "baseline step time of 1m 0s, 10m) + its longest validation and checkpoint seen), "
+            "seen by e:9 (last seen, if that exporter is down or gone). "
+            "An NCCL hang ends in ActorDiedError only after "
             "the NCCL timeout (verl 0.8+: PyTorch's default; verl 0.6-0.7: "
             "actor_rollout_ref.nccl_timeout, 600 s)."
         ),
@@ -1041,7 +1175,7 @@ def test_promtool_annotations(tmp_path):
             "input_series": stall,
             "alert_rule_test": [
                 {
-                    **case("45m", "RLHFJobStalled"),
+                    **case("50m", "RLHFJobStalled"),
                     "exp_alerts": [
                         {**alert("RLHFJobStalled", "critical", "job"), "exp_annotations": stall_ann}
                     ],
@@ -1108,10 +1242,14 @@ def test_amtool_routes(labels, receiver):
 def test_alertmanager_example_inhibits_bound_alerts_of_a_stalled_job():
     config = yaml.safe_load(AM_EXAMPLE.read_text())
     rule = next(
-        r for r in config["inhibit_rules"] if 'alertname="RLHFJobStalled"' in r["source_matchers"]
+        r
+        for r in config["inhibit_rules"]
+        if 'alertname=~"RLHFJobStalled|RLHFJobFailed"' in r["source_matchers"]
     )
-    assert rule["equal"] == ["project", "experiment"]
-    assert config["route"]["group_by"] == ["project", "experiment"]
+    assert rule["equal"] == ["cluster", "namespace", "project", "experiment"]
+    assert config["route"]["group_by"][:4] == ["cluster", "namespace", "project", "experiment"]
+    for inhibit in config["inhibit_rules"]:  # never across clusters or namespaces (issue 22)
+        assert inhibit["equal"][:2] == ["cluster", "namespace"], inhibit
     categories = {
         r["labels"]["category"]
         for r in all_rules()

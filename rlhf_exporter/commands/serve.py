@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import __version__
 from .. import settings as settings_mod
@@ -149,6 +149,8 @@ class Sidecar:
         self.sources += [s for s in (self.verl, self.push) if s is not None]
         self.ray = self._optional("ray", settings.ray, _ray, settings, context)
         ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
+        if ray is not None:  # job states from Ray's Jobs API and death causes
+            cast(Any, ray).tell(self.verl, self.push)
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
         nvml_windows = windows if self.demo is None and gpu_windows else None

@@ -247,7 +247,7 @@ class DemoDevices(PollingSource):
                     value = int(life.state == away[state])
                 out.append(Sample("rlhf_ray_actors", (role, state), float(value)))
         out.append(Sample("rlhf_ray_actor_restarts_total", ("rollout",), float(life.restarts)))
-        out.append(
-            Sample("rlhf_ray_actor_deaths_total", ("rollout", DEATH_REASON), float(life.deaths))
-        )
+        deaths = float(life.deaths)  # a worker death: a failure (rlhf_exporter/lifecycle.py)
+        out.append(Sample("rlhf_ray_actor_deaths_total", ("rollout", DEATH_REASON), deaths))
+        out.append(Sample("rlhf_ray_actor_failures_total", ("rollout", DEATH_REASON), deaths))
         return PollResult(tuple(out))

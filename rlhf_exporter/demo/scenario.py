@@ -17,12 +17,12 @@ default 0.7 s per step:
 | 7 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
 | 8 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
 | 9 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
-| 10 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 6 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
+| 10 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 9 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
 | 11 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
 | 12 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
 | 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled) |
 
-176 steps and 87 steps' time of pauses: about 3 minutes per loop at 0.7 s a step (faster
+179 steps and 87 steps' time of pauses: about 3 minutes per loop at 0.7 s a step (faster
 with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
 
 The alerts named above keep their real windows and `for:` (15 minutes for the bound alerts),
@@ -98,7 +98,8 @@ INCIDENTS: dict[str, list[Phase]] = {
     ],
     "actor_restart": [
         Phase("rollout actor died: restarting", STEADY, 6, rollout=ROLLOUT_RESTARTING),
-        Phase("its replacement waits for resources", STEADY, 6, rollout=ROLLOUT_PENDING),
+        # longer than alerts.pending_for (30 min) at the demo test's 4 simulated min a step
+        Phase("its replacement waits for resources", STEADY, 9, rollout=ROLLOUT_PENDING),
         Phase("rollout actor restarted", STEADY, 6, rollout=ROLLOUT_RESTARTED),
     ],
     "bottleneck_moves": [

@@ -59,8 +59,23 @@ VERL = _section(
     _job(
         "rlhf_job_finished",
         GAUGE,
-        "1 once the job reached its last step (--total-steps) or logged rlhf_job_finished=1 "
-        "in this run; a finished job is not a stalled one.",
+        "1 while rlhf_job_state is finished: Ray's Jobs API says SUCCEEDED or STOPPED, or the "
+        "job reached its total steps, logged rlhf_job_finished=1 or has a .finished file; a "
+        "finished job is not a stalled one.",
+    ),
+    _job(
+        "rlhf_job_state",
+        GAUGE,
+        "1 for the job's state as the exporter knows it (running, finished, failed, unknown), "
+        "from Ray's Jobs API, its actors' death causes, and the job's declared end "
+        "(docs/job-states.md). Prometheus adds stalled (project_experiment_state:"
+        "rlhf_job_state:max).",
+        "state",
+    ),
+    _job(
+        "rlhf_job_state_timestamp_seconds",
+        GAUGE,
+        "Unix time at which the exporter first saw the job in its current rlhf_job_state.",
     ),
     _job("rlhf_step_duration_seconds", GAUGE, "Last classified step's timing_s/step."),
     _job("rlhf_step_seconds_total", COUNTER, "Sum of timing_s/step over classified steps."),
@@ -244,6 +259,20 @@ RAY = _section(
         COUNTER,
         "Actors seen becoming DEAD, by death reason.",
         ("role", "reason"),
+    ),
+    Metric(
+        "rlhf_ray_actor_failures_total",
+        COUNTER,
+        "Actors seen becoming DEAD for a failure (worker, node, OOM, creation or runtime-env "
+        "failure), by reason; a normal end (OWNER_DIED, OUT_OF_SCOPE, REF_DELETED, RAY_KILL, "
+        "an intended exit, Ray's own JobSupervisor) is not counted.",
+        ("role", "reason"),
+    ),
+    Metric(
+        "rlhf_ray_jobs",
+        GAUGE,
+        "Ray Jobs API entries (submissions and drivers) by status, as last listed.",
+        ("status",),
     ),
     Metric(
         "rlhf_ray_cluster_info",
@@ -547,6 +576,12 @@ EXPORTER = _section(
     ),
     Metric("rlhf_exporter_jobs", GAUGE, "verl jobs currently exported.", ("collector",)),
     Metric("rlhf_exporter_build_info", GAUGE, "Exporter version.", ("version",)),
+    Metric(
+        "process_start_time_seconds",
+        GAUGE,
+        "Unix time the exporter process started (the standard process metric): rules tell an "
+        "exporter restart, whose re-read of a log grows counters again, from new work.",
+    ),
 )
 
 CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + GPU_HEALTH + WINDOW_GPU + ENGINE + EXPORTER)

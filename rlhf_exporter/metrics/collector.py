@@ -6,6 +6,8 @@ from the immutable snapshots the sources last published.
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -48,6 +50,27 @@ def health_samples(snap: Snapshot) -> tuple[Sample, ...]:
 
 def build_info() -> Sample:
     return Sample("rlhf_exporter_build_info", (__version__,), 1.0)
+
+
+def _process_start() -> float:
+    """When this process started: /proc/self/stat's start time after boot, else now (the
+    module is imported as the exporter starts)."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+PROCESS_START = _process_start()
+
+
+def process_samples() -> tuple[Sample, ...]:
+    """The exporter's own identity: its version and when its process started."""
+    return (build_info(), Sample("process_start_time_seconds", (), PROCESS_START))
 
 
 def _check(sample: Any) -> tuple[Metric, tuple[str, ...], float] | str:
@@ -105,7 +128,7 @@ def families(
     Within a family, samples keep their order: build_info, then each snapshot's health and
     its samples. Unservable samples are dropped (and counted in `dropped`)."""
     by_name: dict[str, Family] = {}
-    add_samples(by_name, (build_info(),))
+    add_samples(by_name, process_samples())
     for snap in snapshots:
         add_samples(by_name, health_samples(snap), snap.collector, dropped)
         add_samples(by_name, snap.series(), snap.collector, dropped)

@@ -61,7 +61,7 @@ from typing import Any
 from prometheus_client.exposition import choose_encoder
 
 from .catalog import BY_NAME
-from .collector import add_samples, build_info, health_samples, new_family
+from .collector import add_samples, health_samples, new_family, process_samples
 from .snapshot import Sample, SnapshotFn
 
 log = logging.getLogger(__name__)
@@ -421,7 +421,7 @@ class Exposition:
             new_value[key] = frag
             return frag
 
-        out = [valued((build_info(),), "")]
+        out = [valued(process_samples(), "")]
         n = len(self._fns)
         snaps, owns = inputs[:n], inputs[n:]
         for own in owns:

@@ -194,6 +194,10 @@ class PushSource:
         self._records = 0
         self._lock = threading.Lock()
         self._next_expiry = float("inf")
+        # what Ray says about a job (RaySource.job_fact) and how often that changed
+        self.lifecycle: Callable[..., Any] | None = None
+        self.lifecycle_version: Callable[[], int] = lambda: 0
+        self._facts_seen = 0
         self._snapshot = self._build()
 
     # -- Source interface -------------------------------------------------------------------
@@ -225,7 +229,8 @@ class PushSource:
         pass
 
     def snapshot(self) -> Snapshot:
-        if self.clock() >= self._next_expiry and self._lock.acquire(blocking=False):
+        stale = self.lifecycle_version() != self._facts_seen  # Ray's facts changed
+        if (stale or self.clock() >= self._next_expiry) and self._lock.acquire(blocking=False):
             try:  # a pushed job expired: publish without it (never waits on a push)
                 self._publish()
             finally:
@@ -378,8 +383,12 @@ class PushSource:
         now = self.clock()
         self._expire(now)
         parts: list[tuple[Sample, ...]] = []
+        self._facts_seen = self.lifecycle_version()
+        sole = len(self._jobs) == 1
         for p in self._jobs.values():
             try:
+                if self.lifecycle is not None:
+                    p.job.set_ray(self.lifecycle(p.job.project, p.job.experiment, sole))
                 parts.append(p.job.samples())
             except Exception:  # never lets one job remove the others' series
                 self._rejected["internal_error"] += 1

@@ -10,6 +10,11 @@ its import cost. One poll (default every 15 s, each request bounded by --ray-tim
     GET /api/v0/actors?state=RESTARTING&detail=1
     GET /api/v0/actors?state=DEAD&detail=1             only when the DEAD counts changed
     GET /api/v0/nodes?state=ALIVE                      which Ray node is this host (GPU PIDs)
+    GET /api/jobs/                                     Jobs API: each submission's status
+
+The Jobs API and the actors' death causes tell each verl job's state (`job_fact()`, read by
+the verl and push sources; see rlhf_exporter.lifecycle and sources/ray_jobs.py). A dashboard
+without the Jobs API (HTTP 404) is logged once; the actor series stay.
 
 Every actor query filters on `state` because that filter is applied inside the GCS: the API
 returns at most 10,000 rows with no pagination, and Ray keeps up to 100,000 dead actors, so
@@ -39,8 +44,10 @@ from typing import Any, NamedTuple
 import orjson
 import requests
 
+from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult, SourceError
+from .ray_jobs import JobBook
 from .roles import ROLES, RoleMap
 
 log = logging.getLogger(__name__)
@@ -186,6 +193,12 @@ class RaySource(PollingSource):
         self._dead_seen: dict[str, None] = {}  # insertion-ordered set of actor ids
         self._dead_counts: dict[str, int] | None = None
         self._deaths_total: dict[tuple[str, str], int] = {}
+        self._failures_total: dict[tuple[str, str], int] = {}
+        self._book = JobBook()
+        self._jobs_by_status: dict[str, int] = {}
+        # read by the verl and push sources from their threads: replaced whole
+        self._facts: tuple[Mapping[tuple[str, str], RayFact], RayFact | None] = ({}, None)
+        self.facts_version = 0  # grows whenever the facts change
         self._warned: set[str] = set()
         # read by the NVML source from its own thread: replaced whole, never mutated
         self._pids: Mapping[int, ActorProcess] = MappingProxyType({})
@@ -224,6 +237,27 @@ class RaySource(PollingSource):
         if at is None or (max_age is not None and time.monotonic() - at > max_age):
             return MappingProxyType({})
         return pids
+
+    def job_fact(self, project: str, experiment: str, sole: bool = False) -> RayFact | None:
+        """What Ray says about the verl job (project, experiment): its tied submission, or,
+        for the exporter's `sole` job, the newest untied one (sources/ray_jobs.py)."""
+        tied, newest = self._facts
+        fact = tied.get((project, experiment))
+        if fact is None and sole:
+            return newest
+        return fact
+
+    def tell(self, *sources: Any) -> None:
+        """Give the verl and push sources what Ray says about their jobs (their `lifecycle`;
+        the push source also learns when it changed, to publish again)."""
+        if not self.actors:  # a GPU worker's source reads PIDs only: no jobs
+            return
+        for source in sources:
+            if source is None:
+                continue
+            source.lifecycle = self.job_fact
+            if hasattr(source, "lifecycle_version"):
+                source.lifecycle_version = lambda: self.facts_version
 
     def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
         return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}
@@ -344,10 +378,12 @@ class RaySource(PollingSource):
             self._restarts.clear()
             self._dead_seen.clear()
             self._dead_counts = None
+            self._book.session_changed()
         local_nodes = self._local_nodes()
         samples: list[Sample] = [Sample("rlhf_ray_cluster_info", (ray_version, session), 1.0)]
         if self.actors:
             samples += self._poll_actors(local_nodes)
+            samples += self._poll_jobs()
         else:
             rows = []
             for node in sorted(
@@ -437,6 +473,10 @@ class RaySource(PollingSource):
             Sample("rlhf_ray_actor_deaths_total", key, float(n))
             for key, n in sorted(self._deaths_total.items())
         ]
+        samples += [
+            Sample("rlhf_ray_actor_failures_total", key, float(n))
+            for key, n in sorted(self._failures_total.items())
+        ]
         return samples
 
     def _count_restarts(self, rows: list[Mapping[str, Any]]) -> None:
@@ -454,6 +494,32 @@ class RaySource(PollingSource):
         for actor_id in stale:
             del self._restarts[actor_id]
 
+    def _poll_jobs(self) -> list[Sample]:
+        """The Jobs API's entries: each verl job's submission status, and counts by status."""
+        try:
+            entries = self._get("/api/jobs/")
+            if not isinstance(entries, list):
+                raise SourceError("bad_response", "/api/jobs/: not a list")
+        except SourceError as exc:
+            # the actor series do not depend on it: keep them, and the jobs' last facts
+            # (a failed job stays failed); logged once per reason, counted as jobs_api_<reason>
+            # in rlhf_exporter_collector_errors_total
+            reason = "jobs_api_" + exc.reason  # rlhf_exporter_collector_errors_total{reason}
+            self._errors[reason] = self._errors.get(reason, 0) + 1
+            self._warn_once(f"jobs api {exc.reason}", "Ray's Jobs API unusable (%s): job "
+                            "states keep their last Ray facts", exc)  # fmt: skip
+            return [Sample("rlhf_ray_jobs", (s,), float(n))
+                    for s, n in sorted(self._jobs_by_status.items())]  # fmt: skip
+        self._jobs_by_status = self._book.update(entries)
+        facts = self._book.facts()
+        if facts != self._facts:
+            self._facts = facts
+            self.facts_version += 1
+        return [
+            Sample("rlhf_ray_jobs", (status,), float(n))
+            for status, n in sorted(self._jobs_by_status.items())
+        ]
+
     def _count_deaths(self, rows: list[Mapping[str, Any]]) -> None:
         for row in rows:
             actor_id = str(row.get("actor_id"))
@@ -464,6 +530,14 @@ class RaySource(PollingSource):
             role = self.roles.role(str(row.get("class_name") or ""), _actor_name(row))
             key = (role, death_reason(row))
             self._deaths_total[key] = self._deaths_total.get(key, 0) + (0 if self._baseline else 1)
+            cause = row.get("death_cause")
+            context = cause.get("actor_died_error_context") if isinstance(cause, Mapping) else None
+            message = context.get("error_message") if isinstance(context, Mapping) else None
+            if is_failure(key[1], message if isinstance(message, str) else "",
+                          str(row.get("class_name") or "")):  # fmt: skip
+                n = self._failures_total.get(key, 0)
+                self._failures_total[key] = n + (0 if self._baseline else 1)
+                self._book.failed_actor(str(row.get("job_id") or ""), key[1])
         excess = len(self._dead_seen) - MAX_DEAD_REMEMBERED
         if excess > 0:
             for actor_id in list(self._dead_seen)[:excess]:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
-from ..jobs import DEFAULT_LIMITS, Job, Limits, clean_label, limits_from_settings
+from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, clean_label, limits_from_settings
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult
 from .verl_reader import RecordReader
@@ -81,6 +81,10 @@ TOO_MANY_FILES = "too_many_files"
 INTERNAL_ERROR = "internal_error"
 BAD_NAME = "bad_name"  # a file named `.jsonl`, `..jsonl` or `...jsonl`
 SYMLINK_LOOP = "symlink_loop"  # a project folder that is a looping symlink
+BAD_TOTAL_STEPS = "bad_total_steps"  # record_errors: a .total_steps file that is no integer
+FINISHED_SUFFIX = ".finished"  # <experiment>.finished beside the log: the job finished
+TOTAL_STEPS_SUFFIX = ".total_steps"  # <experiment>.total_steps: its total steps
+MARKER_EVERY = 15.0  # seconds between two reads of an idle job's marker files
 
 
 @dataclass
@@ -101,6 +105,8 @@ class Watched:
     mtime_ns: int = -1
     last_change: float = 0.0  # wall time of the last change seen (initially the file's mtime)
     problem: str | None = None
+    markers_at: float = float("-inf")  # when the .finished/.total_steps files were last read
+    backlog: bool = True  # its first read has not reached the end yet: not exported until it has
     rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
     logged: set = field(default_factory=set)  # line problems already logged
 
@@ -163,6 +169,8 @@ class VerlFileSource(PollingSource):
         self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
         # drops a pushed job of this name, if any (a file job always wins its name)
         self.displace: Callable[[str, str], bool] = lambda project, experiment: False
+        # what Ray says about a job (RaySource.job_fact), set by `serve` when Ray is read
+        self.lifecycle: Callable[..., Any] | None = None
 
     # -- discovery ------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -468,6 +476,8 @@ class VerlFileSource(PollingSource):
             except OSError as exc:
                 self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
                 return total
+        if w.offset >= st.st_size:
+            w.backlog = False
         if w.problem is not None:
             log.info("%s is readable again", _shown(w.path), extra={"path": _shown(w.path)})
             w.problem = None
@@ -502,7 +512,14 @@ class VerlFileSource(PollingSource):
                 continue
             if w.job.records == 0 and w.identity is None:
                 continue  # never read anything: nothing to export yet
+            if w.backlog:
+                # a log larger than one poll's budget (an exporter (re)start on a big log) is
+                # exported once read to its end: a counter never shows a partial history,
+                # which Prometheus would take for a reset and count again
+                self.stats["backlog_hidden"] += 1
+                continue
             try:
+                self._job_state(w, now, sole=len(self._watched) == 1)
                 part = w.job.samples()
             except Exception:  # never lets one job remove the others' series
                 if w.job.labels not in self._broken:
@@ -528,6 +545,30 @@ class VerlFileSource(PollingSource):
             self._summaries = tuple(summaries)
         down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
         return PollResult(self._rest, self._records, dict(self._rejected), down, self._parts)
+
+    def _job_state(self, w: Watched, now: float, sole: bool) -> None:
+        """Feed the job what decides its state besides its records: Ray's facts, and the
+        files a user may put beside its log without code (read while the log is idle, at
+        most every MARKER_EVERY seconds): `<experiment>.finished` (any content) declares it
+        finished, `<experiment>.total_steps` (an integer) gives its total steps."""
+        if self.lifecycle is not None:
+            w.job.set_ray(self.lifecycle(w.project, w.experiment, sole))
+        if now - w.last_change < self.interval or now - w.markers_at < MARKER_EVERY:
+            return
+        w.markers_at = now
+        stem = w.path.with_name(w.path.name.removesuffix(SUFFIX))
+        w.job.set_finished_file(os.path.lexists(str(stem) + FINISHED_SUFFIX))
+        total = self.total_steps
+        try:
+            with open(str(stem) + TOTAL_STEPS_SUFFIX, "rb") as f:
+                text = f.read(32).strip()
+            if text.isdigit() and 0 < int(text) <= MAX_STEP:
+                total = int(text)
+            else:
+                self._rejected[BAD_TOTAL_STEPS] += 1
+        except OSError:
+            pass
+        w.job.set_total_steps(total)
 
     def _forget(self, w: Watched) -> None:
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""

@@ -8,6 +8,14 @@
 It answers the requests `rlhf_exporter.sources.ray.RaySource` makes (the same JSON envelope, the
 same `filter_keys`/`filter_values` query), over real HTTP, so the source's own request,
 parsing and counting code runs. Keep-alive (HTTP/1.1) keeps thousands of polls cheap.
+
+The Jobs API (`GET /api/jobs/`) answers the shape a real Ray 2.60 head gives
+(tests/test_job_state.py checks the source against a real head):
+
+    api.submit("raysubmit_1", "p", "e", job_id="02000000")   # RUNNING, its entrypoint names p/e
+    api.alive("a2", "WorkerDict", pid=102, job_id="02000000")
+    api.end("raysubmit_1", "FAILED")
+    api.restart_head()     # a new session: no actors, no jobs (GCS without fault tolerance)
 """
 
 from __future__ import annotations
@@ -29,11 +37,13 @@ class RayStateApi:
         self.session = "session_sim_1"
         self.rows: dict[str, dict] = {}  # actor_id -> row (state, class_name, ...)
         self.pending: dict[str, int] = {}
+        self.jobs: dict[str, dict] = {}  # submission_id -> Jobs API entry
+        self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
 
     # -- the cluster ------------------------------------------------------------------------
-    def alive(self, actor_id: str, class_name: str, pid: int = 0) -> None:
+    def alive(self, actor_id: str, class_name: str, pid: int = 0, job_id: str = "01000000") -> None:
         with self._lock:
             self.rows[actor_id] = {
                 "actor_id": actor_id,
@@ -42,18 +52,78 @@ class RayStateApi:
                 "num_restarts": "0",
                 "pid": pid,
                 "node_id": "n1",
+                "job_id": job_id,
             }
 
-    def kill(self, actor_id: str, reason: str = "WORKER_DIED") -> None:
+    def kill(self, actor_id: str, reason: str = "WORKER_DIED", message: str = "") -> None:
         with self._lock:
             row = self.rows[actor_id]
             row["state"] = "DEAD"
-            row["death_cause"] = {"actor_died_error_context": {"reason": reason}}
+            context = {"reason": reason}
+            if message:
+                context["error_message"] = message
+            row["death_cause"] = {"actor_died_error_context": context}
+
+    def submit(
+        self, submission_id: str, project: str, experiment: str, job_id: str, start_ms: int = 1
+    ) -> None:
+        """A `ray job submit` of verl's main_ppo for <project>/<experiment>, RUNNING."""
+        with self._lock:
+            self.jobs[submission_id] = {
+                "type": "SUBMISSION",
+                "job_id": job_id,
+                "submission_id": submission_id,
+                "status": "RUNNING",
+                "entrypoint": "python3 -m verl.trainer.main_ppo "
+                f"trainer.project_name={project} trainer.experiment_name={experiment}",
+                "message": "Job is currently running.",
+                "error_type": None,
+                "start_time": start_ms,
+                "end_time": None,
+                "metadata": {},
+                "driver_exit_code": None,
+            }
+
+    def end(self, submission_id: str, status: str, end_ms: int = 2) -> None:
+        """The submission ends: SUCCEEDED (the driver exits 0), FAILED or STOPPED."""
+        with self._lock:
+            entry = self.jobs[submission_id]
+            entry.update(status=status, end_time=end_ms,
+                         driver_exit_code=0 if status == "SUCCEEDED" else 1)  # fmt: skip
+
+    def normal_end(self, submission_id: str) -> None:
+        """A real shutdown (Ray 2.60, measured): the driver's actors die OWNER_DIED or
+        OUT_OF_SCOPE, Ray's JobSupervisor WORKER_DIED with an intended exit, the job
+        SUCCEEDED."""
+        with self._lock:
+            job_id = self.jobs[submission_id]["job_id"]
+            mine = [a for a, r in self.rows.items() if r.get("job_id") == job_id]
+        for i, actor in enumerate(mine):
+            self.kill(actor, "OWNER_DIED" if i == 0 else "OUT_OF_SCOPE")
+        self.alive("supervisor-" + submission_id, "JobSupervisor", job_id="01000000")
+        self.kill(
+            "supervisor-" + submission_id,
+            "WORKER_DIED",
+            "Worker exit type: INTENDED_USER_EXIT Worker exit detail: exit_actor() is called.",
+        )
+        self.end(submission_id, "SUCCEEDED")
+
+    def restart_head(self) -> None:
+        """The head (GCS) restarts without fault tolerance: a new session knows nothing."""
+        with self._lock:
+            self.session = self.session + "_restarted"
+            self.rows.clear()
+            self.jobs.clear()
 
     def _answer(self, path: str, query: dict) -> Any:
         state = dict(zip(query.get("filter_keys", []), query.get("filter_values", []))).get("state")
         with self._lock:
             rows = [dict(r) for r in self.rows.values()]
+        if path == "/api/jobs/":
+            if not self.jobs_api:
+                return None
+            with self._lock:
+                return [dict(j) for j in self.jobs.values()]
         if path == "/api/version":
             return {"version": "4", "ray_version": "2.60.0", "session_name": self.session}
         if path == "/api/v0/nodes":

@@ -57,7 +57,7 @@ def rule_metrics() -> frozenset[str]:
     for path in RULE_FILES:
         for group in yaml.safe_load(path.read_text(encoding="utf-8"))["groups"]:
             for rule in group["rules"]:
-                names.update(re.findall(r"\b(rlhf_[a-z0-9_]+)", rule["expr"]))
+                names.update(re.findall(r"\b(rlhf_[a-z0-9_]+|process_[a-z0-9_]+)", rule["expr"]))
     return frozenset(names)
 
 
@@ -203,12 +203,24 @@ class Target:
     keep: frozenset[str] = frozenset()  # series names to record (empty: all)
     up: bool = True
     scraped: bool = True  # False: dropped from service discovery (no `up` series at all)
+    started: float = 0.0  # process_start_time_seconds (the process is simulated: `restart`)
+    exported: set = field(default_factory=set)  # the series of the last successful scrape
     _next_poll: dict[str, float] = field(default_factory=dict)
     _key: tuple | None = None
     _held: list = field(default_factory=list)
     _out: list[tuple[SeriesKey, float]] = field(default_factory=list)
     _times: list[tuple[int, str, str]] = field(default_factory=list)
     last: dict[SeriesKey, float] = field(default_factory=dict)  # every series, last render
+
+    def restart(self, now: float, sources: list[Source]) -> None:
+        """The exporter process restarts: new sources (nothing remembered), a new start time."""
+        self.sources = list(sources)
+        for s in self.sources:
+            if not isinstance(s, PollingSource):
+                s.start()
+        self.started = now
+        self._next_poll.clear()
+        self._key = None
 
     def scrape(self, now: float) -> list[tuple[SeriesKey, float]]:
         """(series, value) of one scrape, target labels (`job`, `instance`) included."""
@@ -238,12 +250,15 @@ class Target:
             for family in families(snaps):
                 for sample in family.samples:
                     labels = {**sample.labels, **target}
-                    self.last[sample.name, tuple(sorted(labels.items()))] = sample.value
+                    value = sample.value
+                    if sample.name == "process_start_time_seconds":
+                        value = self.started
+                    self.last[sample.name, tuple(sorted(labels.items()))] = value
                     if self.keep and sample.name not in self.keep:
                         continue
                     if sample.name in HEALTH_TIMES:
                         self._times.append((len(self._out), sample.name, labels["collector"]))
-                    self._out.append(((sample.name, tuple(sorted(labels.items()))), sample.value))
+                    self._out.append(((sample.name, tuple(sorted(labels.items()))), value))
             return self._out
         by = {s.collector: s for s in snaps}
         out = list(self._out)
@@ -362,11 +377,19 @@ class Day:
                     values[k] = STALE
             return
         series = self.series
+        seen = set()
         for key, value in t.scrape(now):
             values = series.get(key)
             if values is None:
                 values = series[key] = {}
             values[k] = float(value)
+            seen.add(key)
+        # a series the target no longer exports is marked stale once, as Prometheus does
+        for key in t.exported - seen:
+            values = series.get(key)
+            if values is not None and isinstance(values.get(k - 1), float):
+                values[k] = STALE
+        t.exported = seen
 
     def value(self, name: str, **labels: str) -> float | None:
         """The last scraped value of one series (all given labels must match)."""

@@ -41,17 +41,18 @@ from .queries import (
     BY_JOB,
     RANGE,
     RATE,
+    attention_code,
     change_code,
     eq,
     gpus_per_job,
+    job_state_is,
     reason_code,
-    seconds,
     sel,
     since_last_step,
-    stall_limit,
+    stall_budget,
     verdict_code,
 )
-from .style import change_mappings, reason_mappings, verdict_mappings
+from .style import attention_mappings, change_mappings, reason_mappings, verdict_mappings
 
 TITLE = "RLHF fleet"
 DESCRIPTION = (
@@ -83,9 +84,12 @@ def stalled_jobs(c: Context) -> PanelBuilder:
     alerts = c.alerts
     return stat_panel(
         "Stalled jobs",
-        "Jobs without a new step for longer than max(stall_factor x baseline step time, "
-        f"stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}).",
-        [Q(f"count(({since_last_step()}) > {stall_limit(alerts)}) or vector(0)")],
+        "Running jobs without a new step for longer than their stall limit: max(stall_factor "
+        f"x baseline step time, stall_min) = max({alerts['stall_factor']}x, "
+        f"{alerts['stall_min']}) plus the longest validation and checkpoint seen in the run. "
+        "Finished and failed jobs are not stalled. The recording rule RLHFJobStalled reads "
+        "(project_experiment_state:rlhf_job_state:max), so this and the alert agree.",
+        [Q(f"count({job_state_is('stalled')}) or vector(0)")],
         style.PLAIN,
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
@@ -113,6 +117,19 @@ def job_columns(c: Context) -> list[tuple[str, Q]]:
     """The jobs table's columns after project and experiment: (name, instant table query)."""
     rules = c.rules
     return [
+        ("state", Q(attention_code(), table=True, instant=True)),
+        (
+            "since",
+            Q(
+                f"max by ({BY_JOB}) (time() - {sel('rlhf_job_state_timestamp_seconds')})",
+                table=True,
+                instant=True,
+            ),
+        ),
+        (
+            "stall budget",
+            Q(f"max by ({BY_JOB}) (\n  {stall_budget()}\n)", table=True, instant=True),
+        ),
         ("verdict", Q(verdict_code(), table=True, instant=True)),
         ("reason", Q(reason_code(), table=True, instant=True)),
         ("change", Q(change_code(), table=True, instant=True)),
@@ -155,10 +172,14 @@ def jobs_table(c: Context) -> table.Panel:
     refs = [chr(ord("A") + i) for i in range(len(columns))]
     t = table_panel(
         "Every job: verdict, throughput, health",
-        "One row per verl job. verdict/reason: the decision table's answer for the last "
+        "One row per verl job, what needs attention first: state is failed, stalled, "
+        "regressed (running, its last step regressed), running, unknown (no step yet) or "
+        "finished, as the alerts see it (docs/job-states.md); since: how long the exporter has "
+        "seen it in that state; stall budget: time since its last step over its stall limit "
+        "(red at 1, where RLHFJobStalled counts); verdict/reason: the decision table's answer for the last "
         "classified step (colours as on the job dashboard); change: against the job's own "
-        "baseline; throughput: tokens per GPU-second; since last step: red past the stall "
-        f"floor ({alerts['stall_min']}); GPU busy: the average busy ratio over {rules.window} of "
+        "baseline; throughput: tokens per GPU-second; since last step: the time itself; "
+        f"GPU busy: the average busy ratio over {rules.window} of "
         f"the job's GPUs on every node (red below {alerts['gpu_idle_ratio']:g}); GPUs with errors: the job's GPUs lost, with a bad-GPU XID, an uncorrectable "
         "ECC error or a failed row remap in the time range; firing alerts: alerts from "
         "the rlhf-exporter rules that carry the job's labels. Click a job's experiment to open "
@@ -180,13 +201,28 @@ def jobs_table(c: Context) -> table.Panel:
             },
         )
     )
-    return style_job_columns(t, c).sort_by([_sort("since last step")])
+    return style_job_columns(t, c).sort_by([_sort("state")])
 
 
 def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
     """Units, colours and the job-dashboard link of the jobs table, by column name."""
-    stall = seconds(c.alerts["stall_min"])
     coloured_cell = {"type": "color-background", "mode": "basic"}
+    t = t.override_by_name(
+        "state",
+        [
+            prop("mappings", _mappings_json(attention_mappings())),
+            prop("custom.cellOptions", coloured_cell),
+        ],
+    )
+    t = t.override_by_name("since", [prop("unit", style.SECONDS)])
+    t = t.override_by_name(
+        "stall budget",
+        [
+            prop("unit", style.RATIO),
+            prop("custom.cellOptions", {"type": "color-text"}),
+            prop("thresholds", _thresholds_json(style.OK, (0.5, style.WARN), (1, style.BAD))),
+        ],
+    )
     t = t.override_by_name(
         "verdict",
         [
@@ -210,17 +246,7 @@ def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
     )
     t = t.override_by_name("throughput", [prop("unit", "short"), prop("decimals", 0)])
     t = t.override_by_name("step time", [prop("unit", style.SECONDS)])
-    t = t.override_by_name(
-        "since last step",
-        [
-            prop("unit", style.SECONDS),
-            prop("custom.cellOptions", {"type": "color-text"}),
-            prop(
-                "thresholds",
-                _thresholds_json(style.OK, (stall / 2, style.WARN), (stall, style.BAD)),
-            ),
-        ],
-    )
+    t = t.override_by_name("since last step", [prop("unit", style.SECONDS)])
     t = t.override_by_name(
         "GPU busy",
         [
@@ -363,12 +389,14 @@ def stall_budget_used(c: Context) -> PanelBuilder:
     return threshold_line(
         time_series(
             "Stall budget used",
-            "Seconds since each job's last step divided by its stall limit, max(stall_factor x "
-            f"baseline step time, stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}). "
-            "Above 1 (dashed line) the job is stalled"
+            "Seconds since each running job's last step divided by its stall limit, "
+            f"max(stall_factor x baseline step time, stall_min) = max({alerts['stall_factor']}x, "
+            f"{alerts['stall_min']}) plus the longest validation and checkpoint seen in its run "
+            "(the recording rule project_experiment:rlhf_job_stall_budget:ratio, which the stall "
+            "alert reads). Above 1 (dashed line) the job is stalled"
             + said(alerts, "; the stall alert fires after {stall_for} there")
-            + ".",
-            [Q(f"({since_last_step()})\n/ {stall_limit(alerts)}", JOB_LEGEND)],
+            + ". Finished and failed jobs are left out.",
+            [Q(stall_budget(), JOB_LEGEND)],
             style.RATIO,
             fill=0,
         ).min(0),

@@ -96,6 +96,42 @@ def stall_limit(alerts: Mapping) -> str:
     )
 
 
+JOB_STATE = "project_experiment_state:rlhf_job_state:max"  # recording.lifecycle_records
+STALL_BUDGET = "project_experiment:rlhf_job_stall_budget:ratio"
+PER_TARGET_JOB = "namespace, project, experiment, job, instance"
+
+
+def job_state_is(regex: str) -> str:
+    """The jobs whose recorded state matches `regex` (one series per job, value 1)."""
+    return f"({sel(JOB_STATE, match('state', regex))} == 1)"
+
+
+def stall_budget() -> str:
+    """Each running or stalled job's stall budget used (the record the alert reads);
+    finished and failed jobs have none to use."""
+    return f"{sel(STALL_BUDGET)}\nunless on ({PER_TARGET_JOB}) {job_state_is('finished|failed')}"
+
+
+def attention_code() -> str:
+    """Per job, style.ATTENTION's number: failed, stalled, regressed (a running job whose
+    last step regressed), running, unknown, finished."""
+    from .style import ATTENTION
+
+    def hot(state: str) -> str:
+        return job_state_is(state)
+
+    terms = [
+        f"{hot('failed')} * {ATTENTION['failed'][0]}",
+        f"{hot('stalled')} * {ATTENTION['stalled'][0]}",
+        f"{hot('running')} * {ATTENTION['regressed'][0]}\n"
+        f"    and on ({PER_TARGET_JOB}) ({sel('rlhf_change', eq('kind', 'regression'))} == 1)",
+        f"{hot('running')} * {ATTENTION['running'][0]}",
+        f"{hot('unknown')} * {ATTENTION['unknown'][0]}",
+        f"{hot('finished')} * {ATTENTION['finished'][0]}",
+    ]
+    return f"max by ({BY_JOB}) (\n  " + "\n  or ".join(terms) + "\n)"
+
+
 def since_last_step() -> str:
     return f"time() - {sel('rlhf_last_step_timestamp_seconds')}"
 
@@ -109,15 +145,18 @@ __all__ = [
     "REASONS",
     "TARGET",
     "VERDICTS",
+    "attention_code",
     "change_code",
     "eq",
     "gpus_per_job",
+    "job_state_is",
     "match",
     "on_sole_job_exporters",
     "reason_code",
     "seconds",
     "sel",
     "since_last_step",
+    "stall_budget",
     "stall_limit",
     "verdict_code",
 ]

@@ -30,6 +30,18 @@ CHANGE_COLOURS: Mapping[str, str] = {
     "regression": "#E02F44",  # red: some window costs more than its work explains
 }
 
+ATTENTION: Mapping[str, tuple[int, str]] = {
+    "failed": (5, "#E02F44"),  # red
+    "stalled": (4, "#FF9830"),  # orange
+    "regressed": (3, "#FADE2A"),  # yellow: running, and its last step regressed
+    "running": (2, "#73BF69"),  # green
+    "unknown": (1, "#8E8E8E"),  # grey: no step yet
+    "finished": (0, "#5794F2"),  # blue: done
+}
+"""The fleet table's state column: a job's state (project_experiment_state:rlhf_job_state:max,
+with regressed for a running job whose last step regressed) as a number whose order is what
+needs attention first: the table sorts by it."""
+
 NO_VALUE_COLOUR = "#8E8E8E"
 OK, WARN, BAD = "#73BF69", "#FF9830", "#E02F44"
 
@@ -75,6 +87,10 @@ def reason_mappings() -> dict[int, tuple[str, str]]:
     out = {code: (reason, VERDICT_COLOURS[v]) for (v, reason), code in reason_codes().items()}
     out[0] = ("no reason (balanced/unknown)", NO_VALUE_COLOUR)
     return out
+
+
+def attention_mappings() -> dict[int, tuple[str, str]]:
+    return {code: (name, colour) for name, (code, colour) in ATTENTION.items()}
 
 
 def change_mappings() -> dict[int, tuple[str, str]]:

@@ -26,6 +26,8 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment_verdict:rlhf_bottleneck_steps:increase6h` | classified steps per verdict over the reference window |
 | `project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate6h` | fraction of classified steps per verdict over the reference window |
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window |
+| `project_experiment:rlhf_job_stall_budget:ratio` | seconds since the job's last step ÷ its stall limit (max(stall_factor × baseline step time, stall_min) + the longest validation/checkpoint seen): above 1 is stalled |
+| `project_experiment_state:rlhf_job_state:max` | 1 for the job's state: running, finished, failed, stalled (running past its stall budget) or unknown |
 | `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |
 
 The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` for
@@ -66,7 +68,7 @@ from .model import (
 )
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files
-from .recording import evidence_records, reference_records, window_records
+from .recording import evidence_records, lifecycle_records, reference_records, window_records
 
 ORDER = 20
 __all__ = [
@@ -113,6 +115,10 @@ def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
             {
                 "name": "rlhf-exporter.recording",
                 "rules": window_records(ctx) + evidence_records(ctx),
+            },
+            {
+                "name": "rlhf-exporter.lifecycle",
+                "rules": lifecycle_records(ctx),
             },
             {
                 "name": "rlhf-exporter.reference",

@@ -187,6 +187,18 @@ class Context:
     def generate_spread(self) -> str:
         return "project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean"
 
+    # a job's lifecycle: the one definition that alerts and dashboards read
+    @property
+    def blind(self) -> str:
+        """How long a job's last-seen series stand in for it once no target exports it."""
+        return self.dur("blind_lookback")
+
+    stall_budget = "project_experiment:rlhf_job_stall_budget:ratio"
+    job_state = "project_experiment_state:rlhf_job_state:max"
+
+    job_state_code = "project_experiment:rlhf_job_state:code"
+    carry = "10m"  # how far back the state code reads itself (several rule evaluations)
+
     # recording rules over the reference window (read `offset window`)
     @property
     def verdict_steps_ref(self) -> str:
@@ -212,6 +224,9 @@ class Runbook:
     change: list[str]  # what to change: verl config keys and other actions (markdown)
     checks: list[str] = field(default_factory=list)  # more ways to confirm (markdown)
     cannot_show: list[str] = field(default_factory=list)  # evidence verl's log lacks (advice)
+    impact: str = ""  # what the page costs if nobody acts (every critical alert has one)
+    mitigate: list[str] = field(default_factory=list)  # the immediate mitigation, in order
+    escalate: str = ""  # whom to call when the mitigation does not help
 
 
 @dataclass

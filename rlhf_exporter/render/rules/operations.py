@@ -24,23 +24,19 @@ from .model import (
 
 
 def stalled(ctx: Context) -> Alert:
-    factor = ctx.a["stall_factor"] * ctx.scale
-    floor = ctx.secs("stall_min")
-    limit = (
-        f"clamp_min({_num(factor)} * rlhf_baseline_step_duration_seconds, {_num(floor)})\n"
-        f"    or 0 * rlhf_last_step_timestamp_seconds + {_num(floor)}"
-    )
-    # the longest validation + checkpoint seen in the run runs between records, outside
-    # timing_s/step: the limit grows by it, so what the run already did never pages
-    between = "rlhf_between_steps_max_seconds or 0 * rlhf_last_step_timestamp_seconds"
+    # one definition with the dashboards: the stall budget and the job state records
+    # (recording.lifecycle_records); they read a job's last-seen series while no target
+    # exports it, so the page survives scrape failures, a vanished target and an unmounted
+    # log, and a finished or failed job is never stalled
     expr = (
-        f"(time() - rlhf_last_step_timestamp_seconds)\n  > (\n    {limit}\n  )\n"
-        f"  + ({between})\n"
-        "and on (job, instance) up == 1\n"
-        "unless on (project, experiment, job, instance) rlhf_job_finished == 1\n"
-        "unless on (job, instance) (\n"
-        "  count by (job, instance) (rlhf_ray_actors)\n"
-        '  unless on (job, instance) (rlhf_ray_actors{state="ALIVE"} > 0)\n)'
+        f"{ctx.stall_budget}\n"
+        f'and on ({JOB_KEY}, job, instance) ({ctx.job_state}{{state="stalled"}} == 1)'
+    )
+    since = _tq(
+        f"time() - max(last_over_time(rlhf_last_step_timestamp_seconds{{{JOB_MATCH}}}"
+        f"[{ctx.blind}]))",
+        "humanizeDuration",
+        default="longer than its stall limit",
     )
     stall_min, f_ = ctx.a["stall_min"], ctx.a["stall_factor"]
     return Alert(
@@ -49,41 +45,61 @@ def stalled(ctx: Context) -> Alert:
         for_=ctx.dur("stall_for"),
         severity="critical",
         category="job",
-        summary=f"{JOB_NAME} has made no step for {{{{ $value | humanizeDuration }}}}",
+        summary=f"{JOB_NAME} has made no step for {since}",
         description=(
-            f"No new step of {JOB_NAME} for {{{{ $value | humanizeDuration }}}} (limit: "
+            f"No new step of {JOB_NAME} for {since}: {{{{ $value | humanizePercentage }}}} "
+            "of its stall limit (limit: "
             f"max({_num(f_)} x its baseline step time of "
             + _tq(
-                f"rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}",
+                f"max(last_over_time(rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}"
+                f"[{ctx.blind}]))",
                 "humanizeDuration",
                 default="unknown",
             )
-            + f", {stall_min}) + its longest validation and checkpoint seen) while its "
-            "exporter {{ $labels.instance }} is up. "
+            + f", {stall_min}) + its longest validation and checkpoint seen), seen by "
+            "{{ $labels.instance }} (last seen, if that exporter is down or gone). "
             "An NCCL hang ends in ActorDiedError only after the NCCL timeout (verl 0.8+: "
             "PyTorch's default; verl 0.6-0.7: actor_rollout_ref.nccl_timeout, 600 s)."
         ),
         runbook=Runbook(
             meaning=(
-                f"The exporter is up and still exports the job, but no new step arrived for longer "
-                f"than max({_num(f_)} x the job's baseline step time, {stall_min}) plus the "
-                "longest validation (`timing_s/testing`) and checkpoint "
-                "(`timing_s/save_checkpoint`) seen in the run "
-                "(`rlhf_between_steps_max_seconds`): verl runs them between two records, "
-                "outside the step. This is the "
-                "main page: a hung collective (NCCL) blocks every rank silently. A finished job "
-                "does not page: `rlhf_job_finished` is 1 once its step reaches `--total-steps` "
-                "(verl's `trainer.total_training_steps`) or it logs `rlhf_job_finished: 1`; a "
-                "sidecar ends with its job; where the exporter watches Ray, a cluster with no "
-                "ALIVE actor left means the job ended. Otherwise a shared exporter without Ray "
-                "cannot tell a finished job from a hung one until `--job-expiry`: give it "
-                "`--total-steps`, or silence the alert for the job."
+                f"No new step of the job arrived for longer than max({_num(f_)} x the job's "
+                f"baseline step time, {stall_min}) plus the longest validation "
+                "(`timing_s/testing`) and checkpoint (`timing_s/save_checkpoint`) seen in the "
+                "run (`rlhf_between_steps_max_seconds`): verl runs them between two records, "
+                f"outside the step. The rule reads the recording rule `{ctx.job_state}` "
+                f'(`state="stalled"`: a running job whose `{ctx.stall_budget}` is above 1), '
+                "the same the fleet dashboard shows. This is the main page: a hung collective (NCCL) blocks every "
+                "rank silently. A finished or failed job never pages here "
+                "([job states](job-states.md)): finished jobs raise nothing, failed ones "
+                "[RLHFJobFailed](#rlhfjobfailed). The page does not resolve when the exporter "
+                "goes blind (scrape failures, its target gone, the log unmounted): a job no "
+                "target exports keeps the state it had when last seen, for "
+                f"{ctx.a['blind_lookback']} (`alerts.blind_lookback`)."
+            ),
+            impact=(
+                "A hung job holds all its GPUs and makes no progress; every hour costs its GPU "
+                "count in GPU-hours, and the work since its last checkpoint is at risk."
+            ),
+            mitigate=[
+                "Confirm it did not finish: its driver's last lines, and `ray job status` "
+                "(or `rlhf_job_state`). A job that finished without saying so: put "
+                "`<experiment>.finished` beside its log (fleet) or let its RayJob end.",
+                "Take a stack (`ray stack`, or py-spy dump on the driver and one worker) for "
+                "the owners: it tells a hung collective from a slow data wait.",
+                "Stop the job to free the GPUs (`ray job stop <id>` or delete the RayJob).",
+                "Resubmit with `trainer.resume_mode=auto`: it restarts from the last "
+                "checkpoint (`trainer.save_freq`).",
+            ],
+            escalate=(
+                "The job's owning team (the `team` label) with the stack; the platform "
+                "on-call if several jobs stall at once (a node, network or storage problem)."
             ),
             confirm=[
                 'time() - rlhf_last_step_timestamp_seconds{project="P", experiment="E"}',
                 'rlhf_baseline_step_duration_seconds{project="P", experiment="E"}',
                 'rlhf_between_steps_max_seconds{project="P", experiment="E"}',
-                'rlhf_ray_actors{state!="ALIVE"}',
+                f'{ctx.stall_budget}{{project="P", experiment="E"}}',
             ],
             checks=[
                 "`rlhf_gpu_utilization_ratio`: near 100% on every GPU of a hung NCCL "
@@ -101,6 +117,131 @@ def stalled(ctx: Context) -> Alert:
                 "such key: its workers use PyTorch's default process-group timeout.",
                 "`trainer.save_freq` and `trainer.resume_mode=auto`: lose less work when the job "
                 "must be restarted.",
+            ],
+        ),
+    )
+
+
+def failed(ctx: Context) -> Alert:
+    return Alert(
+        name="RLHFJobFailed",
+        expr=f'max without (state) ({ctx.job_state}{{state="failed"}} == 1)',
+        for_=ctx.dur("failed_for"),
+        severity="critical",
+        category="job",
+        summary=f"{JOB_NAME} failed",
+        description=(
+            f"{JOB_NAME} failed "
+            + _tq(
+                "time() - max(last_over_time(rlhf_job_state_timestamp_seconds{"
+                + JOB_MATCH
+                + f"}}[{ctx.blind}]))",
+                "humanizeDuration",
+                default="a while",
+            )
+            + " ago, as {{ $labels.instance }} saw it: Ray's Jobs API said FAILED, one of its "
+            "actors died of a failure (worker, node, OOM, creation), or its submission was "
+            "lost in a Ray head restart. Ray job statuses there: "
+            '{{ with query (printf `rlhf_ray_jobs{instance="%s"}` $labels.instance) }}'
+            "{{ range . }}{{ .Labels.status }}={{ .Value | humanize }} {{ end }}"
+            "{{ else }}n/a{{ end }}."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "The job ended in failure, by the systems that know it "
+                "([job states](job-states.md)): its Ray submission is FAILED, an actor of its "
+                "submission died of WORKER_DIED, NODE_DIED, OUT_OF_MEMORY, "
+                "CREATION_TASK_FAILED, RUNTIME_ENV_FAILED or UNSCHEDULABLE, or the submission "
+                "was RUNNING when the Ray head restarted and the new head does not list it "
+                "(LOST). It pages once and stays firing while the job is failed; "
+                "RLHFJobStalled does not page for it, and RLHFRayActorsDied stays quiet for it."
+            ),
+            impact=(
+                "The job makes no progress; its GPUs may still be held by surviving actors "
+                "until the RayJob is deleted."
+            ),
+            mitigate=[
+                "Read why: `ray job status <id>` / `ray job logs <id>` (the driver's "
+                "traceback), `ray list actors --filter state=DEAD --detail` (death causes).",
+                "Free the GPUs: delete the RayJob or `ray job stop <id>` if something still runs.",
+                "Resubmit with `trainer.resume_mode=auto` once the cause is fixed (OOM: the "
+                "memory keys of [RLHFRayActorsDied](#rlhfrayactorsdied)).",
+            ],
+            escalate=("The job's owning team; the platform on-call for NODE_DIED or a lost head."),
+            confirm=[
+                'rlhf_job_state{project="P", experiment="E"}',
+                'rlhf_ray_jobs{status="FAILED"}',
+                "increase(rlhf_ray_actor_failures_total[1h])",
+            ],
+            checks=["`ray job list` (the submission's status and message)"],
+            verl_keys=["the driver's stderr: ActorDiedError, OOM, NCCL watchdog messages"],
+            change=[
+                "`trainer.resume_mode=auto` and `trainer.save_freq`: lose less work on the "
+                "next failure."
+            ],
+        ),
+    )
+
+
+def unwatched(ctx: Context) -> Alert:
+    blind = ctx.blind
+    # the state it had when last seen was running (a blind job keeps its state code): a
+    # stalled one keeps RLHFJobStalled, a finished one raises nothing
+    expr = (
+        f'max without (state) ({ctx.job_state}{{state="running"}} == 1)\n'
+        f"unless on ({JOB_KEY}) rlhf_job_state"
+    )
+
+    return Alert(
+        name="RLHFJobUnwatched",
+        expr=expr,
+        for_=ctx.dur("exporter_down_for"),
+        severity="critical",
+        category="job",
+        summary=f"{JOB_NAME} is no longer watched: its exporter {{{{ $labels.instance }}}} went blind",
+        description=(
+            f"{JOB_NAME} was running when last seen, and no target has exported it for "
+            f"{ctx.a['exporter_down_for']}: its exporter {{{{ $labels.instance }}}} is down, "
+            "its target vanished (pod deleted), or its verl collector lost the log (an "
+            "unmounted volume). A stall or failure of this job cannot page until it is back. "
+            "Its last step: "
+            + _tq(
+                "time() - max(last_over_time(rlhf_last_step_timestamp_seconds{"
+                + JOB_MATCH
+                + f"}}[{blind}]))",
+                "humanizeDuration",
+            )
+            + " ago."
+        ),
+        runbook=Runbook(
+            meaning=(
+                "A job that was running is exported by no target any more, and it did not "
+                "finish or fail first (a finished job's last state is finished: no page). "
+                "One page per job, with its identity: the exporter's own alerts "
+                "(RLHFExporterDown, RLHFExporterCollectorDown) are warnings and carry no "
+                "job. A job that was already stalled keeps its RLHFJobStalled page instead. "
+                "In sidecar mode, a RayJob deleted as soon as it ends "
+                "(`ttlSecondsAfterFinished: 0`) can vanish before its exporter saw the end: "
+                "keep it a minute or more (the example keeps it an hour)."
+            ),
+            impact="The job runs unmonitored: a hang or crash now pages nobody.",
+            mitigate=[
+                'Find which: `up{instance="I"}` (0: the exporter is down), Prometheus\' '
+                '`/targets` (target gone), `rlhf_exporter_collector_up{collector="verl"}` '
+                "and `rlhf_exporter_collector_errors_total` (root_missing: the log volume).",
+                "Bring the exporter or the volume back; check the job by hand meanwhile "
+                "(`ray job status`, the tail of its log).",
+            ],
+            escalate="The platform on-call (Prometheus, storage or the cluster itself).",
+            confirm=[
+                f'last_over_time(rlhf_job_state{{project="P", experiment="E"}}[{blind}])',
+                'up{instance="I"}',
+            ],
+            checks=["Prometheus' `/targets` page"],
+            verl_keys=[],
+            change=[
+                "Mount the log volume read-only into the exporter; give the RayJob a "
+                "`ttlSecondsAfterFinished` of at least a minute."
             ],
         ),
     )
@@ -127,26 +268,49 @@ def actors_died(ctx: Context) -> Alert:
     win = ctx.dur("actors_window")
     return Alert(
         name="RLHFRayActorsDied",
-        expr=_counter_increase(ctx, "rlhf_ray_actor_deaths_total", win, "reason"),
+        expr=(
+            _counter_increase(ctx, "rlhf_ray_actor_failures_total", win, "reason")
+            + "\nunless on (job, instance) "
+            + '(rlhf_job_state{state=~"finished|failed"} == 1)'
+        ),
         for_=ctx.dur("actors_dead_for"),
         severity="critical",
         category="ray",
-        summary="{{ $value | humanize }} Ray actors of role {{ $labels.role }} died on {{ $labels.instance }}",
+        summary=(
+            "{{ $value | humanize }} Ray actors of role {{ $labels.role }} failed on "
+            "{{ $labels.instance }}"
+        ),
         description=(
-            f"{{{{ $value | humanize }}}} actors of role {{{{ $labels.role }}}} became DEAD in the last {win} "
-            "on the Ray cluster that {{ $labels.instance }} watches. Deaths by reason: "
-            '{{ with query (printf `increase(rlhf_ray_actor_deaths_total{role="%s",instance="%s"}'
+            f"{{{{ $value | humanize }}}} actors of role {{{{ $labels.role }}}} died of a failure in the last {win} "
+            "on the Ray cluster that {{ $labels.instance }} watches. Failures by reason: "
+            '{{ with query (printf `increase(rlhf_ray_actor_failures_total{role="%s",instance="%s"}'
             f"[{win}])` $labels.role $labels.instance) }}}}{{{{ range . }}}}{{{{ .Labels.reason }}}}={{{{ .Value | humanize }}}} "
             "{{ end }}{{ else }}n/a{{ end }}."
         ),
         runbook=Runbook(
             meaning=(
-                "Ray reported actors of the job's cluster as DEAD: a worker crashed, ran out of "
-                "memory, lost its node, or an NCCL timeout ended it. A verl job usually fails "
-                "with it."
+                "Ray reported actors of the cluster DEAD of a failure "
+                "(`rlhf_ray_actor_failures_total`: WORKER_DIED, NODE_DIED, OUT_OF_MEMORY, "
+                "CREATION_TASK_FAILED, RUNTIME_ENV_FAILED, UNSCHEDULABLE): a worker crashed, ran "
+                "out of memory, lost its node, or an NCCL timeout ended it. A normal end "
+                "(OWNER_DIED, OUT_OF_SCOPE, REF_DELETED, RAY_KILL by the driver at shutdown, "
+                "an intended exit such as Ray's JobSupervisor's) is no failure and is only "
+                "counted in `rlhf_ray_actor_deaths_total`. Quiet while the exporter's job is "
+                "finished or failed: a failed job pages once, as RLHFJobFailed (the deaths of "
+                "a submission tied to a job make it failed at once). It pages for deaths the "
+                "exporter cannot tie to a job."
             ),
+            impact="The job usually fails with it; its GPUs may sit idle until it is deleted.",
+            mitigate=[
+                "Confirm the job's state (`rlhf_job_state`, `ray job status`): a job that "
+                "survived (actors with restarts left) needs no action now.",
+                "Read the death causes: `ray list actors --filter state=DEAD --detail`.",
+                "If the job is dead: stop it to free the GPUs; resubmit with "
+                "`trainer.resume_mode=auto`.",
+            ],
+            escalate="The job's owning team; the platform on-call for NODE_DIED.",
             confirm=[
-                f"increase(rlhf_ray_actor_deaths_total[{win}])",
+                f"increase(rlhf_ray_actor_failures_total[{win}])",
                 'rlhf_ray_actors{state="DEAD"}',
             ],
             checks=["`ray list actors --filter state=DEAD --detail` (their death_cause)"],
@@ -202,7 +366,8 @@ def actors_pending(ctx: Context) -> Alert:
         description=(
             f"{{{{ $value | humanize }}}} actors of role {{{{ $labels.role }}}} have been in "
             f"PENDING_CREATION for {ctx.a['pending_for']} on the cluster that "
-            "{{ $labels.instance }} watches: Ray cannot find the resources they ask for."
+            "{{ $labels.instance }} watches: Ray cannot find the resources they ask for (longer "
+            "than a cluster autoscaler takes to add a GPU node)."
         ),
         runbook=Runbook(
             meaning="Actors wait for resources (GPUs, memory, a placement group) that no node offers.",
@@ -395,7 +560,9 @@ def exporter_absent(ctx: Context) -> Alert:
                 "The chart's ServiceMonitor labels must match the Prometheus' selector; set "
                 "`alerts.exporter_selector` in the thresholds file to the scrape job's name and "
                 "run `rlhf-exporter render rules`. Where exporters run only as sidecars of jobs, "
-                "silence this alert while no job runs."
+                "no exporter at all is normal between jobs: the chart leaves this alert out in "
+                "sidecar mode (`prometheusRule.alerts.RLHFExporterAbsent.enabled` turns it on), "
+                "and a job whose exporter vanishes pages as RLHFJobUnwatched."
             ],
         ),
     )
@@ -403,6 +570,8 @@ def exporter_absent(ctx: Context) -> Alert:
 
 ALERTS: tuple[Callable[[Context], Alert], ...] = (
     stalled,
+    failed,
+    unwatched,
     actors_died,
     actors_restarting,
     actors_pending,

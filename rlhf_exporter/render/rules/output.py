@@ -102,6 +102,15 @@ def runbooks_markdown(r: Context) -> str:
             "",
             "**Meaning.** " + rb.meaning,
             "",
+        ]
+        if rb.impact:
+            out += ["**Impact.** " + rb.impact, ""]
+        if rb.mitigate:
+            out += ["**Immediate mitigation.**", ""]
+            out += [f"{i}. {m}" for i, m in enumerate(rb.mitigate, 1)] + [""]
+        if rb.escalate:
+            out += ["**Escalation.** " + rb.escalate, ""]
+        out += [
             "**Rule.**",
             "",
             "```promql",
@@ -130,15 +139,18 @@ RESTARTS = (  # what queries show across an exporter restart (issue 12)
     "",
     "- **File jobs** are read again from the start of each file, so their counters "
     "(`rlhf_steps_total`, `rlhf_*_seconds_total`, `rlhf_*_steps_total`) come back with the "
-    "same values, plus the steps written while the exporter was down. A file up to "
-    "8 MiB is read in the first poll, before `/readyz` turns 200, so Prometheus sees no "
-    "drop and `increase()` over a window that spans the restart counts only the new steps. "
-    "A larger backlog is read over several polls: while it catches up a counter is lower "
-    "than before, Prometheus takes that for a reset, and `increase()` over that window "
-    "counts the re-read part again (once). `_created` is not exported: these counters are "
-    "re-derived, not reset.",
+    "same values, plus the steps written while the exporter was down. A log larger than "
+    "one poll reads (8 MiB) is exported only once read to its end (a few polls, a second "
+    "each): Prometheus never sees a partial history, which it would take for a counter "
+    "reset and count again in `increase()` (a fake RLHFJobRegression). The job's series are "
+    "absent meanwhile, never lower. `process_start_time_seconds` tells a restart "
+    "(`changes(process_start_time_seconds[1h])`); `_created` is not exported: these counters "
+    "are re-derived, not reset.",
     "- **Pushed jobs** live in memory only: their counters restart at 0, a real reset that "
-    "`increase()` handles; the series are absent until the job pushes again.",
+    "`increase()` handles; the series are absent until the job pushes again. Meanwhile the "
+    "job keeps the state it had (docs/job-states.md): one that does not push again within "
+    "`exporter_down_for` pages as RLHFJobUnwatched; one that was stalled keeps "
+    "RLHFJobStalled.",
     "- `rlhf_last_step_timestamp_seconds` of a file job is the file's modification time, not "
     "the restart: a job that stalled before the restart still looks stalled and "
     "`RLHFJobStalled` keeps firing.",

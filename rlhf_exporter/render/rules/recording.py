@@ -10,7 +10,7 @@ window ends where the window begins).
 from __future__ import annotations
 
 from ...diagnosis import VERDICTS
-from .model import NODES, Context, _num
+from .model import JOB_KEY, NODES, Context, _num
 
 # The one-hot verdict gauge as one number per job, recorded once per evaluation: a fleet
 # panel's range query over 1,000 jobs then reads one series per job instead of evaluating a
@@ -116,6 +116,84 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
     ]
 
 
+def stall_limit(ctx: Context) -> str:
+    """Seconds a job may go without a step: max(stall_factor x its baseline step time,
+    stall_min) (stall_min alone before a baseline), plus the longest validation and
+    checkpoint seen in its run (they run between two records, outside timing_s/step)."""
+    factor = ctx.a["stall_factor"] * ctx.scale
+    floor = _num(ctx.secs("stall_min"))
+    last = "rlhf_last_step_timestamp_seconds"
+    return (
+        f"(\n  clamp_min({_num(factor)} * rlhf_baseline_step_duration_seconds, {floor})\n"
+        f"  or 0 * {last} + {floor}\n)\n"
+        f"+ (rlhf_between_steps_max_seconds or 0 * {last})"
+    )
+
+
+JOB_STATE_CODES = {"running": 1, "finished": 2, "failed": 3, "stalled": 4, "unknown": 5}
+"""The job state as one number (one series per job: its last value is its last state)."""
+
+
+def _live_code() -> str:
+    terms = [
+        f'(rlhf_job_state{{state="{s}"}} == 1) * {c}'
+        for s, c in JOB_STATE_CODES.items()
+        if s != "stalled"
+    ]
+    return "max without (state) (\n    " + "\n    or ".join(terms) + "\n  )"
+
+
+def state_code_expr(ctx: Context) -> str:
+    """The job's state code: stalled is a running job past its stall budget. A job that no
+    target exports any more (its exporter down or gone, its log unmounted) keeps the code it
+    had when last seen, for `alerts.blind_lookback` after its last series: its page neither
+    resolves nor changes by blindness (a job that was stepping is RLHFJobUnwatched's)."""
+    live = _live_code()
+    stalled = JOB_STATE_CODES["stalled"]
+    return (
+        f"(\n  ({live} == 1)\n  and ({ctx.stall_budget} > 1)\n) * {stalled}\n"
+        f"or\n  {live}\n"
+        f"or {_carried(ctx, ctx.job_state_code)}"
+    )
+
+
+def _carried(ctx: Context, record: str) -> str:
+    """`record`'s own last value, for a job that no target exports now but whose target
+    exported it within `alerts.blind_lookback` (a job exported elsewhere, such as by a
+    replaced pod, is not carried)."""
+    return (
+        f"(\n  last_over_time({record}[{ctx.carry}])\n"
+        f"  unless on ({JOB_KEY}) rlhf_job_state\n"
+        f"  and on ({JOB_KEY}, job, instance)\n"
+        f'  last_over_time(rlhf_job_state{{state="running"}}[{ctx.blind}])\n)'
+    )
+
+
+def lifecycle_records(ctx: Context) -> list[dict[str, str]]:
+    """The one definition of a job's stall budget and state: the alerts and the fleet
+    dashboard read these records, so they cannot disagree. A job no target exports any more
+    keeps its last budget and state (frozen) for `alerts.blind_lookback`."""
+    state_max = " or ".join(
+        f'label_replace(clamp({ctx.job_state_code} == {c}, 1, 1), "state", "{s}", "", "")'
+        for s, c in JOB_STATE_CODES.items()
+    )
+    return [
+        {
+            "record": ctx.stall_budget,
+            "expr": (
+                f"(time() - rlhf_last_step_timestamp_seconds)\n/ (\n{stall_limit(ctx)}\n)\n"
+                f"or {_carried(ctx, ctx.stall_budget)}"
+            ),
+        },
+        {"record": ctx.job_state_code, "expr": state_code_expr(ctx)},
+        {"record": ctx.job_state, "expr": state_max.replace(" or ", "\nor ")},
+    ]
+
+
 def recording(ctx: Context) -> list[dict[str, str]]:
-    """Every record, in file order (the window and evidence group, then the reference group)."""
-    return window_records(ctx) + evidence_records(ctx) + reference_records(ctx)
+    """Every record, in file order (the window and evidence group, the lifecycle group,
+    then the reference group)."""
+    return (
+        window_records(ctx) + evidence_records(ctx) + lifecycle_records(ctx)
+        + reference_records(ctx)
+    )  # fmt: skip
