@@ -455,6 +455,21 @@ def logic_cases() -> list[dict]:
     tests.append(
         {
             "interval": "1m",
+            "input_series": [  # the same drop, a workload shift of 10 steps at its start: the
+                # window holds no shift at 120m, but the best-baseline reference restarted
+                series("rlhf_tokens_total", tok_drop),
+                series("rlhf_step_seconds_total", step_s),
+                series("rlhf_baseline_tokens_per_second", base),
+                series("rlhf_change_steps_total", "0x60 1+1x9 10x90", kind="workload_shift"),
+            ],
+            "alert_rule_test": [
+                case(f"{m}m", "RLHFJobThroughputBelowBaseline") for m in (120, 159)
+            ],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
             "input_series": [  # steady
                 series("rlhf_tokens_total", "0+60000x160"),
                 series("rlhf_step_seconds_total", step_s),

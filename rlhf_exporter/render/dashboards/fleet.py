@@ -422,12 +422,11 @@ def regressed_steps_per_group(c: Context) -> PanelBuilder:
 
 def throughput_against_baseline(c: Context) -> PanelBuilder:
     alerts, rules = c.alerts, c.rules
-    if "throughput_reference" in alerts:
-        reference = f"max_over_time({sel('rlhf_baseline_tokens_per_second')}[{alerts['throughput_reference']}])"
-        reference_text = f"its best baseline over {alerts['throughput_reference']}"
-    else:
-        reference = sel("rlhf_baseline_tokens_per_second")
-        reference_text = "its baseline (the median of recent steps)"
+    reference = sel(rules.best_baseline)
+    reference_text = (
+        f"its best baseline over {rules.throughput_reference} (recording rule; it restarts at "
+        "a workload shift)"
+    )
     return threshold_line(
         time_series(
             "Tokens per second ÷ baseline",

@@ -191,7 +191,27 @@ class Context:
 
     @property
     def tokens_rate_ref(self) -> str:
+        """Tokens per second of step time over the reference window; absent where a step of
+        that window was a workload shift (the reference then mixes two workloads)."""
         return f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{self.reference}"
+
+    def shift_steps(self, window: str) -> str:
+        """Workload-shift steps over `window` (the references' own windows)."""
+        return f"project_experiment:rlhf_workload_shift_steps:increase{window}"
+
+    @property
+    def throughput_reference(self) -> str:
+        return self.dur("throughput_reference")
+
+    @property
+    def best_baseline(self) -> str:
+        """The throughput alert's and the fleet panel's reference: the job's best baseline
+        tokens per second over `alerts.throughput_reference`, or its current baseline where
+        that window holds a workload shift (the reference restarts at the shift)."""
+        return (
+            "project_experiment:rlhf_baseline_tokens_per_second:"
+            f"max_over_time{self.throughput_reference}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -90,13 +90,26 @@ def evidence_records(ctx: Context) -> list[dict[str, str]]:
 
 
 def reference_records(ctx: Context) -> list[dict[str, str]]:
-    """The bound alerts' reference: which verdict dominated, and the throughput, over
-    `alerts.bound_reference` (only where it holds `bound_reference_min_steps` steps). They
-    move slowly: their own group runs every `alerts.bound_reference_interval`, and the
-    6 h increase is read once (recorded, then divided)."""
-    r = ctx.reference
+    """The references the window is compared with, over `alerts.bound_reference` (the bound
+    alerts: which verdict dominated, and the throughput, only where it holds
+    `bound_reference_min_steps` steps) and `alerts.throughput_reference` (the throughput
+    alert and the fleet's "Tokens per second ÷ baseline": the best baseline). They move
+    slowly: their own group runs every `alerts.bound_reference_interval`, and each long
+    range is read once per evaluation (recorded, then divided), never per panel point.
+
+    A reference never mixes two workloads: where its window holds a workload-shift step,
+    the throughput reference is absent (the "costs" branch waits until the window holds the
+    new work only; "moved" still compares verdicts) and the best baseline restarts at the
+    job's current baseline (which follows the new work within about ten steps)."""
+    r, t = ctx.reference, ctx.throughput_reference
     n = _num(ctx.a["bound_reference_min_steps"])
+    shift = 'rlhf_change_steps_total{kind="workload_shift"}'
+    shift_records = [
+        {"record": ctx.shift_steps(w), "expr": f"sum without (kind) (increase({shift}[{w}]))"}
+        for w in dict.fromkeys((r, t))
+    ]
     return [
+        *shift_records,
         {"record": ctx.verdict_steps_ref, "expr": f"increase(rlhf_bottleneck_steps_total[{r}])"},
         {
             "record": ctx.verdicts_ref,
@@ -107,7 +120,18 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
         },
         {
             "record": ctx.tokens_rate_ref,
-            "expr": f"rate(rlhf_tokens_total[{r}])\n/ (rate(rlhf_step_seconds_total[{r}]) > 0)",
+            "expr": (
+                f"rate(rlhf_tokens_total[{r}])\n/ (rate(rlhf_step_seconds_total[{r}]) > 0)\n"
+                f"unless {ctx.shift_steps(r)} > 0"
+            ),
+        },
+        {
+            "record": ctx.best_baseline,
+            "expr": (
+                f"max_over_time(rlhf_baseline_tokens_per_second[{t}])\n"
+                f"unless {ctx.shift_steps(t)} > 0\n"
+                "or rlhf_baseline_tokens_per_second"
+            ),
         },
     ]
 
