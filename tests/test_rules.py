@@ -8,6 +8,7 @@ the template cases check the full annotations of the committed files.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.render import repo_root, rules, stale
@@ -133,6 +135,97 @@ def test_every_alert_carries_severity_for_summary_description_and_runbook():
         "RLHFJobStalled",
         "RLHFRayActorsDied",
     ]
+
+
+def test_every_job_alert_links_to_the_job_dashboard_with_its_variables():
+    """A job alert (its expression keeps project and experiment) carries `dashboard_url`:
+    the configured Grafana, the job dashboard's uid, and one `var-` per dashboard variable
+    the alert can fill; a job-less alert carries none."""
+    job = json.loads((REPO / "grafana" / "rlhf-job.json").read_text())
+    names = {v["name"] for v in job["templating"]["list"]}
+    base = load_thresholds().alerts["dashboard_url"].rstrip("/")
+    shipped = []
+    for path in sorted((REPO / "alerts").glob("*.rules.yaml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            shipped += [r for r in group["rules"] if "alert" in r]
+    per_job = {r["alert"]: r["annotations"].get("dashboard_url") for r in shipped}
+    job_alerts = {a for a in per_job if a.startswith("RLHFJob")} | {
+        "RLHFTrainerStarved",
+        "RLHFRolloutOverprovisioned",
+    }
+    assert {a for a, url in per_job.items() if url} >= job_alerts
+    for alert, url in per_job.items():
+        if url is None:
+            assert alert.startswith(("RLHFExporter", "RLHFRay", "RLHFGPUs")), alert
+            continue
+        assert url.startswith(f"{base}/d/{job['uid']}/"), url
+        assert set(re.findall(r"var-(\w+)=", url)) <= names
+        assert {"project", "experiment"} <= set(re.findall(r"var-(\w+)=", url))
+
+
+def test_promtool_dashboard_url_escapes_the_labels(tmp_path, thresholds):
+    """The URL Prometheus expands: labels query-escaped, cluster and namespace only when the
+    alert has them."""
+    url = rules.dashboard_url(rules.Context(thresholds))
+    labelled = 'label_replace(vector(1), "project", "a b&c", "", "")'
+    expr = f'label_replace({labelled}, "experiment", "e/1", "", "")'
+    rule_file = tmp_path / "url.yaml"
+    rule_file.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "u",
+                        "rules": [
+                            {"alert": "U", "expr": expr, "annotations": {"dashboard_url": url}},
+                            {
+                                "alert": "N",
+                                "expr": f'label_replace({expr}, "namespace", "ns", "", "")',
+                                "annotations": {"dashboard_url": url},
+                            },
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    base = thresholds.alerts["dashboard_url"].rstrip("/") + "/d/rlhf-job/rlhf-job?"
+    labels = {"project": "a b&c", "experiment": "e/1"}
+    query = "var-project=a+b%26c&var-experiment=e%2F1"
+    run_promtool_tests(
+        tmp_path,
+        [rule_file],
+        [
+            {
+                "interval": "1m",
+                "input_series": [],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "1m",
+                        "alertname": "U",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": labels,
+                                "exp_annotations": {"dashboard_url": base + query},
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "1m",
+                        "alertname": "N",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**labels, "namespace": "ns"},
+                                "exp_annotations": {
+                                    "dashboard_url": base + query + "&var-namespace=ns"
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    )
 
 
 def test_one_bound_alert_per_decision_table_row_and_none_for_checkpoint():
@@ -901,6 +994,9 @@ def test_promtool_a_moved_bottleneck_names_both(tmp_path, thresholds):
     run_promtool_tests(tmp_path, files, [test])
 
 
+JOB_DASHBOARD_URL = "http://grafana.example.com/d/rlhf-job/rlhf-job?var-project=p&var-experiment=e"
+
+
 def test_promtool_annotations(tmp_path):
     """The committed files' templates, expanded by promtool: reasons, evidence, advice."""
     base = "https://github.com/rlhf-exporter/rlhf-exporter/blob/main/docs/runbooks.md#"
@@ -940,6 +1036,7 @@ def test_promtool_annotations(tmp_path):
         ),
         "reason": "long_tail",
         "runbook_url": base + "rlhfjobrolloutbound",
+        "dashboard_url": JOB_DASHBOARD_URL,
     }
     # rollout-bound until CHANGE, then update-bound (low MFU): the move case.
     update = day_job("update", "moved", "e") + [
@@ -964,6 +1061,7 @@ def test_promtool_annotations(tmp_path):
         ),
         "reason": "low_mfu",
         "runbook_url": base + "rlhfjobupdatebound",
+        "dashboard_url": JOB_DASHBOARD_URL,
     }
     stall = [
         series("rlhf_last_step_timestamp_seconds", "0+60x30 1800x60"),
@@ -980,6 +1078,7 @@ def test_promtool_annotations(tmp_path):
             "actor_rollout_ref.nccl_timeout, 600 s)."
         ),
         "runbook_url": base + "rlhfjobstalled",
+        "dashboard_url": JOB_DASHBOARD_URL,
     }
     tests = [
         {

@@ -16,6 +16,8 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 
 from ...diagnosis import CHANGES, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING
+from ..rules import all_alerts
+from ..rules.recording import VERDICT_CODE
 from . import FLEET_UID, JOB_UID, style
 from .context import Context
 from .job import JOB_LEGEND
@@ -41,18 +43,26 @@ from .queries import (
     RANGE,
     RATE,
     TARGET,
+    TOP,
+    at_end,
     change_code,
     eq,
     gpus_per_job,
+    match,
     per_job_from_exporter,
     reason_code,
     seconds,
     sel,
     since_last_step,
     stall_limit,
+    steady,
     verdict_code,
+    worst,
 )
 from .style import change_mappings, reason_mappings, verdict_mappings
+
+CHANGED = "|".join(k for k in CHANGES if k != "none")
+"""The change kinds that are news (every kind but `none`)."""
 
 TITLE = "RLHF fleet"
 DESCRIPTION = (
@@ -101,11 +111,28 @@ def jobs_in_regression(c: Context) -> PanelBuilder:
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
 
+def bundle_alerts(c: Context) -> list[str]:
+    """Every alert the rule files ship (alerts/*.rules.yaml), in file order."""
+    return [a.name for a in all_alerts(c.rules)]
+
+
+def firing_alerts_expr(c: Context) -> str:
+    """Firing alerts of the bundle: the selected jobs' ones, and those that carry no job
+    (Ray actors, GPUs, the exporter itself; the cluster and namespace filters still apply)."""
+    names = match("alertname", "|".join(bundle_alerts(c)))
+    firing = eq("alertstate", "firing")
+    return (
+        f"count(\n  {sel('ALERTS', names, firing)}\n"
+        f"  or {sel('ALERTS', names, firing, eq('project', ''), scope=TARGET)}\n) or vector(0)"
+    )
+
+
 def firing_alerts(c: Context) -> PanelBuilder:
     return stat_panel(
         "Firing alerts",
-        "Alerts now firing that carry a job's project and experiment labels.",
-        [Q(f"count({sel('ALERTS', eq('alertstate', 'firing'))}) or vector(0)")],
+        "Alerts of the rlhf-exporter rules now firing: the selected jobs' alerts and those that "
+        "carry no job (Ray actors, GPUs, the exporter and its collectors).",
+        [Q(firing_alerts_expr(c))],
         style.PLAIN,
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
@@ -282,8 +309,18 @@ def steps_per_verdict(c: Context) -> PanelBuilder:
 def verdict_per_job(c: Context) -> PanelBuilder:
     return state_timeline(
         "Verdict per job",
-        "The verdict of each job's last classified step over time, one band per job.",
-        [Q(verdict_code(), JOB_LEGEND)],
+        f"The verdict of each job's last classified step over time, one band per job: the {TOP} "
+        "jobs whose verdict changed most often in the time range (the full list is the table "
+        "above).",
+        [
+            Q(
+                worst(
+                    verdict_code(),
+                    f"max by ({BY_JOB}) (changes({sel(VERDICT_CODE)}[{RANGE}] @ end()))",
+                ),
+                JOB_LEGEND,
+            )
+        ],
         verdict_mappings(),
         row_height=0.9,
     )
@@ -352,15 +389,16 @@ def idle_gpu_hours_by_window(c: Context) -> PanelBuilder:
 
 def stall_budget_used(c: Context) -> PanelBuilder:
     alerts = c.alerts
+    budget = f"({since_last_step()})\n/ {stall_limit(alerts)}"
     return threshold_line(
         time_series(
             "Stall budget used",
             "Seconds since each job's last step divided by its stall limit, max(stall_factor x "
             f"baseline step time, stall_min) = max({alerts['stall_factor']}x, {alerts['stall_min']}). "
-            "Above 1 (dashed line) the job is stalled"
+            f"The {TOP} highest at the end of the time range. Above 1 (dashed line) the job is stalled"
             + said(alerts, "; the stall alert fires after {stall_for} there")
             + ".",
-            [Q(f"({since_last_step()})\n/ {stall_limit(alerts)}", JOB_LEGEND)],
+            [Q(worst(budget, steady(budget)), JOB_LEGEND)],
             style.RATIO,
             fill=0,
         ).min(0),
@@ -373,8 +411,18 @@ def change_per_job(c: Context) -> PanelBuilder:
         "Change against the baseline per job",
         "Each job's last-step change (§4). "
         + "; ".join(f"{kind}: {CHANGE_MEANING[kind]}" for kind in CHANGES)
-        + ".",
-        [Q(change_code(), JOB_LEGEND)],
+        + f". The {TOP} jobs with the most regressed or shifted steps in the time range (the "
+        "full list is the table above).",
+        [
+            Q(
+                worst(
+                    change_code(),
+                    f"sum by ({BY_JOB}) (increase("
+                    f"{sel('rlhf_change_steps_total', match('kind', CHANGED))}[{RANGE}] @ end()))",
+                ),
+                JOB_LEGEND,
+            )
+        ],
         change_mappings(),
         row_height=0.9,
     )
@@ -386,13 +434,23 @@ def regressed_steps_per_job(c: Context) -> PanelBuilder:
         time_series(
             f"Regressed steps in the last {rules.window}, per job and group",
             f"Steps of each job that were a regression of a group over the last {rules.window} (the "
-            "recording rule of the regression alert; only jobs and groups with at least one)."
+            f"recording rule of the regression alert): the {TOP} jobs and groups with the most at "
+            "any time of the range, only while they have one."
             + said(
                 alerts,
                 " At {regression_min_steps} (dashed line) for {regression_for} the regression "
                 "alert fires.",
             ),
-            [Q(f"{sel(rules.regressions)} > 0", JOB_LEGEND + " {{group}}")],
+            [
+                Q(
+                    worst(
+                        f"{sel(rules.regressions)} > 0",
+                        f"max_over_time({sel(rules.regressions)}[{RANGE}] @ end()) > 0",
+                        by=f"{BY_JOB}, group",
+                    ),
+                    JOB_LEGEND + " {{group}}",
+                )
+            ],
             style.PLAIN,
             fill=0,
         ).min(0),
@@ -431,9 +489,19 @@ def throughput_against_baseline(c: Context) -> PanelBuilder:
         time_series(
             "Tokens per second ÷ baseline",
             f"Each job's tokens per second of step time over the last {rules.window} (recording rule) "
-            f"divided by {reference_text}. Below {alerts['throughput_drop_ratio']:g} (dashed line) "
-            "the throughput alert fires unless a workload shift (more tokens per step) explains it.",
-            [Q(f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)", JOB_LEGEND)],
+            f"divided by {reference_text}: the {TOP} lowest at the end of the time range. Below "
+            f"{alerts['throughput_drop_ratio']:g} (dashed line) the throughput alert fires unless a "
+            "workload shift (more tokens per step) explains it.",
+            [
+                Q(
+                    worst(
+                        f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)",
+                        f"{at_end(sel(rules.tokens_rate))}\n/ ({at_end(reference)} > 0)",
+                        lowest=True,
+                    ),
+                    JOB_LEGEND,
+                )
+            ],
             "suffix:×",
             fill=0,
         ).min(0),

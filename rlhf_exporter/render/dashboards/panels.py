@@ -231,14 +231,16 @@ def said(alerts: Mapping[str, Any], template: str) -> str:
 
 
 def variables(
-    project_metric: str = "rlhf_step",
+    project_metric: str = "rlhf_step", single_job: bool = False
 ) -> list[db.QueryVariable | db.DatasourceVariable]:
-    """datasource, then the optional cluster/namespace filters, then project and experiment."""
+    """datasource, then the optional cluster/namespace filters, then project and experiment.
+    `single_job`: project and experiment pick exactly one value (no "All"), so a bare link
+    opens one job, never a sum of unrelated ones."""
 
     def label_var(
         name: str, label: str, scope: str, all_value: str, description: str
     ) -> db.QueryVariable:
-        return (
+        v = (
             db.QueryVariable(name)
             .label(label)
             .description(description)
@@ -250,7 +252,11 @@ def variables(
             )
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(dm.VariableSort.ALPHABETICAL_ASC)
-            .multi(True)
+        )
+        if single_job and name in ("project", "experiment"):
+            return v.multi(False).include_all(False)
+        return (
+            v.multi(True)
             .include_all(True)
             .all_value(all_value)
             .current(dm.VariableOption(selected=True, text="All", value="$__all"))
@@ -283,7 +289,7 @@ def variables(
             "project",
             'cluster=~"$cluster", namespace=~"$namespace"',
             ".+",
-            "verl trainer.project_name.",
+            "verl trainer.project_name." + (" One job at a time." if single_job else ""),
         ),
         label_var(
             "experiment",

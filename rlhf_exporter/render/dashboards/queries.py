@@ -19,6 +19,33 @@ TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
 JOB = TARGET + ', project=~"$project", experiment=~"$experiment"'
 RATE = "$__rate_interval"
 RANGE = "$__range"
+INTERVAL = "$__interval"
+TOP = 10
+"""Series a per-job (or per-GPU) time series draws by default: the worst ones; the full list
+is the fleet table. Never more than `MAX_SERIES`, over any time range."""
+MAX_SERIES = 20
+
+
+def at_end(selector: str) -> str:
+    """`selector` read at the end of the dashboard's time range (PromQL's `@ end()`): a
+    score evaluated once per query, not once per point."""
+    return f"{selector} @ end()"
+
+
+def steady(expr: str) -> str:
+    """Any `expr` as a step-invariant score: its value at the end of the time range (a
+    one-point subquery, one panel step long, read `@ end()`)."""
+    return f"last_over_time(({expr})[{INTERVAL}:{INTERVAL}] @ end())"
+
+
+def worst(expr: str, score: str, by: str = BY_JOB, k: int = TOP, lowest: bool = False) -> str:
+    """The series of `expr` whose (`by`) labels are among the `k` highest (`lowest`: lowest)
+    of `score`. `score` must be step-invariant (its selectors read `@ end()`): the same
+    series are kept at every point, so the panel draws at most `k` whatever the range."""
+    if k > MAX_SERIES:
+        raise ValueError(f"a panel draws at most {MAX_SERIES} series")
+    fn = "bottomk" if lowest else "topk"
+    return f"{expr}\nand on ({by})\n{fn}({k}, {score})"
 
 
 def sel(metric: str, *extra: str, scope: str = JOB) -> str:
@@ -108,11 +135,14 @@ __all__ = [
     "BY_JOB",
     "CHANGES",
     "JOB",
+    "MAX_SERIES",
     "RANGE",
     "RATE",
     "REASONS",
     "TARGET",
+    "TOP",
     "VERDICTS",
+    "at_end",
     "change_code",
     "eq",
     "gpus_per_job",
@@ -124,5 +154,7 @@ __all__ = [
     "sel",
     "since_last_step",
     "stall_limit",
+    "steady",
     "verdict_code",
+    "worst",
 ]

@@ -50,6 +50,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
+from ..dashboards import JOB_UID
 from . import decision, gpuwindows, operations
 from .model import (
     BOUND_ALERTS,
@@ -83,6 +84,7 @@ __all__ = [
     "Runbook",
     "all_alerts",
     "anchor",
+    "dashboard_url",
     "dump",
     "duration",
     "groups",
@@ -101,8 +103,38 @@ def all_alerts(ctx: Context) -> list[Alert]:
     return decision.alerts(ctx) + operations.alerts(ctx) + gpuwindows.alerts(ctx)
 
 
+def dashboard_url(ctx: Context) -> str:
+    """The job dashboard (grafana/rlhf-job.json) on the alert's job: `alerts.dashboard_url`
+    (the Grafana base URL), its uid, and its variables from the alert's labels."""
+    base = str(ctx.a["dashboard_url"]).rstrip("/")
+    return (
+        f"{base}/d/{JOB_UID}/rlhf-job?var-project={{{{ $labels.project | urlquery }}}}"
+        "&var-experiment={{ $labels.experiment | urlquery }}"
+        "{{ with $labels.cluster }}&var-cluster={{ . | urlquery }}{{ end }}"
+        "{{ with $labels.namespace }}&var-namespace={{ . | urlquery }}{{ end }}"
+    )
+
+
+def with_dashboard_urls(
+    ctx: Context, files: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every job alert (one whose summary names the job's project: it carries the job's
+    labels) gets a `dashboard_url` annotation to the job dashboard with its variables set."""
+    url = dashboard_url(ctx)
+    for file_groups in files.values():
+        for group in file_groups:
+            for rule in group["rules"]:
+                if "alert" in rule and "$labels.project" in rule["annotations"]["summary"]:
+                    rule["annotations"]["dashboard_url"] = url
+    return files
+
+
 def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
     """{relative path: [rule groups]}: one group per file."""
+    return with_dashboard_urls(ctx, _groups(ctx))
+
+
+def _groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
     base = ctx.a["runbook_url"]
     return {
         RECORDING_FILE: [
