@@ -41,13 +41,11 @@ from .panels import (
 from .queries import (
     BY_JOB,
     RANGE,
-    RATE,
     TARGET,
     TOP,
     at_end,
     change_code,
     eq,
-    gpus_per_job,
     match,
     per_job_from_exporter,
     reason_code,
@@ -332,11 +330,12 @@ def gpu_hours_per_group(c: Context) -> PanelBuilder:
             "GPU-hours per group in the time range",
             "Step seconds per decision-table group times each job's GPU count, summed over the "
             "fleet: where the fleet's GPU-hours went while the loop waited on each window. The GPU "
-            "count is verl's own: total_num_tokens / (timing_s/step x throughput).",
+            "count is verl's own: total_num_tokens / (timing_s/step x throughput). Read from a "
+            f"recording rule evaluated every {c.rules.fleet_interval}.",
             [
                 Q(
-                    f"sum by (group) (\n  increase({sel('rlhf_group_seconds_total')}[{RANGE}])\n"
-                    f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n) / 3600",
+                    f"sum by (group) (\n  sum_over_time({sel(c.rules.group_gpu_seconds)}[{RANGE}])\n"
+                    ") / 3600",
                     "{{group}}",
                     instant=True,
                 )
@@ -353,11 +352,11 @@ def gpus_waiting_per_group(c: Context) -> PanelBuilder:
             "GPUs waiting in each group",
             "Rate of step seconds per group times each job's GPU count, stacked: how many GPUs "
             "of the fleet, on average, sat in each window. The total is the fleet's GPUs in "
-            "training loops.",
+            f"training loops. Averaged over {c.rules.fleet_interval} (a recording rule).",
             [
                 Q(
-                    f"sum by (group) (\n  rate({sel('rlhf_group_seconds_total')}[{RATE}])\n"
-                    f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n)",
+                    f"sum by (group) ({sel(c.rules.group_gpu_seconds)})\n"
+                    f"/ {seconds(c.alerts['fleet_interval']):g}",
                     "{{group}}",
                 )
             ],

@@ -11,8 +11,10 @@ from collections.abc import Mapping
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
-from ..rules.recording import VERDICT_CODE
+from ..rules.recording import CHANGE_CODE, CHANGE_CODES, VERDICT_CODE
 from .style import change_codes, reason_codes
+
+assert change_codes() == CHANGE_CODES  # the record's numbers are the panels' value mappings
 
 BY_JOB = "project, experiment"
 TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
@@ -90,7 +92,9 @@ def reason_code() -> str:
 
 
 def change_code() -> str:
-    return coded("rlhf_change", {c: n for c, n in change_codes().items() if n}, ("kind",))
+    """The recorded change code (rlhf_exporter/render/rules/recording.py): the numbers of
+    `style.change_codes()`, one series per job to read."""
+    return f"max by ({BY_JOB}) ({sel(CHANGE_CODE)})"
 
 
 def on_job_exporters(expr: str) -> str:

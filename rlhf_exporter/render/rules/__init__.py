@@ -29,6 +29,9 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window; absent where that window holds a workload shift |
 | `project_experiment:rlhf_baseline_tokens_per_second:max_over_time6h` | the best baseline tokens per second over `alerts.throughput_reference` (the throughput alert's and the fleet panel's reference); the current baseline where that window holds a workload shift |
 | `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |
+| `project_experiment:rlhf_change:code` | the last step's change as a number (0 none, 1 workload_shift, 2 regression), for the fleet's change panel |
+| `project_experiment:rlhf_gpus:round` | the job's GPUs (verl's: total_num_tokens / (timing_s/step x perf/throughput)) |
+| `project_experiment_group:rlhf_group_gpu_seconds:increase2m` | GPU-seconds each group held the job's GPUs over `alerts.fleet_interval` (its own group, `rlhf-exporter.fleet`, runs that often: the values tile the time), for the fleet's GPU-time panels |
 
 The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` or
 `alerts.throughput_reference` for the five references, which the bound alerts read
@@ -68,7 +71,7 @@ from .model import (
 )
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files
-from .recording import evidence_records, reference_records, window_records
+from .recording import evidence_records, fleet_records, reference_records, window_records
 
 ORDER = 20
 __all__ = [
@@ -146,6 +149,11 @@ def _groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
                 "name": "rlhf-exporter.reference",
                 "interval": ctx.dur("bound_reference_interval"),
                 "rules": reference_records(ctx),
+            },
+            {
+                "name": "rlhf-exporter.fleet",
+                "interval": ctx.fleet_interval,
+                "rules": fleet_records(ctx),
             },
         ],
         DECISION_FILE: [

@@ -200,6 +200,15 @@ class Context:
         return f"project_experiment:rlhf_workload_shift_steps:increase{window}"
 
     @property
+    def fleet_interval(self) -> str:
+        return self.dur("fleet_interval")
+
+    @property
+    def group_gpu_seconds(self) -> str:
+        """GPU-seconds each group of each job's step held its GPUs over the fleet interval."""
+        return f"project_experiment_group:rlhf_group_gpu_seconds:increase{self.fleet_interval}"
+
+    @property
     def throughput_reference(self) -> str:
         return self.dur("throughput_reference")
 

@@ -9,7 +9,7 @@ window ends where the window begins).
 
 from __future__ import annotations
 
-from ...diagnosis import VERDICTS
+from ...diagnosis import CHANGES, VERDICTS
 from .model import Context, _num
 
 # The one-hot verdict gauge as one number per job, recorded once per evaluation: a fleet
@@ -22,6 +22,46 @@ VERDICT_CODES = {v: i + 1 for i, v in enumerate(VERDICTS)}  # the dashboards' va
 def verdict_code_expr() -> str:
     terms = [f'rlhf_bottleneck{{verdict="{v}"}} * {code}' for v, code in VERDICT_CODES.items()]
     return "max without (verdict) (\n  " + "\n  or ".join(terms) + "\n)"
+
+
+# The last step's change as one number per job, likewise (0 none, then the kinds in order).
+CHANGE_CODE = "project_experiment:rlhf_change:code"
+CHANGE_CODES = {c: i for i, c in enumerate(CHANGES)}
+
+
+def change_code_expr() -> str:
+    terms = [f'rlhf_change{{kind="{k}"}} * {code}' for k, code in CHANGE_CODES.items() if code]
+    return "max without (kind) (\n  " + "\n  or ".join(terms) + "\n)"
+
+
+# Each job's GPUs (verl's own definition: perf/throughput = total_num_tokens /
+# (timing_s/step x n_gpus)), and the GPU-seconds each group of the step held them, per
+# `alerts.fleet_interval`: the fleet's GPU-time panels sum these instead of joining every
+# job's counters with its GPU count at every point.
+JOB_GPUS = "project_experiment:rlhf_gpus:round"
+
+
+def job_gpus_expr() -> str:
+    return (
+        "round(rlhf_step_tokens\n"
+        "  / (rlhf_step_duration_seconds * (rlhf_throughput_tokens_per_gpu_second > 0)))"
+    )
+
+
+def fleet_records(ctx: Context) -> list[dict[str, str]]:
+    """The fleet dashboard's GPU time, one record per job and group every
+    `alerts.fleet_interval`, over that interval: consecutive values tile the time."""
+    f = ctx.fleet_interval
+    return [
+        {"record": JOB_GPUS, "expr": job_gpus_expr()},
+        {
+            "record": ctx.group_gpu_seconds,
+            "expr": (
+                f"increase(rlhf_group_seconds_total[{f}])\n"
+                f"* ignoring (group) group_left ()\n{JOB_GPUS}"
+            ),
+        },
+    ]
 
 
 def _ratio(numerator: str, label: str, floor: str = "> 0") -> str:
@@ -60,6 +100,7 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
             "expr": f"avg without (gpu, uuid) (rate(rlhf_gpu_busy_seconds_total[{w}]))",
         },
         {"record": VERDICT_CODE, "expr": verdict_code_expr()},
+        {"record": CHANGE_CODE, "expr": change_code_expr()},
     ]
 
 
@@ -137,5 +178,6 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
 
 
 def recording(ctx: Context) -> list[dict[str, str]]:
-    """Every record, in file order (the window and evidence group, then the reference group)."""
-    return window_records(ctx) + evidence_records(ctx) + reference_records(ctx)
+    """Every record, in file order (the window and evidence group, the reference group, then
+    the fleet group)."""
+    return window_records(ctx) + evidence_records(ctx) + reference_records(ctx) + fleet_records(ctx)
