@@ -171,9 +171,9 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
             "expr": (
                 f"max_over_time(rlhf_baseline_tokens_per_second[{t}])\n"
                 f"unless {ctx.shift_steps(t)} > 0\n"
-                # the current baseline; last_over_time drops the name, as max_over_time does, so
-                # that a job is one series whichever side answers
-                "or last_over_time(rlhf_baseline_tokens_per_second[5m])"
+                # the current baseline; `* 1` drops the name, as max_over_time does, so that a
+                # job is one series whichever side answers
+                "or rlhf_baseline_tokens_per_second * 1"
             ),
         },
     ]
