@@ -14,7 +14,8 @@ Then every query of both dashboards runs as Grafana runs it, with `stats=all`:
 
 - time series and state timelines: a range query over the last 6 h and the last 24 h,
   ending at the last sample, at the panel's own step (Grafana: range / the panel's width in
-  pixels on a 1,920 px screen, rounded as Grafana rounds it, at least the 15 s scrape),
+  pixels on a 1,920 px screen, rounded as Grafana rounds it, at least the panel's min
+  interval and the 15 s scrape),
   `$__rate_interval` = max(step + 15 s, 60 s);
 - stats, tables and bar gauges (instant queries): one query at the end, `$__range` 6 h or 24 h;
 - the fleet dashboard with every job selected, the job dashboard on one job.
@@ -76,9 +77,18 @@ def round_interval(ms: float) -> float:
     return 7200000
 
 
-def panel_step(width: int, range_s: float) -> int:
+def panel_step(width: int, range_s: float, min_step: int = SCRAPE) -> int:
+    """Grafana's step: the range over the panel's pixels, rounded, at least the panel's min
+    interval (or the scrape interval)."""
     pixels = max(100, SCREEN * width / 24 - 30)
-    return max(SCRAPE, int(round_interval(range_s * 1000 / pixels) / 1000))
+    return max(min_step, SCRAPE, int(round_interval(range_s * 1000 / pixels) / 1000))
+
+
+def seconds_of(text: str | None) -> int:
+    if not text:
+        return SCRAPE
+    n, unit = int(text[:-1]), text[-1]
+    return n * {"s": 1, "m": 60, "h": 3600}[unit]
 
 
 def duration(s: float) -> str:
@@ -99,6 +109,7 @@ def panel_queries(path: Path) -> list[dict]:
                     "panel": p["title"],
                     "ref": t["refId"],
                     "width": p["gridPos"]["w"],
+                    "min_step": seconds_of(p.get("interval")),
                     "expr": t["expr"],
                     "instant": bool(t.get("instant")),
                 }
@@ -119,7 +130,7 @@ def panel_queries(path: Path) -> list[dict]:
 
 
 def run_query(url: str, q: dict, range_s: float, end: float) -> dict:
-    step = panel_step(q["width"], range_s)
+    step = panel_step(q["width"], range_s, q.get("min_step", SCRAPE))
     job = q["dashboard"] == "rlhf-job"
     expr = grafana_vars.substitute(
         q["expr"],
@@ -214,7 +225,8 @@ def main() -> int:
                         continue
                     worst[range_s] = max(worst[range_s], r["wall"])
                     cells += [f"{r['wall'] * 1000:.0f}", f"{r['samples']:,}", r["series"]]
-                kind = "instant" if q["instant"] else f"range {panel_step(q['width'], 21600)} s"
+                step = panel_step(q["width"], 21600, q.get("min_step", SCRAPE))
+                kind = "instant" if q["instant"] else f"range {step} s"
                 print(
                     f"| {q['dashboard']} | {q['panel'][:48]} | {q['ref']} | {kind} | "
                     f"{cells[0]} | {cells[1]} | {cells[3]} | {cells[4]} | {cells[5]} |",

@@ -202,7 +202,10 @@ def bar_gauge(
 def stat_panel(
     title: str, description: str, queries: Sequence[Q], unit: str | None = None
 ) -> stat.Panel:
-    p = _common(stat.Panel(), title, description, queries, unit)
+    """A number now: its queries are instant (one evaluation, not one per point of a range
+    that the panel reduces to its last value anyway)."""
+    instant = [Q(q.expr, q.legend, instant=True, table=q.table) for q in queries]
+    p = _common(stat.Panel(), title, description, instant, unit)
     return (
         p.color_mode(cm.BigValueColorMode.BACKGROUND)
         .graph_mode(cm.BigValueGraphMode.NONE)

@@ -28,6 +28,7 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_workload_shift_steps:increase6h` | workload-shift steps over the reference window |
 | `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window; absent where that window holds a workload shift |
 | `project_experiment:rlhf_baseline_tokens_per_second:max_over_time6h` | the best baseline tokens per second over `alerts.throughput_reference` (the throughput alert's and the fleet panel's reference); the current baseline where that window holds a workload shift |
+| `project_experiment:rlhf_tokens_per_step_second_vs_best_baseline:ratio_rate30m` | tokens per second of step time over the window ÷ that best baseline, for the fleet's "Tokens per second ÷ baseline" |
 | `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |
 | `project_experiment:rlhf_change:code` | the last step's change as a number (0 none, 1 workload_shift, 2 regression), for the fleet's change panel |
 | `project_experiment:rlhf_gpus:round` | the job's GPUs (verl's: total_num_tokens / (timing_s/step x perf/throughput)) |

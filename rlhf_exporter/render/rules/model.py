@@ -209,6 +209,15 @@ class Context:
         return f"project_experiment_group:rlhf_group_gpu_seconds:increase{self.fleet_interval}"
 
     @property
+    def tokens_vs_best(self) -> str:
+        """Tokens per second of step time over the window, over the best baseline: the fleet's
+        "Tokens per second ÷ baseline", one recorded series per job."""
+        return (
+            "project_experiment:rlhf_tokens_per_step_second_vs_best_baseline:"
+            f"ratio_rate{self.window}"
+        )
+
+    @property
     def throughput_reference(self) -> str:
         return self.dur("throughput_reference")
 

@@ -176,6 +176,10 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
                 "or rlhf_baseline_tokens_per_second * 1"
             ),
         },
+        {
+            "record": ctx.tokens_vs_best,
+            "expr": f"{ctx.tokens_rate}\n/ ({ctx.best_baseline} > 0)",
+        },
     ]
 
 
