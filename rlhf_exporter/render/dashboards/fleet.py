@@ -28,6 +28,7 @@ from .panels import (
     Q,
     bar_gauge,
     colour_by_name,
+    fixed_colour,
     prop,
     said,
     stat_panel,
@@ -57,7 +58,7 @@ from .queries import (
     verdict_code,
     worst,
 )
-from .style import change_mappings, reason_mappings, verdict_mappings
+from .style import change_mappings, reason_mappings, verdict_codes, verdict_mappings
 
 CHANGED = "|".join(k for k in CHANGES if k != "none")
 """The change kinds that are news (every kind but `none`)."""
@@ -273,17 +274,22 @@ def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
 
 
 def jobs_per_verdict(c: Context) -> PanelBuilder:
-    return colour_by_name(
-        time_series(
-            "Jobs per verdict",
-            "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
-            "time. Colours are the verdict colours of the job dashboard.",
-            [Q(f"sum by (verdict) ({sel('rlhf_bottleneck')})", "{{verdict}}")],
-            style.PLAIN,
-            stacked=True,
-        ).decimals(0),
-        style.VERDICT_COLOURS,
-    )
+    """`count_values` over the recorded verdict code (one series per job) instead of a sum over
+    the nine one-hot series of every job; each code is shown under its verdict's name."""
+    p = time_series(
+        "Jobs per verdict",
+        "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
+        "time. Colours are the verdict colours of the job dashboard.",
+        [Q(f'count_values("code", {verdict_code()})', "{{code}}")],
+        style.PLAIN,
+        stacked=True,
+    ).decimals(0)
+    for verdict, code in verdict_codes().items():
+        p = p.override_by_name(
+            str(code),
+            [prop("displayName", verdict), fixed_colour(style.VERDICT_COLOURS[verdict])],
+        )
+    return p
 
 
 def steps_per_verdict(c: Context) -> PanelBuilder:

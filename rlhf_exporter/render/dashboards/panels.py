@@ -65,6 +65,9 @@ def _colour(colour: str) -> dm.DynamicConfigValue:
     return dm.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": colour})
 
 
+fixed_colour = _colour
+
+
 def prop(id_: str, value: Any) -> dm.DynamicConfigValue:
     return dm.DynamicConfigValue(id_val=id_, value=value)
 
