@@ -20,7 +20,8 @@ Then every query of both dashboards runs as Grafana runs it, with `stats=all`:
 - stats, tables and bar gauges (instant queries): one query at the end, `$__range` 6 h or 24 h;
 - the fleet dashboard with every job selected, the job dashboard on one job.
 
-It prints, per query, the wall time (client side), Prometheus's own evaluation time and the
+Each query runs twice and the second run is timed (a Prometheus that has been running has
+its blocks in the page cache). It prints, per query, the wall time (client side), Prometheus's own evaluation time and the
 samples it touched (`totalQueryableSamples`), and for each rule group the evaluation time
 of its rules (each rule's expression as an instant query at the end, summed). With `--hours`
 under 24 the 24 h queries read all the history there is: their samples are a lower bound.
@@ -219,6 +220,7 @@ def main() -> int:
             for q in panel_queries(path):
                 cells = []
                 for range_s in (21600, 86400):
+                    run_query(prom.url, q, range_s, end)  # warm: a running Prometheus's cache
                     r = run_query(prom.url, q, range_s, end)
                     if "error" in r:
                         cells += [f"error: {r['error']}", "", r["step"]]

@@ -296,10 +296,11 @@ def steps_per_verdict(c: Context) -> PanelBuilder:
     return colour_by_name(
         bar_gauge(
             "Steps per verdict in the time range",
-            "Classified steps of all selected jobs per verdict during the dashboard's time range.",
+            "Classified steps of all selected jobs per verdict during the dashboard's time range "
+            f"(a recording rule every {c.rules.fleet_interval}).",
             [
                 Q(
-                    f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
+                    f"sum by (verdict) (sum_over_time({sel(c.rules.verdict_steps_fleet)}[{RANGE}]))",
                     "{{verdict}}",
                     instant=True,
                 )
@@ -574,9 +575,9 @@ ROWS = (
 )
 
 
-MIN_STEP = "1m"
+MIN_STEP = "2m"
 """The fleet's time series never ask for points closer than this (Grafana's panel "min
-interval"): their series are recording rules over 30 m or longer, so a finer step only
+interval"): their series are recording rules over 30 m or longer (or every 2 m), so a finer step only
 multiplies the work by 1,000 jobs (bench/dashboard_cost.py)."""
 
 

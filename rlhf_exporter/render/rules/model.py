@@ -209,6 +209,11 @@ class Context:
         return f"project_experiment_group:rlhf_group_gpu_seconds:increase{self.fleet_interval}"
 
     @property
+    def verdict_steps_fleet(self) -> str:
+        """Classified steps per verdict over the fleet interval (the values tile the time)."""
+        return f"project_experiment_verdict:rlhf_bottleneck_steps:increase{self.fleet_interval}"
+
+    @property
     def tokens_vs_best(self) -> str:
         """Tokens per second of step time over the window, over the best baseline: the fleet's
         "Tokens per second ÷ baseline", one recorded series per job."""

@@ -49,10 +49,16 @@ def job_gpus_expr() -> str:
 
 
 def fleet_records(ctx: Context) -> list[dict[str, str]]:
-    """The fleet dashboard's GPU time, one record per job and group every
-    `alerts.fleet_interval`, over that interval: consecutive values tile the time."""
+    """The fleet dashboard's steps per verdict and GPU time, one record per job and verdict
+    or group every `alerts.fleet_interval`, over that interval: consecutive values tile the
+    time, so a panel sums them over its range (`sum_over_time`) instead of reading every
+    raw sample of the range."""
     f = ctx.fleet_interval
     return [
+        {
+            "record": ctx.verdict_steps_fleet,
+            "expr": f"increase(rlhf_bottleneck_steps_total[{f}])",
+        },
         {"record": JOB_GPUS, "expr": job_gpus_expr()},
         {
             "record": ctx.group_gpu_seconds,
