@@ -25,8 +25,8 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean` | agent-loop generate_sequences max / mean |
 | `project_experiment_verdict:rlhf_bottleneck_steps:increase6h` | classified steps per verdict over the reference window |
 | `project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate6h` | fraction of classified steps per verdict over the reference window |
-| `project_experiment:rlhf_workload_shift_steps:increase6h` | workload-shift steps over the reference window |
-| `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window; absent where that window holds a workload shift |
+| `project_experiment:rlhf_workload_shift_steps:increase6h` (and `increase3h`, `increase1h`) | workload-shift steps over the reference window and over each of `alerts.bound_reference_after_shift` |
+| `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window; where that window holds a workload shift, over the longest of `alerts.bound_reference_after_shift` that holds none (the reference restarts), else absent |
 | `project_experiment:rlhf_baseline_tokens_per_second:max_over_time6h` | the best baseline tokens per second over `alerts.throughput_reference` (the throughput alert's and the fleet panel's reference); the current baseline where that window holds a workload shift |
 | `project_experiment:rlhf_tokens_per_step_second_vs_best_baseline:ratio_rate30m` | tokens per second of step time over the window ÷ that best baseline, for the fleet's "Tokens per second ÷ baseline" |
 | `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |

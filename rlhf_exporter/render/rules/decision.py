@@ -8,8 +8,9 @@ X-bound over `alerts.window` and either
   time just before the window), or
 - **costs**: its tokens per second of step time over the window fell below
   `alerts.bound_throughput_ratio` x their value over the reference window, and no step of
-  the window or of the reference window was a workload shift (the reference record is
-  absent over a window that holds one: it never compares the new work with the old).
+  the window was a workload shift. The reference never mixes two workloads: where its
+  window holds a workload shift it restarts (`alerts.bound_reference_after_shift`), or is
+  absent until a window holds the new work only.
 
 A job that is steadily X-bound at its usual throughput fires nothing: the dashboards and the
 exporter's `/` page show the steady bottleneck.

@@ -103,6 +103,14 @@ class Context:
             raise ValueError("scale must be positive")
         if seconds(self.a["bound_reference"]) <= seconds(self.a["window"]):
             raise ValueError("alerts.bound_reference must be longer than alerts.window")
+        after = self.a["bound_reference_after_shift"]
+        if not isinstance(after, list) or any(
+            seconds(v) >= seconds(self.a["bound_reference"]) for v in after
+        ):
+            raise ValueError(
+                "alerts.bound_reference_after_shift must be a list of windows shorter than "
+                "bound_reference"
+            )
 
     @property
     def a(self) -> Mapping[str, Any]:
@@ -191,13 +199,21 @@ class Context:
 
     @property
     def tokens_rate_ref(self) -> str:
-        """Tokens per second of step time over the reference window; absent where a step of
-        that window was a workload shift (the reference then mixes two workloads)."""
+        """Tokens per second of step time over the reference window; where a step of that
+        window was a workload shift, over the shorter `bound_reference_after_shift` when that
+        holds none, else absent (a reference never mixes two workloads)."""
         return f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{self.reference}"
 
     def shift_steps(self, window: str) -> str:
         """Workload-shift steps over `window` (the references' own windows)."""
         return f"project_experiment:rlhf_workload_shift_steps:increase{window}"
+
+    @property
+    def references_after_shift(self) -> tuple[str, ...]:
+        """The shorter throughput references tried in turn (longest first) where the full one
+        holds a workload shift."""
+        values = sorted((seconds(v) for v in self.a["bound_reference_after_shift"]), reverse=True)
+        return tuple(duration(v * self.scale) for v in values)
 
     @property
     def fleet_interval(self) -> str:

@@ -144,17 +144,25 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
     slowly: their own group runs every `alerts.bound_reference_interval`, and each long
     range is read once per evaluation (recorded, then divided), never per panel point.
 
-    A reference never mixes two workloads: where its window holds a workload-shift step,
-    the throughput reference is absent (the "costs" branch waits until the window holds the
-    new work only; "moved" still compares verdicts) and the best baseline restarts at the
-    job's current baseline (which follows the new work within about ten steps)."""
-    r, t = ctx.reference, ctx.throughput_reference
+    A reference never mixes two workloads: where its window holds a workload-shift step, the
+    throughput reference restarts: it is the one over the longest of
+    `alerts.bound_reference_after_shift` that holds none, else absent (the "costs" branch waits until a window holds the new
+    work only; "moved" still compares verdicts); the best baseline restarts at the job's
+    current baseline (which follows the new work within about ten steps)."""
+    r, t, after = ctx.reference, ctx.throughput_reference, ctx.references_after_shift
     n = _num(ctx.a["bound_reference_min_steps"])
     shift = 'rlhf_change_steps_total{kind="workload_shift"}'
     shift_records = [
         {"record": ctx.shift_steps(w), "expr": f"sum without (kind) (increase({shift}[{w}]))"}
-        for w in dict.fromkeys((r, t))
+        for w in dict.fromkeys((r, *after, t))
     ]
+
+    def tokens(w: str) -> str:
+        return (
+            f"rate(rlhf_tokens_total[{w}])\n  / (rate(rlhf_step_seconds_total[{w}]) > 0)\n"
+            f"  unless {ctx.shift_steps(w)} > 0"
+        )
+
     return [
         *shift_records,
         {"record": ctx.verdict_steps_ref, "expr": f"increase(rlhf_bottleneck_steps_total[{r}])"},
@@ -165,12 +173,9 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
                 f"(sum without (verdict) ({ctx.verdict_steps_ref}) >= {n})"
             ),
         },
-        {
+        {  # the reference window, or the longest shorter one that holds no workload shift
             "record": ctx.tokens_rate_ref,
-            "expr": (
-                f"rate(rlhf_tokens_total[{r}])\n/ (rate(rlhf_step_seconds_total[{r}]) > 0)\n"
-                f"unless {ctx.shift_steps(r)} > 0"
-            ),
+            "expr": "\nor ".join(f"(\n  {tokens(w)}\n)" for w in (r, *after)),
         },
         {
             "record": ctx.best_baseline,
