@@ -103,14 +103,8 @@ class Context:
             raise ValueError("scale must be positive")
         if seconds(self.a["bound_reference"]) <= seconds(self.a["window"]):
             raise ValueError("alerts.bound_reference must be longer than alerts.window")
-        after = self.a["bound_reference_after_shift"]
-        if not isinstance(after, list) or any(
-            seconds(v) >= seconds(self.a["bound_reference"]) for v in after
-        ):
-            raise ValueError(
-                "alerts.bound_reference_after_shift must be a list of windows shorter than "
-                "bound_reference"
-            )
+        if not isinstance(self.a["bound_reference_after_shift"], list):
+            raise ValueError("alerts.bound_reference_after_shift must be a list of durations")
 
     @property
     def a(self) -> Mapping[str, Any]:
@@ -200,7 +194,7 @@ class Context:
     @property
     def tokens_rate_ref(self) -> str:
         """Tokens per second of step time over the reference window; where a step of that
-        window was a workload shift, over the shorter `bound_reference_after_shift` when that
+        window was a workload shift, over the longest of `bound_reference_after_shift` that
         holds none, else absent (a reference never mixes two workloads)."""
         return f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{self.reference}"
 
@@ -211,9 +205,10 @@ class Context:
     @property
     def references_after_shift(self) -> tuple[str, ...]:
         """The shorter throughput references tried in turn (longest first) where the full one
-        holds a workload shift."""
-        values = sorted((seconds(v) for v in self.a["bound_reference_after_shift"]), reverse=True)
-        return tuple(duration(v * self.scale) for v in values)
+        holds a workload shift; a window not shorter than `bound_reference` is left out."""
+        full = seconds(self.a["bound_reference"])
+        after = (seconds(v) for v in self.a["bound_reference_after_shift"])
+        return tuple(duration(v * self.scale) for v in sorted(after, reverse=True) if v < full)
 
     @property
     def fleet_interval(self) -> str:
