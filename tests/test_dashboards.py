@@ -194,11 +194,15 @@ def test_datasource_variable_everywhere_and_no_hard_coded_uid(board):
 
 
 def test_variables(board):
-    _name, doc = board
+    name, doc = board
     var = {v["name"]: v for v in doc["templating"]["list"]}
     assert list(var) == ["datasource", "cluster", "namespace", "project", "experiment"]
     for n in ("project", "experiment"):
-        assert var[n]["multi"] and var[n]["includeAll"], n
+        if name == JOB_PATH:  # one job: a bare link never sums unrelated jobs' step times
+            assert not var[n]["multi"] and not var[n]["includeAll"], n
+            assert "allValue" not in var[n] and not var[n].get("current"), n
+        else:
+            assert var[n]["multi"] and var[n]["includeAll"], n
     for n in ("cluster", "namespace"):
         # "All" must also match series that have no such target label at all
         assert var[n]["includeAll"] and re.fullmatch(var[n]["allValue"], ""), n
@@ -471,3 +475,82 @@ def test_schema_check_catches_a_wrong_field(grafana_schema, generated):
             "tooltip": {"mode": "multi", "sort": "none"},
         },
     )
+
+
+# ------------------------------------------------------------------------------------------
+# Alerts and dashboards (issue 24)
+
+
+def shipped_alerts() -> list[str]:
+    """Every alert of the rendered rule files (alerts/*.rules.yaml)."""
+    names = []
+    for path in sorted((ROOT / "alerts").glob("*.rules.yaml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            names += [r["alert"] for r in group["rules"] if "alert" in r]
+    return names
+
+
+def panel_by_title(doc: dict, title: str) -> dict:
+    (p,) = [p for p in panels(doc) if p.get("title") == title]
+    return p
+
+
+def test_firing_alerts_counts_every_alert_the_bundle_ships(generated, tmp_path):
+    """The fleet's "Firing alerts" names exactly the shipped alerts, and counts job-less
+    ones (exporter, Ray) with the jobs' ones; pending alerts and other bundles' do not count
+    (promtool evaluates the panel's own query)."""
+    fleet = json.loads(generated[FLEET_PATH])
+    (target,) = panel_by_title(fleet, "Firing alerts")["targets"]
+    named = set()
+    for sel in selectors(target["expr"]):
+        for m in sel.matchers.matchers:
+            if m.name == "alertname":
+                named.add(frozenset(m.value.split("|")))
+    assert named == {frozenset(shipped_alerts())}, named
+    assert len(shipped_alerts()) >= 15
+
+    def alert(name: str, state: str = "firing", **labels: str) -> dict:
+        inner = ", ".join(f'{k}="{v}"' for k, v in {**labels, "alertname": name}.items())
+        return {"series": f'ALERTS{{alertstate="{state}", {inner}}}', "values": "1x5"}
+
+    inputs = [
+        alert("RLHFJobStalled", project="p", experiment="e", severity="critical"),
+        alert("RLHFExporterDown", instance="i:1", severity="warning"),
+        alert("RLHFRayActorsDied", instance="i:1", role="trainer", severity="critical"),
+        alert("RLHFExporterAbsent", severity="warning"),
+        alert("RLHFJobRegression", "pending", project="p", experiment="e"),
+        alert("KubePodCrashLooping", namespace="ns", severity="warning"),
+    ]
+    spec = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": inputs,
+                "promql_expr_test": [
+                    {
+                        "expr": substitute(target["expr"]),
+                        "eval_time": "2m",
+                        "exp_samples": [{"labels": "{}", "value": 4}],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "firing.test.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    out = subprocess.run(
+        ["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_job_dashboard_shows_the_jobs_alerts_as_annotations(generated):
+    job = json.loads(generated[JOB_PATH])
+    (a,) = [a for a in job["annotations"]["list"] if a["name"] == "Alerts"]
+    (sel,) = selectors(a["expr"])
+    matchers = {m.name: m.value for m in sel.matchers.matchers}
+    assert sel.name == "ALERTS" and matchers["alertstate"] == "firing"
+    assert matchers["project"] == ".+" and matchers["experiment"] == ".+"  # the job's variables
+    assert a["expr"].count("$project") == 1 and "{{alertname}}" in a["titleFormat"]

@@ -424,3 +424,75 @@ def test_ray_panels_return_series_from_a_real_ray_head(ray_live):
     )
     alive = sum(float(s["value"][1]) for s in actors if s["metric"]["state"] == "ALIVE")
     assert alive == 2, actors  # the two actors the fixture started
+
+
+# ------------------------------------------------------------------------------------------
+# A fleet bigger than a panel: every time series draws at most MAX_SERIES series (issue 24)
+
+FLEET_JOBS = 30  # more jobs than any panel may draw
+HISTORY_HOURS = 2
+
+
+@pytest.fixture(scope="module")
+def fleet_prom(tmp_path_factory):
+    """A real Prometheus over FLEET_JOBS jobs' real exporter series (the sample traces) and
+    their recording rules, backfilled with promtool (tests/support/fleet_history.py)."""
+    from tests.support import fleet_history
+
+    work = tmp_path_factory.mktemp("fleet-history")
+    data = work / "prom" / "data"
+    end = int(time.time()) // fleet_history.BLOCK * fleet_history.BLOCK
+    fleet_history.build(work, data, FLEET_JOBS, HISTORY_HOURS, end)
+    prom = Prometheus(work / "prom", [], extra_args=["--storage.tsdb.retention.time=30d"])
+    try:
+        yield prom, end - fleet_history.SCRAPE
+    finally:
+        prom.terminate()
+
+
+def drawn_series(prom: Prometheus, expr: str, start: float, end: float, step: int) -> set[str]:
+    r = requests.get(
+        prom.url + "/api/v1/query_range",
+        params={"query": expr, "start": start, "end": end, "step": step},
+        timeout=60,
+    )
+    assert r.ok, f"{r.status_code} {r.text}\n{expr}"
+    return {json.dumps(s["metric"], sort_keys=True) for s in r.json()["data"]["result"]}
+
+
+@pytest.mark.parametrize("range_h", [1, 2])
+def test_no_time_series_panel_draws_more_than_20_series(fleet_prom, range_h):
+    """Every time series and state timeline of both dashboards, over the whole history, with
+    the fleet's variables at All (the job dashboard on one job): at most MAX_SERIES distinct
+    series, though the per-job panels' own expressions return every job."""
+    from rlhf_exporter.render.dashboards.queries import MAX_SERIES
+
+    prom, end = fleet_prom
+    start = end - range_h * 3600
+    docs = {rel: json.loads((REPO / rel).read_text()) for rel in (JOB_PATH, FLEET_PATH)}
+    counted, unlimited = 0, {}
+    for rel, doc in docs.items():
+        job = rel == JOB_PATH
+        for p in all_panels(doc):
+            if p["type"] not in ("timeseries", "state-timeline"):
+                continue
+            drawn: set[str] = set()
+            for t in p["targets"]:
+                expr = grafana_vars.substitute(
+                    t["expr"],
+                    rate_interval="1m",
+                    interval="30s",
+                    range_=f"{range_h}h",
+                    project="team0" if job else ".+",
+                    experiment="exp0000" if job else ".+",
+                )
+                drawn |= {t["refId"] + s for s in drawn_series(prom, expr, start, end, 30)}
+                if "\nand on (" in expr and not job:  # what the panel would draw unlimited
+                    inner = expr.split("\nand on (")[0]
+                    unlimited[p["title"]] = len(drawn_series(prom, inner, start, end, 30))
+            assert len(drawn) <= MAX_SERIES, (rel, p["title"], len(drawn))
+            counted += 1
+    assert counted >= 35
+    # the limits bite: the per-job panels' own expressions return every job
+    for title in ("Verdict per job", "Tokens per second ÷ baseline", "Stall budget used"):
+        assert unlimited[title] >= FLEET_JOBS - 5, (title, unlimited[title])

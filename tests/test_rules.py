@@ -8,6 +8,7 @@ the template cases check the full annotations of the committed files.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -145,6 +146,97 @@ def test_every_alert_carries_severity_for_summary_description_and_runbook():
         body = runbooks.split(f"\n## {name}\n", 1)[1].split("\n## ", 1)[0]
         for part in ("**Impact.**", "**Immediate mitigation.**", "**Escalation.**"):
             assert part in body, (name, part)
+
+
+def test_every_job_alert_links_to_the_job_dashboard_with_its_variables():
+    """A job alert (its expression keeps project and experiment) carries `dashboard_url`:
+    the configured Grafana, the job dashboard's uid, and one `var-` per dashboard variable
+    the alert can fill; a job-less alert carries none."""
+    job = json.loads((REPO / "grafana" / "rlhf-job.json").read_text())
+    names = {v["name"] for v in job["templating"]["list"]}
+    base = load_thresholds().alerts["dashboard_url"].rstrip("/")
+    shipped = []
+    for path in sorted((REPO / "alerts").glob("*.rules.yaml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            shipped += [r for r in group["rules"] if "alert" in r]
+    per_job = {r["alert"]: r["annotations"].get("dashboard_url") for r in shipped}
+    job_alerts = {a for a in per_job if a.startswith("RLHFJob")} | {
+        "RLHFTrainerStarved",
+        "RLHFRolloutOverprovisioned",
+    }
+    assert {a for a, url in per_job.items() if url} >= job_alerts
+    for alert, url in per_job.items():
+        if url is None:
+            assert alert.startswith(("RLHFExporter", "RLHFRay", "RLHFGPUs")), alert
+            continue
+        assert url.startswith(f"{base}/d/{job['uid']}/"), url
+        assert set(re.findall(r"var-(\w+)=", url)) <= names
+        assert {"project", "experiment"} <= set(re.findall(r"var-(\w+)=", url))
+
+
+def test_promtool_dashboard_url_escapes_the_labels(tmp_path, thresholds):
+    """The URL Prometheus expands: labels query-escaped, cluster and namespace only when the
+    alert has them."""
+    url = rules.dashboard_url(rules.Context(thresholds))
+    labelled = 'label_replace(vector(1), "project", "a b&c", "", "")'
+    expr = f'label_replace({labelled}, "experiment", "e/1", "", "")'
+    rule_file = tmp_path / "url.yaml"
+    rule_file.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "u",
+                        "rules": [
+                            {"alert": "U", "expr": expr, "annotations": {"dashboard_url": url}},
+                            {
+                                "alert": "N",
+                                "expr": f'label_replace({expr}, "namespace", "ns", "", "")',
+                                "annotations": {"dashboard_url": url},
+                            },
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    base = thresholds.alerts["dashboard_url"].rstrip("/") + "/d/rlhf-job/rlhf-job?"
+    labels = {"project": "a b&c", "experiment": "e/1"}
+    query = "var-project=a+b%26c&var-experiment=e%2F1"
+    run_promtool_tests(
+        tmp_path,
+        [rule_file],
+        [
+            {
+                "interval": "1m",
+                "input_series": [],
+                "alert_rule_test": [
+                    {
+                        "eval_time": "1m",
+                        "alertname": "U",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": labels,
+                                "exp_annotations": {"dashboard_url": base + query},
+                            }
+                        ],
+                    },
+                    {
+                        "eval_time": "1m",
+                        "alertname": "N",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": {**labels, "namespace": "ns"},
+                                "exp_annotations": {
+                                    "dashboard_url": base + query + "&var-namespace=ns"
+                                },
+                            }
+                        ],
+                    },
+                ],
+            }
+        ],
+    )
 
 
 def test_one_bound_alert_per_decision_table_row_and_none_for_checkpoint():
@@ -492,6 +584,21 @@ def logic_cases() -> list[dict]:
                 series("rlhf_change_steps_total", "0x60 1+1x100", kind="workload_shift"),
             ],
             "alert_rule_test": [case("120m", "RLHFJobThroughputBelowBaseline")],
+        }
+    )
+    tests.append(
+        {
+            "interval": "1m",
+            "input_series": [  # the same drop, a workload shift of 10 steps at its start: the
+                # window holds no shift at 120m, but the best-baseline reference restarted
+                series("rlhf_tokens_total", tok_drop),
+                series("rlhf_step_seconds_total", step_s),
+                series("rlhf_baseline_tokens_per_second", base),
+                series("rlhf_change_steps_total", "0x60 1+1x9 10x90", kind="workload_shift"),
+            ],
+            "alert_rule_test": [
+                case(f"{m}m", "RLHFJobThroughputBelowBaseline") for m in (120, 159)
+            ],
         }
     )
     tests.append(
@@ -1065,6 +1172,9 @@ def test_promtool_a_moved_bottleneck_names_both(tmp_path, thresholds):
     run_promtool_tests(tmp_path, files, [test])
 
 
+JOB_DASHBOARD_URL = "http://grafana.example.com/d/rlhf-job/rlhf-job?var-project=p&var-experiment=e"
+
+
 def test_promtool_annotations(tmp_path):
     """The committed files' templates, expanded by promtool: reasons, evidence, advice."""
     base = load_thresholds().alerts["runbook_url"] + "#"
@@ -1104,6 +1214,7 @@ def test_promtool_annotations(tmp_path):
         ),
         "reason": "long_tail",
         "runbook_url": base + "rlhfjobrolloutbound",
+        "dashboard_url": JOB_DASHBOARD_URL,
     }
     # rollout-bound until CHANGE, then update-bound (low MFU): the move case.
     update = day_job("update", "moved", "e") + [
@@ -1128,6 +1239,7 @@ def test_promtool_annotations(tmp_path):
         ),
         "reason": "low_mfu",
         "runbook_url": base + "rlhfjobupdatebound",
+        "dashboard_url": JOB_DASHBOARD_URL,
     }
     # the exporter vanishes at 45m, while the job is stalled: the page keeps the budget it
     # had when last seen (140%, frozen: the value reads the same whichever rule group
@@ -1148,6 +1260,7 @@ def test_promtool_annotations(tmp_path):
             "actor_rollout_ref.nccl_timeout, 600 s)."
         ),
         "runbook_url": base + "rlhfjobstalled",
+        "dashboard_url": JOB_DASHBOARD_URL,
     }
     tests = [
         {

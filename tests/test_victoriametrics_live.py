@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import threading
@@ -197,6 +198,11 @@ def test_fleet_queries_agree_between_prometheus_and_victoriametrics(tmp_path):
         queries = fleet_queries() + [(f"recording {n}", n) for n in recording_outputs()]
         for what, expr in queries:
             p, v = instant(prom_url, expr, at), instant(vm_url, expr, at)
+            limited = re.search(r"\nand on \([^)]*\)\n(topk|bottomk)\(", expr)
+            if limited:  # a per-job panel's worst few: which of tied jobs is the engine's
+                assert len(p) == len(v), f"{what}: {len(p)} vs {len(v)} series\n{expr}"
+                expr = expr[: limited.start()]  # and the unlimited series agree
+                p, v = instant(prom_url, expr, at), instant(vm_url, expr, at)
             assert set(p) == set(v), f"{what}: series differ\n{expr}\n{p}\n{v}"
             if not p:
                 empty.append(what)

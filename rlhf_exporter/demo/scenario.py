@@ -81,7 +81,7 @@ ROLLOUT_SLOW = replace(STEADY, name="rollout_slow", cost={**BASE_COST, "gen": 36
 REWARD = Regime("reward_model", {**BASE_COST, "gen": 6.0, "reward": 34.0})
 LOGPROB = Regime(
     "logprob_low_mfu",
-    {**BASE_COST, "gen": 6.0, "old_log_prob": 22.0, "ref": 16.0},
+    {**BASE_COST, "gen": 6.0, "old_log_prob": 30.0, "ref": 24.0},
     mfu_infer=0.12,
 )
 OTHER = Regime("driver_untimed", {**BASE_COST, "gen": 5.0}, untimed=60.0)

@@ -10,12 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from grafana_foundation_sdk.builders import table
+from grafana_foundation_sdk.builders import statetimeline, table, timeseries
 from grafana_foundation_sdk.builders.common import TableSortByFieldState
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 
 from ...diagnosis import CHANGES, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING
+from ..rules import all_alerts
+from ..rules.recording import VERDICT_CODE
 from . import FLEET_UID, JOB_UID, style
 from .context import Context
 from .gpuhealth import gpus_with_errors_column
@@ -27,6 +29,7 @@ from .panels import (
     Q,
     bar_gauge,
     colour_by_name,
+    fixed_colour,
     prop,
     said,
     stat_panel,
@@ -40,19 +43,33 @@ from .panels import (
 from .queries import (
     BY_JOB,
     RANGE,
-    RATE,
+    TARGET,
+    TOP,
+    at_end,
     attention_code,
     change_code,
     eq,
-    gpus_per_job,
     job_state_is,
+    match,
     reason_code,
+    seconds,
     sel,
     since_last_step,
     stall_budget,
+    steady,
     verdict_code,
+    worst,
 )
-from .style import attention_mappings, change_mappings, reason_mappings, verdict_mappings
+from .style import (
+    attention_mappings,
+    change_mappings,
+    reason_mappings,
+    verdict_codes,
+    verdict_mappings,
+)
+
+CHANGED = "|".join(k for k in CHANGES if k != "none")
+"""The change kinds that are news (every kind but `none`)."""
 
 TITLE = "RLHF fleet"
 DESCRIPTION = (
@@ -104,11 +121,28 @@ def jobs_in_regression(c: Context) -> PanelBuilder:
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
 
+def bundle_alerts(c: Context) -> list[str]:
+    """Every alert the rule files ship (alerts/*.rules.yaml), in file order."""
+    return [a.name for a in all_alerts(c.rules)]
+
+
+def firing_alerts_expr(c: Context) -> str:
+    """Firing alerts of the bundle: the selected jobs' ones, and those that carry no job
+    (Ray actors, GPUs, the exporter itself; the cluster and namespace filters still apply)."""
+    names = match("alertname", "|".join(bundle_alerts(c)))
+    firing = eq("alertstate", "firing")
+    return (
+        f"count(\n  {sel('ALERTS', names, firing)}\n"
+        f"  or {sel('ALERTS', names, firing, eq('project', ''), scope=TARGET)}\n) or vector(0)"
+    )
+
+
 def firing_alerts(c: Context) -> PanelBuilder:
     return stat_panel(
         "Firing alerts",
-        "Alerts now firing that carry a job's project and experiment labels.",
-        [Q(f"count({sel('ALERTS', eq('alertstate', 'firing'))}) or vector(0)")],
+        "Alerts of the rlhf-exporter rules now firing: the selected jobs' alerts and those that "
+        "carry no job (Ray actors, GPUs, the exporter and its collectors).",
+        [Q(firing_alerts_expr(c))],
         style.PLAIN,
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
@@ -282,27 +316,33 @@ def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
 
 
 def jobs_per_verdict(c: Context) -> PanelBuilder:
-    return colour_by_name(
-        time_series(
-            "Jobs per verdict",
-            "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
-            "time. Colours are the verdict colours of the job dashboard.",
-            [Q(f"sum by (verdict) ({sel('rlhf_bottleneck')})", "{{verdict}}")],
-            style.PLAIN,
-            stacked=True,
-        ).decimals(0),
-        style.VERDICT_COLOURS,
-    )
+    """`count_values` over the recorded verdict code (one series per job) instead of a sum over
+    the nine one-hot series of every job; each code is shown under its verdict's name."""
+    p = time_series(
+        "Jobs per verdict",
+        "How many jobs' last step had each verdict, stacked: the fleet's waiting windows over "
+        "time. Colours are the verdict colours of the job dashboard.",
+        [Q(f'count_values("code", {verdict_code()})', "{{code}}")],
+        style.PLAIN,
+        stacked=True,
+    ).decimals(0)
+    for verdict, code in verdict_codes().items():
+        p = p.override_by_name(
+            str(code),
+            [prop("displayName", verdict), fixed_colour(style.VERDICT_COLOURS[verdict])],
+        )
+    return p
 
 
 def steps_per_verdict(c: Context) -> PanelBuilder:
     return colour_by_name(
         bar_gauge(
             "Steps per verdict in the time range",
-            "Classified steps of all selected jobs per verdict during the dashboard's time range.",
+            "Classified steps of all selected jobs per verdict during the dashboard's time range "
+            f"(a recording rule every {c.rules.fleet_interval}).",
             [
                 Q(
-                    f"sum by (verdict) (increase({sel('rlhf_bottleneck_steps_total')}[{RANGE}]))",
+                    f"sum by (verdict) (sum_over_time({sel(c.rules.verdict_steps_fleet)}[{RANGE}]))",
                     "{{verdict}}",
                     instant=True,
                 )
@@ -316,8 +356,18 @@ def steps_per_verdict(c: Context) -> PanelBuilder:
 def verdict_per_job(c: Context) -> PanelBuilder:
     return state_timeline(
         "Verdict per job",
-        "The verdict of each job's last classified step over time, one band per job.",
-        [Q(verdict_code(), JOB_LEGEND)],
+        f"The verdict of each job's last classified step over time, one band per job: the {TOP} "
+        "jobs whose verdict changed most often in the time range (the full list is the table "
+        "above).",
+        [
+            Q(
+                worst(
+                    verdict_code(),
+                    f"max by ({BY_JOB}) (changes({sel(VERDICT_CODE)}[{RANGE}] @ end()))",
+                ),
+                JOB_LEGEND,
+            )
+        ],
         verdict_mappings(),
         row_height=0.9,
     )
@@ -329,11 +379,12 @@ def gpu_hours_per_group(c: Context) -> PanelBuilder:
             "GPU-hours per group in the time range",
             "Step seconds per decision-table group times each job's GPU count, summed over the "
             "fleet: where the fleet's GPU-hours went while the loop waited on each window. The GPU "
-            "count is verl's own: total_num_tokens / (timing_s/step x throughput).",
+            "count is verl's own: total_num_tokens / (timing_s/step x throughput). Read from a "
+            f"recording rule evaluated every {c.rules.fleet_interval}.",
             [
                 Q(
-                    f"sum by (group) (\n  increase({sel('rlhf_group_seconds_total')}[{RANGE}])\n"
-                    f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n) / 3600",
+                    f"sum by (group) (\n  sum_over_time({sel(c.rules.group_gpu_seconds)}[{RANGE}])\n"
+                    ") / 3600",
                     "{{group}}",
                     instant=True,
                 )
@@ -350,11 +401,11 @@ def gpus_waiting_per_group(c: Context) -> PanelBuilder:
             "GPUs waiting in each group",
             "Rate of step seconds per group times each job's GPU count, stacked: how many GPUs "
             "of the fleet, on average, sat in each window. The total is the fleet's GPUs in "
-            "training loops.",
+            f"training loops. Averaged over {c.rules.fleet_interval} (a recording rule).",
             [
                 Q(
-                    f"sum by (group) (\n  rate({sel('rlhf_group_seconds_total')}[{RATE}])\n"
-                    f"  * ignoring (group) group_left ()\n  {gpus_per_job()}\n)",
+                    f"sum by (group) ({sel(c.rules.group_gpu_seconds)})\n"
+                    f"/ {seconds(c.alerts['fleet_interval']):g}",
                     "{{group}}",
                 )
             ],
@@ -386,6 +437,7 @@ def idle_gpu_hours_by_window(c: Context) -> PanelBuilder:
 
 def stall_budget_used(c: Context) -> PanelBuilder:
     alerts = c.alerts
+    budget = stall_budget()
     return threshold_line(
         time_series(
             "Stall budget used",
@@ -393,10 +445,11 @@ def stall_budget_used(c: Context) -> PanelBuilder:
             f"max(stall_factor x baseline step time, stall_min) = max({alerts['stall_factor']}x, "
             f"{alerts['stall_min']}) plus the longest validation and checkpoint seen in its run "
             "(the recording rule project_experiment:rlhf_job_stall_budget:ratio, which the stall "
-            "alert reads). Above 1 (dashed line) the job is stalled"
+            f"alert reads). The {TOP} highest at the end of the time range. Above 1 (dashed line) "
+            "the job is stalled"
             + said(alerts, "; the stall alert fires after {stall_for} there")
             + ". Finished and failed jobs are left out.",
-            [Q(stall_budget(), JOB_LEGEND)],
+            [Q(worst(budget, steady(budget)), JOB_LEGEND)],
             style.RATIO,
             fill=0,
         ).min(0),
@@ -409,8 +462,18 @@ def change_per_job(c: Context) -> PanelBuilder:
         "Change against the baseline per job",
         "Each job's last-step change (§4). "
         + "; ".join(f"{kind}: {CHANGE_MEANING[kind]}" for kind in CHANGES)
-        + ".",
-        [Q(change_code(), JOB_LEGEND)],
+        + f". The {TOP} jobs with the most regressed or shifted steps in the time range (the "
+        "full list is the table above).",
+        [
+            Q(
+                worst(
+                    change_code(),
+                    f"sum by ({BY_JOB}) (increase("
+                    f"{sel('rlhf_change_steps_total', match('kind', CHANGED))}[{RANGE}] @ end()))",
+                ),
+                JOB_LEGEND,
+            )
+        ],
         change_mappings(),
         row_height=0.9,
     )
@@ -422,13 +485,23 @@ def regressed_steps_per_job(c: Context) -> PanelBuilder:
         time_series(
             f"Regressed steps in the last {rules.window}, per job and group",
             f"Steps of each job that were a regression of a group over the last {rules.window} (the "
-            "recording rule of the regression alert; only jobs and groups with at least one)."
+            f"recording rule of the regression alert): the {TOP} jobs and groups with the most at "
+            "any time of the range, only while they have one."
             + said(
                 alerts,
                 " At {regression_min_steps} (dashed line) for {regression_for} the regression "
                 "alert fires.",
             ),
-            [Q(f"{sel(rules.regressions)} > 0", JOB_LEGEND + " {{group}}")],
+            [
+                Q(
+                    worst(
+                        f"{sel(rules.regressions)} > 0",
+                        f"max_over_time({sel(rules.regressions)}[{RANGE}] @ end()) > 0",
+                        by=f"{BY_JOB}, group",
+                    ),
+                    JOB_LEGEND + " {{group}}",
+                )
+            ],
             style.PLAIN,
             fill=0,
         ).min(0),
@@ -458,19 +531,27 @@ def regressed_steps_per_group(c: Context) -> PanelBuilder:
 
 def throughput_against_baseline(c: Context) -> PanelBuilder:
     alerts, rules = c.alerts, c.rules
-    if "throughput_reference" in alerts:
-        reference = f"max_over_time({sel('rlhf_baseline_tokens_per_second')}[{alerts['throughput_reference']}])"
-        reference_text = f"its best baseline over {alerts['throughput_reference']}"
-    else:
-        reference = sel("rlhf_baseline_tokens_per_second")
-        reference_text = "its baseline (the median of recent steps)"
+    reference_text = (
+        f"its best baseline over {rules.throughput_reference} (recording rule; it restarts at "
+        "a workload shift)"
+    )
     return threshold_line(
         time_series(
             "Tokens per second ÷ baseline",
             f"Each job's tokens per second of step time over the last {rules.window} (recording rule) "
-            f"divided by {reference_text}. Below {alerts['throughput_drop_ratio']:g} (dashed line) "
-            "the throughput alert fires unless a workload shift (more tokens per step) explains it.",
-            [Q(f"{sel(rules.tokens_rate)}\n/ ({reference} > 0)", JOB_LEGEND)],
+            f"divided by {reference_text}: the {TOP} lowest at the end of the time range. Below "
+            f"{alerts['throughput_drop_ratio']:g} (dashed line) the throughput alert fires unless a "
+            "workload shift (more tokens per step) explains it.",
+            [
+                Q(
+                    worst(
+                        sel(rules.tokens_vs_best),
+                        at_end(sel(rules.tokens_vs_best)),
+                        lowest=True,
+                    ),
+                    JOB_LEGEND,
+                )
+            ],
             "suffix:×",
             fill=0,
         ).min(0),
@@ -539,11 +620,24 @@ ROWS = (
 )
 
 
+MIN_STEP = "2m"
+"""The fleet's time series never ask for points closer than this (Grafana's panel "min
+interval"): their series are recording rules over 30 m or longer (or every 2 m), so a finer step only
+multiplies the work by 1,000 jobs (bench/dashboard_cost.py)."""
+
+
 def build(th: Thresholds) -> Board:
     c = Context.of(th)
     b = header(FLEET_UID, TITLE, DESCRIPTION, "RLHF job", JOB_DASHBOARD_LINK)
     for row in ROWS:
-        b.add_row(row(c))
+        r = row(c)
+        cells = [
+            Cell(x.id, x.panel.interval(MIN_STEP), x.w, x.h)
+            if isinstance(x.panel, (timeseries.Panel, statetimeline.Panel))
+            else x
+            for x in r.cells
+        ]
+        b.add_row(Row(r.id, r.title, cells))
     return b
 
 

@@ -1,8 +1,9 @@
 """The job dashboard: "RLHF job: where the step time goes".
 
-One verl job (or a few, side by side): the decision table's verdict over time with its
-reason, the step's windows, the change against the job's own baseline, and the evidence each
-reason is decided on. Thresholds drawn on panels come from the thresholds file.
+One verl job (project and experiment are single-select, without "All"): the decision table's
+verdict over time with its reason, the step's windows, the change against the job's own
+baseline, and the evidence each reason is decided on; the job's alerts are annotations over
+every panel. Thresholds drawn on panels come from the thresholds file.
 """
 
 from __future__ import annotations
@@ -31,20 +32,29 @@ from .panels import (
     value_mappings,
 )
 from .queries import (
+    MAX_SERIES,
     RANGE,
     RATE,
     TARGET,
+    TOP,
     change_code,
     eq,
     match,
+    on_job_exporters,
     on_sole_job_exporters,
     reason_code,
     seconds,
     sel,
     since_last_step,
+    steady,
     verdict_code,
+    worst,
 )
 from .style import change_mappings, reason_mappings, verdict_mappings
+
+PER_GPU = "job, instance, gpu"
+PER_COLLECTOR = "instance, collector"
+PER_REASON = "instance, collector, reason"
 
 TITLE = "RLHF job: where the step time goes"
 JOB_LEGEND = "{{project}}/{{experiment}}"
@@ -588,17 +598,19 @@ def tool_and_score_time(c: Context) -> PanelBuilder:
 
 def gpu_busy(c: Context) -> PanelBuilder:
     alerts = c.alerts
+    busy = f"rate({sel('rlhf_gpu_busy_seconds_total')}[{RATE}])"
     return threshold_line(
         time_series(
             "GPU busy ratio",
             "rate(rlhf_gpu_busy_seconds_total): the exact fraction of time each GPU was busy, on "
-            "every node that serves the selected jobs (GPU series carry their job). Busy below "
+            f"every node that serves the selected job (GPU series carry their job), the {MAX_SERIES} "
+            "least busy at the end of the time range. Busy below "
             f"{alerts['gpu_idle_ratio']:g} (dashed line) while steps progress means the loop waits "
             "on something that is not GPU work."
             + said(alerts, " The GPU-idle alert fires after {gpu_idle_for}."),
             [
                 Q(
-                    f"rate({sel('rlhf_gpu_busy_seconds_total')}[{RATE}])",
+                    worst(busy, steady(busy), by=PER_GPU, k=MAX_SERIES, lowest=True),
                     "{{instance}} GPU {{gpu}}",
                 )
             ],
@@ -639,13 +651,16 @@ def gpu_busy_by_window_and_role(c: Context) -> PanelBuilder:
 
 
 def gpu_memory(c: Context) -> PanelBuilder:
+    used = sel("rlhf_gpu_memory_used_bytes")
+    total = sel("rlhf_gpu_memory_total_bytes")
+    fullest = steady(used)
     return time_series(
         "GPU memory used per GPU",
-        "Memory used on each GPU serving the selected jobs, on every node (NVML), and each "
-        "GPU's total (dashed).",
+        "Memory used on each GPU serving the selected job, on every node (NVML), and each "
+        f"GPU's total (dashed): the {TOP} fullest GPUs at the end of the time range.",
         [
-            Q(sel("rlhf_gpu_memory_used_bytes"), "{{instance}} GPU {{gpu}}"),
-            Q(sel("rlhf_gpu_memory_total_bytes"), "{{instance}} GPU {{gpu}} total"),
+            Q(worst(used, fullest, by=PER_GPU), "{{instance}} GPU {{gpu}}"),
+            Q(worst(total, fullest, by=PER_GPU), "{{instance}} GPU {{gpu}} total"),
         ],
         style.BYTES,
         fill=0,
@@ -715,54 +730,65 @@ def actor_restarts_and_deaths(c: Context) -> PanelBuilder:
 
 def collector_up(c: Context) -> PanelBuilder:
     alerts = c.alerts
+    up = on_job_exporters(sel("rlhf_exporter_collector_up", scope=TARGET))
     return state_timeline(
         "Collector up",
-        "1 (green) when each collector's last collection succeeded, per exporter."
+        "1 (green) when each collector's last collection succeeded, per exporter of the "
+        f"selected job (the {MAX_SERIES} first, down ones first)."
         + said(alerts, " A collector down for {collector_down_for} fires an alert.")
         + " A failing collector's series are dropped, so gaps on the other panels start here.",
-        [Q(sel("rlhf_exporter_collector_up", scope=TARGET), "{{instance}} {{collector}}")],
+        [
+            Q(
+                worst(up, steady(up), by=PER_COLLECTOR, k=MAX_SERIES, lowest=True),
+                "{{instance}} {{collector}}",
+            )
+        ],
         {0: ("down", style.BAD), 1: ("up", style.OK)},
     )
 
 
 def collection_duration(c: Context) -> PanelBuilder:
+    duration = on_job_exporters(sel("rlhf_exporter_collector_duration_seconds", scope=TARGET))
     return time_series(
         "Collection duration",
-        "Seconds each collector's last collection took. Slow collections happen in the "
-        "background and never hold a scrape.",
-        [
-            Q(
-                sel("rlhf_exporter_collector_duration_seconds", scope=TARGET),
-                "{{instance}} {{collector}}",
-            )
-        ],
+        "Seconds each collector's last collection took, on the selected job's exporters (the "
+        f"{TOP} slowest). Slow collections happen in the background and never hold a scrape.",
+        [Q(worst(duration, steady(duration), by=PER_COLLECTOR), "{{instance}} {{collector}}")],
         style.SECONDS,
         fill=0,
     )
 
 
 def records_ingested(c: Context) -> PanelBuilder:
-    zero_per_collector = (
-        f"0 * sum by (instance, collector) ({sel('rlhf_exporter_collector_up', scope=TARGET)})"
+    def rate_of(metric: str, by: str) -> str:
+        return f"sum by ({by}) (\n  {on_job_exporters(f'rate({sel(metric, scope=TARGET)}[{RATE}])')}\n)"
+
+    zero_per_collector = f"0 * {rate_of('rlhf_exporter_records_total', PER_COLLECTOR)}"
+    ingested = rate_of("rlhf_exporter_records_total", PER_COLLECTOR)
+    rejected = (
+        f"{rate_of('rlhf_exporter_record_errors_total', PER_REASON)}\nor {zero_per_collector}"
     )
+    failed = (
+        f"{rate_of('rlhf_exporter_collector_errors_total', PER_REASON)}\nor {zero_per_collector}"
+    )
+    # 8 + 6 + 6 series at most: the busiest collectors, the most frequent rejections
     return time_series(
         "Records ingested and rejected",
         "Input records ingested per second, rejected input by reason (bad input is counted, "
-        "never fatal) and failed collections by reason. A collector without any rejection or "
-        "failure shows a line at 0.",
+        "never fatal) and failed collections by reason, on the selected job's exporters (the "
+        "busiest collectors and the most frequent reasons). A collector without any rejection "
+        "or failure shows a line at 0.",
         [
             Q(
-                f"sum by (instance, collector) (rate({sel('rlhf_exporter_records_total', scope=TARGET)}[{RATE}]))",
+                worst(ingested, steady(ingested), by=PER_COLLECTOR, k=8),
                 "{{instance}} {{collector}} ingested",
             ),
             Q(
-                f"sum by (instance, collector, reason) (rate({sel('rlhf_exporter_record_errors_total', scope=TARGET)}[{RATE}]))"
-                f"\nor {zero_per_collector}",
+                worst(rejected, steady(rejected), by=PER_REASON, k=6),
                 "{{instance}} {{collector}} rejected {{reason}}",
             ),
             Q(
-                f"sum by (instance, collector, reason) (rate({sel('rlhf_exporter_collector_errors_total', scope=TARGET)}[{RATE}]))"
-                f"\nor {zero_per_collector}",
+                worst(failed, steady(failed), by=PER_REASON, k=6),
                 "{{instance}} {{collector}} failed {{reason}}",
             ),
         ],
@@ -1035,10 +1061,21 @@ def change_annotations(b: Board) -> None:
     )
 
 
+ALERTS_FIRING = f"max by (alertname, severity, project, experiment) ({sel('ALERTS', eq('alertstate', 'firing'))})"
+"""The job's firing alerts, one series per alert (what the alert annotations draw)."""
+
+
+def alert_annotations(b: Board) -> None:
+    """The job's alerts as regions over every panel: from when each fired to when it
+    resolved (Prometheus's ALERTS series for the job's project and experiment)."""
+    b.annotate("Alerts", ALERTS_FIRING, style.BAD, "{{alertname}} ({{severity}})")
+
+
 def build(th: Thresholds) -> Board:
     c = Context.of(th)
-    b = header(JOB_UID, TITLE, DESCRIPTION, "RLHF fleet", FLEET_LINK)
+    b = header(JOB_UID, TITLE, DESCRIPTION, "RLHF fleet", FLEET_LINK, single_job=True)
     change_annotations(b)
+    alert_annotations(b)
     for row in ROWS:
         b.add_row(row(c))
     return b

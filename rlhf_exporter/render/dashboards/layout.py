@@ -40,11 +40,19 @@ class Row:
     cells: Sequence[Cell]
 
 
-def header(uid: str, title: str, description: str, link_title: str, link_url: str) -> Board:
+def header(
+    uid: str,
+    title: str,
+    description: str,
+    link_title: str,
+    link_url: str,
+    single_job: bool = False,
+) -> Board:
     """What both dashboards share: tags, time range, refresh, crosshair, the data source and
-    cluster/namespace/project/experiment variables, and one link to the other dashboard."""
+    cluster/namespace/project/experiment variables (`single_job`: project and experiment
+    single-select, without "All"), and one link to the other dashboard."""
     board = Board(uid, title, description, TAGS)
-    board.variables(variables())
+    board.variables(variables(single_job=single_job))
     board.link(link_title, link_url)
     return board
 

@@ -65,6 +65,9 @@ def _colour(colour: str) -> dm.DynamicConfigValue:
     return dm.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": colour})
 
 
+fixed_colour = _colour
+
+
 def prop(id_: str, value: Any) -> dm.DynamicConfigValue:
     return dm.DynamicConfigValue(id_val=id_, value=value)
 
@@ -202,7 +205,10 @@ def bar_gauge(
 def stat_panel(
     title: str, description: str, queries: Sequence[Q], unit: str | None = None
 ) -> stat.Panel:
-    p = _common(stat.Panel(), title, description, queries, unit)
+    """A number now: its queries are instant (one evaluation, not one per point of a range
+    that the panel reduces to its last value anyway)."""
+    instant = [Q(q.expr, q.legend, instant=True, table=q.table) for q in queries]
+    p = _common(stat.Panel(), title, description, instant, unit)
     return (
         p.color_mode(cm.BigValueColorMode.BACKGROUND)
         .graph_mode(cm.BigValueGraphMode.NONE)
@@ -231,14 +237,16 @@ def said(alerts: Mapping[str, Any], template: str) -> str:
 
 
 def variables(
-    project_metric: str = "rlhf_step",
+    project_metric: str = "rlhf_step", single_job: bool = False
 ) -> list[db.QueryVariable | db.DatasourceVariable]:
-    """datasource, then the optional cluster/namespace filters, then project and experiment."""
+    """datasource, then the optional cluster/namespace filters, then project and experiment.
+    `single_job`: project and experiment pick exactly one value (no "All"), so a bare link
+    opens one job, never a sum of unrelated ones."""
 
     def label_var(
         name: str, label: str, scope: str, all_value: str, description: str
     ) -> db.QueryVariable:
-        return (
+        v = (
             db.QueryVariable(name)
             .label(label)
             .description(description)
@@ -250,7 +258,11 @@ def variables(
             )
             .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED)
             .sort(dm.VariableSort.ALPHABETICAL_ASC)
-            .multi(True)
+        )
+        if single_job and name in ("project", "experiment"):
+            return v.multi(False).include_all(False)
+        return (
+            v.multi(True)
             .include_all(True)
             .all_value(all_value)
             .current(dm.VariableOption(selected=True, text="All", value="$__all"))
@@ -283,7 +295,7 @@ def variables(
             "project",
             'cluster=~"$cluster", namespace=~"$namespace"',
             ".+",
-            "verl trainer.project_name.",
+            "verl trainer.project_name." + (" One job at a time." if single_job else ""),
         ),
         label_var(
             "experiment",

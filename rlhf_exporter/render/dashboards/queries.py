@@ -11,14 +11,43 @@ from collections.abc import Mapping
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
-from ..rules.recording import VERDICT_CODE
+from ..rules.recording import CHANGE_CODE, CHANGE_CODES, VERDICT_CODE
 from .style import change_codes, reason_codes
+
+assert change_codes() == CHANGE_CODES  # the record's numbers are the panels' value mappings
 
 BY_JOB = "project, experiment"
 TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
 JOB = TARGET + ', project=~"$project", experiment=~"$experiment"'
 RATE = "$__rate_interval"
 RANGE = "$__range"
+INTERVAL = "$__interval"
+TOP = 10
+"""Series a per-job (or per-GPU) time series draws by default: the worst ones; the full list
+is the fleet table. Never more than `MAX_SERIES`, over any time range."""
+MAX_SERIES = 20
+
+
+def at_end(selector: str) -> str:
+    """`selector` read at the end of the dashboard's time range (PromQL's `@ end()`): a
+    score evaluated once per query, not once per point."""
+    return f"{selector} @ end()"
+
+
+def steady(expr: str) -> str:
+    """Any `expr` as a step-invariant score: its value at the end of the time range (a
+    one-point subquery, one panel step long, read `@ end()`)."""
+    return f"last_over_time(({expr})[{INTERVAL}:{INTERVAL}] @ end())"
+
+
+def worst(expr: str, score: str, by: str = BY_JOB, k: int = TOP, lowest: bool = False) -> str:
+    """The series of `expr` whose (`by`) labels are among the `k` highest (`lowest`: lowest)
+    of `score`. `score` must be step-invariant (its selectors read `@ end()`): the same
+    series are kept at every point, so the panel draws at most `k` whatever the range."""
+    if k > MAX_SERIES:
+        raise ValueError(f"a panel draws at most {MAX_SERIES} series")
+    fn = "bottomk" if lowest else "topk"
+    return f"{expr}\nand on ({by})\n{fn}({k}, {score})"
 
 
 def sel(metric: str, *extra: str, scope: str = JOB) -> str:
@@ -63,7 +92,16 @@ def reason_code() -> str:
 
 
 def change_code() -> str:
-    return coded("rlhf_change", {c: n for c, n in change_codes().items() if n}, ("kind",))
+    """The recorded change code (rlhf_exporter/render/rules/recording.py): the numbers of
+    `style.change_codes()`, one series per job to read."""
+    return f"max by ({BY_JOB}) ({sel(CHANGE_CODE)})"
+
+
+def on_job_exporters(expr: str) -> str:
+    """Keep the series of `expr` from an exporter (job, instance) that serves a selected verl
+    job: its head (which exports the job's steps) or a worker (whose GPU series carry the
+    job, issue 23). For the exporters' own health, per node."""
+    return f"({expr})\nand on (job, instance) ({sel('rlhf_step')} or {sel('rlhf_gpu_info')})"
 
 
 def on_sole_job_exporters(expr: str) -> str:
@@ -140,17 +178,21 @@ __all__ = [
     "BY_JOB",
     "CHANGES",
     "JOB",
+    "MAX_SERIES",
     "RANGE",
     "RATE",
     "REASONS",
     "TARGET",
+    "TOP",
     "VERDICTS",
+    "at_end",
     "attention_code",
     "change_code",
     "eq",
     "gpus_per_job",
     "job_state_is",
     "match",
+    "on_job_exporters",
     "on_sole_job_exporters",
     "reason_code",
     "seconds",
@@ -158,5 +200,7 @@ __all__ = [
     "since_last_step",
     "stall_budget",
     "stall_limit",
+    "steady",
     "verdict_code",
+    "worst",
 ]

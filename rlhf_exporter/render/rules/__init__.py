@@ -25,13 +25,21 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_agent_loop_generate_sequences:max_over_mean` | agent-loop generate_sequences max / mean |
 | `project_experiment_verdict:rlhf_bottleneck_steps:increase6h` | classified steps per verdict over the reference window |
 | `project_experiment_verdict:rlhf_bottleneck_steps:ratio_rate6h` | fraction of classified steps per verdict over the reference window |
-| `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window |
+| `project_experiment:rlhf_workload_shift_steps:increase6h` (and `increase3h`, `increase1h`) | workload-shift steps over the reference window and over each of `alerts.bound_reference_after_shift` |
+| `project_experiment:rlhf_tokens_per_step_second:ratio_rate6h` | tokens per second of step time over the reference window; where that window holds a workload shift, over the longest of `alerts.bound_reference_after_shift` that holds none (the reference restarts), else absent |
+| `project_experiment:rlhf_baseline_tokens_per_second:max_over_time6h` | the best baseline tokens per second over `alerts.throughput_reference` (the throughput alert's and the fleet panel's reference); the current baseline where that window holds a workload shift |
+| `project_experiment:rlhf_tokens_per_step_second_vs_best_baseline:ratio_rate30m` | tokens per second of step time over the window ÷ that best baseline, for the fleet's "Tokens per second ÷ baseline" |
 | `project_experiment:rlhf_job_stall_budget:ratio` | seconds since the job's last step ÷ its stall limit (max(stall_factor × baseline step time, stall_min) + the longest validation/checkpoint seen): above 1 is stalled |
 | `project_experiment_state:rlhf_job_state:max` | 1 for the job's state: running, finished, failed, stalled (running past its stall budget) or unknown |
 | `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |
+| `project_experiment:rlhf_change:code` | the last step's change as a number (0 none, 1 workload_shift, 2 regression), for the fleet's change panel |
+| `project_experiment_verdict:rlhf_bottleneck_steps:increase2m` | classified steps per verdict over `alerts.fleet_interval` (group `rlhf-exporter.fleet`), for the fleet's steps per verdict in the time range |
+| `project_experiment:rlhf_gpus:round` | the job's GPUs (verl's: total_num_tokens / (timing_s/step x perf/throughput)) |
+| `project_experiment_group:rlhf_group_gpu_seconds:increase2m` | GPU-seconds each group held the job's GPUs over `alerts.fleet_interval` (its own group, `rlhf-exporter.fleet`, runs that often: the values tile the time), for the fleet's GPU-time panels |
 
-The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` for
-the last three, which the bound alerts read `offset <window>`; they are their own group,
+The suffix follows the configured window (`alerts.window`, and `alerts.bound_reference` or
+`alerts.throughput_reference` for the five references, which the bound alerts read
+`offset <window>`; they are their own group,
 `rlhf-exporter.reference`, evaluated every `alerts.bound_reference_interval`). Rules use `without`, so the
 target labels survive for routing and joins; the only records summed across targets are a
 job's GPU records (`without (instance, pod)`: a job's head and worker sidecars are different
@@ -51,6 +59,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
+from ..dashboards import JOB_UID
 from . import decision, gpuhealth, gpuwindows, operations
 from .model import (
     BOUND_ALERTS,
@@ -68,7 +77,13 @@ from .model import (
 )
 from .output import dump, runbooks_markdown
 from .output import rule_files as _rule_files
-from .recording import evidence_records, lifecycle_records, reference_records, window_records
+from .recording import (
+    evidence_records,
+    fleet_records,
+    lifecycle_records,
+    reference_records,
+    window_records,
+)
 
 ORDER = 20
 __all__ = [
@@ -84,6 +99,7 @@ __all__ = [
     "Runbook",
     "all_alerts",
     "anchor",
+    "dashboard_url",
     "dump",
     "duration",
     "groups",
@@ -107,8 +123,38 @@ def all_alerts(ctx: Context) -> list[Alert]:
     )
 
 
+def dashboard_url(ctx: Context) -> str:
+    """The job dashboard (grafana/rlhf-job.json) on the alert's job: `alerts.dashboard_url`
+    (the Grafana base URL), its uid, and its variables from the alert's labels."""
+    base = str(ctx.a["dashboard_url"]).rstrip("/")
+    return (
+        f"{base}/d/{JOB_UID}/rlhf-job?var-project={{{{ $labels.project | urlquery }}}}"
+        "&var-experiment={{ $labels.experiment | urlquery }}"
+        "{{ with $labels.cluster }}&var-cluster={{ . | urlquery }}{{ end }}"
+        "{{ with $labels.namespace }}&var-namespace={{ . | urlquery }}{{ end }}"
+    )
+
+
+def with_dashboard_urls(
+    ctx: Context, files: dict[str, list[dict[str, Any]]]
+) -> dict[str, list[dict[str, Any]]]:
+    """Every job alert (one whose summary names the job's project: it carries the job's
+    labels) gets a `dashboard_url` annotation to the job dashboard with its variables set."""
+    url = dashboard_url(ctx)
+    for file_groups in files.values():
+        for group in file_groups:
+            for rule in group["rules"]:
+                if "alert" in rule and "$labels.project" in rule["annotations"]["summary"]:
+                    rule["annotations"]["dashboard_url"] = url
+    return files
+
+
 def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
     """{relative path: [rule groups]}: one group per file."""
+    return with_dashboard_urls(ctx, _groups(ctx))
+
+
+def _groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
     base = ctx.a["runbook_url"]
     return {
         RECORDING_FILE: [
@@ -124,6 +170,11 @@ def groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
                 "name": "rlhf-exporter.reference",
                 "interval": ctx.dur("bound_reference_interval"),
                 "rules": reference_records(ctx),
+            },
+            {
+                "name": "rlhf-exporter.fleet",
+                "interval": ctx.fleet_interval,
+                "rules": fleet_records(ctx),
             },
         ],
         DECISION_FILE: [

@@ -8,7 +8,9 @@ X-bound over `alerts.window` and either
   time just before the window), or
 - **costs**: its tokens per second of step time over the window fell below
   `alerts.bound_throughput_ratio` x their value over the reference window, and no step of
-  the window was a workload shift.
+  the window was a workload shift. The reference never mixes two workloads: where its
+  window holds a workload shift it restarts (`alerts.bound_reference_after_shift`), or is
+  absent until a window holds the new work only.
 
 A job that is steadily X-bound at its usual throughput fires nothing: the dashboards and the
 exporter's `/` page show the steady bottleneck.
@@ -388,10 +390,11 @@ def throughput_below_baseline(ctx: Context) -> Alert:
         ctx.a["throughput_drop_ratio"],
         ctx.dur("throughput_reference"),
     )
+    best = ctx.best_baseline
     return Alert(
         name="RLHFJobThroughputBelowBaseline",
         expr=(
-            f"{ctx.tokens_rate}\n  < {_num(ratio)} * max_over_time(rlhf_baseline_tokens_per_second[{ref}])\n"
+            f"{ctx.tokens_rate}\n  < {_num(ratio)} * {best}\n"
             f'unless ignoring (kind)\n  increase(rlhf_change_steps_total{{kind="workload_shift"}}[{w}]) > 0'
         ),
         for_=ctx.dur("throughput_drop_for"),
@@ -402,7 +405,7 @@ def throughput_below_baseline(ctx: Context) -> Alert:
             f"{JOB_NAME} processed {{{{ $value | humanize }}}} tokens per second of step time over the last "
             f"{w}, below {ratio:.0%} of its best baseline over {ref} ("
             + _tq(
-                f"max_over_time(rlhf_baseline_tokens_per_second{{{JOB_MATCH}}}[{ref}])",
+                f"{best}{{{JOB_MATCH}}}",
                 "humanize",
             )
             + " tokens/s), and no step of the window was a workload shift."
@@ -413,11 +416,13 @@ def throughput_below_baseline(ctx: Context) -> Alert:
                 f"{_num(ratio)} x the best value of its own baseline (median K/S' of recent steps) "
                 f"over the last {ref}, and no step in the window was a workload shift. "
                 "The exporter's baseline follows the job within about ten steps, so this alert "
-                "compares with the best recent baseline instead."
+                "compares with the best recent baseline instead (a recording rule). A workload "
+                f"shift restarts that reference: for the {ref} after one, it is the job's current "
+                "baseline, so the new work is never compared with the old."
             ),
             confirm=[
                 f'{ctx.tokens_rate}{{project="P", experiment="E"}}',
-                f'max_over_time(rlhf_baseline_tokens_per_second{{project="P", experiment="E"}}[{ref}])',
+                f'{best}{{project="P", experiment="E"}}',
                 f'{ctx.regressions}{{project="P", experiment="E"}}',
                 f'{ctx.verdicts}{{project="P", experiment="E"}}',
             ],

@@ -109,6 +109,8 @@ class Context:
             raise ValueError("scale must be positive")
         if seconds(self.a["bound_reference"]) <= seconds(self.a["window"]):
             raise ValueError("alerts.bound_reference must be longer than alerts.window")
+        if not isinstance(self.a["bound_reference_after_shift"], list):
+            raise ValueError("alerts.bound_reference_after_shift must be a list of durations")
 
     @property
     def a(self) -> Mapping[str, Any]:
@@ -210,7 +212,59 @@ class Context:
 
     @property
     def tokens_rate_ref(self) -> str:
+        """Tokens per second of step time over the reference window; where a step of that
+        window was a workload shift, over the longest of `bound_reference_after_shift` that
+        holds none, else absent (a reference never mixes two workloads)."""
         return f"project_experiment:rlhf_tokens_per_step_second:ratio_rate{self.reference}"
+
+    def shift_steps(self, window: str) -> str:
+        """Workload-shift steps over `window` (the references' own windows)."""
+        return f"project_experiment:rlhf_workload_shift_steps:increase{window}"
+
+    @property
+    def references_after_shift(self) -> tuple[str, ...]:
+        """The shorter throughput references tried in turn (longest first) where the full one
+        holds a workload shift; a window not shorter than `bound_reference` is left out."""
+        full = seconds(self.a["bound_reference"])
+        after = (seconds(v) for v in self.a["bound_reference_after_shift"])
+        return tuple(duration(v * self.scale) for v in sorted(after, reverse=True) if v < full)
+
+    @property
+    def fleet_interval(self) -> str:
+        return self.dur("fleet_interval")
+
+    @property
+    def group_gpu_seconds(self) -> str:
+        """GPU-seconds each group of each job's step held its GPUs over the fleet interval."""
+        return f"project_experiment_group:rlhf_group_gpu_seconds:increase{self.fleet_interval}"
+
+    @property
+    def verdict_steps_fleet(self) -> str:
+        """Classified steps per verdict over the fleet interval (the values tile the time)."""
+        return f"project_experiment_verdict:rlhf_bottleneck_steps:increase{self.fleet_interval}"
+
+    @property
+    def tokens_vs_best(self) -> str:
+        """Tokens per second of step time over the window, over the best baseline: the fleet's
+        "Tokens per second ÷ baseline", one recorded series per job."""
+        return (
+            "project_experiment:rlhf_tokens_per_step_second_vs_best_baseline:"
+            f"ratio_rate{self.window}"
+        )
+
+    @property
+    def throughput_reference(self) -> str:
+        return self.dur("throughput_reference")
+
+    @property
+    def best_baseline(self) -> str:
+        """The throughput alert's and the fleet panel's reference: the job's best baseline
+        tokens per second over `alerts.throughput_reference`, or its current baseline where
+        that window holds a workload shift (the reference restarts at the shift)."""
+        return (
+            "project_experiment:rlhf_baseline_tokens_per_second:"
+            f"max_over_time{self.throughput_reference}"
+        )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -46,7 +46,10 @@ def runbooks_markdown(r: Context) -> str:
         "rlhf_exporter/thresholds.yaml and rlhf_exporter/diagnosis/advice.py. Do not edit. -->",
         "",
         "One section per alert of `alerts/*.rules.yaml`; each alert's `runbook_url` points at its "
-        "section. In the queries, `P` and `E` stand for the job's `project` and `experiment` labels. "
+        "section, and each job alert's `dashboard_url` opens the job dashboard on the alert's "
+        "project, experiment (and cluster and namespace where the alert has them): set "
+        "`alerts.dashboard_url` to your Grafana's base URL. The job dashboard draws the job's "
+        "alerts as annotations. In the queries, `P` and `E` stand for the job's `project` and `experiment` labels. "
         "Severity `critical` pages; `warning` goes to chat at any hour; `info` (a job's "
         "bottleneck moved, or costs it throughput) goes to the owning team's chat in working "
         "hours, once per team and job (`alerts/alertmanager.example.yaml`). Thresholds live in "

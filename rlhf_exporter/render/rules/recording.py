@@ -9,7 +9,7 @@ window ends where the window begins).
 
 from __future__ import annotations
 
-from ...diagnosis import VERDICTS
+from ...diagnosis import CHANGES, VERDICTS
 from .model import JOB_KEY, NODES, Context, _num
 
 # The one-hot verdict gauge as one number per job, recorded once per evaluation: a fleet
@@ -22,6 +22,52 @@ VERDICT_CODES = {v: i + 1 for i, v in enumerate(VERDICTS)}  # the dashboards' va
 def verdict_code_expr() -> str:
     terms = [f'rlhf_bottleneck{{verdict="{v}"}} * {code}' for v, code in VERDICT_CODES.items()]
     return "max without (verdict) (\n  " + "\n  or ".join(terms) + "\n)"
+
+
+# The last step's change as one number per job, likewise (0 none, then the kinds in order).
+CHANGE_CODE = "project_experiment:rlhf_change:code"
+CHANGE_CODES = {c: i for i, c in enumerate(CHANGES)}
+
+
+def change_code_expr() -> str:
+    terms = [f'rlhf_change{{kind="{k}"}} * {code}' for k, code in CHANGE_CODES.items() if code]
+    return "max without (kind) (\n  " + "\n  or ".join(terms) + "\n)"
+
+
+# Each job's GPUs (verl's own definition: perf/throughput = total_num_tokens /
+# (timing_s/step x n_gpus)), and the GPU-seconds each group of the step held them, per
+# `alerts.fleet_interval`: the fleet's GPU-time panels sum these instead of joining every
+# job's counters with its GPU count at every point.
+JOB_GPUS = "project_experiment:rlhf_gpus:round"
+
+
+def job_gpus_expr() -> str:
+    return (
+        "round(rlhf_step_tokens\n"
+        "  / (rlhf_step_duration_seconds * (rlhf_throughput_tokens_per_gpu_second > 0)))"
+    )
+
+
+def fleet_records(ctx: Context) -> list[dict[str, str]]:
+    """The fleet dashboard's steps per verdict and GPU time, one record per job and verdict
+    or group every `alerts.fleet_interval`, over that interval: consecutive values tile the
+    time, so a panel sums them over its range (`sum_over_time`) instead of reading every
+    raw sample of the range."""
+    f = ctx.fleet_interval
+    return [
+        {
+            "record": ctx.verdict_steps_fleet,
+            "expr": f"increase(rlhf_bottleneck_steps_total[{f}])",
+        },
+        {"record": JOB_GPUS, "expr": job_gpus_expr()},
+        {
+            "record": ctx.group_gpu_seconds,
+            "expr": (
+                f"increase(rlhf_group_seconds_total[{f}])\n"
+                f"* ignoring (group) group_left ()\n{JOB_GPUS}"
+            ),
+        },
+    ]
 
 
 def _ratio(numerator: str, label: str, floor: str = "> 0") -> str:
@@ -64,6 +110,7 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
             ),
         },
         {"record": VERDICT_CODE, "expr": verdict_code_expr()},
+        {"record": CHANGE_CODE, "expr": change_code_expr()},
     ]
 
 
@@ -94,13 +141,34 @@ def evidence_records(ctx: Context) -> list[dict[str, str]]:
 
 
 def reference_records(ctx: Context) -> list[dict[str, str]]:
-    """The bound alerts' reference: which verdict dominated, and the throughput, over
-    `alerts.bound_reference` (only where it holds `bound_reference_min_steps` steps). They
-    move slowly: their own group runs every `alerts.bound_reference_interval`, and the
-    6 h increase is read once (recorded, then divided)."""
-    r = ctx.reference
+    """The references the window is compared with, over `alerts.bound_reference` (the bound
+    alerts: which verdict dominated, and the throughput, only where it holds
+    `bound_reference_min_steps` steps) and `alerts.throughput_reference` (the throughput
+    alert and the fleet's "Tokens per second ÷ baseline": the best baseline). They move
+    slowly: their own group runs every `alerts.bound_reference_interval`, and each long
+    range is read once per evaluation (recorded, then divided), never per panel point.
+
+    A reference never mixes two workloads: where its window holds a workload-shift step, the
+    throughput reference restarts: it is the one over the longest of
+    `alerts.bound_reference_after_shift` that holds none, else absent (the "costs" branch waits until a window holds the new
+    work only; "moved" still compares verdicts); the best baseline restarts at the job's
+    current baseline (which follows the new work within about ten steps)."""
+    r, t, after = ctx.reference, ctx.throughput_reference, ctx.references_after_shift
     n = _num(ctx.a["bound_reference_min_steps"])
+    shift = 'rlhf_change_steps_total{kind="workload_shift"}'
+    shift_records = [
+        {"record": ctx.shift_steps(w), "expr": f"sum without (kind) (increase({shift}[{w}]))"}
+        for w in dict.fromkeys((r, *after, t))
+    ]
+
+    def tokens(w: str) -> str:
+        return (
+            f"rate(rlhf_tokens_total[{w}])\n  / (rate(rlhf_step_seconds_total[{w}]) > 0)\n"
+            f"  unless {ctx.shift_steps(w)} > 0"
+        )
+
     return [
+        *shift_records,
         {"record": ctx.verdict_steps_ref, "expr": f"increase(rlhf_bottleneck_steps_total[{r}])"},
         {
             "record": ctx.verdicts_ref,
@@ -109,9 +177,23 @@ def reference_records(ctx: Context) -> list[dict[str, str]]:
                 f"(sum without (verdict) ({ctx.verdict_steps_ref}) >= {n})"
             ),
         },
-        {
+        {  # the reference window, or the longest shorter one that holds no workload shift
             "record": ctx.tokens_rate_ref,
-            "expr": f"rate(rlhf_tokens_total[{r}])\n/ (rate(rlhf_step_seconds_total[{r}]) > 0)",
+            "expr": "\nor ".join(f"(\n  {tokens(w)}\n)" for w in (r, *after)),
+        },
+        {
+            "record": ctx.best_baseline,
+            "expr": (
+                f"max_over_time(rlhf_baseline_tokens_per_second[{t}])\n"
+                f"unless {ctx.shift_steps(t)} > 0\n"
+                # the current baseline; `* 1` drops the name, as max_over_time does, so that a
+                # job is one series whichever side answers
+                "or rlhf_baseline_tokens_per_second * 1"
+            ),
+        },
+        {
+            "record": ctx.tokens_vs_best,
+            "expr": f"{ctx.tokens_rate}\n/ ({ctx.best_baseline} > 0)",
         },
     ]
 
@@ -191,9 +273,9 @@ def lifecycle_records(ctx: Context) -> list[dict[str, str]]:
 
 
 def recording(ctx: Context) -> list[dict[str, str]]:
-    """Every record, in file order (the window and evidence group, the lifecycle group,
-    then the reference group)."""
+    """Every record, in file order (the window and evidence group, the lifecycle group, the
+    reference group, then the fleet group)."""
     return (
         window_records(ctx) + evidence_records(ctx) + lifecycle_records(ctx)
-        + reference_records(ctx)
+        + reference_records(ctx) + fleet_records(ctx)
     )  # fmt: skip
