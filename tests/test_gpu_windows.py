@@ -842,8 +842,11 @@ def _fully_async_join(seed, n_sync, roles, shifted=True, v08=False, start=1000.0
         while clock() < arrival:
             clock.advance(1.0)
             poll()
-        for tl in tls:
-            join.add_timeline(tl)
+        if shifted:  # one record's sub-steps together, as the sidecar's joiner does
+            join.add_timelines(tls)
+        else:
+            for tl in tls:
+                join.add_timeline(tl)
     return join.counters(), truth
 
 
@@ -858,17 +861,21 @@ def _worst_share_error(counters, truth, roles):
     return worst
 
 
-@pytest.mark.parametrize("n_sync,seed,v08", [(2, 3, False), (4, 4, False), (3, 6, True)])
+@pytest.mark.parametrize(
+    "n_sync,seed,v08",
+    [(2, 3, False), (4, 4, False), (3, 6, True), (3, 4, False), (4, 7, True), (2, 8, False)],
+)
 def test_fully_async_shifted_records_busy_share_within_5pp(n_sync, seed, v08):
     roles = ["rollout", "rollout", "trainer", "trainer"]
     counters, truth = _fully_async_join(seed, n_sync, roles, v08=v08)
     assert _worst_share_error(counters, truth, roles) <= 0.05
-    # the untimed remainder: the GPUs idle through it. R is ~1.5 s a sub-step, in gaps next
-    # to busy windows whose averaged durations put each edge a few tenths of a second off:
-    # its share is held to 10 points here, not 5 (docs/gpu-windows.md)
+    # the untimed remainder: the GPUs idle through it. R is ~1.5 s a sub-step; each sub-step's
+    # windows are only known as the record's mean, so the placement fits their edges to the
+    # GPU signal (timeline.place_substeps). Measured worst 6.5 points over 30 runs: held to
+    # 7 here, not 5 (docs/gpu-windows.md: what is left)
     for role in ("rollout", "trainer"):
         busy, avail = counters[((), "other", role)]
-        assert busy / avail <= IDLE_PERCENT / 100 + 0.10
+        assert abs(busy / avail - IDLE_PERCENT / 100) <= 0.07, (role, busy / avail)
     # every window's GPU-seconds are found (within the sub-steps' spread), none twice; the
     # run's first record is not placed (no earlier record anchors it)
     for group in ("rollout", "logprob", "update", "sync"):

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
-from .timeline import Timeline, place_untimed
+from .timeline import Timeline, place_substeps, place_untimed
 
 ROLLOUT, TRAINER, COLOCATED, UNKNOWN = "rollout", "trainer", "colocated", "unknown"
 GPU_ROLES = (ROLLOUT, TRAINER, COLOCATED, UNKNOWN)
@@ -105,6 +105,17 @@ class GpuWindowJoin:
         for track in self._gpus.values():
             self._attribute(track, tl, job)
         return tl
+
+    def add_timelines(self, tls: Sequence[Timeline], job: tuple = ()) -> tuple[Timeline, ...]:
+        """Consecutive sub-steps of one fully-async record, placed together
+        (`timeline.place_substeps`) and attributed; returns them placed."""
+        if not tls:
+            return ()
+        placed = place_substeps(tls, self._busy_function(tls[0].start, tls[-1].end))
+        for tl in placed:
+            for track in self._gpus.values():
+                self._attribute(track, tl, job)
+        return placed
 
     def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
         """t -> GPU-seconds busy up to t (from an origin at or before `lo`; read for t in

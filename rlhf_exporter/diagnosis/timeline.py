@@ -66,7 +66,7 @@ placement); tests measure the actual edge error of both placements.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .thresholds import Thresholds
@@ -488,6 +488,179 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
     if tl.end > t:
         intervals.append(Interval(UNTIMED, "other", t, tl.end))
     return tl._replace(intervals=tuple(intervals))
+
+
+SPREAD = 0.25  # a sub-step's window may be this much longer or shorter than the record's mean
+FIT_STEPS = 12  # candidate positions tried per window edge and pass
+FIT_PASSES = 2
+
+
+def fit_durations(
+    windows: list[Interval], tl: Timeline, busy: Callable[[float], float]
+) -> list[Interval]:
+    """Sub-steps' windows (in order, inside `tl`) with their edges fitted to the GPU signal.
+
+    A fully-async record logs each timer's sum over its N sub-steps; `substeps` gives every
+    sub-step the mean, so a sub-step whose window ran longer spills the rest of its busy
+    stretch into the gap beside it (`other`) or its neighbour. The same least-squares model
+    as `place_untimed` (each window at its own level, untimed time at zero), with each
+    window's duration free within `SPREAD` of the mean: maximise sum_k B_k^2 / d_k by
+    coordinate ascent over the edges (`FIT_PASSES` passes, `FIT_STEPS` candidates per edge;
+    the windows keep their order and never overlap). Measured from the step's quietest
+    window level, so a CPU-only window at the idle level gains nothing by growing: with no
+    signal an edge stays where it was (a move must gain `GAIN`)."""
+    if len(windows) < 1:
+        return windows
+    levels = [
+        (busy(iv.end) - busy(iv.start)) / (iv.end - iv.start) for iv in windows if iv.end > iv.start
+    ]
+    base = min(levels) if levels else 0.0
+
+    def value(a: float, b: float) -> float:
+        d = b - a
+        return (busy(b) - busy(a) - base * d) ** 2 / d if d > 1e-9 else 0.0
+
+    out = list(windows)
+    shortest = [(iv.end - iv.start) * (1 - SPREAD) for iv in windows]
+    longest = [(iv.end - iv.start) * (1 + SPREAD) for iv in windows]
+    n = len(out)
+
+    def before(k: int, x: float) -> tuple[float, float] | None:
+        """Window k made to end by `x`: moved back whole, then shortened at its start
+        (None: it would be shorter than its spread allows)."""
+        iv = out[k]
+        end = min(iv.end, x)
+        floor = out[k - 1].end if k else tl.start
+        start = max(floor, min(iv.start, end - (iv.end - iv.start)))
+        return (start, end) if end - start >= shortest[k] - 1e-9 else None
+
+    def after(k: int, x: float) -> tuple[float, float] | None:
+        """Window k made to start at `x` or later: moved on whole, then shortened at its end."""
+        iv = out[k]
+        start = max(iv.start, x)
+        ceiling = out[k + 1].start if k + 1 < n else tl.end
+        end = min(ceiling, max(iv.end, start + (iv.end - iv.start)))
+        return (start, end) if end - start >= shortest[k] - 1e-9 else None
+
+    for _ in range(FIT_PASSES):
+        for k in range(n):
+            # window k's start, pushing the previous window back where they meet
+            a, b = out[k].start, out[k].end
+            pv = value(out[k - 1].start, out[k - 1].end) if k else 0.0
+            best, at, moved = value(a, b) + pv, a, None
+            lo = (out[k - 2].end if k >= 2 else tl.start) + (shortest[k - 1] if k else 0.0)
+            first, last = max(lo, b - longest[k]), b - shortest[k]
+            for i in range(FIT_STEPS + 1):
+                x = first + (last - first) * i / FIT_STEPS
+                v, m = value(x, b), None
+                if k:
+                    m = before(k - 1, x)
+                    if m is None:
+                        continue
+                    v += value(*m)
+                if v > best + GAIN:
+                    best, at, moved = v, x, m
+            if at != a:
+                out[k] = out[k]._replace(start=at)
+                if moved is not None:
+                    out[k - 1] = out[k - 1]._replace(start=moved[0], end=moved[1])
+            # then its end, pushing the next window on
+            a, b = out[k].start, out[k].end
+            nv = value(out[k + 1].start, out[k + 1].end) if k + 1 < n else 0.0
+            best, at, moved = value(a, b) + nv, b, None
+            hi = (out[k + 2].start if k + 2 < n else tl.end) - (
+                shortest[k + 1] if k + 1 < n else 0.0
+            )
+            first, last = a + shortest[k], min(hi, a + longest[k])
+            for i in range(FIT_STEPS + 1):
+                x = first + (last - first) * i / FIT_STEPS
+                v, m = value(a, x), None
+                if k + 1 < n:
+                    m = after(k + 1, x)
+                    if m is None:
+                        continue
+                    v += value(*m)
+                if v > best + GAIN:
+                    best, at, moved = v, x, m
+            if at != b:
+                out[k] = out[k]._replace(end=at)
+                if moved is not None:
+                    out[k + 1] = out[k + 1]._replace(start=moved[0], end=moved[1])
+    return out
+
+
+def place_substeps(
+    tls: Sequence[Timeline], busy: Callable[[float], float], quanta: int = QUANTA
+) -> tuple[Timeline, ...]:
+    """Consecutive sub-steps of one fully-async record, their untimed time placed together.
+
+    `Placer` lays a record's sub-steps after its anchor with each timer split evenly between
+    them: every sub-step edge inside the run is an estimate, off by the sub-steps' own
+    spread, which `place_untimed` alone cannot correct (it keeps each timeline's edges). Here
+    the run is one sequence: its windows in order, the untimed time of every sub-step and
+    the driver's gaps between sub-steps all free (`place_untimed` on the whole run, whose
+    outer edges stay), so each busy window lands on its busy stretch wherever the sub-step
+    edges really were. Each sub-step then takes back its windows; the untimed stretch between
+    two sub-steps' windows is shared in the proportions the even layout gave it (the first's
+    trailing gap, the driver's gap between them, the second's leading gap), so `other` keeps
+    about its R and the gap between sub-steps stays unattributed. A run that overlaps, or a
+    sub-step without a window, is placed sub-step by sub-step."""
+    held = [i for i, tl in enumerate(tls) if any(iv.timer == SHIFT_TIMER for iv in tl.intervals)]
+    if held and len(tls) > 1:
+        # the shifted sub-step ends at the previous record, the others start after it: each
+        # side is placed with its own anchor
+        k = held[0] + 1
+        return (*place_substeps(tls[:k], busy, quanta), *place_substeps(tls[k:], busy, quanta))
+    if not tls:
+        return ()
+    intervals: list[Interval] = []
+    counts, leads, trails = [], [], []
+    for i, tl in enumerate(tls):
+        timed = [iv for iv in tl.intervals if iv.timer != UNTIMED]
+        if not timed or (i and tl.start < tls[i - 1].end):
+            if len(tls) == 1:
+                return (place_untimed(tl, busy, quanta),)
+            return tuple(x for t in tls for x in place_substeps([t], busy, quanta))
+        if i and tl.start > tls[i - 1].end:
+            intervals.append(Interval(UNTIMED, "other", tls[i - 1].end, tl.start))
+        intervals.extend(tl.intervals)
+        counts.append(len(timed))
+        leads.append(timed[0].start - tl.start)
+        trails.append(tl.end - timed[-1].end)
+    run = Timeline(
+        tls[0].step, tls[0].start, tls[-1].end, tuple(intervals), max(t.error_seconds for t in tls)
+    )
+    placed = place_untimed(run, busy, quanta * len(tls))
+    windows = fit_durations([iv for iv in placed.intervals if iv.timer != UNTIMED], run, busy)
+    # each sub-step's placed windows, then its edges inside the untimed stretches
+    groups, k = [], 0
+    for c in counts:
+        groups.append(windows[k : k + c])
+        k += c
+    edges = [run.start]
+    for i in range(len(tls) - 1):
+        b, a = groups[i][-1].end, groups[i + 1][0].start
+        share = trails[i] + (tls[i + 1].start - tls[i].end) + leads[i + 1]
+        if share > 0.0:
+            k_ = (a - b) / share
+            edges += [b + trails[i] * k_, a - leads[i + 1] * k_]
+        else:
+            edges += [(a + b) / 2] * 2
+    edges.append(run.end)
+    out = []
+    for i, (tl, ws) in enumerate(zip(tls, groups, strict=True)):
+        start, end = edges[2 * i], edges[2 * i + 1]
+        ivs: list[Interval] = []
+        t = start
+        for iv in ws:
+            if iv.start > t:
+                ivs.append(Interval(UNTIMED, "other", t, iv.start))
+            ivs.append(iv)
+            t = iv.end
+        if end > t:
+            ivs.append(Interval(UNTIMED, "other", t, end))
+        out.append(tl._replace(start=start, end=end, intervals=tuple(ivs)))
+    return tuple(out)
 
 
 class Recent:
