@@ -300,17 +300,21 @@ class Placer:
         self._anchor: float | None = None  # arrival of the last trainer record seen
         self._global_step: int | None = None  # its training/global_step
         self._gaps: deque[float] = deque(maxlen=self.GAPS)  # seconds between sub-steps
+        # 0.9.1: the last cycle's seconds not in sub-steps, and its sub-step count, until the
+        # next record says what ran after `step` before the write (its checkpoint, validation)
+        self._provisional: tuple[float, int] | None = None
         self._last_end: float | None = None  # end of the last timeline placed
 
     def reset(self) -> None:
         """A new run (restart or resume): no anchor, sub-steps counted afresh."""
         self._anchor = self._global_step = self._last_end = None
         self._gaps.clear()
+        self._provisional = None
 
     def unplaced(self, data: Mapping[str, Any]) -> None:
         """A trainer record whose arrival is unknown (a backlog read): the anchor is lost;
         its sub-step count still moves on."""
-        self._anchor = None
+        self._anchor = self._provisional = None
         gs = _global_step(data)
         if gs is not None:
             self._global_step = gs
@@ -325,8 +329,13 @@ class Placer:
             self._global_step = 0
 
     def gap(self) -> float:
-        """The estimated driver time between two sub-steps (0 until a cycle was seen)."""
+        """The estimated driver time between two sub-steps (0 until a cycle was seen): the
+        median of the cycles whose checkpoint and validation are known; the last cycle's
+        uncorrected figure only while there is none."""
         if not self._gaps:
+            if self._provisional is not None:
+                seconds, n = self._provisional
+                return max(0.0, seconds / n)
             return 0.0
         ordered = sorted(self._gaps)
         mid = len(ordered) // 2
@@ -351,13 +360,27 @@ class Placer:
         if gs is None:
             return (rebuild(step, windows, all_timers, arrival, th, delay),)
         if prev is None or not prev < gs <= prev + MAX_SUBSTEPS or anchor is None:
+            self._provisional = None
             return ()
         n = gs - prev
         parts = substeps(windows, n)
         after = after_step_seconds(all_timers, windows, th)  # the shifted sub-step's checkpoint
         logged_after_step = any(k.startswith(LOGGED_AFTER_STEP_PREFIX) for k in data)
-        # the cycle between the two records, less its sub-steps: the driver's gaps
-        self._gaps.append(max(0.0, (arrival - anchor - windows.step_seconds) / n))
+        # the cycle between the two records, less its sub-steps and what ran after `step`
+        # in it: the driver's gaps. 0.8.0 writes the record inside `step`, so this record's
+        # checkpoint ran after the previous one's write, in this cycle; 0.9.1 writes it after
+        # the checkpoint, so this record's checkpoint belongs to the previous cycle, and this
+        # cycle's is only known from the next record (a checkpoint of several seconds taken
+        # for driver gaps would push every later sub-step that far)
+        cycle = arrival - anchor - windows.step_seconds
+        if logged_after_step:
+            if self._provisional is not None:
+                seconds, m = self._provisional
+                self._gaps.append(max(0.0, (seconds - after) / m))
+            self._provisional = (cycle, n)
+        else:
+            self._gaps.append(max(0.0, (cycle - after) / n))
+            self._provisional = None
         gap = self.gap()
         written = anchor - delay  # when the previous record was written
         out = []
