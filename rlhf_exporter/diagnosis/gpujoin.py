@@ -117,10 +117,13 @@ class GpuWindowJoin:
                 self._attribute(track, tl, job)
         return placed
 
-    def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
+    def _busy_function(self, lo: float, hi: float) -> Callable[[float], tuple[float, ...]]:
         """t -> GPU-seconds busy up to t (from an origin at or before `lo`; read for t in
-        [lo, hi]), summed over every GPU: a sample span counts its ratio x its length."""
-        parts: list[tuple[list[float], list[float], list[float]]] = []
+        [lo, hi]), summed over the GPUs of each role (one signal per role: the placement
+        tells a rollout window from a training one by which GPUs are busy, not only how
+        many): a sample span counts its ratio x its length."""
+        parts: list[tuple[int, list[float], list[float], list[float]]] = []
+        roles: dict[str, int] = {}
         for track in self._gpus.values():
             ends, ratios = track.ends, track.ratios
             n = len(ends)
@@ -134,19 +137,19 @@ class GpuWindowJoin:
                 rs.append(ratio)
                 cum.append(cum[-1] + ratio * (s1 - s0))
                 i += 1
-            parts.append((xs, cum, rs))
+            parts.append((roles.setdefault(track.role, len(roles)), xs, cum, rs))
 
-        def busy(t: float) -> float:
-            total = 0.0
-            for xs, cum, rs in parts:
+        def busy(t: float) -> tuple[float, ...]:
+            total = [0.0] * len(roles)
+            for r, xs, cum, rs in parts:
                 j = bisect_right(xs, t) - 1
                 if j < 0:
                     continue
                 if j >= len(rs):
-                    total += cum[-1]
+                    total[r] += cum[-1]
                 else:
-                    total += cum[j] + rs[j] * (t - xs[j])
-            return total
+                    total[r] += cum[j] + rs[j] * (t - xs[j])
+            return tuple(total)
 
         return busy
 

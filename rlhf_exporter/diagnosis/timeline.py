@@ -65,6 +65,7 @@ placement); tests measure the actual edge error of both placements.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -416,12 +417,32 @@ class Placer:
 
 
 QUANTA = 64  # R is placed in steps of R / QUANTA
+
+
+Busy = Callable[[float], "float | tuple[float, ...]"]
+
+
+def _vector(busy: Busy) -> Callable[[float], tuple[float, ...]]:
+    """`busy` as a function to a tuple: one busy-time signal per GPU role, or the one sum."""
+
+    def vec(t: float) -> tuple[float, ...]:
+        x = busy(t)
+        return x if isinstance(x, tuple) else (float(x),)
+
+    return vec
+
+
+def _sq(b: tuple[float, ...], a: tuple[float, ...]) -> float:
+    """|b - a|^2."""
+    return sum((y - x) ** 2 for x, y in zip(a, b, strict=True))
+
+
 EVEN = 0.2  # weight of the prior that the gaps are alike (measured flat from 0.05 to 0.5)
 TIE = 1e-7  # the prior's floor, for a step without a GPU signal (ties go to the even spread)
 GAIN = 1e-6  # GPU^2 x seconds a placement must gain over the even spread to replace it
 
 
-def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QUANTA) -> Timeline:
+def place_untimed(tl: Timeline, busy: Busy, quanta: int = QUANTA) -> Timeline:
     """The step with its untimed remainder R moved to where the GPUs were idle.
 
     `busy(t)`: GPU-seconds busy from a fixed origin up to `t`, summed over the job's GPUs
@@ -466,17 +487,20 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
     for iv in windows:
         timed.append(timed[-1] + (iv.end - iv.start))
     # window k placed at C_k = j q covers [s + D_k + j q, s + D_{k+1} + j q]
-    at = [[busy(s + d + j * q) for j in range(quanta + 1)] for d in timed]
+    vec = _vector(busy)
+    at = [[vec(s + d + j * q) for j in range(quanta + 1)] for d in timed]
     dur = [max(timed[k + 1] - timed[k], 1e-9) for k in range(n)]
-    level = max((busy(iv.end) - busy(iv.start)) / dur[k] for k, iv in enumerate(windows))
+    # fit[k][j]: window k's |B_k|^2 / d_k at C_k = j quanta
+    fit = [[_sq(at[k + 1][j], at[k][j]) / dur[k] for j in range(quanta + 1)] for k in range(n)]
+    level2 = max(_sq(vec(iv.end), vec(iv.start)) / dur[k] ** 2 for k, iv in enumerate(windows))
     even_gap = r / (n + 1)
-    weight = EVEN * level * level / even_gap + TIE / (r * r)
+    weight = EVEN * level2 / even_gap + TIE / (r * r)
     tie = [weight * (m * q) ** 2 for m in range(quanta + 1)]  # a gap of m quanta
     # best[j]: the best fit (less the prior) of windows 0..k with C_k = j quanta
-    best = [(at[1][j] - at[0][j]) ** 2 / dur[0] - tie[j] for j in range(quanta + 1)]
+    best = [fit[0][j] - tie[j] for j in range(quanta + 1)]
     back: list[list[int]] = []
     for k in range(1, n):
-        lo, hi = at[k], at[k + 1]
+        here = fit[k]
         row, arg = [], []
         for j in range(quanta + 1):
             top, i = best[j], j  # the gap before window k: j - i quanta
@@ -484,7 +508,7 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
                 value = best[j - m] - tie[m]
                 if value > top:
                     top, i = value, j - m
-            row.append(top + (hi[j] - lo[j]) ** 2 / dur[k])
+            row.append(top + here[j])
             arg.append(i)
         best = row
         back.append(arg)
@@ -494,10 +518,10 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
         cs[k] = j
         if k:
             j = back[k - 1][j]
-    placed = sum((at[k + 1][c] - at[k][c]) ** 2 / dur[k] for k, c in enumerate(cs))
+    placed = sum(fit[k][c] for k, c in enumerate(cs))
     even = 0.0
     for k, iv in enumerate(windows):
-        even += (busy(iv.end) - busy(iv.start)) ** 2 / dur[k]
+        even += _sq(vec(iv.end), vec(iv.start)) / dur[k]
     if placed - even < GAIN:
         return tl
     intervals: list[Interval] = []
@@ -515,12 +539,10 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
 
 SPREAD = 0.25  # a sub-step's window may be this much longer or shorter than the record's mean
 FIT_STEPS = 12  # candidate positions tried per window edge and pass
-FIT_PASSES = 2
+FIT_PASSES = 3
 
 
-def fit_durations(
-    windows: list[Interval], tl: Timeline, busy: Callable[[float], float]
-) -> list[Interval]:
+def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Interval]:
     """Sub-steps' windows (in order, inside `tl`) with their edges fitted to the GPU signal.
 
     A fully-async record logs each timer's sum over its N sub-steps; `substeps` gives every
@@ -534,86 +556,123 @@ def fit_durations(
     signal an edge stays where it was (a move must gain `GAIN`)."""
     if len(windows) < 1:
         return windows
-    levels = [
-        (busy(iv.end) - busy(iv.start)) / (iv.end - iv.start) for iv in windows if iv.end > iv.start
-    ]
-    base = min(levels) if levels else 0.0
+    vec = _vector(busy)
+    spans = [(vec(iv.start), vec(iv.end), iv.end - iv.start) for iv in windows]
+    levels = [[(y - x) / d for x, y in zip(a, b, strict=True)] for a, b, d in spans if d > 0.0]
+    # per signal (GPU role), the quiet level: the quietest window's, or the untimed time's
+    # where that is lower (every window may be busy on some role)
+    gaps = [(vec(iv.start), vec(iv.end), iv.end - iv.start) for iv in tl.intervals]
+    gaps = [g for g, iv in zip(gaps, tl.intervals, strict=True) if iv.timer == UNTIMED]
+    quiet = sum(d for _a, _b, d in gaps)
+    if quiet > 0.0 and levels:
+        levels = [
+            *levels,
+            [sum(b[i] - a[i] for a, b, _d in gaps) / quiet for i in range(len(levels[0]))],
+        ]
+    base = [min(col) for col in zip(*levels, strict=True)] if levels else []
 
-    def value(a: float, b: float) -> float:
+    nominal = [d for _a, _b, d in spans]
+    # the prior that a window lasts its mean: weighted as place_untimed's evenness prior, by
+    # the busiest window's level, so a window moves only for its own busy stretch, never
+    # for a sample's worth of noise at an idle level
+    level2 = max((sum(x * x for x in row) for row in levels), default=0.0)
+    stiff = [EVEN * level2 / max(d, 1e-9) for d in nominal]
+
+    def value(k: int, a: float, b: float) -> float:
         d = b - a
-        return (busy(b) - busy(a) - base * d) ** 2 / d if d > 1e-9 else 0.0
+        if d <= 1e-9:
+            return 0.0
+        xa, xb = vec(a), vec(b)
+        fit = sum((y - x - c * d) ** 2 for x, y, c in zip(xa, xb, base, strict=False)) / d
+        return fit - stiff[k] * (d - nominal[k]) ** 2
 
     out = list(windows)
     shortest = [(iv.end - iv.start) * (1 - SPREAD) for iv in windows]
     longest = [(iv.end - iv.start) * (1 + SPREAD) for iv in windows]
     n = len(out)
 
-    def before(k: int, x: float) -> tuple[float, float] | None:
-        """Window k made to end by `x`: moved back whole, then shortened at its start
-        (None: it would be shorter than its spread allows)."""
-        iv = out[k]
-        end = min(iv.end, x)
-        floor = out[k - 1].end if k else tl.start
-        start = max(floor, min(iv.start, end - (iv.end - iv.start)))
-        return (start, end) if end - start >= shortest[k] - 1e-9 else None
+    def before(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Windows k, k-1, .. moved back whole so that window k ends by `x` (the first one
+        shortened at its start where the step's edge stops it; None: below its spread)."""
+        moves = []
+        while k >= 0 and out[k].end > x:
+            iv = out[k]
+            start = x - (iv.end - iv.start)
+            if k == 0 and start < tl.start:
+                if x - tl.start < shortest[k] - 1e-9:
+                    return None
+                start = tl.start
+            moves.append((k, start, x))
+            x, k = start, k - 1
+        return moves
 
-    def after(k: int, x: float) -> tuple[float, float] | None:
-        """Window k made to start at `x` or later: moved on whole, then shortened at its end."""
-        iv = out[k]
-        start = max(iv.start, x)
-        ceiling = out[k + 1].start if k + 1 < n else tl.end
-        end = min(ceiling, max(iv.end, start + (iv.end - iv.start)))
-        return (start, end) if end - start >= shortest[k] - 1e-9 else None
+    def after(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Windows k, k+1, .. moved on whole so that window k starts at `x` or later."""
+        moves = []
+        while k < n and out[k].start < x:
+            iv = out[k]
+            end = x + (iv.end - iv.start)
+            if k == n - 1 and end > tl.end:
+                if tl.end - x < shortest[k] - 1e-9:
+                    return None
+                end = tl.end
+            moves.append((k, x, end))
+            x, k = end, k + 1
+        return moves
 
-    for _ in range(FIT_PASSES):
+    vals = [value(k, iv.start, iv.end) for k, iv in enumerate(out)]
+
+    def gain(moves: list[tuple[int, float, float]]) -> float:
+        return sum(value(j, a, b) - vals[j] for j, a, b in moves)
+
+    def apply(moves: list[tuple[int, float, float]]) -> None:
+        for j, a, b in moves:
+            out[j] = out[j]._replace(start=a, end=b)
+            vals[j] = value(j, a, b)
+
+    for p in range(FIT_PASSES):
+        # each pass searches around where the last one left the edge, finer
+        zoom = (2.0 / FIT_STEPS) ** p
         for k in range(n):
-            # window k's start, pushing the previous window back where they meet
+            width = 2.0 * SPREAD * nominal[k] * zoom
+            # window k's start, pushing the windows before it back where they meet
             a, b = out[k].start, out[k].end
-            pv = value(out[k - 1].start, out[k - 1].end) if k else 0.0
-            best, at, moved = value(a, b) + pv, a, None
-            lo = (out[k - 2].end if k >= 2 else tl.start) + (shortest[k - 1] if k else 0.0)
-            first, last = max(lo, b - longest[k]), b - shortest[k]
+            first = max(tl.start, b - longest[k], a - width)
+            last = min(b - shortest[k], a + width)
+            best: list[tuple[int, float, float]] | None = None
+            top = GAIN
             for i in range(FIT_STEPS + 1):
                 x = first + (last - first) * i / FIT_STEPS
-                v, m = value(x, b), None
-                if k:
-                    m = before(k - 1, x)
-                    if m is None:
-                        continue
-                    v += value(*m)
-                if v > best + GAIN:
-                    best, at, moved = v, x, m
-            if at != a:
-                out[k] = out[k]._replace(start=at)
-                if moved is not None:
-                    out[k - 1] = out[k - 1]._replace(start=moved[0], end=moved[1])
-            # then its end, pushing the next window on
+                pushed = before(k - 1, x) if k else []
+                if pushed is None:
+                    continue
+                moves = [(k, x, b), *pushed]
+                g = gain(moves)
+                if g > top:
+                    top, best = g, moves
+            if best is not None:
+                apply(best)
+            # then its end, pushing the windows after it on
             a, b = out[k].start, out[k].end
-            nv = value(out[k + 1].start, out[k + 1].end) if k + 1 < n else 0.0
-            best, at, moved = value(a, b) + nv, b, None
-            hi = (out[k + 2].start if k + 2 < n else tl.end) - (
-                shortest[k + 1] if k + 1 < n else 0.0
-            )
-            first, last = a + shortest[k], min(hi, a + longest[k])
+            first = max(a + shortest[k], b - width)
+            last = min(tl.end, a + longest[k], b + width)
+            best, top = None, GAIN
             for i in range(FIT_STEPS + 1):
                 x = first + (last - first) * i / FIT_STEPS
-                v, m = value(a, x), None
-                if k + 1 < n:
-                    m = after(k + 1, x)
-                    if m is None:
-                        continue
-                    v += value(*m)
-                if v > best + GAIN:
-                    best, at, moved = v, x, m
-            if at != b:
-                out[k] = out[k]._replace(end=at)
-                if moved is not None:
-                    out[k + 1] = out[k + 1]._replace(start=moved[0], end=moved[1])
+                pushed = after(k + 1, x) if k + 1 < n else []
+                if pushed is None:
+                    continue
+                moves = [(k, a, x), *pushed]
+                g = gain(moves)
+                if g > top:
+                    top, best = g, moves
+            if best is not None:
+                apply(best)
     return out
 
 
 def place_substeps(
-    tls: Sequence[Timeline], busy: Callable[[float], float], quanta: int = QUANTA
+    tls: Sequence[Timeline], busy: Busy, quanta: int = QUANTA
 ) -> tuple[Timeline, ...]:
     """Consecutive sub-steps of one fully-async record, their untimed time placed together.
 
@@ -654,22 +713,45 @@ def place_substeps(
         tls[0].step, tls[0].start, tls[-1].end, tuple(intervals), max(t.error_seconds for t in tls)
     )
     placed = place_untimed(run, busy, quanta * len(tls))
-    windows = fit_durations([iv for iv in placed.intervals if iv.timer != UNTIMED], run, busy)
+    windows = fit_durations([iv for iv in placed.intervals if iv.timer != UNTIMED], placed, busy)
     # each sub-step's placed windows, then its edges inside the untimed stretches
     groups, k = [], 0
     for c in counts:
         groups.append(windows[k : k + c])
         k += c
-    edges = [run.start]
-    for i in range(len(tls) - 1):
-        b, a = groups[i][-1].end, groups[i + 1][0].start
-        share = trails[i] + (tls[i + 1].start - tls[i].end) + leads[i + 1]
-        if share > 0.0:
-            k_ = (a - b) / share
-            edges += [b + trails[i] * k_, a - leads[i + 1] * k_]
-        else:
-            edges += [(a + b) / 2] * 2
-    edges.append(run.end)
+    # each sub-step keeps its own untimed seconds (its share of the record's R, a logged
+    # fact): what its windows leave between them, the rest at its two ends in the even
+    # layout's proportions, as far as the neighbours' windows leave room. An estimated
+    # outer edge (the run's) no longer decides how much `other` a sub-step gets: its slop,
+    # often the next sub-step's busy start, stays unattributed.
+    m = len(tls)
+    want_lead, want_trail = [], []
+    for i, (tl, ws) in enumerate(zip(tls, groups, strict=True)):
+        r = sum(iv.end - iv.start for iv in tl.intervals if iv.timer == UNTIMED)
+        inner = sum(max(0.0, y.start - x.end) for x, y in itertools.pairwise(ws))
+        rest = max(0.0, r - inner)
+        ends = leads[i] + trails[i]
+        lead = rest * leads[i] / ends if ends > 0.0 else rest / 2
+        want_lead.append(lead)
+        want_trail.append(rest - lead)
+    edges = []
+    for i in range(m + 1):
+        lo = groups[i - 1][-1].end if i else run.start
+        hi = groups[i][0].start if i < m else run.end
+        room = max(0.0, hi - lo)
+        trail = want_trail[i - 1] if i else 0.0
+        lead = want_lead[i] if i < m else 0.0
+        if i == 0:
+            trail, lead = 0.0, min(lead, room)
+        elif i == m:
+            trail = min(trail, room)
+        elif trail + lead > room:
+            scale = room / (trail + lead)
+            trail, lead = trail * scale, lead * scale
+        if i:
+            edges.append(lo + trail)
+        if i < m:
+            edges.append(hi - lead)
     out = []
     for i, (tl, ws) in enumerate(zip(tls, groups, strict=True)):
         start, end = edges[2 * i], edges[2 * i + 1]
