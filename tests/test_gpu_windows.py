@@ -1060,6 +1060,11 @@ def test_sidecar_joins_fully_async_shifted_records_within_5pp(tmp_path, monkeypa
         for group in ("rollout", "logprob", "update"):
             key = ("p", "e", group, role)
             assert abs(busy[key] / total[key] - want[group]) <= 0.05, (key, busy[key] / total[key])
+        key = ("p", "e", "other", role)  # the untimed remainder: the GPUs idle through it
+        assert abs(busy[key] / total[key] - IDLE_PERCENT / 100) <= 0.05, (
+            key,
+            busy[key] / total[key],
+        )
     placed = board.recent(("p", "e"))
     assert len(placed) == 3 * 9  # N sub-steps for every record after the first
 

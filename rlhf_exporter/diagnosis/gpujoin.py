@@ -10,8 +10,10 @@ to the busy ones. A span crossing a window edge is split by the overlap, so
     busy / available                  the true busy share of that window on that side.
 
 Before the split, the step's untimed remainder R (driver work outside every timer) is
-moved to where this node's GPUs were idle (`timeline.place_untimed`, fed the summed busy
-time of every GPU here); with no signal it stays spread evenly, as `rebuild` put it.
+moved to where this node's GPUs were idle (`timeline.place_untimed`, fed the busy time of
+this node's GPUs summed per role); with no signal it stays spread evenly, as `rebuild` put
+it. A fully-async record's sub-steps are placed together, their windows fitted to their
+busy stretches (`add_timelines`, `timeline.place_substeps`).
 
 Each moment of a GPU is attributed at most once (per GPU, time before the last attributed
 step end is never attributed again). Samples older than the horizon, and time no step

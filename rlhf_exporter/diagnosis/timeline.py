@@ -287,7 +287,9 @@ class Placer:
     before its checkpoint; 0.8.0: at it), the current cycle's sub-steps ran after it, one
     after the other with the driver's short work between sub-steps (its length estimated
     from the records' arrivals: the median of the last `GAPS` cycles' time not in their
-    sub-steps, spread over the sub-steps). A record without that anchor (a run's first, or
+    sub-steps nor in a checkpoint or validation after `step`, spread over the sub-steps;
+    0.9.1's checkpoint is in the next cycle's record, so the newest cycle's figure waits for
+    it and is used only while no other exists). A record without that anchor (a run's first, or
     the one after a backlog read) cannot be placed: where its sub-steps ran depends on the
     cycle's last sub-step, which is in the next record; it is not joined (nothing is
     posted). Without `training/global_step` the number of sub-steps is unknown: one block,
@@ -445,17 +447,20 @@ GAIN = 1e-6  # GPU^2 x seconds a placement must gain over the even spread to rep
 def place_untimed(tl: Timeline, busy: Busy, quanta: int = QUANTA) -> Timeline:
     """The step with its untimed remainder R moved to where the GPUs were idle.
 
-    `busy(t)`: GPU-seconds busy from a fixed origin up to `t`, summed over the job's GPUs
+    `busy(t)`: GPU-seconds busy from a fixed origin up to `t`, summed over the job's GPUs of
+    each role (a tuple, one signal per role; or one number, the sum over every GPU)
     (non-decreasing; flat where nothing was sampled). The windows keep their order and
     durations and the step its edges; only the n+1 gaps g_0..g_n (before each window, after
-    the last; each >= 0, summing to R) move. The model: the GPUs' summed utilization u(t) is
-    zero in the gaps (R is driver-side CPU work) and some level of its own in each window.
-    Its least-squares fit, sum over windows of the integral of (u - window mean)^2 plus over
-    gaps of u^2, equals a constant minus sum_k B_k^2 / d_k (B_k: window k's busy
-    GPU-seconds, d_k its duration), and B_k depends only on C_k = g_0 + .. + g_k, the
+    the last; each >= 0, summing to R) move. The model: each role's summed utilization u(t)
+    is zero in the gaps (R is driver-side CPU work) and some level of its own in each window
+    (per role: summed over every GPU, a training window and the generation beside it look
+    alike). Its least-squares fit, sum over roles and windows of the integral of
+    (u - window mean)^2 plus over gaps of u^2, equals a constant minus sum_k |B_k|^2 / d_k
+    (B_k: window k's busy GPU-seconds per role, d_k its duration), and B_k depends only on
+    C_k = g_0 + .. + g_k, the
     untimed seconds before window k. So: maximise sum_k B_k(C_k)^2 / d_k less a prior that
     the gaps are alike, EVEN x level^2 x sum_k (g_k - R/(n+1))^2 / (R/(n+1)) (level: the
-    busiest window's mean summed utilization; the prior keeps a CPU-only window from
+    busiest window's mean utilization, |.| over roles; the prior keeps a CPU-only window from
     swallowing a gap for a sample's worth of its neighbour's busy time), over
     0 <= C_0 <= .. <= C_{n-1} <= R: a dynamic programme over C quantised to R / `quanta`,
     (n+1) x (quanta+1) evaluations of `busy` and n x quanta^2 / 2 steps.
