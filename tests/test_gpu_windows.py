@@ -942,6 +942,34 @@ def test_place_substeps_fits_each_sub_steps_windows_to_its_busy_stretch():
     assert place_substeps(tls, lambda t: 0.0) == tuple(tls)
 
 
+def test_a_long_fully_async_run_is_placed_in_bounded_pieces():
+    """trigger_parameter_sync_step = 20: the 19 sub-steps after the anchor are placed in
+    runs of at most MAX_RUN (the dynamic programme's work grows with the run), every one
+    of them placed, none overlapping, each busy share still near the truth."""
+    from rlhf_exporter.diagnosis.timeline import MAX_RUN
+
+    roles = ["rollout", "rollout", "trainer", "trainer"]
+    records, truth = simulate_fully_async(3, 20, seed=3, spread=0.05)
+    assert MAX_RUN < 20
+    clock = FakeClock(1000.0)
+    join = GpuWindowJoin(horizon=5000.0)
+    poll = _nvml_poller(make_module(_fake_gpus(truth, roles, 1000.0), clock), join, roles)
+    placed = []
+    for arrival, tls in fully_async_timelines(records):
+        while clock() < arrival:
+            clock.advance(1.0)
+            poll()
+        out = join.add_timelines(tls)
+        assert len(out) == len(tls)
+        placed += out
+    assert len(placed) == 2 * 20
+    assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(placed))
+    counters = join.counters()
+    want = _truth_shares(truth, "trainer", {st for st, *_x in truth if st > 1})
+    busy, avail = counters[((), "update", "trainer")]
+    assert abs(busy / avail - want["update"]) <= 0.05
+
+
 def rebuild_interval(timer, group, start, end):
     from rlhf_exporter.diagnosis.timeline import Interval
 

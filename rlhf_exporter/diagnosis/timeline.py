@@ -542,6 +542,8 @@ def place_untimed(tl: Timeline, busy: Busy, quanta: int = QUANTA) -> Timeline:
     return tl._replace(intervals=tuple(intervals))
 
 
+MAX_RUN = 8  # sub-steps placed together at most (the dynamic programme grows with the run)
+RUN_QUANTA = 3  # a run's R in at most this many times QUANTA quanta (the fit refines the edges)
 SPREAD = 0.25  # a sub-step's window may be this much longer or shorter than the record's mean
 FIT_STEPS = 12  # candidate positions tried per window edge and pass
 FIT_PASSES = 3
@@ -700,6 +702,12 @@ def place_substeps(
         return (*place_substeps(tls[:k], busy, quanta), *place_substeps(tls[k:], busy, quanta))
     if not tls:
         return ()
+    if len(tls) > MAX_RUN:  # bounded work: a long run in pieces, each with estimated edges
+        return tuple(
+            x
+            for i in range(0, len(tls), MAX_RUN)
+            for x in place_substeps(tls[i : i + MAX_RUN], busy, quanta)
+        )
     intervals: list[Interval] = []
     counts, leads, trails = [], [], []
     for i, tl in enumerate(tls):
@@ -717,7 +725,7 @@ def place_substeps(
     run = Timeline(
         tls[0].step, tls[0].start, tls[-1].end, tuple(intervals), max(t.error_seconds for t in tls)
     )
-    placed = place_untimed(run, busy, quanta * len(tls))
+    placed = place_untimed(run, busy, quanta * min(len(tls), RUN_QUANTA))
     windows = fit_durations([iv for iv in placed.intervals if iv.timer != UNTIMED], placed, busy)
     # each sub-step's placed windows, then its edges inside the untimed stretches
     groups, k = [], 0
