@@ -554,13 +554,16 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
 
     A fully-async record logs each timer's sum over its N sub-steps; `substeps` gives every
     sub-step the mean, so a sub-step whose window ran longer spills the rest of its busy
-    stretch into the gap beside it (`other`) or its neighbour. The same least-squares model
-    as `place_untimed` (each window at its own level, untimed time at zero), with each
-    window's duration free within `SPREAD` of the mean: maximise sum_k B_k^2 / d_k by
-    coordinate ascent over the edges (`FIT_PASSES` passes, `FIT_STEPS` candidates per edge;
-    the windows keep their order and never overlap). Measured from the step's quietest
-    window level, so a CPU-only window at the idle level gains nothing by growing: with no
-    signal an edge stays where it was (a move must gain `GAIN`)."""
+    stretch into the gap beside it (`other`) or its neighbour. The least-squares model of
+    `place_untimed` (untimed time at zero), with one level per timer over the sub-steps (a
+    timer does the same work each sub-step) and each window's duration free within `SPREAD`
+    of the mean: maximise sum over timers of |sum of its windows' B|^2 / their seconds, less
+    a prior that each window lasts its mean (weighted as `place_untimed`'s evenness prior),
+    by coordinate ascent over the edges (`FIT_PASSES` passes, each finer around the last,
+    `FIT_STEPS` candidates per edge; a neighbour in the way is moved whole or shortened; the
+    windows keep their order and never overlap). B is measured above the quietest level
+    (window or untimed time) per role, so a CPU-only window at the idle level gains nothing
+    by growing: with no signal an edge stays where it was (a move must gain `GAIN`)."""
     if len(windows) < 1:
         return windows
     vec = _vector(busy)
@@ -585,13 +588,14 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
     level2 = max((sum(x * x for x in row) for row in levels), default=0.0)
     stiff = [EVEN * level2 / max(d, 1e-9) for d in nominal]
 
-    def value(k: int, a: float, b: float) -> float:
+    def part(a: float, b: float) -> tuple[list[float], float]:
+        """A window's busy GPU-seconds above the quiet level, per role, and its seconds."""
         d = b - a
-        if d <= 1e-9:
-            return 0.0
         xa, xb = vec(a), vec(b)
-        fit = sum((y - x - c * d) ** 2 for x, y, c in zip(xa, xb, base, strict=False)) / d
-        return fit - stiff[k] * (d - nominal[k]) ** 2
+        return [y - x - c * d for x, y, c in zip(xa, xb, base, strict=False)], d
+
+    def term(sb: list[float], sd: float) -> float:
+        return sum(x * x for x in sb) / sd if sd > 1e-9 else 0.0
 
     out = list(windows)
     shortest = [(iv.end - iv.start) * (1 - SPREAD) for iv in windows]
@@ -627,15 +631,57 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
             x, k = end, k + 1
         return moves
 
-    vals = [value(k, iv.start, iv.end) for k, iv in enumerate(out)]
+    def shorten_end(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Window k (before the one moving) shortened to end by `x` (None: nothing to do, or
+        below its spread): the alternative to pushing it and those before it back."""
+        if k < 0 or out[k].end <= x or x - out[k].start < shortest[k] - 1e-9:
+            return None
+        return [(k, out[k].start, x)]
+
+    def shorten_start(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Window k (after the one moving) shortened to start at `x`."""
+        if k >= n or out[k].start >= x or out[k].end - x < shortest[k] - 1e-9:
+            return None
+        return [(k, x, out[k].end)]
+
+    # one level per timer over the sub-steps (the same work each sub-step): the fit is
+    # sum over timers of |sum of its windows' B|^2 / their seconds, so a short CPU-only
+    # window sitting on a neighbour's busy stretch explains it worse than the neighbour
+    # does (with a level per window, both fit it equally)
+    timer_of = [iv.timer for iv in out]
+    parts = [part(iv.start, iv.end) for iv in out]
+    sums: dict[str, tuple[list[float], float]] = {}
+    for t, (pb, pd) in zip(timer_of, parts, strict=True):
+        sb, sd = sums.get(t, ([0.0] * len(pb), 0.0))
+        sums[t] = ([x + y for x, y in zip(sb, pb, strict=True)], sd + pd)
+
+    def penalty(k: int, d: float) -> float:
+        return stiff[k] * (d - nominal[k]) ** 2
+
+    def regroup(moves: list[tuple[int, float, float]]) -> tuple[float, dict, list]:
+        changed: dict[str, tuple[list[float], float]] = {}
+        new_parts = []
+        g = 0.0
+        for j, a, b in moves:
+            t = timer_of[j]
+            sb, sd = changed.get(t, sums[t])
+            (pb, pd), (nb, nd) = parts[j], part(a, b)
+            changed[t] = ([s - x + y for s, x, y in zip(sb, pb, nb, strict=True)], sd - pd + nd)
+            new_parts.append((nb, nd))
+            g += penalty(j, pd) - penalty(j, nd)
+        for t, (sb, sd) in changed.items():
+            g += term(sb, sd) - term(*sums[t])
+        return g, changed, new_parts
 
     def gain(moves: list[tuple[int, float, float]]) -> float:
-        return sum(value(j, a, b) - vals[j] for j, a, b in moves)
+        return regroup(moves)[0]
 
     def apply(moves: list[tuple[int, float, float]]) -> None:
-        for j, a, b in moves:
+        _g, changed, new_parts = regroup(moves)
+        sums.update(changed)
+        for (j, a, b), np_ in zip(moves, new_parts, strict=True):
             out[j] = out[j]._replace(start=a, end=b)
-            vals[j] = value(j, a, b)
+            parts[j] = np_
 
     for p in range(FIT_PASSES):
         # each pass searches around where the last one left the edge, finer
@@ -650,13 +696,13 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
             top = GAIN
             for i in range(FIT_STEPS + 1):
                 x = first + (last - first) * i / FIT_STEPS
-                pushed = before(k - 1, x) if k else []
-                if pushed is None:
-                    continue
-                moves = [(k, x, b), *pushed]
-                g = gain(moves)
-                if g > top:
-                    top, best = g, moves
+                for pushed in (before(k - 1, x) if k else [], shorten_end(k - 1, x)):
+                    if pushed is None:
+                        continue
+                    moves = [(k, x, b), *pushed]
+                    g = gain(moves)
+                    if g > top:
+                        top, best = g, moves
             if best is not None:
                 apply(best)
             # then its end, pushing the windows after it on
@@ -666,13 +712,13 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
             best, top = None, GAIN
             for i in range(FIT_STEPS + 1):
                 x = first + (last - first) * i / FIT_STEPS
-                pushed = after(k + 1, x) if k + 1 < n else []
-                if pushed is None:
-                    continue
-                moves = [(k, a, x), *pushed]
-                g = gain(moves)
-                if g > top:
-                    top, best = g, moves
+                for pushed in (after(k + 1, x) if k + 1 < n else [], shorten_start(k + 1, x)):
+                    if pushed is None:
+                        continue
+                    moves = [(k, a, x), *pushed]
+                    g = gain(moves)
+                    if g > top:
+                        top, best = g, moves
             if best is not None:
                 apply(best)
     return out
