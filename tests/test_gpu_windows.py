@@ -940,6 +940,14 @@ def test_place_substeps_fits_each_sub_steps_windows_to_its_busy_stretch():
     assert all(a.end <= b.start + 1e-9 for a, b in itertools.pairwise(placed))
     # without a signal nothing moves
     assert place_substeps(tls, lambda t: 0.0) == tuple(tls)
+    # the sub-step holding param_sync (anchored at its end) is placed alone, wherever it is
+    shifted = Timeline(
+        1, 111.0, 113.0, (rebuild_interval("param_sync", "sync", 111.0, 113.0),), 1.0
+    )
+    for run in ([*tls, shifted], [shifted, *tls], [tls[0], shifted, tls[1]]):
+        out = place_substeps(run, busy)
+        assert len(out) == 3
+        assert next(tl for tl in out if tl.intervals[0].timer == "param_sync") == shifted
 
 
 def test_a_long_fully_async_run_is_placed_in_bounded_pieces():

@@ -740,12 +740,15 @@ def place_substeps(
     trailing gap, the driver's gap between them, the second's leading gap), so `other` keeps
     about its R and the gap between sub-steps stays unattributed. A run that overlaps, or a
     sub-step without a window, is placed sub-step by sub-step."""
-    held = [i for i, tl in enumerate(tls) if any(iv.timer == SHIFT_TIMER for iv in tl.intervals)]
-    if held and len(tls) > 1:
+    held = next(
+        (i for i, tl in enumerate(tls) if any(iv.timer == SHIFT_TIMER for iv in tl.intervals)),
+        None,
+    )
+    if held is not None and len(tls) > 1:
         # the shifted sub-step ends at the previous record, the others start after it: each
-        # side is placed with its own anchor
-        k = held[0] + 1
-        return (*place_substeps(tls[:k], busy, quanta), *place_substeps(tls[k:], busy, quanta))
+        # side is placed with its own anchor, the shifted one alone
+        sides = (tls[:held], tls[held : held + 1], tls[held + 1 :])
+        return tuple(x for side in sides if side for x in place_substeps(side, busy, quanta))
     if not tls:
         return ()
     if len(tls) > MAX_RUN:  # bounded work: a long run in pieces, each with estimated edges
