@@ -543,6 +543,8 @@ def place_untimed(tl: Timeline, busy: Busy, quanta: int = QUANTA) -> Timeline:
 
 
 MAX_RUN = 8  # sub-steps placed together at most (the dynamic programme grows with the run)
+MAX_RUN_WINDOWS = 32  # windows placed together at most (bounded work on any head's timelines)
+PUSH = 4  # windows moved at most to make room for one edge
 RUN_QUANTA = 3  # a run's R in at most this many times QUANTA quanta (the fit refines the edges)
 SPREAD = 0.25  # a sub-step's window may be this much longer or shorter than the record's mean
 FIT_STEPS = 12  # candidate positions tried per window edge and pass
@@ -605,8 +607,10 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
     def before(k: int, x: float) -> list[tuple[int, float, float]] | None:
         """Windows k, k-1, .. moved back whole so that window k ends by `x` (the first one
         shortened at its start where the step's edge stops it; None: below its spread)."""
-        moves = []
+        moves: list[tuple[int, float, float]] = []
         while k >= 0 and out[k].end > x:
+            if len(moves) >= PUSH:
+                return None
             iv = out[k]
             start = x - (iv.end - iv.start)
             if k == 0 and start < tl.start:
@@ -619,8 +623,10 @@ def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Int
 
     def after(k: int, x: float) -> list[tuple[int, float, float]] | None:
         """Windows k, k+1, .. moved on whole so that window k starts at `x` or later."""
-        moves = []
+        moves: list[tuple[int, float, float]] = []
         while k < n and out[k].start < x:
+            if len(moves) >= PUSH:
+                return None
             iv = out[k]
             end = x + (iv.end - iv.start)
             if k == n - 1 and end > tl.end:
@@ -751,11 +757,18 @@ def place_substeps(
         return tuple(x for side in sides if side for x in place_substeps(side, busy, quanta))
     if not tls:
         return ()
-    if len(tls) > MAX_RUN:  # bounded work: a long run in pieces, each with estimated edges
-        return tuple(
-            x
-            for i in range(0, len(tls), MAX_RUN)
-            for x in place_substeps(tls[i : i + MAX_RUN], busy, quanta)
+    # bounded work: at most MAX_RUN sub-steps and MAX_RUN_WINDOWS windows placed together,
+    # a longer run in pieces (each piece's outer edges are the estimates)
+    size = windows_seen = 0
+    for size, tl in enumerate(tls, 1):
+        windows_seen += sum(1 for iv in tl.intervals if iv.timer != UNTIMED)
+        if size > 1 and (size > MAX_RUN or windows_seen > MAX_RUN_WINDOWS):
+            size -= 1
+            break
+    if size < len(tls):
+        return (
+            *place_substeps(tls[:size], busy, quanta),
+            *place_substeps(tls[size:], busy, quanta),
         )
     intervals: list[Interval] = []
     counts, leads, trails = [], [], []
