@@ -10,8 +10,11 @@ sampling 6 times a second):
   (b) the same, with R left spread evenly (no `place_untimed`: the placement's own cost);
   (c) the same collector without the join.
 The join's cost = (a) - (c), as a share of one core at one poll per second. Goal: <= 0.5 %.
+With `--fully-async N`, the job is fully-async with trigger_parameter_sync_step = N: a record
+every N steps, placed sub-step by sub-step (`timeline.Placer`, as the Job does) and joined
+together (`place_substeps`: R placed over the run and each window fitted to its busy stretch).
 
-    .venv/bin/python bench/gpuwindows.py [--seconds 3600] [--gpus 8] [--runs 5]
+    .venv/bin/python bench/gpuwindows.py [--seconds 3600] [--gpus 8] [--runs 5] [--fully-async N]
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ sys.path.insert(0, str(REPO))
 
 from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.diagnosis import Record, StreamDiagnoser, gpujoin  # noqa: E402
-from rlhf_exporter.diagnosis.timeline import place_untimed, rebuild  # noqa: E402
+from rlhf_exporter.diagnosis.timeline import (  # noqa: E402
+    Placer,
+    place_substeps,
+    place_untimed,
+)
 from rlhf_exporter.gpuwindows.board import WindowBoard  # noqa: E402
 from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
@@ -44,9 +51,12 @@ def _proc(root: Path, pid: int, title: bytes) -> None:
     (d / "stat").write_bytes(f"{pid} (x) S 1 {pid} {pid} 0".encode())
 
 
-def run(seconds: int, n_gpus: int, join: bool, root: Path, place: bool = True) -> tuple[float, int]:
+def run(
+    seconds: int, n_gpus: int, join: bool, root: Path, place: bool = True, n_sync: int = 0
+) -> tuple[float, int]:
     """CPU seconds for `seconds` polls, and the window samples exported at the end."""
     gpujoin.place_untimed = place_untimed if place else (lambda tl, busy: tl)
+    gpujoin.place_substeps = place_substeps if place else (lambda tls, busy: tuple(tls))
     start = 1000.0
     clock = FakeClock(start)
     util = [(float(t), 90.0 if (t % 30) < 20 else 5.0) for t in range(0, seconds + 60, 5)]
@@ -70,13 +80,24 @@ def run(seconds: int, n_gpus: int, join: bool, root: Path, place: bool = True) -
         "timing_s/update_weights": 1.0,
         "timing_s/step": 29.8,
     }
+    placer = Placer(TH)
+    every = int(STEP) * max(n_sync, 1)
+    if n_sync:  # a record sums N sub-steps; the shifted one holds the weight sync
+        data = {k: v * n_sync for k, v in data.items() if k != "timing_s/update_weights"}
+        data["timing_s/timing_s/param_sync"] = 1.0
     src.poll_once()
     cpu0 = time.process_time()
     for t in range(1, seconds + 1):
         clock.advance(1.0)
-        if join and t % int(STEP) == 0:  # the Job's part: classify, rebuild, post
-            d = sd.feed(Record(t // int(STEP), data)).diagnosis
-            board.post(("p", "e"), rebuild(d.step, d.windows, d.timers, clock(), TH))
+        if join and t % every == 0:  # the Job's part: classify, place, post
+            step = t // every
+            rec = dict(data)
+            if n_sync:
+                rec["training/global_step"] = step * n_sync
+                rec["fully_async/count/stale_samples_processed"] = 0
+            d = sd.feed(Record(step, rec)).diagnosis
+            for tl in placer.place(d.step, d.windows, d.timers, rec, clock()):
+                board.post(("p", "e"), tl)
         snap = src.poll_once()
     cpu = time.process_time() - cpu0
     assert snap.up, snap.errors
@@ -91,27 +112,31 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=3600)
     ap.add_argument("--gpus", type=int, default=8)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--fully-async", type=int, default=0, metavar="N")
     args = ap.parse_args()
+    n_sync = args.fully_async
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "proc"
         _proc(root, 100, b"ray::WorkerDict")
         _proc(root, 101, b"ray::vLLM")
         with_join, even, without = [], [], []
         for _ in range(args.runs):  # interleaved, best of each
-            cpu, n = run(args.seconds, args.gpus, True, root)
+            cpu, n = run(args.seconds, args.gpus, True, root, n_sync=n_sync)
             with_join.append(cpu)
-            even.append(run(args.seconds, args.gpus, True, root, place=False)[0])
+            even.append(run(args.seconds, args.gpus, True, root, place=False, n_sync=n_sync)[0])
             without.append(run(args.seconds, args.gpus, False, root)[0])
     a, e, b = min(with_join), min(even), min(without)
     per_s = (a - b) / args.seconds
+    mode = f", fully-async N = {n_sync} (a record per {STEP * n_sync:g} s)" if n_sync else ""
     print(
-        f"{args.gpus} GPUs, {args.seconds} s simulated, a step per {STEP:g} s, best of {args.runs}"
+        f"{args.gpus} GPUs, {args.seconds} s simulated, a step per {STEP:g} s{mode}, "
+        f"best of {args.runs}"
     )
     print(f"  NVML collector with the join:    {a / args.seconds * 1e6:8.1f} us CPU per poll")
     print(f"  ... with R spread evenly:        {e / args.seconds * 1e6:8.1f} us CPU per poll")
     print(f"  NVML collector without the join: {b / args.seconds * 1e6:8.1f} us CPU per poll")
-    steps = args.seconds // int(STEP)
-    print(f"  placing R: {(a - e) / steps * 1e3:.2f} ms CPU per step")
+    steps = args.seconds // (int(STEP) * max(n_sync, 1))
+    print(f"  placing R: {(a - e) / steps * 1e3:.2f} ms CPU per {'record' if n_sync else 'step'}")
     print(f"  ratio with/without: {a / b:.3f}x; window series exported: {n}")
     print(
         f"  the join: {per_s * 1e6:.1f} us per second = {per_s * 100:.4f} % of one core (goal <= 0.5 %)"

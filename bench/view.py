@@ -3,8 +3,8 @@
     .venv/bin/python bench/view.py [--jobs 100] [--rounds 200]
 
 1. In process: `index_page` over 100 jobs with 60 steps of history each (goal < 50 ms) and
-   `job_page` for one job, side by side with the /metrics body of the same jobs
-   (prometheus_client's text encoder over the same Jobs' samples).
+   `job_page` for one job, side by side with the /metrics body of the same jobs built
+   uncached (a fresh `Exposition(...).render()`, the text format /metrics serves by default).
 2. Over HTTP (the real server class, 127.0.0.1): GET /metrics p50/p99 alone, then while
    another thread fetches `/` in a loop. The page is rendered from the sources' immutable
    summaries and snapshots, and takes no lock a scrape takes, so the ratio should be near 1
@@ -28,6 +28,7 @@ from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records  # noqa: E402
 from rlhf_exporter.diagnosis import Record  # noqa: E402
 from rlhf_exporter.jobs import Job  # noqa: E402
+from rlhf_exporter.metrics.exposition import Exposition  # noqa: E402
 from rlhf_exporter.metrics.snapshot import Snapshot  # noqa: E402
 from rlhf_exporter.server import Endpoints, landing_page, make_server  # noqa: E402
 from rlhf_exporter.view import Facts, Links, index_page, job_page  # noqa: E402
@@ -84,12 +85,9 @@ def main() -> None:
 
     index_best, index_med = best(lambda: index_page(summaries, [snap], facts, links), args.rounds)
     job_best, job_med = best(lambda: job_page(summaries[0], [snap], facts, links), args.rounds)
-    fresh = Endpoints(snapshot_fns=[lambda: snap])  # no cache: the full encoder each time
+    # no cache: a fresh Exposition (the public API /metrics uses) encodes every job each time
     metrics_best, metrics_med = best(
-        lambda: fresh.exposition._build(
-            __import__("prometheus_client").exposition.generate_latest, (snap,), None
-        ),
-        max(args.rounds // 10, 5),
+        lambda: Exposition([lambda: snap]).render(), max(args.rounds // 10, 5)
     )
     size = len(landing_page(ep))
     print(f"{args.jobs} jobs, {len(samples)} series; / is {size / 1024:.0f} KiB")

@@ -10,8 +10,10 @@ to the busy ones. A span crossing a window edge is split by the overlap, so
     busy / available                  the true busy share of that window on that side.
 
 Before the split, the step's untimed remainder R (driver work outside every timer) is
-moved to where this node's GPUs were idle (`timeline.place_untimed`, fed the summed busy
-time of every GPU here); with no signal it stays spread evenly, as `rebuild` put it.
+moved to where this node's GPUs were idle (`timeline.place_untimed`, fed the busy time of
+this node's GPUs summed per role); with no signal it stays spread evenly, as `rebuild` put
+it. A fully-async record's sub-steps are placed together, their windows fitted to their
+busy stretches (`add_timelines`, `timeline.place_substeps`).
 
 Each moment of a GPU is attributed at most once (per GPU, time before the last attributed
 step end is never attributed again). Samples older than the horizon, and time no step
@@ -25,9 +27,9 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
-from .timeline import Timeline, place_untimed
+from .timeline import Timeline, place_substeps, place_untimed
 
 ROLLOUT, TRAINER, COLOCATED, UNKNOWN = "rollout", "trainer", "colocated", "unknown"
 GPU_ROLES = (ROLLOUT, TRAINER, COLOCATED, UNKNOWN)
@@ -111,10 +113,24 @@ class GpuWindowJoin:
         for track in self._gpus.values():
             self._attribute(track, tl, job)
 
-    def _busy_function(self, lo: float, hi: float) -> Callable[[float], float]:
+    def add_timelines(self, tls: Sequence[Timeline], job: tuple = ()) -> tuple[Timeline, ...]:
+        """Consecutive sub-steps of one fully-async record, placed together
+        (`timeline.place_substeps`) and attributed; returns them placed."""
+        if not tls:
+            return ()
+        placed = place_substeps(tls, self._busy_function(tls[0].start, tls[-1].end))
+        for tl in placed:
+            for track in self._gpus.values():
+                self._attribute(track, tl, job)
+        return placed
+
+    def _busy_function(self, lo: float, hi: float) -> Callable[[float], tuple[float, ...]]:
         """t -> GPU-seconds busy up to t (from an origin at or before `lo`; read for t in
-        [lo, hi]), summed over every GPU: a sample span counts its ratio x its length."""
-        parts: list[tuple[list[float], list[float], list[float]]] = []
+        [lo, hi]), summed over the GPUs of each role (one signal per role: the placement
+        tells a rollout window from a training one by which GPUs are busy, not only how
+        many): a sample span counts its ratio x its length."""
+        parts: list[tuple[int, list[float], list[float], list[float]]] = []
+        roles: dict[str, int] = {}
         for track in self._gpus.values():
             ends, ratios = track.ends, track.ratios
             n = len(ends)
@@ -128,19 +144,19 @@ class GpuWindowJoin:
                 rs.append(ratio)
                 cum.append(cum[-1] + ratio * (s1 - s0))
                 i += 1
-            parts.append((xs, cum, rs))
+            parts.append((roles.setdefault(track.role, len(roles)), xs, cum, rs))
 
-        def busy(t: float) -> float:
-            total = 0.0
-            for xs, cum, rs in parts:
+        def busy(t: float) -> tuple[float, ...]:
+            total = [0.0] * len(roles)
+            for r, xs, cum, rs in parts:
                 j = bisect_right(xs, t) - 1
                 if j < 0:
                     continue
                 if j >= len(rs):
-                    total += cum[-1]
+                    total[r] += cum[-1]
                 else:
-                    total += cum[j] + rs[j] * (t - xs[j])
-            return total
+                    total[r] += cum[j] + rs[j] * (t - xs[j])
+            return tuple(total)
 
         return busy
 

@@ -65,8 +65,9 @@ placement); tests measure the actual edge error of both placements.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from .thresholds import Thresholds
@@ -286,7 +287,9 @@ class Placer:
     before its checkpoint; 0.8.0: at it), the current cycle's sub-steps ran after it, one
     after the other with the driver's short work between sub-steps (its length estimated
     from the records' arrivals: the median of the last `GAPS` cycles' time not in their
-    sub-steps, spread over the sub-steps). A record without that anchor (a run's first, or
+    sub-steps nor in a checkpoint or validation after `step`, spread over the sub-steps;
+    0.9.1's checkpoint is in the next cycle's record, so the newest cycle's figure waits for
+    it and is used only while no other exists). A record without that anchor (a run's first, or
     the one after a backlog read) cannot be placed: where its sub-steps ran depends on the
     cycle's last sub-step, which is in the next record; it is not joined (nothing is
     posted). Without `training/global_step` the number of sub-steps is unknown: one block,
@@ -300,17 +303,21 @@ class Placer:
         self._anchor: float | None = None  # arrival of the last trainer record seen
         self._global_step: int | None = None  # its training/global_step
         self._gaps: deque[float] = deque(maxlen=self.GAPS)  # seconds between sub-steps
+        # 0.9.1: the last cycle's seconds not in sub-steps, and its sub-step count, until the
+        # next record says what ran after `step` before the write (its checkpoint, validation)
+        self._provisional: tuple[float, int] | None = None
         self._last_end: float | None = None  # end of the last timeline placed
 
     def reset(self) -> None:
         """A new run (restart or resume): no anchor, sub-steps counted afresh."""
         self._anchor = self._global_step = self._last_end = None
         self._gaps.clear()
+        self._provisional = None
 
     def unplaced(self, data: Mapping[str, Any]) -> None:
         """A trainer record whose arrival is unknown (a backlog read): the anchor is lost;
         its sub-step count still moves on."""
-        self._anchor = None
+        self._anchor = self._provisional = None
         gs = _global_step(data)
         if gs is not None:
             self._global_step = gs
@@ -325,8 +332,13 @@ class Placer:
             self._global_step = 0
 
     def gap(self) -> float:
-        """The estimated driver time between two sub-steps (0 until a cycle was seen)."""
+        """The estimated driver time between two sub-steps (0 until a cycle was seen): the
+        median of the cycles whose checkpoint and validation are known; the last cycle's
+        uncorrected figure only while there is none."""
         if not self._gaps:
+            if self._provisional is not None:
+                seconds, n = self._provisional
+                return max(0.0, seconds / n)
             return 0.0
         ordered = sorted(self._gaps)
         mid = len(ordered) // 2
@@ -351,13 +363,27 @@ class Placer:
         if gs is None:
             return (rebuild(step, windows, all_timers, arrival, th, delay),)
         if prev is None or not prev < gs <= prev + MAX_SUBSTEPS or anchor is None:
+            self._provisional = None
             return ()
         n = gs - prev
         parts = substeps(windows, n)
         after = after_step_seconds(all_timers, windows, th)  # the shifted sub-step's checkpoint
         logged_after_step = any(k.startswith(LOGGED_AFTER_STEP_PREFIX) for k in data)
-        # the cycle between the two records, less its sub-steps: the driver's gaps
-        self._gaps.append(max(0.0, (arrival - anchor - windows.step_seconds) / n))
+        # the cycle between the two records, less its sub-steps and what ran after `step`
+        # in it: the driver's gaps. 0.8.0 writes the record inside `step`, so this record's
+        # checkpoint ran after the previous one's write, in this cycle; 0.9.1 writes it after
+        # the checkpoint, so this record's checkpoint belongs to the previous cycle, and this
+        # cycle's is only known from the next record (a checkpoint of several seconds taken
+        # for driver gaps would push every later sub-step that far)
+        cycle = arrival - anchor - windows.step_seconds
+        if logged_after_step:
+            if self._provisional is not None:
+                seconds, m = self._provisional
+                self._gaps.append(max(0.0, (seconds - after) / m))
+            self._provisional = (cycle, n)
+        else:
+            self._gaps.append(max(0.0, (cycle - after) / n))
+            self._provisional = None
         gap = self.gap()
         written = anchor - delay  # when the previous record was written
         out = []
@@ -393,25 +419,48 @@ class Placer:
 
 
 QUANTA = 64  # R is placed in steps of R / QUANTA
+
+
+Busy = Callable[[float], "float | tuple[float, ...]"]
+
+
+def _vector(busy: Busy) -> Callable[[float], tuple[float, ...]]:
+    """`busy` as a function to a tuple: one busy-time signal per GPU role, or the one sum."""
+
+    def vec(t: float) -> tuple[float, ...]:
+        x = busy(t)
+        return x if isinstance(x, tuple) else (float(x),)
+
+    return vec
+
+
+def _sq(b: tuple[float, ...], a: tuple[float, ...]) -> float:
+    """|b - a|^2."""
+    return sum((y - x) ** 2 for x, y in zip(a, b, strict=True))
+
+
 EVEN = 0.2  # weight of the prior that the gaps are alike (measured flat from 0.05 to 0.5)
 TIE = 1e-7  # the prior's floor, for a step without a GPU signal (ties go to the even spread)
 GAIN = 1e-6  # GPU^2 x seconds a placement must gain over the even spread to replace it
 
 
-def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QUANTA) -> Timeline:
+def place_untimed(tl: Timeline, busy: Busy, quanta: int = QUANTA) -> Timeline:
     """The step with its untimed remainder R moved to where the GPUs were idle.
 
-    `busy(t)`: GPU-seconds busy from a fixed origin up to `t`, summed over the job's GPUs
+    `busy(t)`: GPU-seconds busy from a fixed origin up to `t`, summed over the job's GPUs of
+    each role (a tuple, one signal per role; or one number, the sum over every GPU)
     (non-decreasing; flat where nothing was sampled). The windows keep their order and
     durations and the step its edges; only the n+1 gaps g_0..g_n (before each window, after
-    the last; each >= 0, summing to R) move. The model: the GPUs' summed utilization u(t) is
-    zero in the gaps (R is driver-side CPU work) and some level of its own in each window.
-    Its least-squares fit, sum over windows of the integral of (u - window mean)^2 plus over
-    gaps of u^2, equals a constant minus sum_k B_k^2 / d_k (B_k: window k's busy
-    GPU-seconds, d_k its duration), and B_k depends only on C_k = g_0 + .. + g_k, the
+    the last; each >= 0, summing to R) move. The model: each role's summed utilization u(t)
+    is zero in the gaps (R is driver-side CPU work) and some level of its own in each window
+    (per role: summed over every GPU, a training window and the generation beside it look
+    alike). Its least-squares fit, sum over roles and windows of the integral of
+    (u - window mean)^2 plus over gaps of u^2, equals a constant minus sum_k |B_k|^2 / d_k
+    (B_k: window k's busy GPU-seconds per role, d_k its duration), and B_k depends only on
+    C_k = g_0 + .. + g_k, the
     untimed seconds before window k. So: maximise sum_k B_k(C_k)^2 / d_k less a prior that
     the gaps are alike, EVEN x level^2 x sum_k (g_k - R/(n+1))^2 / (R/(n+1)) (level: the
-    busiest window's mean summed utilization; the prior keeps a CPU-only window from
+    busiest window's mean utilization, |.| over roles; the prior keeps a CPU-only window from
     swallowing a gap for a sample's worth of its neighbour's busy time), over
     0 <= C_0 <= .. <= C_{n-1} <= R: a dynamic programme over C quantised to R / `quanta`,
     (n+1) x (quanta+1) evaluations of `busy` and n x quanta^2 / 2 steps.
@@ -443,17 +492,20 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
     for iv in windows:
         timed.append(timed[-1] + (iv.end - iv.start))
     # window k placed at C_k = j q covers [s + D_k + j q, s + D_{k+1} + j q]
-    at = [[busy(s + d + j * q) for j in range(quanta + 1)] for d in timed]
+    vec = _vector(busy)
+    at = [[vec(s + d + j * q) for j in range(quanta + 1)] for d in timed]
     dur = [max(timed[k + 1] - timed[k], 1e-9) for k in range(n)]
-    level = max((busy(iv.end) - busy(iv.start)) / dur[k] for k, iv in enumerate(windows))
+    # fit[k][j]: window k's |B_k|^2 / d_k at C_k = j quanta
+    fit = [[_sq(at[k + 1][j], at[k][j]) / dur[k] for j in range(quanta + 1)] for k in range(n)]
+    level2 = max(_sq(vec(iv.end), vec(iv.start)) / dur[k] ** 2 for k, iv in enumerate(windows))
     even_gap = r / (n + 1)
-    weight = EVEN * level * level / even_gap + TIE / (r * r)
+    weight = EVEN * level2 / even_gap + TIE / (r * r)
     tie = [weight * (m * q) ** 2 for m in range(quanta + 1)]  # a gap of m quanta
     # best[j]: the best fit (less the prior) of windows 0..k with C_k = j quanta
-    best = [(at[1][j] - at[0][j]) ** 2 / dur[0] - tie[j] for j in range(quanta + 1)]
+    best = [fit[0][j] - tie[j] for j in range(quanta + 1)]
     back: list[list[int]] = []
     for k in range(1, n):
-        lo, hi = at[k], at[k + 1]
+        here = fit[k]
         row, arg = [], []
         for j in range(quanta + 1):
             top, i = best[j], j  # the gap before window k: j - i quanta
@@ -461,7 +513,7 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
                 value = best[j - m] - tie[m]
                 if value > top:
                     top, i = value, j - m
-            row.append(top + (hi[j] - lo[j]) ** 2 / dur[k])
+            row.append(top + here[j])
             arg.append(i)
         best = row
         back.append(arg)
@@ -471,10 +523,10 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
         cs[k] = j
         if k:
             j = back[k - 1][j]
-    placed = sum((at[k + 1][c] - at[k][c]) ** 2 / dur[k] for k, c in enumerate(cs))
+    placed = sum(fit[k][c] for k, c in enumerate(cs))
     even = 0.0
     for k, iv in enumerate(windows):
-        even += (busy(iv.end) - busy(iv.start)) ** 2 / dur[k]
+        even += _sq(vec(iv.end), vec(iv.start)) / dur[k]
     if placed - even < GAIN:
         return tl
     intervals: list[Interval] = []
@@ -488,6 +540,307 @@ def place_untimed(tl: Timeline, busy: Callable[[float], float], quanta: int = QU
     if tl.end > t:
         intervals.append(Interval(UNTIMED, "other", t, tl.end))
     return tl._replace(intervals=tuple(intervals))
+
+
+MAX_RUN = 8  # sub-steps placed together at most (the dynamic programme grows with the run)
+MAX_RUN_WINDOWS = 32  # windows placed together at most (bounded work on any head's timelines)
+PUSH = 4  # windows moved at most to make room for one edge
+RUN_QUANTA = 3  # a run's R in at most this many times QUANTA quanta (the fit refines the edges)
+SPREAD = 0.25  # a sub-step's window may be this much longer or shorter than the record's mean
+FIT_STEPS = 12  # candidate positions tried per window edge and pass
+FIT_PASSES = 3
+
+
+def fit_durations(windows: list[Interval], tl: Timeline, busy: Busy) -> list[Interval]:
+    """Sub-steps' windows (in order, inside `tl`) with their edges fitted to the GPU signal.
+
+    A fully-async record logs each timer's sum over its N sub-steps; `substeps` gives every
+    sub-step the mean, so a sub-step whose window ran longer spills the rest of its busy
+    stretch into the gap beside it (`other`) or its neighbour. The least-squares model of
+    `place_untimed` (untimed time at zero), with one level per timer over the sub-steps (a
+    timer does the same work each sub-step) and each window's duration free within `SPREAD`
+    of the mean: maximise sum over timers of |sum of its windows' B|^2 / their seconds, less
+    a prior that each window lasts its mean (weighted as `place_untimed`'s evenness prior),
+    by coordinate ascent over the edges (`FIT_PASSES` passes, each finer around the last,
+    `FIT_STEPS` candidates per edge; a neighbour in the way is moved whole or shortened; the
+    windows keep their order and never overlap). B is measured above the quietest level
+    (window or untimed time) per role, so a CPU-only window at the idle level gains nothing
+    by growing: with no signal an edge stays where it was (a move must gain `GAIN`)."""
+    if len(windows) < 1:
+        return windows
+    vec = _vector(busy)
+    spans = [(vec(iv.start), vec(iv.end), iv.end - iv.start) for iv in windows]
+    levels = [[(y - x) / d for x, y in zip(a, b, strict=True)] for a, b, d in spans if d > 0.0]
+    # per signal (GPU role), the quiet level: the quietest window's, or the untimed time's
+    # where that is lower (every window may be busy on some role)
+    gaps = [(vec(iv.start), vec(iv.end), iv.end - iv.start) for iv in tl.intervals]
+    gaps = [g for g, iv in zip(gaps, tl.intervals, strict=True) if iv.timer == UNTIMED]
+    quiet = sum(d for _a, _b, d in gaps)
+    if quiet > 0.0 and levels:
+        levels = [
+            *levels,
+            [sum(b[i] - a[i] for a, b, _d in gaps) / quiet for i in range(len(levels[0]))],
+        ]
+    base = [min(col) for col in zip(*levels, strict=True)] if levels else []
+
+    nominal = [d for _a, _b, d in spans]
+    # the prior that a window lasts its mean: weighted as place_untimed's evenness prior, by
+    # the busiest window's level, so a window moves only for its own busy stretch, never
+    # for a sample's worth of noise at an idle level
+    level2 = max((sum(x * x for x in row) for row in levels), default=0.0)
+    stiff = [EVEN * level2 / max(d, 1e-9) for d in nominal]
+
+    def part(a: float, b: float) -> tuple[list[float], float]:
+        """A window's busy GPU-seconds above the quiet level, per role, and its seconds."""
+        d = b - a
+        xa, xb = vec(a), vec(b)
+        return [y - x - c * d for x, y, c in zip(xa, xb, base, strict=False)], d
+
+    def term(sb: list[float], sd: float) -> float:
+        return sum(x * x for x in sb) / sd if sd > 1e-9 else 0.0
+
+    out = list(windows)
+    shortest = [(iv.end - iv.start) * (1 - SPREAD) for iv in windows]
+    longest = [(iv.end - iv.start) * (1 + SPREAD) for iv in windows]
+    n = len(out)
+
+    def before(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Windows k, k-1, .. moved back whole so that window k ends by `x` (the first one
+        shortened at its start where the step's edge stops it; None: below its spread)."""
+        moves: list[tuple[int, float, float]] = []
+        while k >= 0 and out[k].end > x:
+            if len(moves) >= PUSH:
+                return None
+            iv = out[k]
+            start = x - (iv.end - iv.start)
+            if k == 0 and start < tl.start:
+                if x - tl.start < shortest[k] - 1e-9:
+                    return None
+                start = tl.start
+            moves.append((k, start, x))
+            x, k = start, k - 1
+        return moves
+
+    def after(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Windows k, k+1, .. moved on whole so that window k starts at `x` or later."""
+        moves: list[tuple[int, float, float]] = []
+        while k < n and out[k].start < x:
+            if len(moves) >= PUSH:
+                return None
+            iv = out[k]
+            end = x + (iv.end - iv.start)
+            if k == n - 1 and end > tl.end:
+                if tl.end - x < shortest[k] - 1e-9:
+                    return None
+                end = tl.end
+            moves.append((k, x, end))
+            x, k = end, k + 1
+        return moves
+
+    def shorten_end(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Window k (before the one moving) shortened to end by `x` (None: nothing to do, or
+        below its spread): the alternative to pushing it and those before it back."""
+        if k < 0 or out[k].end <= x or x - out[k].start < shortest[k] - 1e-9:
+            return None
+        return [(k, out[k].start, x)]
+
+    def shorten_start(k: int, x: float) -> list[tuple[int, float, float]] | None:
+        """Window k (after the one moving) shortened to start at `x`."""
+        if k >= n or out[k].start >= x or out[k].end - x < shortest[k] - 1e-9:
+            return None
+        return [(k, x, out[k].end)]
+
+    # one level per timer over the sub-steps (the same work each sub-step): the fit is
+    # sum over timers of |sum of its windows' B|^2 / their seconds, so a short CPU-only
+    # window sitting on a neighbour's busy stretch explains it worse than the neighbour
+    # does (with a level per window, both fit it equally)
+    timer_of = [iv.timer for iv in out]
+    parts = [part(iv.start, iv.end) for iv in out]
+    sums: dict[str, tuple[list[float], float]] = {}
+    for t, (pb, pd) in zip(timer_of, parts, strict=True):
+        sb, sd = sums.get(t, ([0.0] * len(pb), 0.0))
+        sums[t] = ([x + y for x, y in zip(sb, pb, strict=True)], sd + pd)
+
+    def penalty(k: int, d: float) -> float:
+        return stiff[k] * (d - nominal[k]) ** 2
+
+    def regroup(moves: list[tuple[int, float, float]]) -> tuple[float, dict, list]:
+        changed: dict[str, tuple[list[float], float]] = {}
+        new_parts = []
+        g = 0.0
+        for j, a, b in moves:
+            t = timer_of[j]
+            sb, sd = changed.get(t, sums[t])
+            (pb, pd), (nb, nd) = parts[j], part(a, b)
+            changed[t] = ([s - x + y for s, x, y in zip(sb, pb, nb, strict=True)], sd - pd + nd)
+            new_parts.append((nb, nd))
+            g += penalty(j, pd) - penalty(j, nd)
+        for t, (sb, sd) in changed.items():
+            g += term(sb, sd) - term(*sums[t])
+        return g, changed, new_parts
+
+    def gain(moves: list[tuple[int, float, float]]) -> float:
+        return regroup(moves)[0]
+
+    def apply(moves: list[tuple[int, float, float]]) -> None:
+        _g, changed, new_parts = regroup(moves)
+        sums.update(changed)
+        for (j, a, b), np_ in zip(moves, new_parts, strict=True):
+            out[j] = out[j]._replace(start=a, end=b)
+            parts[j] = np_
+
+    for p in range(FIT_PASSES):
+        # each pass searches around where the last one left the edge, finer
+        zoom = (2.0 / FIT_STEPS) ** p
+        for k in range(n):
+            width = 2.0 * SPREAD * nominal[k] * zoom
+            # window k's start, pushing the windows before it back where they meet
+            a, b = out[k].start, out[k].end
+            first = max(tl.start, b - longest[k], a - width)
+            last = min(b - shortest[k], a + width)
+            best: list[tuple[int, float, float]] | None = None
+            top = GAIN
+            for i in range(FIT_STEPS + 1):
+                x = first + (last - first) * i / FIT_STEPS
+                for pushed in (before(k - 1, x) if k else [], shorten_end(k - 1, x)):
+                    if pushed is None:
+                        continue
+                    moves = [(k, x, b), *pushed]
+                    g = gain(moves)
+                    if g > top:
+                        top, best = g, moves
+            if best is not None:
+                apply(best)
+            # then its end, pushing the windows after it on
+            a, b = out[k].start, out[k].end
+            first = max(a + shortest[k], b - width)
+            last = min(tl.end, a + longest[k], b + width)
+            best, top = None, GAIN
+            for i in range(FIT_STEPS + 1):
+                x = first + (last - first) * i / FIT_STEPS
+                for pushed in (after(k + 1, x) if k + 1 < n else [], shorten_start(k + 1, x)):
+                    if pushed is None:
+                        continue
+                    moves = [(k, a, x), *pushed]
+                    g = gain(moves)
+                    if g > top:
+                        top, best = g, moves
+            if best is not None:
+                apply(best)
+    return out
+
+
+def place_substeps(
+    tls: Sequence[Timeline], busy: Busy, quanta: int = QUANTA
+) -> tuple[Timeline, ...]:
+    """Consecutive sub-steps of one fully-async record, their untimed time placed together.
+
+    `Placer` lays a record's sub-steps after its anchor with each timer split evenly between
+    them: every sub-step edge inside the run is an estimate, off by the sub-steps' own
+    spread, which `place_untimed` alone cannot correct (it keeps each timeline's edges). Here
+    the run is one sequence: its windows in order, the untimed time of every sub-step and
+    the driver's gaps between sub-steps all free (`place_untimed` on the whole run, whose
+    outer edges stay), so each busy window lands on its busy stretch wherever the sub-step
+    edges really were. Each sub-step then takes back its windows; the untimed stretch between
+    two sub-steps' windows is shared in the proportions the even layout gave it (the first's
+    trailing gap, the driver's gap between them, the second's leading gap), so `other` keeps
+    about its R and the gap between sub-steps stays unattributed. A run that overlaps, or a
+    sub-step without a window, is placed sub-step by sub-step."""
+    held = next(
+        (i for i, tl in enumerate(tls) if any(iv.timer == SHIFT_TIMER for iv in tl.intervals)),
+        None,
+    )
+    if held is not None and len(tls) > 1:
+        # the shifted sub-step ends at the previous record, the others start after it: each
+        # side is placed with its own anchor, the shifted one alone
+        sides = (tls[:held], tls[held : held + 1], tls[held + 1 :])
+        return tuple(x for side in sides if side for x in place_substeps(side, busy, quanta))
+    if not tls:
+        return ()
+    # bounded work: at most MAX_RUN sub-steps and MAX_RUN_WINDOWS windows placed together,
+    # a longer run in pieces (each piece's outer edges are the estimates)
+    size = windows_seen = 0
+    for size, tl in enumerate(tls, 1):
+        windows_seen += sum(1 for iv in tl.intervals if iv.timer != UNTIMED)
+        if size > 1 and (size > MAX_RUN or windows_seen > MAX_RUN_WINDOWS):
+            size -= 1
+            break
+    if size < len(tls):
+        return (
+            *place_substeps(tls[:size], busy, quanta),
+            *place_substeps(tls[size:], busy, quanta),
+        )
+    intervals: list[Interval] = []
+    counts, leads, trails = [], [], []
+    for i, tl in enumerate(tls):
+        timed = [iv for iv in tl.intervals if iv.timer != UNTIMED]
+        if not timed or (i and tl.start < tls[i - 1].end):
+            if len(tls) == 1:
+                return (place_untimed(tl, busy, quanta),)
+            return tuple(x for t in tls for x in place_substeps([t], busy, quanta))
+        if i and tl.start > tls[i - 1].end:
+            intervals.append(Interval(UNTIMED, "other", tls[i - 1].end, tl.start))
+        intervals.extend(tl.intervals)
+        counts.append(len(timed))
+        leads.append(timed[0].start - tl.start)
+        trails.append(tl.end - timed[-1].end)
+    run = Timeline(
+        tls[0].step, tls[0].start, tls[-1].end, tuple(intervals), max(t.error_seconds for t in tls)
+    )
+    placed = place_untimed(run, busy, quanta * min(len(tls), RUN_QUANTA))
+    windows = fit_durations([iv for iv in placed.intervals if iv.timer != UNTIMED], placed, busy)
+    # each sub-step's placed windows, then its edges inside the untimed stretches
+    groups, k = [], 0
+    for c in counts:
+        groups.append(windows[k : k + c])
+        k += c
+    # each sub-step keeps its own untimed seconds (its share of the record's R, a logged
+    # fact): what its windows leave between them, the rest at its two ends in the even
+    # layout's proportions, as far as the neighbours' windows leave room. An estimated
+    # outer edge (the run's) no longer decides how much `other` a sub-step gets: its slop,
+    # often the next sub-step's busy start, stays unattributed.
+    m = len(tls)
+    want_lead, want_trail = [], []
+    for i, (tl, ws) in enumerate(zip(tls, groups, strict=True)):
+        r = sum(iv.end - iv.start for iv in tl.intervals if iv.timer == UNTIMED)
+        inner = sum(max(0.0, y.start - x.end) for x, y in itertools.pairwise(ws))
+        rest = max(0.0, r - inner)
+        ends = leads[i] + trails[i]
+        lead = rest * leads[i] / ends if ends > 0.0 else rest / 2
+        want_lead.append(lead)
+        want_trail.append(rest - lead)
+    edges = []
+    for i in range(m + 1):
+        lo = groups[i - 1][-1].end if i else run.start
+        hi = groups[i][0].start if i < m else run.end
+        room = max(0.0, hi - lo)
+        trail = want_trail[i - 1] if i else 0.0
+        lead = want_lead[i] if i < m else 0.0
+        if i == 0:
+            trail, lead = 0.0, min(lead, room)
+        elif i == m:
+            trail = min(trail, room)
+        elif trail + lead > room:
+            scale = room / (trail + lead)
+            trail, lead = trail * scale, lead * scale
+        if i:
+            edges.append(lo + trail)
+        if i < m:
+            edges.append(hi - lead)
+    out = []
+    for i, (tl, ws) in enumerate(zip(tls, groups, strict=True)):
+        start, end = edges[2 * i], edges[2 * i + 1]
+        ivs: list[Interval] = []
+        t = start
+        for iv in ws:
+            if iv.start > t:
+                ivs.append(Interval(UNTIMED, "other", t, iv.start))
+            ivs.append(iv)
+            t = iv.end
+        if end > t:
+            ivs.append(Interval(UNTIMED, "other", t, end))
+        out.append(tl._replace(start=start, end=end, intervals=tuple(ivs)))
+    return tuple(out)
 
 
 class Recent:

@@ -159,9 +159,23 @@ class WindowJoiner:
                 )
                 self._skipped_logged = True
             return
+        # a fully-async record's sub-steps (one step posted more than once, in a row) are
+        # placed together (timeline.place_substeps); every other step alone
+        runs: list[tuple[tuple[str, str], list[Timeline]]] = []
         for labels, tl in new:
-            self._throttle.attribute(self._join.add_timeline(tl, labels), labels)
-            self._wall[labels] = self._wall.get(labels, 0.0) + (tl.end - tl.start)
+            if runs and runs[-1][0] == labels and runs[-1][1][-1].step == tl.step:
+                runs[-1][1].append(tl)
+            else:
+                runs.append((labels, [tl]))
+        for labels, tls in runs:
+            if len(tls) == 1:
+                placed: tuple[Timeline, ...] = (self._join.add_timeline(tls[0], labels),)
+            else:
+                placed = self._join.add_timelines(tls, labels)
+            for tl in placed:  # throttled time per window, as placed (issue 23)
+                self._throttle.attribute(tl, labels)
+            for tl in tls:
+                self._wall[labels] = self._wall.get(labels, 0.0) + (tl.end - tl.start)
         # counters only for the jobs the board keeps (at most its max_jobs): a head that
         # names a new job at every answer cannot grow this worker's series
         kept = self.board.jobs()
