@@ -158,11 +158,7 @@ def test_a_workload_shift_says_what_grew_and_whether_the_time_per_token_changed(
 
 def test_the_summary_tells_every_episode_and_what_to_look_at():
     r = subprocess.run(
-        exporter_cmd(
-            "diagnose",
-            "--summary",
-            str(TRACES / "regression_after_slowdown_v1.jsonl"),
-        ),
+        exporter_cmd("diagnose", "--summary", str(TRACES / "regression_after_slowdown_v1.jsonl")),
         capture_output=True,
         text=True,
         timeout=60,

@@ -158,13 +158,7 @@ def test_diagnose_html_report(tmp_path):
     write_jsonl(log, DEMO_PLAN, seed=2)
     out = tmp_path / "report.html"
     proc = subprocess.run(
-        exporter_cmd(
-            "diagnose",
-            "--summary",
-            str(log),
-            "--html",
-            str(out),
-        ),
+        exporter_cmd("diagnose", "--summary", str(log), "--html", str(out)),
         capture_output=True,
         text=True,
         timeout=60,

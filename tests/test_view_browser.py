@@ -153,13 +153,7 @@ def test_diagnose_html_in_chromium(tmp_path):
     write_jsonl(log, PLAN, seed=1)
     out = tmp_path / "report.html"
     subprocess.run(
-        exporter_cmd(
-            "diagnose",
-            "--summary",
-            str(log),
-            "--html",
-            str(out),
-        ),
+        exporter_cmd("diagnose", "--summary", str(log), "--html", str(out)),
         check=True,
         capture_output=True,
         timeout=60,
