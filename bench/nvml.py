@@ -35,15 +35,12 @@ sys.path.insert(0, str(REPO))
 from rlhf_exporter.sources.base import PollingSource, PollResult  # noqa: E402
 from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
-from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
-
-HEALTH = (  # the health readings' NVML calls (issue 23)
-    "nvmlDeviceGetTotalEccErrors",
-    "nvmlDeviceGetRemappedRows",
-    "nvmlDeviceGetRetiredPages",
-    "nvmlDeviceGetRetiredPagesPendingStatus",
-    "nvmlDeviceGetCurrentClocksEventReasons",
-    "nvmlDeviceRegisterEvents",
+from tests.support.fake_pynvml import (  # noqa: E402
+    HEALTH_CALLS,
+    FakeClock,
+    FakeGpu,
+    FakeRay,
+    make_module,
 )
 
 
@@ -116,7 +113,7 @@ def main() -> int:
     def collector(health: bool) -> tuple[NvmlSource, FakeClock]:
         clock = FakeClock()
         for gpu in gpus:
-            gpu.unsupported = set() if health else set(HEALTH)
+            gpu.unsupported = set() if health else set(HEALTH_CALLS)
         sys.modules["pynvml"] = make_module(gpus, clock)
         source = NvmlSource(
             1.0,

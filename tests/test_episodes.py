@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from rlhf_exporter.diagnosis.episodes import (
 from rlhf_exporter.diagnosis.history import StepPoint
 from rlhf_exporter.diagnosis.thresholds import GROUPS
 from rlhf_exporter.sources.verl_reader import RecordReader
+from tests.support.procs import exporter_cmd
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def expected_stretches(path: Path) -> list[tuple[str, str | None, int, int]]:
 
 def diagnose_json(path: Path) -> dict:
     r = subprocess.run(
-        [sys.executable, "-m", "rlhf_exporter", "diagnose", "-f", "json", str(path)],
+        exporter_cmd("diagnose", "-f", "json", str(path)),
         capture_output=True,
         timeout=60,
         check=True,
@@ -158,14 +158,7 @@ def test_a_workload_shift_says_what_grew_and_whether_the_time_per_token_changed(
 
 def test_the_summary_tells_every_episode_and_what_to_look_at():
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlhf_exporter",
-            "diagnose",
-            "--summary",
-            str(TRACES / "regression_after_slowdown_v1.jsonl"),
-        ],
+        exporter_cmd("diagnose", "--summary", str(TRACES / "regression_after_slowdown_v1.jsonl")),
         capture_output=True,
         text=True,
         timeout=60,
@@ -194,16 +187,13 @@ def test_episodes_of_the_sidecar_history_match_the_batch_ones():
 def test_the_html_report_lists_the_steps_and_names_every_episode(tmp_path):
     out = tmp_path / "report.html"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlhf_exporter",
+        exporter_cmd(
             "diagnose",
             "--summary",
             str(TRACES / "regression_after_slowdown_v1.jsonl"),
             "--html",
             str(out),
-        ],
+        ),
         capture_output=True,
         timeout=60,
         check=True,

@@ -6,8 +6,6 @@ checks the file's syntax; here the rule itself)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,6 +15,7 @@ from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.xid import APPLICATION, BAD_GPU, DEGRADED, LOST
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.rules import gpuhealth
+from tests.support.promtool import run_rule_tests, without_annotations
 
 pytestmark = pytest.mark.prometheus
 
@@ -48,26 +47,9 @@ def case(series_: list, at: str, name: str, *expected: dict) -> dict:
 
 
 def run(tmp_path: Path, tests: list) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (scripts/test.sh installs it)")
     groups = rules.rule_groups(load_thresholds())[gpuhealth.GPU_HEALTH_FILE]
-    for g in groups:
-        for r in g["rules"]:
-            r.pop("annotations", None)
-    rule_file = tmp_path / "gpu-health.rules.yaml"
-    rule_file.write_text(yaml.safe_dump({"groups": groups}))
-    spec = tmp_path / "tests.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {"rule_files": [str(rule_file)], "evaluation_interval": "1m", "tests": tests},
-            sort_keys=False,
-        )
-    )
-    out = subprocess.run(
-        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+    files = without_annotations(tmp_path, {gpuhealth.GPU_HEALTH_FILE: groups})
+    run_rule_tests(tmp_path, files, tests)
 
 
 def test_lost_gpu(tmp_path):

@@ -9,11 +9,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.rules import gpuwindows
+from tests.support.promtool import run_rule_tests, without_annotations
 
 REPO = Path(__file__).resolve().parent.parent
 HEAD = {"job": "rlhf-exporter", "instance": "h:9", "project": "p", "experiment": "e"}
@@ -110,26 +110,9 @@ def _labels(lab: dict) -> str:
 
 
 def _run(tmp_path: Path, tests: list) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed (scripts/test.sh installs it)")
     groups = rules.rule_groups(load_thresholds())[gpuwindows.GPU_WINDOWS_FILE]
-    for g in groups:
-        for r in g["rules"]:
-            r.pop("annotations", None)
-    rule_file = tmp_path / "gpu-windows.rules.yaml"
-    rule_file.write_text(yaml.safe_dump({"groups": groups}))
-    spec = tmp_path / "tests.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {"rule_files": [str(rule_file)], "evaluation_interval": "1m", "tests": tests},
-            sort_keys=False,
-        )
-    )
-    out = subprocess.run(
-        [promtool, "test", "rules", str(spec)], capture_output=True, text=True, timeout=120
-    )
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+    files = without_annotations(tmp_path, {gpuwindows.GPU_WINDOWS_FILE: groups})
+    run_rule_tests(tmp_path, files, tests)
 
 
 def test_promtool_firing_and_not_firing(tmp_path):

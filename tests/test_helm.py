@@ -13,7 +13,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pytest
@@ -26,6 +26,8 @@ prometheus_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.
 import rlhf_exporter  # noqa: E402
 from rlhf_exporter import cli, settings  # noqa: E402
 from rlhf_exporter.render import chart as chart_render  # noqa: E402
+from tests.support import rendered_pods  # noqa: E402
+from tests.support.rendered_pods import ray_pod_templates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "rlhf-exporter"
@@ -54,14 +56,7 @@ def render(
     name: str = RELEASE,
 ) -> list[dict]:
     """Every object the chart renders with `values` (NOTES.txt left out)."""
-    with helm.Chart.load(str(chart)) as loaded:
-        out = loaded.render(values=values, name=name, namespace=namespace)
-    objects = []
-    for path, text in sorted(out.items()):
-        if path.endswith("NOTES.txt"):
-            continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc]
-    return objects
+    return rendered_pods.render(chart, values, name, namespace)
 
 
 def only(objects: list[dict], kind: str) -> dict:
@@ -119,14 +114,6 @@ def validate(obj: dict) -> None:
             kubernetes_validate.validate(obj, version, strict=True)
 
 
-def ray_pod_templates(rayjob: dict) -> dict[str, dict]:
-    spec = rayjob["spec"]["rayClusterSpec"]
-    out = {"head": spec["headGroupSpec"]["template"]}
-    for group in spec["workerGroupSpecs"]:
-        out[f"worker-{group['groupName']}"] = group["template"]
-    return out
-
-
 def container(pod_spec: dict, name: str) -> dict:
     found = [c for c in pod_spec["containers"] if c["name"] == name]
     assert len(found) == 1, (
@@ -138,25 +125,8 @@ def container(pod_spec: dict, name: str) -> dict:
 def serve_settings(ctr: dict, labels: dict | None = None, namespace: str = "ray-jobs"):
     """The exporter's Settings as Kubernetes would start this container: env with $(VAR)
     expansion and downward-API fields, then `rlhf-exporter <args>` parsed by the real CLI."""
-    env: dict[str, str] = {}
-    for entry in ctr.get("env", []):
-        if "value" in entry:
-            value = re.sub(
-                r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), str(entry["value"])
-            )
-        else:
-            source = entry["valueFrom"]
-            if "fieldRef" in source:
-                path = source["fieldRef"]["fieldPath"]
-                label = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
-                value = (
-                    (labels or {})[label.group(1)]
-                    if label
-                    else {"metadata.namespace": namespace}[path]
-                )
-            else:
-                value = "a-secret-token"
-        env[entry["name"]] = value
+    any_secret: defaultdict[str, str] = defaultdict(lambda: "a-secret-token")
+    env = rendered_pods.pod_env(ctr, labels or {}, namespace, any_secret)
     known = {settings.env_name(o) for o in settings.OPTIONS}
     unknown = sorted(k for k in env if k.startswith(settings.ENV_PREFIX) and k not in known)
     assert unknown == [], f"variables that `serve` does not know: {unknown}"

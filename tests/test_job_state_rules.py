@@ -7,14 +7,13 @@ exporter went blind during a stall."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 import yaml
 
 from rlhf_exporter.render import repo_root, rules
 from tests.support.grafana_vars import substitute
-from tests.support.prometheus import binary
+from tests.support.promtool import run_rule_tests, without_annotations
 
 pytestmark = pytest.mark.prometheus
 
@@ -46,18 +45,10 @@ def job(experiment: str, last_step: str, state: str, n: int = 90, **more: str) -
     return out
 
 
-def without_annotations(tmp_path) -> list:
+def committed_without_annotations(tmp_path) -> list:
     """The committed rule files without annotations (promtool compares them exactly)."""
-    out = []
-    for path in RULE_FILES:
-        doc = yaml.safe_load(path.read_text())
-        for group in doc["groups"]:
-            for rule in group["rules"]:
-                rule.pop("annotations", None)
-        copy = tmp_path / path.name
-        copy.write_text(yaml.safe_dump(doc))
-        out.append(copy)
-    return out
+    committed = {str(path): yaml.safe_load(path.read_text())["groups"] for path in RULE_FILES}
+    return without_annotations(tmp_path, committed)
 
 
 def panel_query(title: str, ref: str = "A") -> str:
@@ -158,21 +149,4 @@ def test_panels_and_alerts_agree_on_every_state(tmp_path):
             ],
         }
     ]
-    spec = tmp_path / "agree.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": [str(p) for p in without_annotations(tmp_path)],
-                "evaluation_interval": "1m",
-                "tests": tests,
-            },
-            sort_keys=False,
-        )
-    )
-    out = subprocess.run(
-        [binary("promtool"), "test", "rules", str(spec)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    run_rule_tests(tmp_path, committed_without_annotations(tmp_path), tests, "agree.yaml")

@@ -15,7 +15,7 @@ from rlhf_exporter.diagnosis.xid import BAD_GPU, DEGRADED, LABELLED, LOST, xid_l
 from rlhf_exporter.gpuwindows.board import WindowBoard
 from rlhf_exporter.sources.nvml import MAX_EVENTS, NvmlSource
 from tests.support import fake_pynvml
-from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
+from tests.support.fake_pynvml import HEALTH_CALLS, FakeClock, FakeGpu, make_module
 
 HEALTH = (
     "rlhf_gpu_xid_errors_total",
@@ -118,15 +118,7 @@ def test_older_gpu_retired_pages_instead_of_remapped_rows(nvml):
 
 def test_not_supported_is_asked_once_shown_once_never_an_error(nvml, caplog):
     clock = FakeClock()
-    unsupported = {
-        "nvmlDeviceGetTotalEccErrors",
-        "nvmlDeviceGetRemappedRows",
-        "nvmlDeviceGetRetiredPages",
-        "nvmlDeviceGetRetiredPagesPendingStatus",
-        "nvmlDeviceGetCurrentClocksEventReasons",
-        "nvmlDeviceRegisterEvents",
-    }
-    gpus = [FakeGpu(i, unsupported=set(unsupported)) for i in range(8)]
+    gpus = [FakeGpu(i, unsupported=set(HEALTH_CALLS)) for i in range(8)]
     src = nvml(gpus, clock)
     caplog.set_level(logging.INFO, logger="rlhf_exporter")
     snap = src.poll_once()

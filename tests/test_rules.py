@@ -22,6 +22,7 @@ from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.render import repo_root, rules, stale
 from tests.support.prometheus import binary
+from tests.support.promtool import run_rule_tests, without_annotations
 
 pytestmark = pytest.mark.prometheus
 
@@ -1094,24 +1095,7 @@ def logic_cases() -> list[dict]:
 
 
 def run_promtool_tests(tmp_path: Path, rule_files: list[Path], tests: list[dict]) -> None:
-    spec = tmp_path / "tests.yaml"
-    spec.write_text(
-        yaml.safe_dump(
-            {
-                "rule_files": [str(p) for p in rule_files],
-                "evaluation_interval": "1m",
-                "tests": tests,
-            },
-            sort_keys=False,
-        )
-    )
-    out = subprocess.run(
-        [binary("promtool"), "test", "rules", str(spec)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-6000:]
+    out = run_rule_tests(tmp_path, rule_files, tests)
     assert "SUCCESS" in out.stdout
 
 
@@ -1126,14 +1110,7 @@ def test_every_alert_has_a_firing_and_a_not_firing_case():
 
 
 def test_promtool_logic(tmp_path, thresholds):
-    files = []
-    for rel, groups in rules.rule_groups(thresholds).items():
-        for g in groups:
-            for r in g["rules"]:
-                r.pop("annotations", None)
-        path = tmp_path / Path(rel).name
-        path.write_text(yaml.safe_dump({"groups": groups}))
-        files.append(path)
+    files = without_annotations(tmp_path, rules.rule_groups(thresholds))
     run_promtool_tests(tmp_path, files, logic_cases())
 
 

@@ -207,6 +207,17 @@ INJECT = 40 * 60  # the failure comes after 40 healthy minutes (a baseline, a va
 LATE = 2 * SCRAPE  # a page may come this much after its `for:` (scrape and evaluation lag)
 
 
+def stall_starts(day: Day, cfg: dict) -> float:
+    """When v1's stall condition can first hold: its last step plus the stall limit,
+    max(factor x baseline step, floor) + the longest validation seen."""
+    last = day.value("rlhf_last_step_timestamp_seconds", experiment="v1")
+    base = day.value("rlhf_baseline_step_duration_seconds", experiment="v1")
+    between = day.value("rlhf_between_steps_max_seconds", experiment="v1")
+    assert last is not None and base is not None and between is not None
+    limit = max(cfg["stall_factor"] * base, seconds(cfg["stall_min"])) + between
+    return last + limit
+
+
 @pytest.mark.parametrize("failure", ["hang", "dead_actor", "mis_mounted_log", "exporter_down"])
 def test_each_failure_pages_once_on_time_and_nothing_else(tmp_path, ray_api, nvml, failure):
     cfg = _alerts_config()
@@ -221,14 +232,8 @@ def test_each_failure_pages_once_on_time_and_nothing_else(tmp_path, ray_api, nvm
         day.at(INJECT, lambda: setattr(fleet.head, "up", False))
 
     if failure == "hang":
-        # the stall limit: max(factor x baseline step, floor) + the longest validation seen
         day.run(INJECT + 60, fleet.jobs)
-        last = day.value("rlhf_last_step_timestamp_seconds", experiment="v1")
-        base = day.value("rlhf_baseline_step_duration_seconds", experiment="v1")
-        between = day.value("rlhf_between_steps_max_seconds", experiment="v1")
-        assert last is not None and base is not None and between is not None
-        limit = max(cfg["stall_factor"] * base, seconds(cfg["stall_min"])) + between
-        starts = last + limit  # the first moment the condition can hold
+        starts = stall_starts(day, cfg)  # the first moment the condition can hold
         due = starts + seconds(cfg["stall_for"]) + LATE
         alert, labels = "RLHFJobStalled", {"project": "grpo", "experiment": "v1"}
     elif failure == "dead_actor":
@@ -344,12 +349,7 @@ def test_lifecycles_nobody_announces(tmp_path, ray_api, nvml, lifecycle):
     else:  # stall_then_blind, unmounted_log: a real hang first
         fleet.v1.hang_at = INJECT
         day.run(INJECT + 60, fleet.jobs)
-        last = day.value("rlhf_last_step_timestamp_seconds", experiment="v1")
-        base = day.value("rlhf_baseline_step_duration_seconds", experiment="v1")
-        between = day.value("rlhf_between_steps_max_seconds", experiment="v1")
-        assert last is not None and base is not None and between is not None
-        limit = max(cfg["stall_factor"] * base, seconds(cfg["stall_min"])) + between
-        alert, starts = "RLHFJobStalled", last + limit
+        alert, starts = "RLHFJobStalled", stall_starts(day, cfg)
         due = starts + seconds(cfg["stall_for"]) + LATE
         end = due + AFTER
         if lifecycle == "stall_then_blind":

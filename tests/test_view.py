@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from rlhf_exporter.view import Facts, Links, index_page, job_page, pages
 from rlhf_exporter.view.pages import attention
 from rlhf_exporter.view.report import Style, Table
 from tests.support.browser import Elements
+from tests.support.procs import exporter_cmd
 from tests.support.segments import expected_segments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,16 +158,7 @@ def test_diagnose_html_report(tmp_path):
     write_jsonl(log, DEMO_PLAN, seed=2)
     out = tmp_path / "report.html"
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlhf_exporter",
-            "diagnose",
-            "--summary",
-            str(log),
-            "--html",
-            str(out),
-        ],
+        exporter_cmd("diagnose", "--summary", str(log), "--html", str(out)),
         capture_output=True,
         text=True,
         timeout=60,
@@ -192,8 +183,7 @@ def test_diagnose_html_of_the_sample_traces(shared_traces, tmp_path):
     )
     out = tmp_path / "traces.html"
     proc = subprocess.run(
-        [sys.executable, "-m", "rlhf_exporter", "diagnose", "--summary", "--html", str(out)]
-        + [str(p) for p in logs],
+        exporter_cmd("diagnose", "--summary", "--html", str(out)) + [str(p) for p in logs],
         capture_output=True,
         text=True,
         timeout=120,
@@ -221,7 +211,7 @@ def test_terminal_table_fits_the_width_and_keeps_look_at_next_whole(tmp_path, wi
     log = tmp_path / "run.jsonl"
     write_jsonl(log, DEMO_PLAN, seed=3)
     proc = subprocess.run(
-        [sys.executable, "-m", "rlhf_exporter", "diagnose", str(log)],
+        exporter_cmd("diagnose", str(log)),
         capture_output=True,
         text=True,
         timeout=60,
@@ -285,7 +275,7 @@ def test_table_layout_at_each_width_drops_the_least_useful_columns_first():
         assert "[regression: update]" in " ".join(row.split()), width
         assert all(len(line) <= width for line in [*t.header(), *row.splitlines()]), width
     proc = subprocess.run(
-        [sys.executable, "-m", "rlhf_exporter", "diagnose", "--wide"],
+        exporter_cmd("diagnose", "--wide"),
         capture_output=True,
         text=True,
         timeout=60,

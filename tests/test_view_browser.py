@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from rlhf_exporter.diagnosis.history import HISTORY_STEPS
 from rlhf_exporter.sources.verl_reader import RecordReader
 from tests.support import browser
 from tests.support.browser import Elements
+from tests.support.procs import exporter_cmd
 from tests.support.segments import expected_segments
 from tests.support.serve import Exporter
 
@@ -153,16 +153,7 @@ def test_diagnose_html_in_chromium(tmp_path):
     write_jsonl(log, PLAN, seed=1)
     out = tmp_path / "report.html"
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rlhf_exporter",
-            "diagnose",
-            "--summary",
-            str(log),
-            "--html",
-            str(out),
-        ],
+        exporter_cmd("diagnose", "--summary", str(log), "--html", str(out)),
         check=True,
         capture_output=True,
         timeout=60,

@@ -43,6 +43,7 @@ from ..diagnosis import Record, Thresholds
 from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, limits_from_settings
 from ..metrics.snapshot import Sample, Snapshot
 from .base import Clock, Context
+from .job_maker import JobMaker
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def parse_body(raw: bytes) -> tuple[str, str, list[Record]]:
     return project, experiment, records
 
 
-class PushSource:
+class PushSource(JobMaker):
     """Jobs fed by HTTP pushes. Not polled: each accepted push publishes a new snapshot."""
 
     name = NAME
@@ -330,16 +331,7 @@ class PushSource:
                         f"client {client or '?'} already pushes {self.max_jobs_per_client} jobs "
                         "(push_max_jobs_per_client)",
                     )
-                job = Job(
-                    project,
-                    experiment,
-                    self.th,
-                    self.limits,
-                    self._rejected,
-                    clock=self.clock,
-                    total_steps=self.total_steps,
-                    windows=self.windows,
-                )
+                job = self.new_job(project, experiment)
                 pushed = self._jobs[key] = _Pushed(job, now, client)
                 self._per_client[client] += 1
                 log.info(

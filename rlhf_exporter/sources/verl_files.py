@@ -52,6 +52,7 @@ from ..diagnosis import Thresholds
 from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, clean_label, limits_from_settings
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult
+from .job_maker import JobMaker
 from .verl_reader import RecordReader
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ def labels_from_path(path: Path) -> tuple[str, str]:
     return path.parent.name or "default", experiment
 
 
-class VerlFileSource(PollingSource):
+class VerlFileSource(PollingSource, JobMaker):
     def __init__(
         self,
         th: Thresholds,
@@ -333,16 +334,7 @@ class VerlFileSource(PollingSource):
             path,
             project,
             experiment,
-            Job(
-                project,
-                experiment,
-                self.th,
-                self.limits,
-                self._rejected,
-                clock=self.clock,
-                total_steps=self.total_steps,
-                windows=self.windows,
-            ),
+            self.new_job(project, experiment),
             RecordReader(self.max_line),
         )
         log.info(

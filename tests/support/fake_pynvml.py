@@ -150,6 +150,18 @@ class FakeClock:
         self._t += seconds
 
 
+# the NVML calls of the health readings (issue 23): a GPU whose `unsupported` holds all of
+# them has none (the source asks each once, then skips it)
+HEALTH_CALLS = (
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetRetiredPages",
+    "nvmlDeviceGetRetiredPagesPendingStatus",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceRegisterEvents",
+)
+
+
 @dataclass
 class FakeGpu:
     index: int

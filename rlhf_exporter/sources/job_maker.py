@@ -1,0 +1,35 @@
+"""What the verl sources (files and pushes) share to create a job: the `Job` of a
+project/experiment built from the source's own thresholds, limits, record-error counter,
+clock, total steps and window board."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ..diagnosis import Thresholds
+from ..jobs import Job, Limits
+from .base import Clock
+
+
+class JobMaker:
+    """Mixin of a source that creates `Job`s; the source sets these attributes."""
+
+    th: Thresholds
+    limits: Limits
+    clock: Clock
+    total_steps: int | None
+    windows: Any  # the WindowBoard its jobs post step timelines to
+    _rejected: Counter[str]  # what ingestion drops, by reason, shared by all its jobs
+
+    def new_job(self, project: str, experiment: str) -> Job:
+        return Job(
+            project,
+            experiment,
+            self.th,
+            self.limits,
+            self._rejected,
+            clock=self.clock,
+            total_steps=self.total_steps,
+            windows=self.windows,
+        )
