@@ -36,8 +36,12 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {
     "bash scripts/test.sh": "the whole suite, this test included (it would run itself)",
+    "sudo bash scripts/build-image.sh": (
+        "builds the container image as root (debootstrap + buildah, minutes): scripts/test.sh "
+        "runs it before pytest, and tests/test_image.py runs the image it builds"
+    ),
 }
-SKIP_COUNT = 2  # the README's first block and its Develop section
+SKIP_COUNT = 3  # the README's first block, its Develop section, and the image build
 INSTALL_DEADLINE = 900.0  # the first command creates the virtualenv and installs, then serves
 SERVE_DEADLINE = 60.0
 

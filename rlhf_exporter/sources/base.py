@@ -151,6 +151,7 @@ class PollingSource:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one poll at a time (thread vs. poll_once in tests)
         self._warned_at: dict[str, float] = {}  # failure reason -> monotonic time of its warning
+        self._problem_warned = False  # the current problem was warned: its recovery is told
 
     # -- to implement -------------------------------------------------------------------
     def poll(self) -> PollResult:
@@ -216,9 +217,9 @@ class PollingSource:
                 self._problem = result.down
             last_success = self._snapshot.last_success
         elif self._problem is not None:
-            quiet = time.monotonic() - self._warned_at.get(self._problem, -LOG_EVERY) < LOG_EVERY
+            # a recovery is told where its failure was (a flapping source's are both quiet)
             log.log(
-                logging.DEBUG if quiet else logging.INFO,
+                logging.INFO if self._problem_warned else logging.DEBUG,
                 "%s source recovered",
                 self.name,
                 extra={"collector": self.name},
@@ -264,6 +265,7 @@ class PollingSource:
                 extra={"collector": self.name, "reason": reason},
             )
             self._problem = reason
+            self._problem_warned = not again
         old = self._snapshot
         self._snapshot = replace(
             old,
