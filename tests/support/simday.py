@@ -19,6 +19,7 @@ and `Day.check()` runs promtool. Simulated time 0 is promtool's time 0 (its `tim
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import subprocess
@@ -67,7 +68,10 @@ def trace_steps(path: Path) -> list[list[dict]]:
     steps: dict[int, list[dict]] = {}
     for line in path.read_bytes().splitlines():
         if line.strip():
-            rec = orjson.loads(line)
+            try:
+                rec = orjson.loads(line)
+            except orjson.JSONDecodeError:  # verl 0.6 wrote bare NaN (json.dumps), as read
+                rec = json.loads(line)
             if rec["step"] >= 1:
                 steps.setdefault(rec["step"], []).append(rec)
     return [steps[k] for k in sorted(steps)]
