@@ -36,12 +36,13 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {
     "bash scripts/test.sh": "the whole suite, this test included (it would run itself)",
+    "SKIP_IMAGE=1 bash scripts/test.sh": "the whole suite again, without the image build",
     "sudo bash scripts/build-image.sh": (
         "builds the container image as root (debootstrap + buildah, minutes): scripts/test.sh "
         "runs it before pytest, and tests/test_image.py runs the image it builds"
     ),
 }
-SKIP_COUNT = 3  # the README's first block, its Develop section, and the image build
+SKIP_COUNT = 4  # the suite in the first block and twice in Develop, and the image build
 INSTALL_DEADLINE = 900.0  # the first command creates the virtualenv and installs, then serves
 SERVE_DEADLINE = 60.0
 
@@ -162,6 +163,9 @@ def test_readme_commands_parse_and_the_skip_list_matches():
     assert len(cmds) >= 15
     skipped = [c for c, _ in cmds if bare(c) in SKIP]
     assert len(skipped) == SKIP_COUNT, skipped
+    for command, _ in cmds:  # a run of the whole suite would run this test again, and again
+        if "scripts/test.sh" in command and bare(command) not in SKIP:
+            assert " tests/" in bare(command), f"the whole suite, not skipped: {command}"
     first = cmds[0][0]
     assert first.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
     for command, _ in cmds[1:]:
