@@ -221,15 +221,15 @@ def live(tmp_path_factory):
             what="the recording rules to be evaluated",
         )
         # the job dashboard's alert annotations: the replayed regression pages (its `for:`
-        # scaled to seconds) by the time the rules caught up, or soon after on a busy machine
+        # scaled to seconds) by the time the rules caught up, or soon after on a busy machine.
+        # Waited for as the annotation reads it, a range query at 1 s steps: an alert that
+        # fired for one evaluation only (then a staleness marker) can fall between two steps
+        firing = f'ALERTS{{alertstate="firing",project="{PROJECT}",experiment="{GPU_JOB}"}}'
         wait_until(
-            lambda: prom.query(
-                f'max_over_time(ALERTS{{alertstate="firing",project="{PROJECT}",'
-                f'experiment="{GPU_JOB}"}}[1h])'
-            ),
+            lambda: query(prom, firing, False, start, time.time()),
             60,
             0.5,
-            what=f"an alert of {GPU_JOB} to fire",
+            what=f"an alert of {GPU_JOB} to fire, as the job dashboard's annotations read it",
         )
         yield prom, dashboards, start, absent_source_series(rule_dir), exporter
     finally:
