@@ -62,6 +62,7 @@ from prometheus_client.exposition import choose_encoder
 
 from .catalog import BY_NAME
 from .collector import add_samples, health_samples, new_family, process_samples
+from .lines import lines as direct_lines
 from .snapshot import Sample, SnapshotFn
 
 log = logging.getLogger(__name__)
@@ -183,26 +184,50 @@ def _same_lines(encoder: Encoder) -> bool:
         return True
     metrics = list(BY_NAME.values())
     by_name: dict[str, Any] = {}
-    add_samples(  # the way every served sample becomes a family
-        by_name,
-        (
-            Sample(
-                metric.name,
-                tuple(
-                    _PROBE_LABELS[(i + j + n) % len(_PROBE_LABELS)] + str(j)
-                    for n in range(len(metric.labels))
-                ),
-                v,
-            )
-            for i, metric in enumerate(metrics)
-            for j, v in enumerate(_PROBE_VALUES)
-        ),
-    )
+    add_samples(by_name, _probe_samples())  # the way every served sample becomes a family
     fams = [by_name[m.name] for m in metrics]
     try:
         return _probe_lines(encoder, metrics, fams) == _probe_lines(reference, metrics, fams)
     except ValueError:
         return False
+
+
+def _probe_samples() -> list[Sample]:
+    """Samples of every catalog family with the hardest label values and numbers."""
+    return [
+        Sample(
+            metric.name,
+            tuple(
+                _PROBE_LABELS[(i + j + n) % len(_PROBE_LABELS)] + str(j)
+                for n in range(len(metric.labels))
+            ),
+            v,
+        )
+        for i, metric in enumerate(BY_NAME.values())
+        for j, v in enumerate(_PROBE_VALUES)
+    ]
+
+
+_DIRECT: list[bool] = []  # whether `lines.lines` writes what prometheus_client writes
+
+
+def direct_lines_verified() -> bool:
+    """Whether `rlhf_exporter.metrics.lines` writes every probe sample's line exactly as
+    prometheus_client's text 0.0.4 encoder does (checked once per process): only then are
+    the shared lines written directly."""
+    if not _DIRECT:
+        reference, _ = choose_encoder("")
+        metrics = list(BY_NAME.values())
+        samples = _probe_samples()
+        by_name: dict[str, Any] = {}
+        add_samples(by_name, samples)
+        try:
+            want = _probe_lines(reference, metrics, [by_name[m.name] for m in metrics])
+        except ValueError:
+            want = []
+        got = direct_lines(samples)
+        _DIRECT.append(got is not None and [got.get(m.name) for m in metrics] == want)
+    return _DIRECT[0]
 
 
 def _probe_lines(encoder: Encoder, metrics: Sequence[Any], fams: Sequence[Any]) -> list[bytes]:
@@ -444,6 +469,16 @@ class Exposition:
         lines = frag.lines.get(key)
         if lines is not None:
             return lines
+        if key == _SHARED and direct_lines_verified():
+            # a whole job written directly costs less than hashing its families to find the
+            # unchanged ones; None: a malformed sample, prometheus_client's checked path
+            direct = direct_lines(frag.samples)
+            if direct is not None:
+                self.stats["samples_encoded"] += len(frag.samples)
+                self.stats["direct_fragments"] += 1
+                frag.counted = True
+                frag.lines[key] = direct
+                return direct
         groups = _families_of(frag.samples)
         if groups is None:  # a malformed sample: the fragment as a whole, its drops counted
             lines = self._encode(frag, frag.samples, encoder, ctype)[0]
