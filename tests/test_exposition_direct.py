@@ -25,7 +25,7 @@ from rlhf_exporter.metrics import lines as direct
 from rlhf_exporter.metrics.catalog import BY_NAME
 from rlhf_exporter.metrics.collector import add_samples, families, new_family
 from rlhf_exporter.metrics.exposition import Exposition
-from rlhf_exporter.metrics.snapshot import Sample
+from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 from rlhf_exporter.sources.verl_files import VerlFileSource
 
 TEXT = "text/plain;version=0.0.4"
@@ -145,3 +145,32 @@ def test_cached_bodies_equal_uncached_ones_for_random_step_orders(
                 fresh = Exposition([lambda: snaps[0]]).render(accept)[0]
                 assert fresh == want
     assert use_direct == (ex.stats["direct_fragments"] > 0)
+
+
+def test_a_scrape_during_a_build_gets_the_last_body_at_once():
+    """While a build holds the exposition (the warm thread after a poll), a scrape of a format
+    that has a body gets that body without waiting; a format without one waits for the build."""
+    import threading
+
+    j = ("p", "e")
+    snaps = [Snapshot("verl", True, rest=(), parts=((Sample("rlhf_step", j, 1.0),),))]
+    ex = Exposition([lambda: snaps[0]])
+    first, _, _ = ex.render(OPENMETRICS, want_gzip=True)
+    snaps[0] = Snapshot("verl", True, rest=(), parts=((Sample("rlhf_step", j, 2.0),),))
+    stale: list[bytes] = []
+    got: list[bytes] = []
+    with ex._lock:  # a build under way
+        scrape = threading.Thread(
+            target=lambda: stale.append(ex.render(OPENMETRICS, want_gzip=True)[0]), daemon=True
+        )
+        scrape.start()
+        scrape.join(10)
+        assert stale and stale[0] is first and ex.stats["served_while_building"] == 1
+        waiting = threading.Thread(target=lambda: got.append(ex.render(TEXT)[0]), daemon=True)
+        waiting.start()  # text has no body yet: it waits for the lock
+        waiting.join(0.5)
+        assert waiting.is_alive() and not got
+    waiting.join(30)
+    assert got and b'rlhf_step{experiment="e",project="p"} 2.0' in got[0]
+    body, _, _ = ex.render(OPENMETRICS, want_gzip=True)  # nothing under way: the new step
+    assert b'project="p"} 2.0' in gzip.decompress(body)

@@ -41,7 +41,9 @@ warm thread, which re-checks under the lock that a format is still wanted).
 
 A fragment that fails to encode (a bug; samples are checked before) is left out and counted:
 it never takes another job's series or the whole scrape with it. One render at a time;
-scrapers that arrive meanwhile get the same cached bytes.
+scrapers that arrive meanwhile get the same cached bytes, or, when the format has a body
+already, that body at once (issue 37: a scrape in phase with the polls never waits for the
+build that follows each poll; what it gets is at most one build old).
 """
 
 from __future__ import annotations
@@ -325,23 +327,45 @@ class Exposition:
     def render(self, accept: str | None = None, want_gzip: bool = False) -> tuple[bytes, str, bool]:
         """(body, content type, gzipped) for a scrape with this Accept header."""
         encoder, ctype = negotiate(accept)
-        with self._lock:  # one render at a time; scrapers that wait then share its bytes
-            last = self._wanted.get(ctype)
-            self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
-            if last is None and len(self._wanted) > MAX_FORMATS:
-                # the least recently scraped other format goes; the lines it shares with
-                # this one are kept, as this one is wanted already
-                others = (c for c in self._wanted if c != ctype)
-                self._forget(min(others, key=lambda c: self._wanted[c][1]))
-                self.stats["formats_evicted"] += 1
-            body = self._current(encoder, ctype, want_gzip)
-            if want_gzip:
-                if body.gzipped is None:
-                    body.gzipped = self._gzip(body)
-                return body.gzipped, ctype, True
-            if body.plain is None:
-                body.plain = b"".join(self._plain_parts(body))
-            return body.plain, ctype, False
+        if not self._lock.acquire(blocking=False):
+            # a build is under way (most often the warm thread's, after a poll): the body it
+            # replaces is at most one poll old, and a scrape in phase with the polls would
+            # otherwise wait for every build (issue 37)
+            ready = self._ready(ctype, want_gzip)
+            if ready is not None:
+                self.stats["served_while_building"] += 1
+                return ready, ctype, want_gzip
+            self._lock.acquire()
+        try:  # one render at a time; scrapers that wait then share its bytes
+            return self._render(encoder, ctype, want_gzip)
+        finally:
+            self._lock.release()
+
+    def _ready(self, ctype: str, want_gzip: bool) -> bytes | None:
+        """The last body built for this format in this encoding, if any (read without the
+        lock: a body's bytes are set once and never changed)."""
+        body = self._bodies.get(ctype)
+        if body is None:
+            return None
+        return body.gzipped if want_gzip else body.plain
+
+    def _render(self, encoder: Encoder, ctype: str, want_gzip: bool) -> tuple[bytes, str, bool]:
+        last = self._wanted.get(ctype)
+        self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
+        if last is None and len(self._wanted) > MAX_FORMATS:
+            # the least recently scraped other format goes; the lines it shares with
+            # this one are kept, as this one is wanted already
+            others = (c for c in self._wanted if c != ctype)
+            self._forget(min(others, key=lambda c: self._wanted[c][1]))
+            self.stats["formats_evicted"] += 1
+        body = self._current(encoder, ctype, want_gzip)
+        if want_gzip:
+            if body.gzipped is None:
+                body.gzipped = self._gzip(body)
+            return body.gzipped, ctype, True
+        if body.plain is None:
+            body.plain = b"".join(self._plain_parts(body))
+        return body.plain, ctype, False
 
     def warm(self) -> None:
         """Encode what changed for the formats scraped lately (the warm thread calls this).
