@@ -103,6 +103,14 @@ class GenRMReplica:
         pool_name = f"rollout_pool_genrm_{self.replica_rank}"
 """
 
+NEW_WORKER = """
+class Worker:
+    def generate_sequences(self, prompts):
+        output = self.rollout.generate(prompts)
+        output.meta_info["timing"] = {"dataplane/put": 0.1, "generate_sequences": 2.0}
+        return output
+"""
+
 NEW_LOGGER = """
 import os, json
 
@@ -123,6 +131,7 @@ def make_tree(root: Path) -> Path:
     (root / "verl" / "trainer" / "fused_trainer.py").write_text(NEW_RELEASE)
     (root / "verl" / "workers" / "rollout" / "genrm.py").write_text(NEW_SERVER)
     (root / "verl" / "utils" / "tracking.py").write_text(NEW_LOGGER)
+    (root / "verl" / "workers").joinpath("worker.py").write_text(NEW_WORKER)
     (root / "verl" / "broken.py").write_text("def (:\n")  # unparsable: skipped, counted
     return root
 
@@ -142,6 +151,8 @@ def test_a_timer_the_contract_does_not_name_fails_the_check(tmp_path, capsys):
     assert "UNKNOWN VERL_LOG_FILE" in out and "UNKNOWN VERL_FILE_LOGGER_PATH" in out
     assert "UNKNOWN {global_step, metrics} by json.dumps, open(mode='a')" in out
     assert "1 skipped" in out
+    # a timer a worker hands over in meta_info["timing"] (merged into the step's timers)
+    assert "UNKNOWN dataplane/put" in out and "worker.py:5 (meta_info timing)" in out
 
 
 def test_the_same_tree_as_a_wheel_and_as_an_sdist(tmp_path, capsys):

@@ -231,6 +231,11 @@ def _read_module(tree: Tree, name: str, module: ast.Module, reached: dict[str, s
             timer = _timer(name, node, outer, steps, reached, agent_loop)
             if timer is not None:
                 tree.timers.append(timer)
+        elif isinstance(node, ast.Assign):
+            for key, line in _timing_keys(node):
+                if not key.startswith("agent_loop/"):  # per-sample statistics, not windows
+                    where = f"{name}:{line}"
+                    tree.timers.append(Timer(key, repr(key), where, "meta_info timing", agent_loop))
         if isinstance(node, ast.ClassDef) and node.name == "FileLogger":
             _file_logger(tree, name, node)
         if isinstance(node, ast.Dict):
@@ -251,6 +256,33 @@ def _role_strings(tree: Tree, node: ast.Dict) -> None:
             return
         pairs.append((k.attr, text))
     tree.role_strings.update(pairs)
+
+
+def _is_meta_timing(node: ast.AST) -> bool:
+    """`<x>["timing"]`: a worker's `output.meta_info["timing"]`, which the trainer merges into
+    the step's timers (`timing_raw.update(output.meta_info["timing"])`)."""
+    return (
+        isinstance(node, ast.Subscript)
+        and _literal(node.slice) == "timing"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "meta_info"
+    )
+
+
+def _timing_keys(node: ast.Assign) -> Iterator[tuple[str, int]]:
+    """Keys a worker hands the trainer as timers without a timer call
+    (`meta_info["timing"] = {"get_teacher_knowledge": ...}` in GKD,
+    `meta_info["timing"]["x"] = ...`)."""
+    for target in node.targets:
+        if isinstance(target, ast.Subscript) and _is_meta_timing(target.value):
+            key = _literal(target.slice)
+            if key:
+                yield key, node.lineno
+        elif _is_meta_timing(target) and isinstance(node.value, ast.Dict):
+            for k in node.value.keys:
+                key = _literal(k) if k is not None else None
+                if key:
+                    yield key, node.lineno
 
 
 def _timer(
