@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
@@ -10,6 +11,7 @@ from .values import _INF, AGENT_LOOP, TIMER_PREFIX
 
 _PREFIX_LEN = len(TIMER_PREFIX)
 _ZERO = dict.fromkeys(GROUPS, 0.0)
+_NO_GROUPS: Mapping[str, str] = MappingProxyType({})
 MEMO_SIZE = 256
 """Entries each memo below keeps. A job writes the same keys step after step, so a few
 shapes cover a fleet; a flood of shapes only costs a recomputation."""
@@ -24,6 +26,7 @@ class Windows(NamedTuple):
     untimed_seconds: float  # R
     shares: Mapping[str, float]  # every group, unrounded
     checkpoint_seconds: float = 0.0  # save_checkpoint when it ran inside the step (§2), else 0
+    timer_groups: Mapping[str, str] = _NO_GROUPS  # the group each counted timer counted in
 
     @property
     def busy_seconds(self) -> float:
@@ -131,6 +134,7 @@ def split(
     if th.split_timers:
         all_timers = split_inner(all_timers, th, batches)
     counted: dict[str, float] = {}
+    groups: dict[str, str] = {}
     group_seconds = _ZERO.copy()
     total = 0.0  # C: every named counted timer but the checkpoint
     checkpoint: tuple[float, str] | None = None
@@ -144,6 +148,7 @@ def split(
             checkpoint = (value, group)
             continue
         counted[name] = value
+        groups[name] = group
         group_seconds[group] += value
         total += value
     checkpoint_seconds = 0.0
@@ -152,11 +157,13 @@ def split(
     ):
         checkpoint_seconds, group = checkpoint
         counted[th.checkpoint_timer] = checkpoint_seconds
+        groups[th.checkpoint_timer] = group
         group_seconds[group] += checkpoint_seconds
         total += checkpoint_seconds
     if unnamed:  # N = total now
         clipped = clip_unnamed(unnamed, step_seconds - total)
         counted.update(clipped)
+        groups.update(dict.fromkeys(clipped, "other"))
         clipped_seconds = sum(clipped.values())
         group_seconds["other"] += clipped_seconds
         total += clipped_seconds
@@ -166,7 +173,9 @@ def split(
     group_seconds["other"] += untimed
     scale = 1.0 / (step_seconds if step_seconds > total else total)
     shares = {g: t * scale for g, t in group_seconds.items()}
-    return Windows(step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds)
+    return Windows(
+        step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds, groups
+    )
 
 
 def clip_unnamed(unnamed: list[tuple[str, float]], room: float) -> dict[str, float]:
