@@ -15,6 +15,7 @@ import pytest
 from rlhf_exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
 from rlhf_exporter.jobs import Job
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.view.report import step_json
 
 VENDORED = Path(__file__).parent / "fixtures" / "traces"
 
@@ -137,6 +138,12 @@ def test_the_unnamed_timer_stays_a_phase_with_its_own_seconds(thresholds):
     raw = next(r.data["timing_s/my_dedup"] for r in reversed(records) if "timing_s/step" in r.data)
     assert job.last is not None and job.last.timers["my_dedup"] == raw
     assert job.last.windows.counted.get("my_dedup", 0.0) < raw  # clipped in `other`
+    assert job.last.windows.unnamed == ("my_dedup",)
+    phases = {
+        s.labels[-1]: s.value for s in job.samples() if s.name == "rlhf_phase_duration_seconds"
+    }
+    assert phases["my_dedup"] == raw  # rlhf_phase_duration_seconds{phase="my_dedup"}
+    assert step_json(job.last)["unnamed_timers"] == {"my_dedup": round(raw, 6)}  # diagnose
 
 
 def test_v2_traces_show_what_v2_changed(thresholds):

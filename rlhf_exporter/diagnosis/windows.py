@@ -27,6 +27,7 @@ class Windows(NamedTuple):
     shares: Mapping[str, float]  # every group, unrounded
     checkpoint_seconds: float = 0.0  # save_checkpoint when it ran inside the step (§2), else 0
     timer_groups: Mapping[str, str] = _NO_GROUPS  # the group each counted timer counted in
+    unnamed: tuple[str, ...] = ()  # timers the thresholds do not name (clipped into `other`)
 
     @property
     def busy_seconds(self) -> float:
@@ -173,8 +174,9 @@ def split(
     group_seconds["other"] += untimed
     scale = 1.0 / (step_seconds if step_seconds > total else total)
     shares = {g: t * scale for g, t in group_seconds.items()}
+    names = tuple(name for name, _ in unnamed)
     return Windows(
-        step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds, groups
+        step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds, groups, names
     )
 
 
