@@ -209,3 +209,17 @@ def test_bad_input_exits_2_with_a_message(tmp_path, capsys):
     junk.write_bytes(b"\x00" * 10)
     assert main(["verl-drift", str(junk)]) == 2
     assert "not a directory, a wheel or an sdist" in capsys.readouterr().err
+
+
+def test_a_hostile_log_is_bounded_and_its_bad_lines_counted(tmp_path, capsys, monkeypatch):
+    from rlhf_exporter.drift import check
+
+    monkeypatch.setattr(check, "MAX_LOG_NAMES", 50)
+    log = tmp_path / "flood.jsonl"
+    lines = [json.dumps({"step": i, "data": {f"timing_s/t{i}": 1.0}}) for i in range(200)]
+    lines += ["not json", json.dumps({"global_step": 1, "metrics": {}})]  # EasyR1-like
+    log.write_text("\n".join(lines) + "\n")
+    code, out = drift(str(log), "--unknown-only", capsys=capsys)
+    assert code == 1
+    assert "200 records read, 2 lines rejected" in out
+    assert out.count("UNKNOWN t") == 50 and "UNKNOWN 150 more names" in out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..config import load_thresholds
@@ -102,12 +103,23 @@ def _log(path: Path, th: Thresholds) -> tuple[list[Finding], str]:
     from ..sources.verl_reader import RecordReader
 
     reader = RecordReader()
-    with path.open("rb") as f:
-        records: list[Record] = []
-        while chunk := f.read(1 << 20):
-            records += reader.feed(chunk)
-    reader.finish()
-    return check_records(records, th), f"{path}: {len(records)} records read"
+    count = 0
+
+    def records() -> Iterator[Record]:  # streamed: a log of any size in bounded memory
+        nonlocal count
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                for record in reader.feed(chunk):
+                    count += 1
+                    yield record
+        reader.finish()
+
+    findings = check_records(records(), th)
+    header = f"{path}: {count} records read"
+    rejected = sum(reader.rejected.values())
+    if rejected:
+        header += f", {rejected} lines rejected (not verl's {{step, data}} records)"
+    return findings, header
 
 
 KINDS = {

@@ -75,6 +75,7 @@ SERVER_WORDS = (
 )
 """The words of verl's rollout actor names (replica.py, *_async_server.py, *_pd_replica.py);
 a name with another word may be a new kind of server that discovery would call rollout."""
+MAX_LOG_NAMES = 10_000  # distinct timer and MFU-stage names a log's check keeps
 SERVER_CLASS = "vLLMHttpServer"  # the class a server name is checked with
 
 
@@ -273,14 +274,24 @@ def check_records(records: Iterable[Record], th: Thresholds) -> list[Finding]:
     """A log's timers and MFU stages (`timing_s/*`, `perf/mfu/*`), each with its first step."""
     timers: dict[str, str] = {}
     stages: dict[str, str] = {}
+    dropped = 0  # names past MAX_LOG_NAMES (a hostile log): counted, not kept
     for record in records:
         for key in record.data:
             name = timer_name(key)
-            if name is not None:
-                timers.setdefault(name, f"step {record.step}")
-            elif key.startswith(MFU_PREFIX):
-                stages.setdefault(key[len(MFU_PREFIX) :], f"step {record.step}")
+            seen = timers if name is not None else stages if key.startswith(MFU_PREFIX) else None
+            if seen is None:
+                continue
+            label = name if name is not None else key[len(MFU_PREFIX) :]
+            if label in seen:
+                continue
+            if len(timers) + len(stages) >= MAX_LOG_NAMES:
+                dropped += 1
+                continue
+            seen[label] = f"step {record.step}"
     out = []
+    if dropped:
+        why = f"more timer or MFU-stage names than {MAX_LOG_NAMES}: not listed"
+        out.append(Finding("timer", f"{dropped} more names", (), False, why))
     for name, where in timers.items():
         note = _timer_note(name, th)
         out.append(

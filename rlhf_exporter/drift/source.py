@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 import tarfile
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +90,7 @@ def read_tree(path: Path) -> Tree:
         try:
             parsed.append((name, ast.parse(data, filename=name)))
             tree.files += 1
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             tree.skipped += 1
     reached = _reached_from_step(parsed)
     for name, module in parsed:
@@ -396,7 +396,3 @@ def installed_verl() -> Path | None:
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
-
-
-def unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
