@@ -9,12 +9,18 @@ import os
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rlhf_exporter.cli import main
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.drift.check import check_tree
+from rlhf_exporter.drift.source import read_tree
 from tests.support.verl_config import VERL_VERSION, verl_dir, verl_version
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
@@ -223,3 +229,21 @@ def test_a_hostile_log_is_bounded_and_its_bad_lines_counted(tmp_path, capsys, mo
     assert code == 1
     assert "200 records read, 2 lines rejected" in out
     assert out.count("UNKNOWN t") == 50 and "UNKNOWN 150 more names" in out
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(st.lists(st.binary(max_size=300) | st.text(max_size=300).map(str.encode), max_size=6))
+def test_hostile_sources_and_logs_never_crash_the_check(tmp_path, blobs):
+    """Property: any bytes, as Python files of a tree or as a log, give findings or exit 2,
+    never a traceback."""
+    tree = Path(tempfile.mkdtemp(dir=tmp_path))  # a fresh tree per example
+    for i, blob in enumerate(blobs):
+        (tree / f"m{i}.py").write_bytes(blob)
+    found = read_tree(tree)
+    assert found.files + found.skipped == len(blobs)
+    check_tree(found, load_thresholds())
+    log = tree / "x.jsonl"
+    log.write_bytes(b"\n".join(blobs))
+    assert main(["verl-drift", str(log)]) in (0, 1)
