@@ -1132,3 +1132,19 @@ def test_verl_06_sync_rollout_places_the_weight_load_before_the_generation():
         "load",
         "generate_sequences",
     ]
+
+
+def test_a_board_nobody_reads_stays_bounded():
+    """Without an NVML source (a node with no GPU, or NVML down) nothing takes the posted
+    steps: the board still holds at most keep x max_jobs of them, the newest."""
+    from rlhf_exporter.gpuwindows.board import WindowBoard
+
+    records, _ = simulate(3, seed=4, t0=1000.0)
+    (tl, *_) = timelines(records, delay=0.0)
+    board = WindowBoard(keep=2, max_jobs=3)
+    for i in range(50):
+        board.post((f"p{i % 5}", "e"), tl._replace(step=i))
+    new = board.take_new()
+    assert len(new) == 2 * 3
+    assert [t.step for _, t in new] == list(range(44, 50))
+    assert len(board.jobs()) == 3 and board.take_new() == []
