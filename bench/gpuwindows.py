@@ -35,9 +35,9 @@ from rlhf_exporter.diagnosis.timeline import (  # noqa: E402
     place_substeps,
     place_untimed,
 )
-from rlhf_exporter.gpuwindows.board import WindowBoard  # noqa: E402
 from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
+from rlhf_exporter.windows_api import WindowBoard  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
 
 STEP = 30.0

@@ -47,11 +47,12 @@ from .diagnosis import (
     history,
 )
 from .diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
-from .diagnosis.engines import EngineEvidence, EngineLimits, refine, rollout_spans
+from .diagnosis.engines import EngineEvidence, refine, rollout_spans
 from .diagnosis.episodes import Episode, episodes
 from .diagnosis.timeline import Placer, Timeline
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .diagnosis.windows import timer_name
+from .join.ports import Engines, StepWindows
 from .lifecycle import STATES, UNKNOWN, RayFact, job_state
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
@@ -243,7 +244,8 @@ class Job:
         *,
         clock: Callable[[], float] = time.time,
         total_steps: int | None = None,
-        windows: Any = None,
+        windows: StepWindows | None = None,
+        engines: Engines | None = None,
     ):
         # what ingestion drops is counted here (a source passes its record_errors counter)
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
@@ -268,6 +270,8 @@ class Job:
         self._clock = clock
         self.total_steps = total_steps
         self._windows = windows  # a WindowBoard: each classified step's timeline goes there
+        # the engine source: a step's rollout window joins the engines' samples through it
+        self._engines = engines if windows is not None else None
         self._placer = Placer(th)  # places steps in time (fully-async: shifted sub-steps)
         self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
@@ -388,7 +392,7 @@ class Job:
         anchor: Record | None = None
         # with engine evidence the batch's last diagnosis waits for its timeline (its reason
         # may come from the engines); without, every step is classified as it comes
-        engines = getattr(self._windows, "engines", None)
+        engines = self._engines
         pending: StepDiagnosis | None = None
         for record in records:
             try:
@@ -432,7 +436,7 @@ class Job:
                 timelines = self._placer.place(
                     post.step, post.windows, post.timers, anchor.data, self._arrival
                 )
-                if pending is not None and pending is post and timelines:
+                if engines is not None and pending is not None and pending is post and timelines:
                     pending = self._with_engines(pending, timelines, engines)
                 for timeline in timelines:
                     self._windows.post(self.labels, timeline)
@@ -445,7 +449,7 @@ class Job:
         return n
 
     def _with_engines(
-        self, d: StepDiagnosis, timelines: Sequence[Timeline], engines: Any
+        self, d: StepDiagnosis, timelines: Sequence[Timeline], engines: Engines
     ) -> StepDiagnosis:
         """The step's reason and evidence with the engines' evidence over its rollout window
         (a `rollout` verdict's reason comes from the engines when usable and one holds); a
@@ -462,7 +466,7 @@ class Job:
         self._engine_windows["true" if ev.usable else "false"] += 1
         if ev.usable:
             self._engine_preemptions += ev.preemptions
-        limits = getattr(engines, "limits", None) or EngineLimits()
+        limits = engines.limits
         reason, evidence = refine(
             d.verdict, d.reason, d.evidence, ev if ev.usable else None, limits
         )

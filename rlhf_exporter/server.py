@@ -74,9 +74,7 @@ class Endpoints:
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
-    windows_api: Any = (
-        None  # GET /api/v1/windows (rlhf_exporter/gpuwindows/board.py): None when off
-    )
+    windows_api: Any = None  # GET /api/v1/windows (rlhf_exporter/join/board.py): None when off
     window_view: Any = None  # the NVML source's WindowJoiner: GPU time by window in the job view
     balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
     exposition: Exposition = field(init=False)

@@ -17,8 +17,8 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.diagnosis.engines import EngineLimits, rollout_spans
-from rlhf_exporter.gpuwindows.board import WindowBoard
 from rlhf_exporter.jobs import Job
+from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource
 from tests.support.sim_engine import EngineSim, SimClock, scenario
@@ -87,8 +87,7 @@ def replay(trace: str, scenario_name: str | None):
         active=lambda: True,
         limits=EngineLimits.from_document(th.document),
     )
-    board.engines = source
-    job = Job("p", "e", th, clock=clock, windows=board)
+    job = Job("p", "e", th, clock=clock, windows=board, engines=source)
     clock.t = T0
     for recs, at in zip(groups, arrivals, strict=True):
         while clock.t < at:  # read the engines every second around the rollout windows
@@ -187,18 +186,18 @@ def test_the_sidecar_wires_engines_only_where_they_can_be_found() -> None:
         "RLHF_EXPORTER_RAY": "false",
     }
     plain = serve_mod.Sidecar(settings_mod.resolve(None, base))
-    try:  # no Ray and no targets: no engine source, and the board (kept for the head's
-        # windows API, issue 23) has none either
+    try:  # no Ray and no targets: no engine source, and the push source (whose board is kept
+        # for the head's windows API, issue 23) has none either
         assert [s.name for s in plain.sources] == ["push"]
         assert plain.engines is None
-        assert plain.push is not None and plain.push.windows.engines is None
+        assert plain.push is not None and plain.push.engines is None
     finally:
         plain.server.server_close()
     s = settings_mod.resolve(None, {**base, "RLHF_EXPORTER_ENGINE_TARGET": "127.0.0.1:1"})
     wired = serve_mod.Sidecar(s)
     try:
         assert wired.engines is not None and "engines" in [x.name for x in wired.sources]
-        assert wired.push is not None and wired.push.windows.engines is wired.engines
+        assert wired.push is not None and wired.push.engines is wired.engines
         # a sidecar that reads jobs serves their windows to worker sidecars (issue 23)
         assert wired.endpoints.windows_api is not None
     finally:

@@ -369,7 +369,7 @@ def run_sidecar(tmp_path, monkeypatch, roles, steps=20, seed=5, keep=8, sim=None
     import json
     import sys
 
-    from rlhf_exporter.gpuwindows.board import WindowBoard
+    from rlhf_exporter.join.board import WindowBoard
     from rlhf_exporter.sources.nvml import NvmlSource
     from rlhf_exporter.sources.ray import ActorProcess
     from rlhf_exporter.sources.verl_files import VerlFileSource
@@ -598,12 +598,13 @@ def test_worker_sidecar_matches_a_single_node_run(tmp_path, monkeypatch):
     import urllib.error
     import urllib.request
 
-    from rlhf_exporter.gpuwindows.board import WINDOWS_PATH, WindowBoard, WindowsApi
-    from rlhf_exporter.gpuwindows.remote import RemoteWindowsSource
+    from rlhf_exporter.join.board import WindowBoard
     from rlhf_exporter.server import Endpoints, make_server
     from rlhf_exporter.sources.nvml import NvmlSource
     from rlhf_exporter.sources.ray import ActorProcess
+    from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
     from rlhf_exporter.sources.verl_files import VerlFileSource
+    from rlhf_exporter.windows_api import WINDOWS_PATH, WindowsApi
     from tests.support.fake_pynvml import FakeRay
 
     roles = ["rollout", "rollout", "trainer", "trainer"]
@@ -678,7 +679,7 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
     import json
     import os
 
-    from rlhf_exporter.gpuwindows.board import WindowBoard, WindowJoiner
+    from rlhf_exporter.join.board import WindowBoard, WindowJoiner
     from rlhf_exporter.sources.verl_files import VerlFileSource
 
     records, _ = simulate(20, seed=8, t0=1000.0)
@@ -722,7 +723,7 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
 
 def test_two_jobs_on_one_node_are_not_joined(caplog):
     """NVML cannot tell which job a GPU serves: with two active jobs nothing is attributed."""
-    from rlhf_exporter.gpuwindows.board import WindowBoard, WindowJoiner
+    from rlhf_exporter.join.board import WindowBoard, WindowJoiner
 
     records, _ = simulate(2, seed=9, t0=1000.0)
     a, b = timelines(records, delay=0.0)
@@ -1019,14 +1020,14 @@ def test_fully_async_without_global_step_is_one_block_as_before():
 
 
 def _latest_anchors(posted):
-    from rlhf_exporter.gpuwindows.board import _latest_anchors as latest
+    from rlhf_exporter.join.board import _latest_anchors as latest
 
     return latest(posted)
 
 
 def _fully_async_job(records, keep=64):
-    from rlhf_exporter.gpuwindows.board import WindowBoard
     from rlhf_exporter.jobs import Job
+    from rlhf_exporter.join.board import WindowBoard
 
     board = WindowBoard(keep=keep)
     job = Job("p", "fa", TH, windows=board)
@@ -1137,7 +1138,7 @@ def test_verl_06_sync_rollout_places_the_weight_load_before_the_generation():
 def test_a_board_nobody_reads_stays_bounded():
     """Without an NVML source (a node with no GPU, or NVML down) nothing takes the posted
     steps: the board still holds at most keep x max_jobs of them, the newest."""
-    from rlhf_exporter.gpuwindows.board import WindowBoard
+    from rlhf_exporter.join.board import WindowBoard
 
     records, _ = simulate(3, seed=4, t0=1000.0)
     (tl, *_) = timelines(records, delay=0.0)

@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from rlhf_exporter.diagnosis.thresholds import seconds
+from rlhf_exporter.join.names import JobNames
 from rlhf_exporter.sources.nvml import NvmlSource
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.ray import RaySource
@@ -105,11 +106,12 @@ class Fleet:
         self.ray = RaySource(
             api.url, node_ips=["127.0.0.1"], clock=c, timeout=5.0, interval=ray_interval
         )
+        # as `serve` wires them: job states from Ray, a file wins its name over a push
+        facts, names = self.ray.facts(), JobNames()
         head_verl, head_push = (
-            VerlFileSource(th, [self.head_root], clock=c),
-            PushSource(th, clock=c),
+            VerlFileSource(th, [self.head_root], clock=c, facts=facts, names=names),
+            PushSource(th, clock=c, facts=facts, names=names),
         )
-        self.ray.tell(head_verl, head_push)  # as `serve` wires them: job states from Ray
         self.head = day.target(
             "head-v1:19839",
             [

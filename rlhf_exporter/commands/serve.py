@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, cast
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
+from ..join.board import WindowBoard
+from ..join.names import JobNames
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
@@ -28,7 +30,9 @@ from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
 
 if TYPE_CHECKING:
+    from ..demo.devices import DemoDevices
     from ..demo.job import DemoJob
+    from ..sources.ray import RaySource
 
 ORDER = 10
 log = logging.getLogger("rlhf_exporter.serve")
@@ -106,7 +110,7 @@ class Sidecar:
 
     def _build(self, settings: Any, clock: Clock) -> None:
         self.demo: DemoJob | None = None
-        self.demo_devices: Any = None  # the demo's simulated GPUs and Ray actors
+        self.demo_devices: DemoDevices | None = None  # the demo's simulated GPUs and Ray actors
         extra_roots: list[Path] = []
         if settings.demo:
             from ..demo.job import DemoJob
@@ -122,7 +126,6 @@ class Sidecar:
                 self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
             )
             extra_roots.append(self.tempdir)
-        windows = None
         # issue 17: GPU time by step window (the demo's simulated GPUs join it too); issue 23:
         # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
         # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
@@ -132,54 +135,60 @@ class Sidecar:
             (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows
         )
         engines_on = _engines_wanted(settings)
+        windows = None
         if gpu_windows or engines_on:
-            from ..gpuwindows.board import WindowBoard
-
             windows = WindowBoard(keep=settings.gpu_windows_keep)
-        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo, windows=windows)
-        self.sources: list[Source] = []
-        self.verl = VerlFileSource.from_settings(settings, context)
-        self.push = None
-        if settings.push:
-            _check_push_exposure(settings)
-            self.push = PushSource.from_settings(settings, context)
-        if self.verl is not None and self.push is not None:
-            self.push.claimed = self.verl.has_job  # a push never takes a file job's name,
-            self.verl.displace = self.push.displace  # and a new file takes it from a push
-        self.sources += [s for s in (self.verl, self.push) if s is not None]
-        self.ray = self._optional("ray", settings.ray, _ray, settings, context)
-        ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
-        if ray is not None:  # job states from Ray's Jobs API and death causes
-            cast(Any, ray).tell(self.verl, self.push)
+        context = Context(self.th, clock, tuple(extra_roots), windows=windows, names=JobNames())
+        # built in the order of what each needs (Ray, then NVML and the engines that read its
+        # actors, then the jobs' sources that read the engines and Ray's facts); exported in
+        # the order below
+        ray_source = self._optional("ray", settings.ray, _ray, settings, context)
+        ray = None
+        if ray_source is not None and not isinstance(ray_source, UnavailableSource):
+            ray = cast("RaySource", ray_source)
+        context = replace(context, ray=ray, facts=ray.facts() if ray is not None else None)
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
         nvml_windows = windows if self.demo is None and gpu_windows else None
         self.nvml = self._optional(
-            "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray, windows=nvml_windows)
+            "nvml", settings.nvml, _nvml, settings, replace(context, windows=nvml_windows)
         )
-        if gpu_windows and settings.gpu_windows_from:  # a worker: the head's windows
-            from ..gpuwindows.remote import RemoteWindowsSource
-
-            self.sources += [
-                s for s in (RemoteWindowsSource.from_settings(settings, context),) if s
-            ]
-        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
-            from ..demo.devices import DemoDevices
-
-            self.demo_devices = DemoDevices.from_settings(settings, context)
-            self.sources += [s for s in (self.demo_devices,) if s]
         self.engines = None
         found_by_ray = ray is not None and settings.ray_actors
         if engines_on and windows is not None and (found_by_ray or _engine_targets(settings)):
             # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
             from ..sources.engines import EngineSource
 
-            self.engines = EngineSource.from_settings(settings, replace(context, ray=ray))
-            if self.engines is not None:
-                board = windows
-                windows.engines = self.engines
-                self.engines.set_active(lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)))
-                self.sources.append(self.engines)
+            self.engines = EngineSource.from_settings(settings, context)
+            context = replace(context, engines=self.engines)
+        self.verl = VerlFileSource.from_settings(settings, context)
+        self.push = None
+        if settings.push:
+            _check_push_exposure(settings)
+            self.push = PushSource.from_settings(settings, context)
+        remote = None
+        if gpu_windows and settings.gpu_windows_from:  # a worker: the head's windows
+            from ..sources.remote_windows import RemoteWindowsSource
+
+            remote = RemoteWindowsSource.from_settings(settings, context)
+        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
+            from ..demo.devices import DemoDevices
+
+            self.demo_devices = DemoDevices.for_job(self.demo, context)
+        self.ray = ray_source
+        self.sources: list[Source] = [
+            s
+            for s in (
+                self.verl,
+                self.push,
+                ray_source,
+                self.nvml,
+                remote,
+                self.demo_devices,
+                self.engines,
+            )
+            if s is not None
+        ]
         self.endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
@@ -217,8 +226,6 @@ class Sidecar:
             source: Source | None = UnavailableSource(name, DEPENDENCY_MISSING, str(exc))
         else:
             source = source_cls.from_settings(settings, context)
-        if source is not None:
-            self.sources.append(source)
         return source
 
     @property
@@ -256,9 +263,6 @@ class Sidecar:
             shutil.rmtree(self.tempdir, ignore_errors=True)
 
 
-ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engines are read at 1 Hz
-
-
 def _engines_wanted(settings: Any) -> bool:
     """Engine scraping is on and has somewhere to find engines: Ray's rollout servers, verl's
     Prometheus file, a targets file or static targets."""
@@ -278,7 +282,7 @@ def _windows_api(windows: Any, settings: Any) -> Any:
     if windows is None:
         return None
     from ..auth import AuthGuard
-    from ..gpuwindows.board import WindowsApi
+    from ..windows_api import WindowsApi
 
     guard = AuthGuard(
         settings.push_token, "windows", settings.auth_fail_rate, settings.auth_fail_rate_total

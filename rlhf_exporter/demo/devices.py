@@ -41,11 +41,12 @@ from ..diagnosis.gpujoin import COLOCATED, ROLLOUT, TRAINER
 from ..diagnosis.thresholds import Thresholds
 from ..diagnosis.timeline import Interval, Timeline, rebuild
 from ..diagnosis.windows import separated_trainer, split, timers
-from ..gpuwindows.board import WindowBoard, WindowJoiner
+from ..join.board import WindowBoard, WindowJoiner
 from ..metrics.snapshot import Sample
 from ..sources.base import Clock, Context, PollingSource, PollResult
 from ..sources.ray import STATES
 from ..sources.roles import ROLES
+from .job import DemoJob
 from .scenario import IDLE, ROLLOUT_PENDING, ROLLOUT_RESTARTING, Phase
 
 NAME = "demo"
@@ -61,13 +62,13 @@ TRAINING_GROUPS = frozenset({"reward", "logprob", "update", "sync"})
 class DemoDevices(PollingSource):
     def __init__(
         self,
-        job: Any,
+        job: DemoJob,
         n_gpus: int = 8,
         interval: float = 1.0,
         seed: int = 0,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
-        windows: Any = None,
+        windows: WindowBoard | None = None,
         th: Thresholds | None = None,
     ):
         super().__init__(NAME, interval, wall=wall)
@@ -82,7 +83,7 @@ class DemoDevices(PollingSource):
         # (None when the sidecar keeps no step windows: --no-gpu-windows)
         self.joiner = None
         if windows is not None:
-            self.joiner = WindowJoiner(WindowBoard(keep=getattr(windows, "keep", 32)))
+            self.joiner = WindowJoiner(WindowBoard(keep=windows.keep))
         if self.joiner is not None and th is None:
             from ..config import load_thresholds
 
@@ -94,10 +95,12 @@ class DemoDevices(PollingSource):
 
     @classmethod
     def from_settings(cls, settings: Any, context: Context) -> DemoDevices | None:
-        """The demo's simulated devices, when `serve --demo` runs a demo job."""
-        if context.demo is None:
-            return None
-        return cls(context.demo, windows=context.windows, th=context.thresholds)
+        return None  # made by `serve --demo` for its demo job (`for_job`)
+
+    @classmethod
+    def for_job(cls, job: DemoJob, context: Context) -> DemoDevices:
+        """The demo job's simulated devices (`serve --demo`)."""
+        return cls(job, windows=context.windows, th=context.thresholds)
 
     def jobs(self) -> tuple:
         """No verl job of its own: the demo job is read from its file like any other."""

@@ -33,6 +33,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from ..join.ports import ActorPids, ActorProcess
+
 ROLLOUT_SERVER = re.compile(r"(vllm|sglang|trtllm)_server_(\d+)_(\d+)")
 """A rollout replica's server actor (verl 0.9.1); reward/teacher servers do not match."""
 MAX_PORTS = 8
@@ -143,7 +145,7 @@ class Targets:
         static: Iterable[str] = (),
         file_sd: str | None = None,
         prometheus_file: str | None = None,
-        ray: Any = None,
+        ray: ActorPids | None = None,
         probe_timeout: float = 0.5,
         proc: str = "/proc",
     ):
@@ -200,7 +202,7 @@ class Targets:
         if self.ray is None:
             return []
         try:
-            actors: Mapping[int, Any] = self.ray.pid_actors()
+            actors: Mapping[int, ActorProcess] = self.ray.pid_actors()
         except Exception:
             return []
         out = []

@@ -188,6 +188,9 @@ def parse(body: bytes, t: float) -> Read:
     return Read(EngineSample(t, **values), engine, None)
 
 
+ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engines are read at 1 Hz
+
+
 class EngineSource(PollingSource):
     def __init__(
         self,
@@ -230,8 +233,13 @@ class EngineSource(PollingSource):
 
     @classmethod
     def from_settings(cls, settings: Any, context: Context) -> EngineSource | None:
-        if not settings.engines:
+        """The engine source, when engine scraping is on and a window board keeps the
+        sidecar's steps: it samples at `engine_interval` while a job stepped in the last
+        ENGINE_ACTIVE seconds."""
+        board = context.windows
+        if not settings.engines or board is None:
             return None
+        clock = context.clock
         targets = Targets(
             static=settings.engine_target or (),
             file_sd=settings.engine_targets_file,
@@ -248,7 +256,8 @@ class EngineSource(PollingSource):
             max_replicas=settings.engine_max_replicas,
             ring=settings.engine_ring,
             limits=EngineLimits.from_document(context.thresholds.document),
-            clock=context.clock,
+            active=lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)),
+            clock=clock,
         )
 
     def describe(self) -> str:
@@ -256,10 +265,6 @@ class EngineSource(PollingSource):
             f"engines ({self.targets.describe()}; every {self.fast:g}s while a job steps, "
             f"{self.idle_interval:g}s idle)"
         )
-
-    def set_active(self, active: Callable[[], bool]) -> None:
-        """Whether a job steps now (the sidecar's jobs): sample at `interval` while it does."""
-        self._active = active
 
     def error_counts(self) -> dict[str, int]:
         """What the bounds dropped so far, by reason (also in the snapshot's record_errors)."""

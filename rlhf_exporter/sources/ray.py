@@ -39,11 +39,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 import requests
 
+from ..join.ports import ActorProcess, JobFacts
 from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult, SourceError
@@ -84,14 +85,6 @@ _CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason e
     ("runtime_env_failed_context", "RUNTIME_ENV_FAILED"),
     ("actor_unschedulable_context", "UNSCHEDULABLE"),
 )
-
-
-class ActorProcess(NamedTuple):
-    """An ALIVE actor's worker process on this node."""
-
-    class_name: str
-    role: str
-    name: str = ""  # the actor's name (verl's rollout servers: `vllm_server_<r>_<n>`)
 
 
 def resolve_address(setting: str | None, environ: Mapping[str, str] | None = None) -> str:
@@ -247,17 +240,10 @@ class RaySource(PollingSource):
             return newest
         return fact
 
-    def tell(self, *sources: Any) -> None:
-        """Give the verl and push sources what Ray says about their jobs (their `lifecycle`;
-        the push source also learns when it changed, to publish again)."""
-        if not self.actors:  # a GPU worker's source reads PIDs only: no jobs
-            return
-        for source in sources:
-            if source is None:
-                continue
-            source.lifecycle = self.job_fact
-            if hasattr(source, "lifecycle_version"):
-                source.lifecycle_version = lambda: self.facts_version
+    def facts(self) -> JobFacts | None:
+        """The port the verl and push sources read their jobs' states from (`job_fact`,
+        `facts_version`); None on a GPU worker's source, which reads PIDs only (no jobs)."""
+        return self if self.actors else None
 
     def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
         return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}

@@ -43,13 +43,15 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
 from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, clean_label, limits_from_settings
+from ..join.names import JobNames
+from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult
 from .job_maker import JobMaker
@@ -134,12 +136,18 @@ class VerlFileSource(PollingSource, JobMaker):
         max_files: int = MAX_FILES,
         clock: Clock = time.time,
         total_steps: int | None = None,
-        windows: Any = None,
+        windows: StepWindows | None = None,
+        engines: Engines | None = None,
+        facts: JobFacts | None = None,
+        names: JobNames | None = None,
     ):
         super().__init__(NAME, interval, wall=clock)
         self.clock = clock
         self.total_steps = total_steps
-        self.windows = windows  # the WindowBoard its jobs post step timelines to
+        self.windows = windows  # where its jobs post step timelines (the WindowBoard)
+        self.engines = engines  # what its jobs ask for engine evidence (the engine source)
+        self.facts = facts  # what Ray says about a job (RaySource.job_fact), when Ray is read
+        self.names = names  # a file job takes its name from a pushed one (the push source)
         self.th = th
         self.roots = [Path(r) for r in roots]
         self.files = [(Path(p), proj, exp) for p, proj, exp in files]
@@ -168,10 +176,6 @@ class VerlFileSource(PollingSource, JobMaker):
         self.stats: Counter[str] = Counter()  # summaries_built
         self._duplicates: set[tuple[str, str]] = set()
         self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
-        # drops a pushed job of this name, if any (a file job always wins its name)
-        self.displace: Callable[[str, str], bool] = lambda project, experiment: False
-        # what Ray says about a job (RaySource.job_fact), set by `serve` when Ray is read
-        self.lifecycle: Callable[..., Any] | None = None
 
     # -- discovery ------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -319,8 +323,8 @@ class VerlFileSource(PollingSource, JobMaker):
                 experiment,
                 extra={"path": _shown(path), "reason": bad},
             )
-        self._jobs[key] = path  # first: a push checks has_job() before it creates a job
-        if self.displace(project, experiment):
+        self._jobs[key] = path
+        if self.names is not None and self.names.take(project, experiment):
             log.warning(
                 "%s: project=%s experiment=%s was a pushed job; the file wins its name "
                 "(later pushes of it get 409)",
@@ -543,8 +547,8 @@ class VerlFileSource(PollingSource, JobMaker):
         files a user may put beside its log without code (read while the log is idle, at
         most every MARKER_EVERY seconds): `<experiment>.finished` (any content) declares it
         finished, `<experiment>.total_steps` (an integer) gives its total steps."""
-        if self.lifecycle is not None:
-            w.job.set_ray(self.lifecycle(w.project, w.experiment, sole))
+        if self.facts is not None:
+            w.job.set_ray(self.facts.job_fact(w.project, w.experiment, sole))
         if now - w.last_change < self.interval or now - w.markers_at < MARKER_EVERY:
             return
         w.markers_at = now
@@ -567,7 +571,8 @@ class VerlFileSource(PollingSource, JobMaker):
         self._watched.pop(w.path, None)
         self._known.discard(str(w.path))
         self._folders.clear()  # a file ignored at the cap, or a duplicate, may now be watched
-        self._jobs.pop((w.project, w.experiment), None)
+        if self._jobs.pop((w.project, w.experiment), None) is not None and self.names:
+            self.names.release(w.project, w.experiment)
 
     def has_job(self, project: str, experiment: str) -> bool:
         """Whether a file of this job is watched (the push source refuses such a job)."""
@@ -599,6 +604,9 @@ class VerlFileSource(PollingSource, JobMaker):
             clock=context.clock,
             total_steps=settings.total_steps,
             windows=context.windows,
+            engines=context.engines,
+            facts=context.facts,
+            names=context.names,
         )
 
 

@@ -25,8 +25,9 @@ import orjson
 
 from ..auth import check_token
 from ..config import ConfigError
-from ..sources.base import Clock, Context, PollingSource, PollResult, SourceError
-from .board import MAX_BODY, WINDOWS_PATH, WindowBoard, parse_board
+from ..join.board import WindowBoard
+from ..windows_api import MAX_BODY, WINDOWS_PATH, parse_board
+from .base import Clock, Context, PollingSource, PollResult, SourceError
 
 NAME = "gpu_windows_remote"
 CHUNK = 1 << 16
