@@ -56,6 +56,7 @@ from .join.ports import Engines, StepWindows
 from .lifecycle import STATES, UNKNOWN, RayFact, job_state
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
+from .settings import Settings
 
 GIB = float(1 << 30)  # verl's *_memory_*_gb are torch bytes / 2**30
 
@@ -126,7 +127,7 @@ class Limits(NamedTuple):
 DEFAULT_LIMITS = Limits()
 
 
-def limits_from_settings(settings: Any) -> Limits:
+def limits_from_settings(settings: Settings) -> Limits:
     """The per-job bounds from `serve`'s settings (shared by the verl and push sources)."""
     return Limits(
         unknown_timers=settings.max_unknown_timers,

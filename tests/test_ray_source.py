@@ -8,6 +8,7 @@ test stops it mid-run under a real `serve` process and starts a new one on the s
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import json
 import logging
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlhf_exporter import settings
 from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from rlhf_exporter.metrics.collector import families
@@ -124,7 +126,8 @@ def test_roles_defaults_and_override_file(tmp_path):
 def test_from_settings(monkeypatch):
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.delenv("RAY_DASHBOARD_ADDRESS", raising=False)
-    s = SimpleNamespace(
+    s = dataclasses.replace(  # the real, typed Settings
+        settings.resolve(None, {}),
         ray=True,
         ray_address=None,
         ray_interval=7.0,
@@ -142,7 +145,7 @@ def test_from_settings(monkeypatch):
         True,
     )
     assert "PIDs only" in src.describe()
-    s.ray = False
+    s = dataclasses.replace(s, ray=False)
     assert RaySource.from_settings(s, Context(load_thresholds())) is None
 
 

@@ -25,6 +25,7 @@ from ..join.board import WindowBoard
 from ..join.names import JobNames
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
+from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
@@ -97,7 +98,7 @@ class Sidecar:
     collector with reason `dependency_missing`, never left out silently.
     """
 
-    def __init__(self, settings: Any, clock: Clock = time.time):
+    def __init__(self, settings: Settings, clock: Clock = time.time):
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
@@ -108,7 +109,7 @@ class Sidecar:
                 shutil.rmtree(self.tempdir, ignore_errors=True)
             raise
 
-    def _build(self, settings: Any, clock: Clock) -> None:
+    def _build(self, settings: Settings, clock: Clock) -> None:
         self.demo: DemoJob | None = None
         self.demo_devices: DemoDevices | None = None  # the demo's simulated GPUs and Ray actors
         extra_roots: list[Path] = []
@@ -214,7 +215,7 @@ class Sidecar:
         name: str,
         enabled: bool,
         load: Callable[[], type[Source]],
-        settings: Any,
+        settings: Settings,
         context: Context,
     ) -> Source | None:
         """A source whose module needs an optional dependency."""
@@ -263,7 +264,7 @@ class Sidecar:
             shutil.rmtree(self.tempdir, ignore_errors=True)
 
 
-def _engines_wanted(settings: Any) -> bool:
+def _engines_wanted(settings: Settings) -> bool:
     """Engine scraping is on and has somewhere to find engines: Ray's rollout servers, verl's
     Prometheus file, a targets file or static targets."""
     # a worker sidecar (--no-ray-actors: Ray for PIDs only) has no jobs to join engines to
@@ -271,13 +272,13 @@ def _engines_wanted(settings: Any) -> bool:
     return bool(settings.engines and (ray_discovery or _engine_targets(settings)))
 
 
-def _engine_targets(settings: Any) -> bool:
+def _engine_targets(settings: Settings) -> bool:
     return bool(
         settings.engine_target or settings.engine_targets_file or settings.engine_prometheus_file
     )
 
 
-def _windows_api(windows: Any, settings: Any) -> Any:
+def _windows_api(windows: Any, settings: Settings) -> Any:
     """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
     if windows is None:
         return None
@@ -290,7 +291,7 @@ def _windows_api(windows: Any, settings: Any) -> Any:
     return WindowsApi(windows, settings.push_token, guard)
 
 
-def _check_push_exposure(settings: Any) -> None:
+def _check_push_exposure(settings: Settings) -> None:
     """Push without a token on an address others can reach lets any neighbour invent jobs:
     refused unless asked for explicitly."""
     import ipaddress

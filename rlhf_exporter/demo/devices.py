@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any
 
 from ..diagnosis.gpujoin import COLOCATED, ROLLOUT, TRAINER
 from ..diagnosis.thresholds import Thresholds
@@ -43,6 +42,7 @@ from ..diagnosis.timeline import Interval, Timeline, rebuild
 from ..diagnosis.windows import separated_trainer, split, timers
 from ..join.board import WindowBoard, WindowJoiner
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from ..sources.base import Clock, Context, PollingSource, PollResult
 from ..sources.ray import STATES
 from ..sources.roles import ROLES
@@ -94,7 +94,7 @@ class DemoDevices(PollingSource):
         self._demo_clock: float | None = None  # where the next played step starts
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> DemoDevices | None:
+    def from_settings(cls, settings: Settings, context: Context) -> DemoDevices | None:
         return None  # made by `serve --demo` for its demo job (`for_job`)
 
     @classmethod

@@ -16,6 +16,7 @@ from ..join.board import WindowBoard
 from ..join.names import JobNames
 from ..join.ports import ActorPids, Engines, JobFacts
 from ..metrics.snapshot import Sample, Snapshot
+from ..settings import Settings
 
 log = logging.getLogger(__name__)
 _EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -52,7 +53,7 @@ class Source(Protocol):
     name: str
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> Source | None:
+    def from_settings(cls, settings: Settings, context: Context) -> Source | None:
         """The source the settings ask for, or None when they turn it off."""
         ...
 
@@ -104,7 +105,7 @@ class UnavailableSource:
         )
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> Source | None:
+    def from_settings(cls, settings: Settings, context: Context) -> Source | None:
         return None  # only made by the sidecar, for a source that cannot be imported
 
     def start(self) -> None:

@@ -29,11 +29,12 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from ..diagnosis.engines import EngineEvidence, EngineLimits, EngineSample, measure
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult
 from .engine_targets import Target, Targets
 
@@ -232,7 +233,7 @@ class EngineSource(PollingSource):
         self._conns: dict[str, http.client.HTTPConnection] = {}  # kept alive per target URL
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> EngineSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> EngineSource | None:
         """The engine source, when engine scraping is on and a window board keeps the
         sidecar's steps: it samples at `engine_interval` while a job stepped in the last
         ENGINE_ACTIVE seconds."""

@@ -49,6 +49,7 @@ from ..diagnosis.xid import BAD_GPU, DEGRADED, LOST, xid_label
 from ..join.board import WindowBoard, WindowJoiner
 from ..join.ports import ActorPids, ActorProcess
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .roles import short_name
 
@@ -172,7 +173,7 @@ class NvmlSource(PollingSource):
         self._role_cache: tuple[Mapping[int, ActorProcess] | None, dict[int, str]] = (None, {})
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> NvmlSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> NvmlSource | None:
         if not settings.nvml:
             return None
         ray = context.ray

@@ -44,6 +44,7 @@ from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, limits_from_settings
 from ..join.names import JobNames
 from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample, Snapshot
+from ..settings import Settings
 from .base import Clock, Context
 from .job_maker import JobMaker
 
@@ -210,7 +211,7 @@ class PushSource(JobMaker):
 
     # -- Source interface -------------------------------------------------------------------
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> PushSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> PushSource | None:
         if not settings.push:
             return None
         return cls(

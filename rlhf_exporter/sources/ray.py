@@ -47,6 +47,7 @@ import requests
 from ..join.ports import ActorProcess, JobFacts
 from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .ray_jobs import JobBook
 from .roles import ROLES, RoleMap
@@ -199,10 +200,10 @@ class RaySource(PollingSource):
         self._pids_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> RaySource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> RaySource | None:
         if not settings.ray:
             return None
-        node_ip = getattr(settings, "ray_node_ip", None)
+        node_ip = settings.ray_node_ip
         return cls(
             resolve_address(settings.ray_address),
             interval=settings.ray_interval,

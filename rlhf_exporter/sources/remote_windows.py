@@ -19,13 +19,13 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from typing import Any
 
 import orjson
 
 from ..auth import check_token
 from ..config import ConfigError
 from ..join.board import WindowBoard
+from ..settings import Settings
 from ..windows_api import MAX_BODY, WINDOWS_PATH, parse_board
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 
@@ -65,7 +65,7 @@ class RemoteWindowsSource(PollingSource):
         self.stats: Counter[str] = Counter()  # answers: unchanged (not parsed), parsed
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> RemoteWindowsSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> RemoteWindowsSource | None:
         if not settings.gpu_windows_from or context.windows is None:
             return None
         try:

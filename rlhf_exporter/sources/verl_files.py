@@ -53,6 +53,7 @@ from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, clean_label, limits_fr
 from ..join.names import JobNames
 from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult
 from .job_maker import JobMaker
 from .verl_reader import RecordReader
@@ -587,7 +588,7 @@ class VerlFileSource(PollingSource, JobMaker):
         return f"verl ({', '.join(parts) or 'nothing to watch'}; every {self.interval:g}s)"
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> VerlFileSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> VerlFileSource | None:
         roots = list(settings.verl_root or []) + [str(r) for r in context.extra_roots]
         files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
         if not roots and not files:
