@@ -17,8 +17,8 @@ import orjson
 from .auth import AuthGuard
 from .diagnosis.thresholds import GROUPS
 from .diagnosis.timeline import Interval, Timeline
-from .jobs import MAX_STEP, clean_label
 from .join.board import MAX_JOBS, WindowBoard
+from .records import MAX_STEP, clean_label
 
 WINDOWS_PATH = "/api/v1/windows"
 MAX_BODY = 4 << 20  # bytes a worker reads from the head at most; the head's answer fits it

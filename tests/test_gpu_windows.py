@@ -15,8 +15,9 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record, StreamDiagnoser
+from rlhf_exporter.diagnosis.gpufit import QUANTA, place_untimed
 from rlhf_exporter.diagnosis.gpujoin import GpuWindowJoin, gpu_role
-from rlhf_exporter.diagnosis.timeline import ORDER, QUANTA, UNTIMED, Recent, place_untimed, rebuild
+from rlhf_exporter.diagnosis.timeline import ORDER, UNTIMED, Recent, rebuild
 from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
 
 TH = load_thresholds()
@@ -871,7 +872,7 @@ def test_fully_async_shifted_records_busy_share_within_5pp(n_sync, seed, v08):
     counters, truth = _fully_async_join(seed, n_sync, roles, v08=v08)
     assert _worst_share_error(counters, truth, roles) <= 0.05
     # the untimed remainder: the GPUs idle through it (R is ~1.5 s a sub-step, beside busy
-    # windows whose per-sub-step durations the record does not have: timeline.place_substeps
+    # windows whose per-sub-step durations the record does not have: substeps.place_substeps
     # fits them to the GPU signal), held to the same 5 points as every other group
     for role in ("rollout", "trainer"):
         busy, avail = counters[((), "other", role)]
@@ -914,7 +915,8 @@ def test_place_substeps_fits_each_sub_steps_windows_to_its_busy_stretch():
     """Two sub-steps laid with the record's mean durations (4 s each) where the first really
     ran 3.4 s and the second 4.6 s: placed together, each busy window lands on its own stretch
     and each sub-step keeps its own untimed seconds, none of them busy."""
-    from rlhf_exporter.diagnosis.timeline import Timeline, place_substeps
+    from rlhf_exporter.diagnosis.substeps import place_substeps
+    from rlhf_exporter.diagnosis.timeline import Timeline
 
     def sub(start):
         ivs = (
@@ -955,7 +957,7 @@ def test_a_long_fully_async_run_is_placed_in_bounded_pieces():
     """trigger_parameter_sync_step = 20: the 19 sub-steps after the anchor are placed in
     runs of at most MAX_RUN (the dynamic programme's work grows with the run), every one
     of them placed, none overlapping, each busy share still near the truth."""
-    from rlhf_exporter.diagnosis.timeline import MAX_RUN
+    from rlhf_exporter.diagnosis.substeps import MAX_RUN
 
     roles = ["rollout", "rollout", "trainer", "trainer"]
     records, truth = simulate_fully_async(3, 20, seed=3, spread=0.05)

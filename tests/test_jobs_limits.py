@@ -9,7 +9,8 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job, Limits, clean_label
+from rlhf_exporter.jobs import Job
+from rlhf_exporter.records import Limits, clean_label
 
 
 @pytest.fixture(scope="module")

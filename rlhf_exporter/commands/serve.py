@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import __version__
@@ -75,7 +76,7 @@ Examples:
 """
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve Prometheus metrics for running verl jobs (the sidecar)",
@@ -110,23 +111,9 @@ class Sidecar:
             raise
 
     def _build(self, settings: Settings, clock: Clock) -> None:
-        self.demo: DemoJob | None = None
+        self.demo = self._demo_job(settings)
         self.demo_devices: DemoDevices | None = None  # the demo's simulated GPUs and Ray actors
-        extra_roots: list[Path] = []
-        if settings.demo:
-            from ..demo.job import DemoJob
-            from ..demo.scenario import NAMES
-
-            scenario = settings.demo_scenario
-            if scenario not in NAMES:
-                raise ConfigError(
-                    f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
-                )
-            self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
-            self.demo = DemoJob(
-                self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
-            )
-            extra_roots.append(self.tempdir)
+        extra_roots = [self.tempdir] if self.tempdir is not None else []
         # issue 17: GPU time by step window (the demo's simulated GPUs join it too); issue 23:
         # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
         # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
@@ -190,7 +177,18 @@ class Sidecar:
             )
             if s is not None
         ]
-        self.endpoints = Endpoints(
+        self.endpoints = self._endpoints(settings, windows if gpu_windows else None)
+        self.server = make_server(
+            settings.listen,
+            self.endpoints,
+            max_connections=settings.http_max_connections,
+            read_timeout=settings.http_read_timeout,
+        )
+
+    def _endpoints(self, settings: Settings, windows: WindowBoard | None) -> Endpoints:
+        """What the HTTP server serves, from the parts built (`windows`: the board the
+        windows API serves to worker sidecars, None when this sidecar keeps no windows)."""
+        return Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
             snapshot_fns=[s.snapshot for s in self.sources],
@@ -198,16 +196,27 @@ class Sidecar:
             push=self.push,
             ready_fns=[s.snapshot for s in self.sources if s not in (self.push, self.engines)],
             sources_text=", ".join(s.describe() for s in self.sources) or "none",
-            windows_api=_windows_api(windows if gpu_windows else None, settings),
+            windows_api=_windows_api(windows, settings),
             window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
             pages=PageCache(max_bytes=settings.page_cache_bytes),
         )
-        self.server = make_server(
-            settings.listen,
-            self.endpoints,
-            max_connections=settings.http_max_connections,
-            read_timeout=settings.http_read_timeout,
+
+    def _demo_job(self, settings: Settings) -> DemoJob | None:
+        """`serve --demo`: the simulated job, writing its log in a temp dir of its own."""
+        if not settings.demo:
+            return None
+        from ..demo.job import DemoJob
+        from ..demo.scenario import NAMES
+
+        scenario = settings.demo_scenario
+        if scenario not in NAMES:
+            raise ConfigError(
+                f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
+            )
+        self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
+        return DemoJob(
+            self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
         )
 
     def _optional(
@@ -342,11 +351,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     stop = threading.Event()
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
         stop.set()
 
-    def on_hangup(_signum, _frame):  # the default action would kill the process silently
+    def on_hangup(
+        _signum: int, _frame: FrameType | None
+    ) -> None:  # the default action would kill the process silently
         log.warning(
             "received SIGHUP: ignored (settings are read at start; restart to apply a changed "
             "--config)",

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import random
 import time
+from typing import Any
 
 from ..diagnosis.gpujoin import COLOCATED, ROLLOUT, TRAINER
 from ..diagnosis.thresholds import Thresholds
@@ -102,14 +103,14 @@ class DemoDevices(PollingSource):
         """The demo job's simulated devices (`serve --demo`)."""
         return cls(job, windows=context.windows, th=context.thresholds)
 
-    def jobs(self) -> tuple:
+    def jobs(self) -> tuple[dict[str, Any], ...]:
         """No verl job of its own: the demo job is read from its file like any other."""
         return ()
 
     def describe(self) -> str:
         return f"demo (simulated: {self.n_gpus} GPUs, Ray actors)"
 
-    def _due_steps(self, wall: float) -> list[tuple[float, dict]]:
+    def _due_steps(self, wall: float) -> list[tuple[float, dict[str, Any]]]:
         """The demo job's steps whose records are due and not played yet, oldest first."""
         due = sorted(
             (
@@ -123,7 +124,7 @@ class DemoDevices(PollingSource):
             self._played = due[-1][0]
         return due
 
-    def _timeline(self, record: dict, start: float) -> Timeline | None:
+    def _timeline(self, record: dict[str, Any], start: float) -> Timeline | None:
         """The step's windows, rebuilt from its record and placed at `start`."""
         data = record["data"]
         if self.th is None or not data.get("timing_s/step"):

@@ -113,11 +113,11 @@ class WindowJoiner:
         self._throttle = GpuWindowJoin(horizon)
         self._skipped_logged = False
         self._pending: list[tuple[tuple[str, str], Timeline]] = []
-        self._wall: dict[tuple[str, str], float] = {}  # step seconds joined, per job
+        self._wall: dict[tuple[str, ...], float] = {}  # step seconds joined, per job
         # per job: ((group, role) -> (busy, available), step seconds); replaced whole after
         # each join, so the job view reads it from another thread without a lock
         self.view: dict[
-            tuple[str, str], tuple[dict[tuple[str, str], tuple[float, float]], float]
+            tuple[str, ...], tuple[dict[tuple[str, str], tuple[float, float]], float]
         ] = {}
 
     def add_samples(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
@@ -153,7 +153,7 @@ class WindowJoiner:
                 self._skipped_logged = True
             return
         # a fully-async record's sub-steps (one step posted more than once, in a row) are
-        # placed together (timeline.place_substeps); every other step alone
+        # placed together (substeps.place_substeps); every other step alone
         runs: list[tuple[tuple[str, str], list[Timeline]]] = []
         for labels, tl in new:
             if runs and runs[-1][0] == labels and runs[-1][1][-1].step == tl.step:
@@ -174,7 +174,7 @@ class WindowJoiner:
         kept = self.board.jobs()
         self._join.retain(kept)
         self._wall = {k: v for k, v in self._wall.items() if k in kept}
-        view: dict[tuple[str, str], tuple[dict[tuple[str, str], tuple[float, float]], float]] = {}
+        view: dict[tuple[str, ...], tuple[dict[tuple[str, str], tuple[float, float]], float]] = {}
         for (job, group, role), value in self._join.counters().items():
             view.setdefault(job, ({}, self._wall.get(job, 0.0)))[0][group, role] = value
         self.view = view

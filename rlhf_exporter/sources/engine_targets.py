@@ -29,7 +29,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -185,7 +185,9 @@ class Targets:
             out.setdefault(t.url, t)
         return sorted(out.values())
 
-    def _cached(self, path: str, errors: Counter[str], read: Any) -> list[Target]:
+    def _cached(
+        self, path: str, errors: Counter[str], read: Callable[[Any], list[Target]]
+    ) -> list[Target]:
         try:
             mtime = os.stat(path).st_mtime
         except OSError:

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 from ..diagnosis import Thresholds
-from ..jobs import Job, Limits
+from ..jobs import Job
 from ..join.ports import Engines, StepWindows
+from ..records import Limits
 from .base import Clock
 
 

@@ -517,7 +517,7 @@ class NvmlSource(PollingSource):
                 extra={"collector": self.name, "reason": f"xid_{xid}"},
             )
 
-    def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable, *args: Any) -> Any:
+    def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """A reading some GPUs do not support: NotSupported once means never again."""
         if what in gpu.unsupported:
             return None

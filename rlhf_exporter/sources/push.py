@@ -40,10 +40,11 @@ import orjson
 
 from ..auth import AuthGuard, client_key
 from ..diagnosis import Record, Thresholds
-from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, limits_from_settings
+from ..jobs import Job
 from ..join.names import JobNames
 from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample, Snapshot
+from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, limits_from_settings
 from ..settings import Settings
 from .base import Clock, Context
 from .job_maker import JobMaker
@@ -89,7 +90,7 @@ class _Pushed:
     client: str = ""
 
 
-def _label(body: dict, key: str) -> str:
+def _label(body: dict[str, Any], key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value:
         raise Rejected(400, BAD_SCHEMA, f"'{key}' must be a non-empty string")

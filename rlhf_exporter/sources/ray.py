@@ -315,7 +315,7 @@ class RaySource(PollingSource):
 
     def _list(
         self, resource: str, state: str, detail: bool, extra: tuple[tuple[str, str], ...] = ()
-    ) -> tuple[list, bool]:
+    ) -> tuple[list[Any], bool]:
         params = [
             ("limit", str(LIMIT)),
             ("filter_keys", "state"),

@@ -49,10 +49,11 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
-from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, clean_label, limits_from_settings
+from ..jobs import Job
 from ..join.names import JobNames
 from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
+from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from_settings
 from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult
 from .job_maker import JobMaker
@@ -111,8 +112,8 @@ class Watched:
     problem: str | None = None
     markers_at: float = float("-inf")  # when the .finished/.total_steps files were last read
     backlog: bool = True  # its first read has not reached the end yet: not exported until it has
-    rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
-    logged: set = field(default_factory=set)  # line problems already logged
+    rejected_seen: Counter[str] = field(default_factory=Counter)  # reader.rejected already counted
+    logged: set[str] = field(default_factory=set)  # line problems already logged
 
 
 def labels_from_path(path: Path) -> tuple[str, str]:
@@ -205,7 +206,7 @@ class VerlFileSource(PollingSource, JobMaker):
                 except OSError as exc:  # a loop, an unreadable or vanished folder
                     self._folder_problem(entry.path, exc)
 
-    def _scan_folder(self, folder: os.DirEntry) -> None:
+    def _scan_folder(self, folder: os.DirEntry[str]) -> None:
         """Watch the folder's new `*.jsonl` files. A folder whose listing is unchanged since
         its last full scan (same inode and modification time, and that time not within
         `RACY_NS` of the scan, when a change in the same clock tick could hide) is not

@@ -8,6 +8,8 @@ every panel. Thresholds drawn on panels come from the thresholds file.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...diagnosis import CHANGES, REASONS, VERDICTS, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING, LOOK_AT, VERDICT_MEANING
 from ..addresses import FLEET_UID, JOB_UID
@@ -873,7 +875,7 @@ def rollout_row(c: DashboardContext) -> Row:
 ENGINE_REPLICA_LEGEND = "{{project}}/{{experiment}} {{replica}}"
 
 
-def _engine(c: DashboardContext) -> dict:
+def _engine(c: DashboardContext) -> dict[str, Any]:
     return dict(c.th.document["engine"])
 
 
