@@ -165,3 +165,13 @@ def test_each_exempt_table_still_exists(rel, name):
     """An exemption whose function is gone or shrank is stale: remove it from TABLES."""
     sizes = {(r, n): size for r, n, size in _functions()}
     assert sizes.get((rel, name), 0) > MAX_LINES
+
+
+def test_mypy_runs_strict_on_every_module():
+    """pyproject's mypy config (scripts/test.sh and CI run `mypy` with it): strict, over the
+    whole package, with no module let off."""
+    import tomllib
+
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert mypy.get("strict") is True and mypy["packages"] == ["rlhf_exporter"]
+    assert "overrides" not in mypy and not any(k.startswith("disallow") for k in mypy)
