@@ -242,3 +242,33 @@ def test_the_landing_page_and_job_view_show_the_evidence_beside_the_reason() -> 
     assert "queueing" in landing and "engines: KV max" in landing
     plain = Job("p", "e", load_thresholds(None))
     assert "Engine evidence" not in job_page(plain.summary(), [], facts, links)
+
+
+def test_the_engine_source_reads_fast_while_a_job_of_the_board_steps() -> None:
+    """The sidecar's engine source learns from the window board (its port in the sources'
+    Context) whether a job stepped in the last ENGINE_ACTIVE seconds: then it reads every
+    `engine_interval`, else every `engine_idle_interval`."""
+    import dataclasses
+
+    from rlhf_exporter import settings as settings_mod
+    from rlhf_exporter.diagnosis.timeline import Timeline
+    from rlhf_exporter.sources.base import Context
+    from rlhf_exporter.sources.engines import ENGINE_ACTIVE
+
+    now = [10_000.0]
+    s = dataclasses.replace(
+        settings_mod.resolve(None, {}), engine_target=["127.0.0.1:1"], engine_interval=1.0
+    )
+    board = WindowBoard()
+    source = EngineSource.from_settings(
+        s, Context(load_thresholds(None), lambda: now[0], windows=board)
+    )
+    assert source is not None
+    source._last_scrape = now[0]
+    assert not source._due(now[0] + 1.0)  # nothing steps: the idle interval
+    board.post(("p", "e"), Timeline(1, now[0] - 20.0, now[0] - 1.0, (), 0.0))
+    assert source._due(now[0] + 1.0)  # a job stepped just now: every second
+    now[0] += ENGINE_ACTIVE + 60.0
+    source._last_scrape = now[0]
+    assert not source._due(now[0] + 1.0)  # its last step is long past
+    assert EngineSource.from_settings(s, Context(load_thresholds(None))) is None  # no board

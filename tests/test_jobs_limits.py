@@ -75,6 +75,23 @@ def test_unknown_timers_mfu_stages_and_long_keys_are_capped(th):
     sane(job)
 
 
+def test_fully_async_idle_components_are_capped_per_job(th):
+    """At most MAX_COMPONENTS `fully_async/<component>/idle_ratio` components per job (each
+    one is a label value): the rest are dropped and counted, in every later record too."""
+    from rlhf_exporter.records import MAX_COMPONENTS
+
+    rejected: Counter[str] = Counter()
+    job = Job("p", "e", th, rejected=rejected)
+    extra = 4
+    for step in (1, 2):
+        data = {f"fully_async/c{i}/idle_ratio": 0.5 for i in range(MAX_COMPONENTS + extra)}
+        job.feed([Record(step, {"timing_s/step": 10.0, "timing_s/gen": 5.0, **data})])
+    got = {s.labels[2] for s in job.samples() if s.name == "rlhf_fully_async_idle_ratio"}
+    assert got == {f"c{i}" for i in range(MAX_COMPONENTS)}
+    assert rejected == {"too_many_components": 2 * extra}
+    sane(job)
+
+
 def test_one_steps_merged_keys_are_bounded_and_used_keys_come_first(th):
     rejected: Counter[str] = Counter()
     job = Job("p", "e", th, Limits(step_keys=10), rejected)
