@@ -49,12 +49,14 @@ from urllib.parse import unquote
 import orjson
 
 from . import __version__
+from .join.board import WindowJoiner
 from .metrics.exposition import Exposition
 from .metrics.snapshot import SnapshotFn
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
 from .view import Facts, Links, index_page, job_page
 from .view.pages import not_found_page
+from .windows_api import WindowsApi
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,9 @@ class Endpoints:
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
-    windows_api: Any = None  # GET /api/v1/windows (rlhf_exporter/join/board.py): None when off
-    window_view: Any = None  # the NVML source's WindowJoiner: GPU time by window in the job view
+    windows_api: WindowsApi | None = None  # GET /api/v1/windows (windows_api.py): None when off
+    # the NVML source's WindowJoiner: GPU time by window in the job view
+    window_view: WindowJoiner | None = None
     balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
     exposition: Exposition = field(init=False)
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from .. import __version__
 from .. import settings as settings_mod
@@ -30,6 +30,7 @@ from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
+from ..windows_api import WindowsApi
 
 if TYPE_CHECKING:
     from ..demo.devices import DemoDevices
@@ -287,12 +288,11 @@ def _engine_targets(settings: Settings) -> bool:
     )
 
 
-def _windows_api(windows: Any, settings: Settings) -> Any:
+def _windows_api(windows: WindowBoard | None, settings: Settings) -> WindowsApi | None:
     """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
     if windows is None:
         return None
     from ..auth import AuthGuard
-    from ..windows_api import WindowsApi
 
     guard = AuthGuard(
         settings.push_token, "windows", settings.auth_fail_rate, settings.auth_fail_rate_total
