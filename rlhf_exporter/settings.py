@@ -512,6 +512,15 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "engine_max_series",
+        _count,
+        256,
+        "samples of one engine family read per page (more: engine_series_dropped); a page "
+        "of 70,000 label sets costs a split, not 70,000 parsed samples",
+        "engines",
+        "N",
+    ),
+    Option(
         "engine_ring",
         _count,
         900,

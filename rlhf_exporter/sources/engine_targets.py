@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import stat
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -50,6 +49,7 @@ from typing import Any, NamedTuple
 
 from . import http
 from .labels import outside_label
+from .small_file import NOT_REGULAR, TOO_LARGE, SmallFileError, read_small
 
 ROLLOUT_SERVER = re.compile(r"(vllm|sglang|trtllm)_server_(\d+)_(\d+)")
 """A rollout replica's server actor (verl 0.9.1); reward/teacher servers do not match."""
@@ -154,33 +154,16 @@ class TargetFileError(Exception):
         self.reason = reason
 
 
+_FILE_REASONS = {NOT_REGULAR: FILE_NOT_REGULAR, TOO_LARGE: FILE_TOO_LARGE}
+
+
 def read_capped(path: str, cap: int = MAX_FILE_BYTES) -> bytes:
-    """A small file's bytes: opened non-blocking (a FIFO never blocks), a regular file only
-    (a symlink to /dev/zero is no file), at most `cap` bytes. FileNotFoundError when it is
-    not there; TargetFileError with a reason otherwise."""
+    """A target list's bytes (sources/small_file.py: non-blocking, a regular file, capped);
+    FileNotFoundError when it is not there, TargetFileError with a reason otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except FileNotFoundError:
-        raise
-    except OSError:
-        raise TargetFileError(BAD_TARGET_FILE) from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise TargetFileError(FILE_NOT_REGULAR)
-        chunks, size = [], 0
-        while size <= cap:
-            chunk = os.read(fd, min(1 << 16, cap + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > cap:
-            raise TargetFileError(FILE_TOO_LARGE)
-        return b"".join(chunks)
-    except OSError:
-        raise TargetFileError(BAD_TARGET_FILE) from None
-    finally:
-        os.close(fd)
+        return read_small(path, cap)
+    except SmallFileError as exc:
+        raise TargetFileError(_FILE_REASONS.get(exc.reason, BAD_TARGET_FILE)) from None
 
 
 def load_document(raw: bytes) -> Any:

@@ -308,7 +308,7 @@ class EngineSource(PollingSource):
             max_bytes=settings.engine_max_bytes,
             max_replicas=settings.engine_max_replicas,
             ring=settings.engine_ring,
-            max_series=getattr(settings, "engine_max_series", MAX_SERIES),
+            max_series=settings.engine_max_series,
             limits=EngineLimits.from_document(context.thresholds.document),
             clock=context.clock,
         )
