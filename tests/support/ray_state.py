@@ -38,6 +38,8 @@ class RayStateApi:
         self.rows: dict[str, dict] = {}  # actor_id -> row (state, class_name, ...)
         self.pending: dict[str, int] = {}
         self.jobs: dict[str, dict] = {}  # submission_id -> Jobs API entry
+        # path -> (status, headers, body) answered verbatim: a hostile head's answers
+        self.hostile: dict[str, tuple[int, dict[str, str], bytes]] = {}
         self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -182,6 +184,14 @@ class RayStateApi:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if url.path in api.hostile:
+                    status, headers, raw = api.hostile[url.path]
+                    self.send_response(status)
+                    for k, v in {"Content-Length": str(len(raw)), **headers}.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 body = api._answer(url.path, parse_qs(url.query))
                 data = json.dumps(body).encode() if body is not None else b"not found"
                 self.send_response(200 if body is not None else 404)
