@@ -92,7 +92,7 @@ def _seconds(ms: Any) -> float | None:
 
 def _entry_fact(entry: Mapping[str, Any]) -> RayFact | None:
     status = entry.get("status")
-    if status not in _STATUSES:
+    if not isinstance(status, str) or status not in _STATUSES:  # a list is no status
         return None
     ident = entry.get("submission_id") or entry.get("job_id") or ""
     end = _seconds(entry.get("end_time"))
