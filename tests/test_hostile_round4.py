@@ -366,3 +366,18 @@ def test_a_total_steps_fifo_does_not_blind_the_verl_source(tmp_path: Path) -> No
     assert len(snaps) == 3, "the verl source is blocked by a FIFO"
     assert {j["experiment"] for j in src.jobs()} == {"a", "b"}
     assert snaps[-1].record_errors["bad_total_steps"] >= 1
+
+
+def test_wanted_lines_are_found_exactly_and_in_bounds() -> None:
+    from rlhf_exporter.sources.engines import wanted_lines
+
+    waiting = "vllm:num_requests_waiting"
+    by_reason = "".join(f'{waiting}_by_reason{{r="{i}"}} 7\n' for i in range(5000))
+    body = (f'{waiting}{{e="first"}} 1\n' + by_reason + f"{waiting} 2\n" + by_reason
+            + "".join(f'{waiting}{{e="{i}"}} 3\n' for i in range(20))).encode()  # fmt: skip
+    lines, excess = wanted_lines(body, max_series=10)
+    assert lines[0] == b'vllm:num_requests_waiting{e="first"} 1' and len(lines) == 10
+    assert all(b"_by_reason" not in line for line in lines)
+    assert excess == 22 - 10  # every exact line is read or counted; no _by_reason one
+    lines, excess = wanted_lines(body, max_series=100)
+    assert len(lines) == 22 and excess == 0

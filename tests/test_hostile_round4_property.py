@@ -227,3 +227,28 @@ def test_any_jobs_api_listing_keeps_the_good_entry(junk, entrypoint: str) -> Non
     book.update([*junk, good])
     tied, _ = book.facts()
     assert tied[("p", "e")].submission == "good"
+
+
+_PREFIXES = tuple(p for name in FAMILIES for p in (name.encode() + b"{", name.encode() + b" "))
+
+
+@SETTINGS
+@given(st.lists(st.one_of(wanted_line, junk_line), max_size=60), st.integers(1, 70))
+def test_the_line_search_finds_what_a_split_would(lines: list[str], max_series: int) -> None:
+    """wanted_lines (a search, no split) against the plain reading: split the page, keep the
+    wanted families' lines, the first `max_series` of each."""
+    from rlhf_exporter.sources.engines import wanted_lines
+
+    body = "\n".join(lines).encode("utf-8", "surrogatepass")
+    per: Counter[bytes] = Counter()
+    want, over = [], 0
+    for line in body.split(b"\n"):
+        if line.startswith(_PREFIXES):
+            name = line[: len(line) - len(line.lstrip(b"abcdefghijklmnopqrstuvwxyz:_"))]
+            per[name] += 1
+            if per[name] > max_series:
+                over += 1
+            else:
+                want.append(line)
+    got, excess = wanted_lines(body, max_series)
+    assert sorted(got) == sorted(want) and excess == over

@@ -83,8 +83,58 @@ MAX_COUNTER = float(2**53)  # a counter's value: beyond, floats no longer count 
 MAX_RATE: Mapping[str, float] = {"tokens": 1e7, "preempted": 1e5}
 
 
-def wanted_lines(body: bytes) -> list[bytes]:
-    return [line for line in body.split(b"\n") if line.startswith(_WANTED)]
+_NAMES: tuple[bytes, ...] = tuple(name.encode() for name in FAMILIES)
+
+
+def wanted_lines(body: bytes, max_series: int = MAX_SERIES) -> tuple[list[bytes], int]:
+    """(the sample lines of the wanted families, at most `max_series` per family; how many
+    more there were). Found by searching the page for each family's name at a line start
+    (C speed, a few milliseconds for 4 MiB), never by splitting it into its lines: a page of
+    70,000 label sets becomes at most 12 x `max_series` small strings, and the excess is
+    counted, not copied. A name must be followed by `{` or a space, so that
+    `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`."""
+    out: list[bytes] = []
+    excess = 0
+    present = {p for p in (b"vllm:", b"sglang:") if body.startswith(p) or b"\n" + p in body}
+    for name in _NAMES:
+        if name[: name.index(b":") + 1] not in present:
+            continue  # one search for the engine's prefix spares its families' searches
+        needle = b"\n" + name
+        taken = skipped = 0
+        pos = 0 if body.startswith(name) else body.find(needle)
+        while pos >= 0:
+            start = pos + 1 if pos or body[:1] == b"\n" else 0
+            end = body.find(b"\n", start)
+            after = body[start + len(name) : start + len(name) + 1]
+            if after in (b"{", b" "):
+                if taken == max_series:  # the rest of this family, counted, not read
+                    excess += body.count(needle + b"{", pos) + body.count(needle + b" ", pos)
+                    break
+                out.append(body[start:] if end < 0 else body[start:end])
+                taken += 1
+            else:
+                skipped += 1  # another name that starts with this one (`..._by_reason`)
+                if skipped > max_series:  # many of them: search the exact name from here
+                    lines, more = _exact(body, name, pos, max_series - taken)
+                    out += lines
+                    excess += more
+                    break
+            pos = -1 if end < 0 else body.find(needle, end)
+    return out, excess
+
+
+def _exact(body: bytes, name: bytes, pos: int, n: int) -> tuple[list[bytes], int]:
+    """(at most `n` lines of exactly `name` from `pos` on, how many more there are)."""
+    out: list[bytes] = []
+    total = 0
+    for needle in (b"\n" + name + b"{", b"\n" + name + b" "):
+        total += body.count(needle, pos)
+        at = body.find(needle, pos)
+        while at >= 0 and len(out) < n:
+            end = body.find(b"\n", at + 1)
+            out.append(body[at + 1 :] if end < 0 else body[at + 1 : end])
+            at = -1 if end < 0 else body.find(needle, end)
+    return out, total - len(out)
 
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -183,22 +233,19 @@ def parse(body: bytes, t: float, max_series: int = MAX_SERIES) -> Read:
     engine_series_dropped). A line that is not a sample makes the page a parse error (as in
     Prometheus); a value that is not finite, negative, a KV share outside [0, 1] or beyond
     MAX_GAUGE / MAX_COUNTER is left out (engine_bad_value)."""
-    lines = wanted_lines(body)
+    lines, excess = wanted_lines(body, max_series)
     if not lines:
         return Read(EngineSample(t), "", NO_STATS)
     values: dict[str, float] = {}
-    per_family: Counter[bytes] = Counter()
     dropped: Counter[str] = Counter()
+    if excess:
+        dropped[SERIES_DROPPED] = excess
     engine = ""
     for line in lines:
         try:
             name, v = _value(line)
         except ValueError:
             return Read(None, engine, PARSE_ERROR)
-        per_family[name] += 1
-        if per_family[name] > max_series:
-            dropped[SERIES_DROPPED] += 1
-            continue
         field, how = FAMILIES[name.decode()]
         engine = engine or name.split(b":", 1)[0].decode()
         if not _sane(field, v):
