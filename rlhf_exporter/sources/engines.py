@@ -334,6 +334,7 @@ class EngineSource(PollingSource):
         self.max_series = max_series
         self._http = client(timeout, max_bytes)  # one deadline per target, kept alive
         self._guards: dict[str, CounterGuard] = {}  # per replica: its counters made sane
+        self._parse_lock = threading.Lock()
         self._errors.update(dict.fromkeys(KNOWN, 0))
 
     @classmethod
@@ -438,7 +439,10 @@ class EngineSource(PollingSource):
             body = fetch(target.url, self.timeout, self.max_bytes, self._http)
         except FetchError as exc:
             return Read(None, target.engine, exc.reason)
-        return parse(body, self._clock(), self.max_series)
+        # the reads wait on their sockets in parallel; the pages are parsed one at a time, so
+        # that eight big pages do not crowd the scrapes' thread out of the interpreter lock
+        with self._parse_lock:
+            return parse(body, self._clock(), self.max_series)
 
     def _forget(self, now: float, current: set[str]) -> None:
         """A replica no longer a target keeps its ring for as long as the ring spans (its

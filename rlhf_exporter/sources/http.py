@@ -138,12 +138,33 @@ class _Reader:
                 )
 
     def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            if not self.fill():
+        """The next `n` bytes. A large body is received straight into its own buffer (no
+        buffer growing per chunk: an engine page of 4 MiB is one allocation and one copy)."""
+        if len(self.buf) >= n:
+            out = bytes(self.buf[:n])
+            del self.buf[:n]
+            return out
+        body = bytearray(n)
+        have = len(self.buf)
+        body[:have] = self.buf
+        self.buf.clear()
+        view = memoryview(body)
+        while have < n:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise HttpFailure(TIMEOUT, f"{self.what}: no whole answer in time")
+            try:
+                self.sock.settimeout(left)
+                got = self.sock.recv_into(view[have:], min(n - have, 1 << 20))
+            except TimeoutError:
+                raise HttpFailure(TIMEOUT, f"{self.what}: no whole answer in time") from None
+            except OSError as exc:
+                raise HttpFailure(UNREACHABLE, f"{self.what}: {_os_words(exc)}") from None
+            if not got:
                 raise HttpFailure(BAD_HTTP, f"{self.what}: the body ended early")
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
+            have += got
+        view.release()
+        return bytes(body)
 
 
 class Answer(NamedTuple):

@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 LIMIT = 10_000  # the state API's most rows per answer (RAY_MAX_LIMIT_FROM_API_SERVER)
-MAX_BODY = 32 << 20  # bytes; 10,000 detailed actors are ~10 MB
+MAX_BODY = 16 << 20  # bytes; 10,000 detailed actors are ~10 MB (the state API's most rows)
 MAX_CONTAINERS = 500_000  # JSON objects and lists in one answer (10,000 actors: ~100,000)
 MAX_ITEMS = 4_000_000  # values in one answer, counted as commas (an upper bound)
 KNOWN_ERRORS = (*http.REASONS, "too_many_elements", "invalid_json", "bad_response", "ray_error")
@@ -546,7 +546,14 @@ def too_many_elements(raw: bytes) -> bool:
     """Whether a JSON answer would parse into more than MAX_CONTAINERS objects and lists or
     MAX_ITEMS values. Counted on the bytes (braces and commas inside strings count too: an
     upper bound), so 60 MB of `{},` is refused before it becomes 20 million dicts."""
-    return raw.count(b"{") + raw.count(b"[") > MAX_CONTAINERS or raw.count(b",") > MAX_ITEMS
+    containers = items = 0
+    for at in range(0, len(raw), 1 << 20):  # by the MiB: no call holds the lock for long
+        end = at + (1 << 20)
+        containers += raw.count(b"{", at, end) + raw.count(b"[", at, end)
+        items += raw.count(b",", at, end)
+        if containers > MAX_CONTAINERS or items > MAX_ITEMS:
+            return True
+    return False
 
 
 def _truncated(inner: Mapping[str, Any]) -> bool:
