@@ -104,6 +104,33 @@ class Served:
         self.server.server_close()
 
 
+class EngineProcess:
+    """8 engines in a child process, each answering a page of `label_sets` label sets."""
+
+    def __init__(self, label_sets: int, n: int = 8):
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, __file__, "--serve-engines", str(label_sets), str(n)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        self.urls = [self.proc.stdout.readline().strip() for _ in range(n)]
+
+    def close(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+
+
+def serve_engines(label_sets: int, n: int) -> None:
+    page = engine_page(label_sets)
+    servers = [Served(lambda p: (page, {}), {"Content-Type": "text/plain"}) for _ in range(n)]
+    for s in servers:
+        print(s.url, flush=True)
+    threading.Event().wait()
+
+
 def write_steps(roots: list[Path], jobs: int, stop: threading.Event, every: float) -> None:
     plan = list(records([(REGIMES["balanced"], 100_000)], seed=3))
     i = 1
@@ -135,14 +162,13 @@ def setup(attack: str, tmp: Path, stop: threading.Event) -> tuple[list, list, li
     """(clean flags, attacked flags, things to close, the counted cause's reason)."""
     closers: list = []
     if attack == "engines":
-        big, small = engine_page(70_000), engine_page(4)
-        bad = [Served(lambda p, b=big: (b, {}), {"Content-Type": "text/plain"}) for _ in range(8)]
-        good = [Served(lambda p, b=small: (b, {}), {"Content-Type": "text/plain"})
-                for _ in range(8)]  # fmt: skip
-        closers += bad + good
+        # the engines serve from their own processes: serving 28 MB a second from the bench's
+        # would slow the bench's own scrapes, not the exporter's
+        bad, good = EngineProcess(70_000), EngineProcess(4)
+        closers += [bad, good]
         flags = ("--engine-interval", "1", "--engine-idle-interval", "1")
-        return ([*flags, *[a for s in good for a in ("--engine-target", s.url)]],
-                [*flags, *[a for s in bad for a in ("--engine-target", s.url)]],
+        return ([*flags, *[a for u in good.urls for a in ("--engine-target", u)]],
+                [*flags, *[a for u in bad.urls for a in ("--engine-target", u)]],
                 closers, "engine_series_dropped")  # fmt: skip
     if attack == "targets":
         plain = tmp / "plain.yaml"
@@ -263,6 +289,9 @@ def counted(samples: dict, reason: str) -> float:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--serve-engines"]:
+        serve_engines(int(sys.argv[2]), int(sys.argv[3]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attack", default="all",
                     choices=["all", "engines", "targets", "ray", "ray_jobs", "marker"])  # fmt: skip
