@@ -369,7 +369,14 @@ OPTIONS: tuple[Option, ...] = (
         "URL",
     ),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
-    Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
+    Option(
+        "ray_timeout",
+        _positive,
+        5.0,
+        "seconds one request to Ray's API may take in all (connect, headers and body)",
+        "ray",
+        "SECONDS",
+    ),
     Option(
         "ray_actors",
         _bool,
