@@ -381,3 +381,15 @@ def test_wanted_lines_are_found_exactly_and_in_bounds() -> None:
     assert excess == 22 - 10  # every exact line is read or counted; no _by_reason one
     lines, excess = wanted_lines(body, max_series=100)
     assert len(lines) == 22 and excess == 0
+
+
+def test_class_names_from_ray_are_cut_and_never_doubled() -> None:
+    with RayStateApi() as api:
+        api.alive("a1", "K" * 200 + "One", pid=11)
+        api.alive("a2", "K" * 200 + "Two\n", pid=12)
+        snap = RaySource(api.url, per_class=True, node_ips=["127.0.0.1"]).poll_once()
+    rows = [s for s in snap.samples if s.name == "rlhf_ray_actors_by_class"]
+    assert all(len(s.labels[0]) <= 120 for s in rows)
+    alive = [s for s in rows if s.labels[1] == "ALIVE"]
+    assert len(alive) == 1 and alive[0].value == 2.0  # one series, both counted
+    assert len({s.labels for s in rows}) == len(rows)  # no label set twice

@@ -457,7 +457,11 @@ class RaySource(PollingSource):
                 )
                 names = sorted({name for name, _ in by_class})[:MAX_CLASSES]
                 kept = [kv for kv in kept if kv[0][0] in set(names)]
-            samples += [Sample("rlhf_ray_actors_by_class", key, float(n)) for key, n in kept]
+            shown: dict[tuple[str, str], int] = {}  # class names from the answer, cleaned and
+            for (name, state), n in kept:  # cut (two cut alike are summed, never doubled)
+                key = (outside_label(name), state)
+                shown[key] = shown.get(key, 0) + n
+            samples += [Sample("rlhf_ray_actors_by_class", k, float(n)) for k, n in shown.items()]
         samples += [
             Sample("rlhf_ray_actor_restarts_total", (role,), float(n))
             for role, n in self._restarts_total.items()
