@@ -24,6 +24,8 @@ import http.server
 import json
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -38,6 +40,7 @@ class RayStateApi:
         self.rows: dict[str, dict] = {}  # actor_id -> row (state, class_name, ...)
         self.pending: dict[str, int] = {}
         self.jobs: dict[str, dict] = {}  # submission_id -> Jobs API entry
+        self.clock: Callable[[], float] = time.time  # Ray's clock (a simulated day's own)
         # path -> (status, headers, body) answered verbatim: a hostile head's answers
         self.hostile: dict[str, tuple[int, dict[str, str], bytes]] = {}
         self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
@@ -86,8 +89,11 @@ class RayStateApi:
                 "driver_exit_code": None,
             }
 
-    def end(self, submission_id: str, status: str, end_ms: int = 2) -> None:
-        """The submission ends: SUCCEEDED (the driver exits 0), FAILED or STOPPED."""
+    def end(self, submission_id: str, status: str, end_ms: int | None = None) -> None:
+        """The submission ends: SUCCEEDED (the driver exits 0), FAILED or STOPPED, at
+        `end_ms` (default: now by `self.clock`, as Ray stamps it)."""
+        if end_ms is None:
+            end_ms = int(self.clock() * 1000)
         with self._lock:
             entry = self.jobs[submission_id]
             entry.update(status=status, end_time=end_ms,
