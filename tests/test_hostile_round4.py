@@ -393,3 +393,24 @@ def test_class_names_from_ray_are_cut_and_never_doubled() -> None:
     alive = [s for s in rows if s.labels[1] == "ALIVE"]
     assert len(alive) == 1 and alive[0].value == 2.0  # one series, both counted
     assert len({s.labels for s in rows}) == len(rows)  # no label set twice
+
+
+def test_a_jobs_api_entry_naming_a_stepping_job_does_not_end_it(tmp_path: Path) -> None:
+    """Anyone who can submit to the cluster can name another job in `--metadata-json`: an end
+    of that submission two minutes before the job's latest steps is not the job's end."""
+    root = tmp_path / "logs"
+    (root / "p").mkdir(parents=True)
+    write_jsonl(root / "p" / "e.jsonl", DEMO_PLAN[:3])  # stepping now
+    with RayStateApi() as api:
+        api.submit("raysubmit_other", "x", "y", job_id="03000000")
+        api.jobs["raysubmit_other"]["metadata"] = {"project": "p", "experiment": "e"}
+        api.end("raysubmit_other", "SUCCEEDED", end_ms=int((time.time() - 120) * 1000))
+        ray = RaySource(api.url, node_ips=["127.0.0.1"])
+        ray.poll_once()
+        src = VerlFileSource(TH, [root], interval=1.0)
+        ray.tell(src)
+        src.poll_once()
+        (summary,) = src.jobs()
+        snap = src.poll_once()
+    assert summary["state"] == "running"
+    assert snap.record_errors["ray_end_ignored"] == 1
