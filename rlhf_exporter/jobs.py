@@ -37,7 +37,7 @@ from .diagnosis.timeline import Placer, Timeline
 from .diagnosis.values import TIMER_PREFIX, num
 from .job_series import JobSeries, extra_values
 from .join.ports import Engines, StepWindows
-from .lifecycle import UNKNOWN, RayFact, job_state
+from .lifecycle import ENDED_STATUSES, LOST, UNKNOWN, RayFact, end_outgrown, job_state
 from .metrics.snapshot import Sample
 from .records import DEFAULT_LIMITS, INTERNAL_ERROR, Limits, RecordCleaner, clean_label
 
@@ -90,6 +90,10 @@ class Job(JobSeries):
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
         self.finished_file = False  # a `<experiment>.finished` file lies beside its log
+        self.finished_file_at: float | None = None  # its modification time
+        self._ray_end_at: float | None = None  # when Ray's end happened (or was first seen)
+        self.ends_ignored: Counter[str] = Counter()  # ends the job outgrew (sources count them)
+        self._ignored_seen: set[tuple[str, object]] = set()  # each ignored end counted once
         self.ray: RayFact | None = None  # what Ray's Jobs API and death causes say (set_ray)
         self._state = (UNKNOWN, "none")
         self.state_since: float = clock()  # when the job entered its current state
@@ -129,7 +133,23 @@ class Job(JobSeries):
         reached = (
             self.total_steps is not None and self.step is not None and self.step >= self.total_steps
         )
-        return reached or self.finished_marker or self.finished_file
+        return reached or self.finished_marker or self._finished_file_holds()
+
+    def _finished_file_holds(self) -> bool:
+        """A `.finished` file counts unless the job stepped after it was written (a file
+        left from an earlier run, or put beside a job that still steps)."""
+        if not self.finished_file:
+            return False
+        if end_outgrown(self.finished_file_at, self.last_step_time):
+            self._ignored("finished_file_ignored", self.finished_file_at)
+            return False
+        return True
+
+    def _ignored(self, reason: str, which: object) -> None:
+        key = (reason, which)
+        if key not in self._ignored_seen and len(self._ignored_seen) < 64:
+            self._ignored_seen.add(key)
+            self.ends_ignored[reason] += 1
 
     @property
     def state(self) -> str:
@@ -146,8 +166,18 @@ class Job(JobSeries):
         return self.state == "finished"
 
     def _refresh_state(self) -> tuple[str, str]:
+        outgrown = (
+            self.ray is not None
+            and self.ray.status in ENDED_STATUSES
+            and end_outgrown(self._ray_end_at, self.last_step_time)
+        )
+        if outgrown and self.ray is not None:
+            self._ignored("ray_end_ignored", (self.ray.submission, self.ray.status))
         state = job_state(
-            stepped=self.step is not None, declared_finished=self.declared_finished, ray=self.ray
+            stepped=self.step is not None,
+            declared_finished=self.declared_finished,
+            ray=self.ray,
+            ray_end_outgrown=outgrown,
         )
         if state[0] != self._state[0]:
             self.state_since = self._clock()
@@ -158,13 +188,23 @@ class Job(JobSeries):
     def set_ray(self, fact: RayFact | None) -> None:
         """What Ray says about this job now (None: nothing ties a submission to it)."""
         if fact != self.ray:
-            self.ray = fact
+            old, self.ray = self.ray, fact
+            if fact is None or fact.status not in ENDED_STATUSES:
+                self._ray_end_at = None
+            elif old is None or (old.status, old.submission) != (fact.status, fact.submission):
+                # Ray's end time, unless it lies ahead (then when it was first seen); a LOST
+                # submission's time is its start: it ended when the exporter saw it LOST
+                seen = self._clock()
+                since = fact.since if fact.status != LOST else None
+                self._ray_end_at = min(since, seen) if since is not None else seen
             self._samples = None
             self._refresh_state()
 
-    def set_finished_file(self, present: bool) -> None:
-        if present != self.finished_file:
+    def set_finished_file(self, present: bool, at: float | None = None) -> None:
+        """Whether a `.finished` file lies beside the log, and its modification time."""
+        if present != self.finished_file or at != self.finished_file_at:
             self.finished_file = present
+            self.finished_file_at = at if present else None
             self._samples = None
             self._refresh_state()
 

@@ -369,7 +369,14 @@ OPTIONS: tuple[Option, ...] = (
         "URL",
     ),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
-    Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
+    Option(
+        "ray_timeout",
+        _positive,
+        5.0,
+        "seconds one request to Ray's API may take in all (connect, headers and body)",
+        "ray",
+        "SECONDS",
+    ),
     Option(
         "ray_actors",
         _bool,
@@ -512,6 +519,15 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "engine_max_series",
+        _count,
+        256,
+        "samples of one engine family read per page (more: engine_series_dropped); a page "
+        "of 70,000 label sets costs a split, not 70,000 parsed samples",
+        "engines",
+        "N",
+    ),
+    Option(
         "engine_ring",
         _count,
         900,
@@ -638,6 +654,7 @@ class Settings:
     engine_timeout: float
     engine_max_bytes: int
     engine_max_replicas: int
+    engine_max_series: int
     engine_ring: int
 
 

@@ -266,7 +266,7 @@ def test_bad_answers_are_counted_dropped_logged_once_and_recovered(fake_state, c
     snap = src.poll_once()
     assert snap.up and actors_gauge(snap)
     for mode, reason in [
-        ("500", "http_500"),
+        ("500", "http_error"),  # the HTTP client's vocabulary (sources/http.py)
         ("invalid_json", "invalid_json"),
         ("ray_error", "ray_error"),
         ("bad_shape", "bad_response"),
@@ -285,7 +285,7 @@ def test_bad_answers_are_counted_dropped_logged_once_and_recovered(fake_state, c
     assert snap.up and actors_gauge(snap)
     failures = [r for r in caplog.records if "ray source failed" in r.getMessage()]
     assert [r.reason for r in failures] == [
-        "http_500",
+        "http_error",
         "invalid_json",
         "ray_error",
         "bad_response",
@@ -298,7 +298,9 @@ def test_bad_answers_are_counted_dropped_logged_once_and_recovered(fake_state, c
 def test_connection_refused_is_down_not_a_crash():
     src = RaySource(f"http://127.0.0.1:{free_port()}", interval=60, timeout=0.5)
     snap = src.poll_once()
-    assert not snap.up and snap.errors == {"connection": 1} and snap.samples == ()
+    counted = {k: n for k, n in snap.errors.items() if n}
+    assert not snap.up and counted == {"unreachable": 1} and snap.samples == ()
+    assert snap.errors["timeout"] == 0  # every known reason is exported from 0
 
 
 def test_restart_and_death_bookkeeping(fake_state):

@@ -96,6 +96,7 @@ class Fleet:
         root_a = tmp / "a"
         self.head_root = head_root or root_a
         nvml(day, 2)
+        api.clock = c  # Ray stamps the ends by the day's clock
         # `ray job submit` of verl's main_ppo for grpo/v1 (the Jobs API ties it to its log)
         api.submit(V1_SUBMISSION, "grpo", "v1", job_id=V1_RAY_JOB)
         for i, (cls, pid) in enumerate(

@@ -396,7 +396,11 @@ class PushSource(JobMaker):
             try:
                 if self.facts is not None:
                     p.job.set_ray(self.facts.job_fact(p.job.project, p.job.experiment, sole))
-                parts.append(p.job.samples())
+                part = p.job.samples()
+                if p.job.ends_ignored:  # Ray ends the job outgrew (rlhf_exporter.lifecycle)
+                    self._rejected.update(p.job.ends_ignored)
+                    p.job.ends_ignored.clear()
+                parts.append(part)
             except Exception:  # never lets one job remove the others' series
                 self._rejected["internal_error"] += 1
                 log.warning("push: building the series of a job failed (a bug)", exc_info=True)

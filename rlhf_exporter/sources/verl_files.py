@@ -57,6 +57,7 @@ from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from
 from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult
 from .job_maker import JobMaker
+from .small_file import SmallFileError, read_small
 from .verl_reader import RecordReader
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,7 @@ INTERNAL_ERROR = "internal_error"
 BAD_NAME = "bad_name"  # a file named `.jsonl`, `..jsonl` or `...jsonl`
 SYMLINK_LOOP = "symlink_loop"  # a project folder that is a looping symlink
 BAD_TOTAL_STEPS = "bad_total_steps"  # record_errors: a .total_steps file that is no integer
+# (or no small regular file: a FIFO, a symlink to /dev/zero, more than 32 bytes)
 FINISHED_SUFFIX = ".finished"  # <experiment>.finished beside the log: the job finished
 TOTAL_STEPS_SUFFIX = ".total_steps"  # <experiment>.total_steps: its total steps
 MARKER_EVERY = 15.0  # seconds between two reads of an idle job's marker files
@@ -551,19 +553,23 @@ class VerlFileSource(PollingSource, JobMaker):
         finished, `<experiment>.total_steps` (an integer) gives its total steps."""
         if self.facts is not None:
             w.job.set_ray(self.facts.job_fact(w.project, w.experiment, sole))
+        if w.job.ends_ignored:  # ends the job outgrew (rlhf_exporter.lifecycle), counted
+            self._rejected.update(w.job.ends_ignored)
+            w.job.ends_ignored.clear()
         if now - w.last_change < self.interval or now - w.markers_at < MARKER_EVERY:
             return
         w.markers_at = now
         stem = w.path.with_name(w.path.name.removesuffix(SUFFIX))
-        w.job.set_finished_file(os.path.lexists(str(stem) + FINISHED_SUFFIX))
+        w.job.set_finished_file(*_finished_file(str(stem) + FINISHED_SUFFIX))
         total = self.total_steps
-        try:
-            with open(str(stem) + TOTAL_STEPS_SUFFIX, "rb") as f:
-                text = f.read(32).strip()
+        try:  # non-blocking, a regular file, 32 bytes at most: a FIFO cannot hang the poll
+            text = read_small(str(stem) + TOTAL_STEPS_SUFFIX, 32).strip()
             if text.isdigit() and 0 < int(text) <= MAX_STEP:
                 total = int(text)
             else:
                 self._rejected[BAD_TOTAL_STEPS] += 1
+        except SmallFileError:
+            self._rejected[BAD_TOTAL_STEPS] += 1
         except OSError:
             pass
         w.job.set_total_steps(total)
@@ -610,6 +616,18 @@ class VerlFileSource(PollingSource, JobMaker):
             facts=context.facts,
             names=context.names,
         )
+
+
+def _finished_file(path: str) -> tuple[bool, float | None]:
+    """(whether a `.finished` regular file is there, its modification time). It is never
+    opened; anything but a regular file (a FIFO, a directory) does not count."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False, None
+    if not stat.S_ISREG(st.st_mode):
+        return False, None
+    return True, st.st_mtime
 
 
 def _shown(path: Path | str) -> str:
