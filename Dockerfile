@@ -4,7 +4,11 @@
 #   bash scripts/build-image.sh     # CI: a debootstrap'ed bookworm as BASE, buildah, no daemon
 # Both bases are Debian 12 "bookworm", so both builds install the same python3 (3.11) from
 # Debian's archive, and the same wheels (image/requirements.txt, installed by hash).
-ARG BASE=docker.io/library/debian:bookworm-slim
+# The base by digest (a tag moves; a digest is the bytes that were checked): the image index
+# docker resolved for debian:bookworm-slim. Update it with
+#   skopeo inspect --format '{{.Digest}}' docker://docker.io/library/debian:bookworm-slim
+# (or `crane digest`), and review Debian's changes before committing the new one.
+ARG BASE=docker.io/library/debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 
 # ------------------------------------------------------------------ build stage (not shipped)
 FROM ${BASE} AS build

@@ -30,12 +30,10 @@ sys.path.insert(0, str(REPO))
 
 from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.diagnosis import Record, StreamDiagnoser, gpujoin  # noqa: E402
-from rlhf_exporter.diagnosis.timeline import (  # noqa: E402
-    Placer,
-    place_substeps,
-    place_untimed,
-)
-from rlhf_exporter.gpuwindows.board import WindowBoard  # noqa: E402
+from rlhf_exporter.diagnosis.gpufit import place_untimed  # noqa: E402
+from rlhf_exporter.diagnosis.substeps import place_substeps  # noqa: E402
+from rlhf_exporter.diagnosis.timeline import Placer  # noqa: E402
+from rlhf_exporter.join.board import WindowBoard  # noqa: E402
 from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402

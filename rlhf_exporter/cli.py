@@ -6,12 +6,13 @@ import argparse
 import sys
 from importlib import import_module
 from pathlib import Path
+from types import ModuleType
 
 from . import __version__, commands
 from .config import ConfigError
 
 
-def _command_modules(argv: list[str]):
+def _command_modules(argv: list[str]) -> list[ModuleType]:
     """The modules in rlhf_exporter/commands/: `register(subparsers)` adds a subparser whose
     defaults set `func`; `ORDER` places it in --help.
 

@@ -48,7 +48,8 @@ def read_yaml(path: str | Path) -> Any:
 @lru_cache(maxsize=1)
 def default_document() -> dict[str, Any]:
     """The packaged defaults, parsed once."""
-    return _load(default_thresholds_text())
+    doc: dict[str, Any] = _load(default_thresholds_text())
+    return doc
 
 
 def default_thresholds_text() -> str:

@@ -14,6 +14,12 @@ per verl job; `Job` combines it with what the job's own log says. In order of tr
 3. What the job declared: its step reached its total steps (`--total-steps`, or per job in
    a `<experiment>.total_steps` file beside its log), it logged `rlhf_job_finished: 1`, or a
    `<experiment>.finished` file appeared beside its log: `finished`.
+An end (1's SUCCEEDED, STOPPED, FAILED or LOST, or 3's `.finished` file) never outranks a
+log that is still growing: a job that stepped more than END_GRACE seconds after the end was
+said to happen (Ray's end time, or when the exporter first saw it; the `.finished` file's
+modification time) is not ended by it (`end_outgrown`), so a Jobs API entry naming a job
+that still steps, or a `.finished` file left from an earlier run, cannot silence its stall
+alert. The sources count each ignored end (`ray_end_ignored`, `finished_file_ignored`).
 4. Otherwise a job that stepped, or whose submission is PENDING/RUNNING, is `running`, and
    anything else `unknown`. `stalled` is no exporter state: Prometheus decides it from the
    stall budget (recording rule `project_experiment_state:rlhf_job_state:max`).
@@ -31,6 +37,10 @@ FINISHED_STATUSES = frozenset({"SUCCEEDED", "STOPPED"})
 FAILED_STATUSES = frozenset({"FAILED", "LOST"})
 ACTIVE_STATUSES = frozenset({"PENDING", "RUNNING"})
 LOST = "LOST"  # not Ray's: a RUNNING submission the restarted head no longer lists
+ENDED_STATUSES = FINISHED_STATUSES | FAILED_STATUSES
+END_GRACE = 30.0
+"""Seconds a job may still step after its end (clock skew between the Ray head and the log's
+filesystem, a last record flushed late): a step later than that outranks the end."""
 
 FAILURE_REASONS = frozenset(
     {
@@ -67,11 +77,24 @@ class RayFact(NamedTuple):
     since: float | None = None  # when the status began (Ray's start or end time, seconds)
 
 
+def end_outgrown(end_at: float | None, last_step: float | None) -> bool:
+    """Whether the job stepped more than END_GRACE seconds after an end said to happen at
+    `end_at` (then that end is not the job's)."""
+    return end_at is not None and last_step is not None and last_step > end_at + END_GRACE
+
+
 def job_state(
-    *, stepped: bool, declared_finished: bool, ray: RayFact | None = None
+    *,
+    stepped: bool,
+    declared_finished: bool,
+    ray: RayFact | None = None,
+    ray_end_outgrown: bool = False,
 ) -> tuple[str, str]:
     """The job's state and the signal it came from (`ray_job`, `actor_death`, `declared`,
-    `steps`, `none`)."""
+    `steps`, `none`). `ray_end_outgrown`: the job stepped after Ray's end (end_outgrown),
+    which then does not count; `declared_finished` is already judged so by the caller."""
+    if ray is not None and ray_end_outgrown and ray.status in ENDED_STATUSES:
+        ray = ray._replace(status="RUNNING")  # what it says about actor deaths still holds
     if ray is not None:
         if ray.status in FINISHED_STATUSES:
             return FINISHED, "ray_job"

@@ -14,7 +14,7 @@ import json
 import logging
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
@@ -25,7 +25,7 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 }
 
 
-def _fields(record: logging.LogRecord) -> dict:
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")}
 
 

@@ -49,17 +49,19 @@ from urllib.parse import unquote
 import orjson
 
 from . import __version__
+from .join.board import WindowJoiner
 from .metrics.exposition import Exposition
 from .metrics.snapshot import SnapshotFn
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
 from .view import Facts, Links, index_page, job_page
 from .view.pages import not_found_page
+from .windows_api import WindowsApi
 
 log = logging.getLogger(__name__)
 
 EXPOSITION_WARM_INTERVAL = 0.25  # seconds: encode new job series off the scrape path
-JobsFn = Callable[[], Iterable[dict]]
+JobsFn = Callable[[], Iterable[dict[str, Any]]]
 
 
 @dataclass
@@ -74,10 +76,9 @@ class Endpoints:
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
-    windows_api: Any = (
-        None  # GET /api/v1/windows (rlhf_exporter/gpuwindows/board.py): None when off
-    )
-    window_view: Any = None  # the NVML source's WindowJoiner: GPU time by window in the job view
+    windows_api: WindowsApi | None = None  # GET /api/v1/windows (windows_api.py): None when off
+    # the NVML source's WindowJoiner: GPU time by window in the job view
+    window_view: WindowJoiner | None = None
     balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
     exposition: Exposition = field(init=False)
 
@@ -94,8 +95,8 @@ class Endpoints:
             return True
         return any(s.last_success is not None or s.errors for s in (f() for f in self.ready_fns))
 
-    def jobs(self) -> list[dict]:
-        out: list[dict] = []
+    def jobs(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
         for fn in self.jobs_fns:
             out.extend(fn())
         return sorted(out, key=lambda j: (j["project"], j["experiment"]))
@@ -244,7 +245,9 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s %s", self.address_string(), format % args)
 
-    def _send(self, status: int, body: bytes, content_type: str, extra: dict | None = None) -> None:
+    def _send(
+        self, status: int, body: bytes, content_type: str, extra: dict[str, str] | None = None
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -416,7 +419,7 @@ class Server(ThreadingHTTPServer):
         threading.Thread(target=self._watchdog, name="http-deadlines", daemon=True).start()
 
     # -- connection cap -------------------------------------------------------------------
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
             self.refused += 1
             self._once("refused", "connection refused with 503: %d connections open "
@@ -434,7 +437,7 @@ class Server(ThreadingHTTPServer):
             self._slots.release()
             raise
 
-    def process_request_thread(self, request, client_address) -> None:
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
@@ -468,7 +471,7 @@ class Server(ThreadingHTTPServer):
                     pass
 
     # -- errors ---------------------------------------------------------------------------
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: Any, client_address: Any) -> None:
         """socketserver prints a traceback to stderr; log once per kind instead."""
         exc = sys.exc_info()[1]
         kind = type(exc).__name__
@@ -510,4 +513,5 @@ def make_server(
     attrs: dict[str, Any] = {"max_connections": max_connections, "read_timeout": read_timeout}
     if ":" in host:
         attrs["address_family"] = socket.AF_INET6
-    return type("BoundServer", (Server,), attrs)((host, port), handler)
+    server: Server = type("BoundServer", (Server,), attrs)((host, port), handler)
+    return server

@@ -369,7 +369,14 @@ OPTIONS: tuple[Option, ...] = (
         "URL",
     ),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
-    Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),
+    Option(
+        "ray_timeout",
+        _positive,
+        5.0,
+        "seconds one request to Ray's API may take in all (connect, headers and body)",
+        "ray",
+        "SECONDS",
+    ),
     Option(
         "ray_actors",
         _bool,
@@ -512,6 +519,15 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "engine_max_series",
+        _count,
+        256,
+        "samples of one engine family read per page (more: engine_series_dropped); a page "
+        "of 70,000 label sets costs a split, not 70,000 parsed samples",
+        "engines",
+        "N",
+    ),
+    Option(
         "engine_ring",
         _count,
         900,
@@ -580,13 +596,66 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass(frozen=True)
 class Settings:
-    values: Mapping[str, Any]
+    """Every `serve` setting, resolved (`resolve`): one typed field per `Option` of OPTIONS,
+    by its name, in its order (the table holds the default, parser and help;
+    tests/test_settings.py checks that the two agree, name, type and default)."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    listen: str
+    thresholds: str | None
+    log_format: str
+    log_level: str
+    demo: bool
+    demo_step_seconds: float
+    demo_scenario: str
+    verl_root: list[str] | None
+    verl_file: list[str] | None
+    project: str | None
+    experiment: str | None
+    verl_interval: float
+    job_expiry: float
+    total_steps: int | None
+    max_line_bytes: int
+    push: bool
+    push_max_bytes: int
+    push_token: str | None
+    auth_fail_rate: float
+    auth_fail_rate_total: float
+    push_allow_anonymous: bool
+    push_max_jobs: int
+    push_max_jobs_per_client: int
+    max_unknown_timers: int
+    max_step_keys: int
+    max_key_chars: int
+    max_files: int
+    http_max_connections: int
+    http_read_timeout: float
+    page_cache_bytes: int
+    ray: bool
+    ray_address: str | None
+    ray_interval: float
+    ray_timeout: float
+    ray_actors: bool
+    ray_per_class: bool
+    ray_roles: str | None
+    ray_node_ip: str | None
+    nvml: bool
+    nvml_interval: float
+    gpu_roles: bool | None
+    gpu_windows: bool
+    gpu_windows_keep: int
+    gpu_windows_from: str | None
+    gpu_windows_interval: float
+    engines: bool
+    engine_target: list[str] | None
+    engine_targets_file: str | None
+    engine_prometheus_file: str | None
+    engine_interval: float
+    engine_idle_interval: float
+    engine_timeout: float
+    engine_max_bytes: int
+    engine_max_replicas: int
+    engine_max_series: int
+    engine_ring: int
 
 
 def _convert(option: Option, raw: Any, where: str) -> Any:
@@ -684,4 +753,4 @@ def resolve(
     _demo(values, explicit)
     if values["log_format"] not in ("text", "json"):
         raise ConfigError(f"log_format: expected text or json, got {values['log_format']!r}")
-    return Settings(values)
+    return Settings(**values)

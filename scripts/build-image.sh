@@ -12,14 +12,22 @@
 #   RLHF_IMAGE_CACHE   cache of the debootstrap tarball and buildah's storage
 #                      (default /var/cache/rlhf-exporter-image)
 #   RLHF_IMAGE_OUT     where the oci-archive and image.json go (default build/image, git-ignored)
-#   DEBIAN_MIRROR      Debian archive for debootstrap (default http://deb.debian.org/debian)
+#   DEBIAN_MIRROR      Debian archive for debootstrap (default https://deb.debian.org/debian)
+#   DEBIAN_KEYRING     the keyring debootstrap checks the archive's Release signature with
+#                      (default /usr/share/keyrings/debian-archive-keyring.gpg, from the
+#                      Debian package debian-archive-keyring); every package it installs is
+#                      then checked against the signed Release's hashes, whatever the mirror
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SUITE=bookworm  # Debian 12: the release of the Dockerfile's default BASE (debian:bookworm-slim)
 CACHE=${RLHF_IMAGE_CACHE:-/var/cache/rlhf-exporter-image}
 OUT=${RLHF_IMAGE_OUT:-$PWD/build/image}
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+MIRROR=${DEBIAN_MIRROR:-https://deb.debian.org/debian}
+KEYRING=${DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}
+# inside the image, apt reads the archive over http (minbase has no CA certificates) and
+# checks it with the same keyring (Signed-By below)
+IMAGE_MIRROR=${DEBIAN_IMAGE_MIRROR:-http://deb.debian.org/debian}
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 
 START=$SECONDS
@@ -35,6 +43,7 @@ fail() {
 }
 trap 'rc=$?; [ $rc = 0 ] || echo "build-image: FAILED at step \"$STEP\" (exit $rc); see the output above" >&2' EXIT
 
+[ -s "$KEYRING" ] || fail "no keyring at $KEYRING: install the Debian package debian-archive-keyring (or set DEBIAN_KEYRING); debootstrap never runs unchecked"
 [ "$(id -u)" = 0 ] || fail "must run as root (debootstrap, and buildah's vfs storage with chroot isolation)"
 for tool in buildah debootstrap tar sha256sum python3; do
   command -v "$tool" >/dev/null 2>&1 || fail "$tool is not installed (scripts/test.sh installs the Debian packages buildah and debootstrap)"
@@ -56,14 +65,18 @@ B=(buildah --root "$CACHE/storage" --runroot "$CACHE/run" --storage-driver vfs)
 
 # ------------------------------------------------------------------ 1. the debootstrap tarball
 BASE_TAR="$CACHE/debootstrap-$SUITE-minbase-$ARCH.tar"
-step "base root filesystem: debootstrap --variant=minbase $SUITE ($MIRROR)"
+step "base root filesystem: debootstrap --variant=minbase --keyring=$KEYRING $SUITE ($MIRROR)"
 t=$SECONDS
 if [ -s "$BASE_TAR" ]; then
   echo "build-image:   cached: $BASE_TAR" >&2
 else
   rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
   trap 'rc=$?; rm -rf "$rootfs"; [ $rc = 0 ] || echo "build-image: FAILED at step \"$STEP\" (exit $rc); see the output above" >&2' EXIT
-  debootstrap --variant=minbase --arch="$ARCH" "$SUITE" "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
+  # --keyring: the Release file's signature is checked (and debootstrap fails when it cannot
+  # be), and each package against the signed hashes; --force-check-gpg refuses to go on
+  # without a signature
+  debootstrap --variant=minbase --arch="$ARCH" --keyring="$KEYRING" --force-check-gpg \
+    "$SUITE" "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
     || { tail -n 30 "$CACHE/debootstrap.log" >&2; fail "debootstrap failed (log: $CACHE/debootstrap.log)"; }
   # What Debian's bookworm-slim image does (debuerreotype --slimify): no docs but copyright
   # files, no man pages or locales, for later dpkg installs too; apt keeps no caches.
@@ -89,7 +102,7 @@ EOF
   rm -f "$rootfs/etc/apt/sources.list"
   cat >"$rootfs/etc/apt/sources.list.d/debian.sources" <<EOF
 Types: deb
-URIs: $MIRROR
+URIs: $IMAGE_MIRROR
 Suites: $SUITE $SUITE-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg

@@ -94,6 +94,8 @@ if [ "${SKIP_IMAGE:-0}" != 1 ] && [ "$build_image" = 1 ]; then
   for tool in buildah debootstrap umoci; do
     command -v "$tool" >/dev/null 2>&1 || image_need+=("$tool")
   done
+  # debootstrap checks Debian's signed Release with this keyring (scripts/build-image.sh)
+  [ -s /usr/share/keyrings/debian-archive-keyring.gpg ] || image_need+=(debian-archive-keyring)
   if [ "$(id -u)" != 0 ]; then
     echo "warning: not root: the image is not built (scripts/build-image.sh needs root); tests/test_image.py will skip, or fail under CI=true" >&2
   else

@@ -22,7 +22,8 @@ from rlhf_exporter.config import default_document
 from rlhf_exporter.diagnosis import CHANGES, VERDICTS, Thresholds
 from rlhf_exporter.metrics.catalog import BY_NAME, NAMES
 from rlhf_exporter.render import repo_root
-from rlhf_exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
+from rlhf_exporter.render.addresses import FLEET_PATH, JOB_PATH
+from rlhf_exporter.render.dashboards import targets
 from rlhf_exporter.render.dashboards.style import CHANGE_COLOURS, VERDICT_COLOURS
 from tests.support import grafana_vars
 

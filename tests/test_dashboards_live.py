@@ -41,7 +41,8 @@ from rlhf_exporter.demo.simulator import (
 from rlhf_exporter.diagnosis import Thresholds
 from rlhf_exporter.metrics.catalog import ENGINE, RAY, WINDOW_GPU
 from rlhf_exporter.render import rules as rules_mod
-from rlhf_exporter.render.dashboards import FLEET_PATH, JOB_PATH, targets
+from rlhf_exporter.render.addresses import FLEET_PATH, JOB_PATH
+from rlhf_exporter.render.dashboards import targets
 from rlhf_exporter.render.dashboards.queries import gpus_per_job
 from rlhf_exporter.render.dashboards.style import verdict_codes
 from tests.support import grafana_vars
@@ -213,7 +214,7 @@ def live(tmp_path_factory):
                 0.25,
                 what=f"Prometheus to see step {step} of {name}",
             )
-        recorded = rules_mod.Rules(th).verdicts
+        recorded = rules_mod.Context(th).verdicts
         wait_until(
             lambda: all(prom.query(f'{recorded}{{experiment="{name}"}}') for name in JOBS),
             30,

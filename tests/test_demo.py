@@ -157,7 +157,7 @@ def _idle_shares(phase, th):
     from rlhf_exporter.diagnosis.change import Baseline
     from rlhf_exporter.diagnosis.steps import classify
     from rlhf_exporter.diagnosis.timeline import rebuild
-    from rlhf_exporter.gpuwindows.board import WindowBoard
+    from rlhf_exporter.join.board import WindowBoard
 
     job = _Job([phase])
     job.upcoming = []
@@ -282,7 +282,7 @@ def _live(name: str, steps: int, step_seconds: float = 0.7):
     """`serve --demo`'s pace: `steps` records of scenario `name`, one every `step_seconds`
     of wall time, each played by the devices once due (polled every second)."""
     from rlhf_exporter.diagnosis.balance import balance
-    from rlhf_exporter.gpuwindows.board import WindowBoard
+    from rlhf_exporter.join.board import WindowBoard
 
     th = load_thresholds()
     now = [1000.0]

@@ -31,7 +31,7 @@ import yaml
 from rlhf_exporter.demo.devices import DemoDevices
 from rlhf_exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
 from rlhf_exporter.demo.simulator import encode
-from rlhf_exporter.gpuwindows.board import WindowBoard
+from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.render.rules import gpuhealth
 from rlhf_exporter.render.rules.model import Context
 from rlhf_exporter.sources.base import SourceError

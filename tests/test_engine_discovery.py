@@ -75,6 +75,7 @@ def test_verl_prometheus_file_file_sd_and_static(tmp_path) -> None:
         static=["http://10.0.0.8:9000/metrics", "10.0.0.5:41001"],
         file_sd=str(sd),
         prometheus_file=str(prom),
+        reread=0.0,  # every change read at once (the default waits FILE_REREAD seconds)
     )
     errors: Counter[str] = Counter()
     got = {x.name: x.url for x in t.current(errors)}

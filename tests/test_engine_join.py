@@ -17,8 +17,8 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.diagnosis.engines import EngineLimits, rollout_spans
-from rlhf_exporter.gpuwindows.board import WindowBoard
 from rlhf_exporter.jobs import Job
+from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource
 from tests.support.sim_engine import EngineSim, SimClock, scenario
@@ -87,8 +87,7 @@ def replay(trace: str, scenario_name: str | None):
         active=lambda: True,
         limits=EngineLimits.from_document(th.document),
     )
-    board.engines = source
-    job = Job("p", "e", th, clock=clock, windows=board)
+    job = Job("p", "e", th, clock=clock, windows=board, engines=source)
     clock.t = T0
     for recs, at in zip(groups, arrivals, strict=True):
         while clock.t < at:  # read the engines every second around the rollout windows
@@ -187,18 +186,18 @@ def test_the_sidecar_wires_engines_only_where_they_can_be_found() -> None:
         "RLHF_EXPORTER_RAY": "false",
     }
     plain = serve_mod.Sidecar(settings_mod.resolve(None, base))
-    try:  # no Ray and no targets: no engine source, and the board (kept for the head's
-        # windows API, issue 23) has none either
+    try:  # no Ray and no targets: no engine source, and the push source (whose board is kept
+        # for the head's windows API, issue 23) has none either
         assert [s.name for s in plain.sources] == ["push"]
         assert plain.engines is None
-        assert plain.push is not None and plain.push.windows.engines is None
+        assert plain.push is not None and plain.push.engines is None
     finally:
         plain.server.server_close()
     s = settings_mod.resolve(None, {**base, "RLHF_EXPORTER_ENGINE_TARGET": "127.0.0.1:1"})
     wired = serve_mod.Sidecar(s)
     try:
         assert wired.engines is not None and "engines" in [x.name for x in wired.sources]
-        assert wired.push is not None and wired.push.windows.engines is wired.engines
+        assert wired.push is not None and wired.push.engines is wired.engines
         # a sidecar that reads jobs serves their windows to worker sidecars (issue 23)
         assert wired.endpoints.windows_api is not None
     finally:
@@ -243,3 +242,33 @@ def test_the_landing_page_and_job_view_show_the_evidence_beside_the_reason() -> 
     assert "queueing" in landing and "engines: KV max" in landing
     plain = Job("p", "e", load_thresholds(None))
     assert "Engine evidence" not in job_page(plain.summary(), [], facts, links)
+
+
+def test_the_engine_source_reads_fast_while_a_job_of_the_board_steps() -> None:
+    """The sidecar's engine source learns from the window board (its port in the sources'
+    Context) whether a job stepped in the last ENGINE_ACTIVE seconds: then it reads every
+    `engine_interval`, else every `engine_idle_interval`."""
+    import dataclasses
+
+    from rlhf_exporter import settings as settings_mod
+    from rlhf_exporter.diagnosis.timeline import Timeline
+    from rlhf_exporter.sources.base import Context
+    from rlhf_exporter.sources.engines import ENGINE_ACTIVE
+
+    now = [10_000.0]
+    s = dataclasses.replace(
+        settings_mod.resolve(None, {}), engine_target=["127.0.0.1:1"], engine_interval=1.0
+    )
+    board = WindowBoard()
+    source = EngineSource.from_settings(
+        s, Context(load_thresholds(None), lambda: now[0], windows=board)
+    )
+    assert source is not None
+    source._last_scrape = now[0]
+    assert not source._due(now[0] + 1.0)  # nothing steps: the idle interval
+    board.post(("p", "e"), Timeline(1, now[0] - 20.0, now[0] - 1.0, (), 0.0))
+    assert source._due(now[0] + 1.0)  # a job stepped just now: every second
+    now[0] += ENGINE_ACTIVE + 60.0
+    source._last_scrape = now[0]
+    assert not source._due(now[0] + 1.0)  # its last step is long past
+    assert EngineSource.from_settings(s, Context(load_thresholds(None))) is None  # no board

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from rlhf_exporter.config import load_thresholds
-from rlhf_exporter.render.dashboards import JOB_PATH, targets
+from rlhf_exporter.render.addresses import JOB_PATH
+from rlhf_exporter.render.dashboards import targets
 from tests.support import grafana_vars
 from tests.support.prometheus import Prometheus
 from tests.support.serve import Exporter

@@ -15,8 +15,9 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record, StreamDiagnoser
+from rlhf_exporter.diagnosis.gpufit import QUANTA, place_untimed
 from rlhf_exporter.diagnosis.gpujoin import GpuWindowJoin, gpu_role
-from rlhf_exporter.diagnosis.timeline import ORDER, QUANTA, UNTIMED, Recent, place_untimed, rebuild
+from rlhf_exporter.diagnosis.timeline import ORDER, UNTIMED, Recent, rebuild
 from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
 
 TH = load_thresholds()
@@ -369,7 +370,7 @@ def run_sidecar(tmp_path, monkeypatch, roles, steps=20, seed=5, keep=8, sim=None
     import json
     import sys
 
-    from rlhf_exporter.gpuwindows.board import WindowBoard
+    from rlhf_exporter.join.board import WindowBoard
     from rlhf_exporter.sources.nvml import NvmlSource
     from rlhf_exporter.sources.ray import ActorProcess
     from rlhf_exporter.sources.verl_files import VerlFileSource
@@ -598,12 +599,13 @@ def test_worker_sidecar_matches_a_single_node_run(tmp_path, monkeypatch):
     import urllib.error
     import urllib.request
 
-    from rlhf_exporter.gpuwindows.board import WINDOWS_PATH, WindowBoard, WindowsApi
-    from rlhf_exporter.gpuwindows.remote import RemoteWindowsSource
+    from rlhf_exporter.join.board import WindowBoard
     from rlhf_exporter.server import Endpoints, make_server
     from rlhf_exporter.sources.nvml import NvmlSource
     from rlhf_exporter.sources.ray import ActorProcess
+    from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
     from rlhf_exporter.sources.verl_files import VerlFileSource
+    from rlhf_exporter.windows_api import WINDOWS_PATH, WindowsApi
     from tests.support.fake_pynvml import FakeRay
 
     roles = ["rollout", "rollout", "trainer", "trainer"]
@@ -678,7 +680,7 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
     import json
     import os
 
-    from rlhf_exporter.gpuwindows.board import WindowBoard, WindowJoiner
+    from rlhf_exporter.join.board import WindowBoard, WindowJoiner
     from rlhf_exporter.sources.verl_files import VerlFileSource
 
     records, _ = simulate(20, seed=8, t0=1000.0)
@@ -722,7 +724,7 @@ def test_a_backlog_read_posts_only_its_last_step_anchored_at_the_files_mtime(tmp
 
 def test_two_jobs_on_one_node_are_not_joined(caplog):
     """NVML cannot tell which job a GPU serves: with two active jobs nothing is attributed."""
-    from rlhf_exporter.gpuwindows.board import WindowBoard, WindowJoiner
+    from rlhf_exporter.join.board import WindowBoard, WindowJoiner
 
     records, _ = simulate(2, seed=9, t0=1000.0)
     a, b = timelines(records, delay=0.0)
@@ -870,7 +872,7 @@ def test_fully_async_shifted_records_busy_share_within_5pp(n_sync, seed, v08):
     counters, truth = _fully_async_join(seed, n_sync, roles, v08=v08)
     assert _worst_share_error(counters, truth, roles) <= 0.05
     # the untimed remainder: the GPUs idle through it (R is ~1.5 s a sub-step, beside busy
-    # windows whose per-sub-step durations the record does not have: timeline.place_substeps
+    # windows whose per-sub-step durations the record does not have: substeps.place_substeps
     # fits them to the GPU signal), held to the same 5 points as every other group
     for role in ("rollout", "trainer"):
         busy, avail = counters[((), "other", role)]
@@ -913,7 +915,8 @@ def test_place_substeps_fits_each_sub_steps_windows_to_its_busy_stretch():
     """Two sub-steps laid with the record's mean durations (4 s each) where the first really
     ran 3.4 s and the second 4.6 s: placed together, each busy window lands on its own stretch
     and each sub-step keeps its own untimed seconds, none of them busy."""
-    from rlhf_exporter.diagnosis.timeline import Timeline, place_substeps
+    from rlhf_exporter.diagnosis.substeps import place_substeps
+    from rlhf_exporter.diagnosis.timeline import Timeline
 
     def sub(start):
         ivs = (
@@ -954,7 +957,7 @@ def test_a_long_fully_async_run_is_placed_in_bounded_pieces():
     """trigger_parameter_sync_step = 20: the 19 sub-steps after the anchor are placed in
     runs of at most MAX_RUN (the dynamic programme's work grows with the run), every one
     of them placed, none overlapping, each busy share still near the truth."""
-    from rlhf_exporter.diagnosis.timeline import MAX_RUN
+    from rlhf_exporter.diagnosis.substeps import MAX_RUN
 
     roles = ["rollout", "rollout", "trainer", "trainer"]
     records, truth = simulate_fully_async(3, 20, seed=3, spread=0.05)
@@ -1019,14 +1022,14 @@ def test_fully_async_without_global_step_is_one_block_as_before():
 
 
 def _latest_anchors(posted):
-    from rlhf_exporter.gpuwindows.board import _latest_anchors as latest
+    from rlhf_exporter.join.board import _latest_anchors as latest
 
     return latest(posted)
 
 
 def _fully_async_job(records, keep=64):
-    from rlhf_exporter.gpuwindows.board import WindowBoard
     from rlhf_exporter.jobs import Job
+    from rlhf_exporter.join.board import WindowBoard
 
     board = WindowBoard(keep=keep)
     job = Job("p", "fa", TH, windows=board)
@@ -1132,3 +1135,19 @@ def test_verl_06_sync_rollout_places_the_weight_load_before_the_generation():
         "load",
         "generate_sequences",
     ]
+
+
+def test_a_board_nobody_reads_stays_bounded():
+    """Without an NVML source (a node with no GPU, or NVML down) nothing takes the posted
+    steps: the board still holds at most keep x max_jobs of them, the newest."""
+    from rlhf_exporter.join.board import WindowBoard
+
+    records, _ = simulate(3, seed=4, t0=1000.0)
+    (tl, *_) = timelines(records, delay=0.0)
+    board = WindowBoard(keep=2, max_jobs=3)
+    for i in range(50):
+        board.post((f"p{i % 5}", "e"), tl._replace(step=i))
+    new = board.take_new()
+    assert len(new) == 2 * 3
+    assert [t.step for _, t in new] == list(range(44, 50))
+    assert len(board.jobs()) == 3 and board.take_new() == []

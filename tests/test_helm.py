@@ -27,11 +27,21 @@ import rlhf_exporter  # noqa: E402
 from rlhf_exporter import cli, settings  # noqa: E402
 from rlhf_exporter.render import chart as chart_render  # noqa: E402
 from tests.support import rendered_pods  # noqa: E402
+from tests.support.chart import (  # noqa: E402
+    CHART,
+    EXAMPLE,
+    NAMESPACE,
+    RELEASE,
+    container,
+    copy_example,
+    kinds,
+    only,
+    rayjob_of,
+    render,
+)
 from tests.support.rendered_pods import ray_pod_templates  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CHART = ROOT / "helm" / "rlhf-exporter"
-EXAMPLE = ROOT / "examples" / "verl-grpo-rayjob"
 STANDALONE_VALUES = ROOT / "examples" / "standalone-values.yaml"
 SHARED_VALUES = ROOT / "examples" / "shared-values.yaml"
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yaml"))
@@ -43,30 +53,9 @@ MONITORING = {
     "ServiceMonitor": prometheus_operator.ServiceMonitor,
     "PrometheusRule": prometheus_operator.PrometheusRule,
 }
-RELEASE, NAMESPACE = "rel", "mon"
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def render(
-    values: dict | None = None,
-    chart: Path = CHART,
-    namespace: str = NAMESPACE,
-    name: str = RELEASE,
-) -> list[dict]:
-    """Every object the chart renders with `values` (NOTES.txt left out)."""
-    return rendered_pods.render(chart, values, name, namespace)
-
-
-def only(objects: list[dict], kind: str) -> dict:
-    found = [o for o in objects if o["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
-
-
-def kinds(objects: list[dict]) -> Counter:
-    return Counter(o["kind"] for o in objects)
 
 
 def contained(small, big, where="") -> list[str]:
@@ -112,14 +101,6 @@ def validate(obj: dict) -> None:
     else:
         for version in KUBE_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
-
-
-def container(pod_spec: dict, name: str) -> dict:
-    found = [c for c in pod_spec["containers"] if c["name"] == name]
-    assert len(found) == 1, (
-        f"no single container {name!r} in {[c['name'] for c in pod_spec['containers']]}"
-    )
-    return found[0]
 
 
 def serve_settings(ctr: dict, labels: dict | None = None, namespace: str = "ray-jobs"):
@@ -258,12 +239,8 @@ def all_features() -> dict:
 
 @pytest.fixture(scope="module")
 def example_chart(tmp_path_factory) -> Path:
-    """examples/verl-grpo-rayjob with this chart unpacked in charts/, as `helm dependency
-    build` would leave it (the committed example holds no copy)."""
-    where = tmp_path_factory.mktemp("example") / EXAMPLE.name
-    shutil.copytree(EXAMPLE, where)
-    shutil.copytree(CHART, where / "charts" / CHART.name)
-    return where
+    """The example RayJob chart with this chart in its charts/ (tests/support/chart.py)."""
+    return copy_example(tmp_path_factory)
 
 
 def example_values(**exporter_values) -> dict:
@@ -730,10 +707,6 @@ def test_standalone_example_values_render_valid_objects():
         container(only(objects, "Deployment")["spec"]["template"]["spec"], "exporter")
     )
     assert conf.ray_address == values["standalone"]["rayAddress"]
-
-
-def rayjob_of(objects: list[dict]) -> dict:
-    return only(objects, "RayJob")
 
 
 def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(example_chart):

@@ -1,6 +1,6 @@
 """The built image (scripts/build-image.sh), run the way the chart runs it.
 
-The chart is rendered by the real Helm engine (tests/test_helm.py's helpers) and its head
+The chart is rendered by the real Helm engine (tests/support/chart.py) and its head
 sidecar's container spec (args, env, volumeMounts, securityContext) is applied to the image's
 own config (entrypoint, env, user, working directory): the unpacked root filesystem runs under
 `unshare` + chroot as user 10001, on a read-only root, with no capability, no_new_privs, and
@@ -26,11 +26,11 @@ import yaml
 import rlhf_exporter
 from rlhf_exporter import settings
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
-from tests import test_helm
 from tests.support import container as ct
+from tests.support.chart import CHART, container, copy_example, rayjob_of, render
 from tests.support.procs import REPO, free_port, wait_until
 from tests.support.ray_head import connected_head, verl_actor_classes
-from tests.test_helm import CHART, container, ray_pod_templates, rayjob_of, render
+from tests.support.rendered_pods import ray_pod_templates
 
 tomllib = pytest.importorskip("tomllib")
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
@@ -42,8 +42,10 @@ LOCK = REPO / "image" / "requirements.txt"
 SHIM_ROOT, SCENARIO_DIR = "/opt/fake-nvml", "/opt/fake-nvml-scenario"
 
 
-# the example RayJob chart with this chart in its charts/ (tests/test_helm.py's fixture)
-example_chart = test_helm.example_chart
+@pytest.fixture(scope="module")
+def example_chart(tmp_path_factory) -> Path:
+    """The example RayJob chart with this chart in its charts/ (tests/support/chart.py)."""
+    return copy_example(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

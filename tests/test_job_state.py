@@ -215,8 +215,7 @@ def test_a_broken_jobs_api_keeps_the_actor_series_and_the_last_facts():
         assert src.job_fact("p", "e").status == "FAILED"
 
 
-# -- a real Ray head, real `ray job submit` ------------------------------------------------------
-ray = pytest.importorskip("ray")
+# -- a real Ray head, real `ray job submit` (marked `ray`: skipped where Ray is missing) ---------
 from rlhf_exporter.sources.ray import RaySource  # noqa: E402
 from tests.support.ray_head import RayHead, ray_binary  # noqa: E402
 from tests.support.serve import Exporter  # noqa: E402

@@ -66,10 +66,10 @@ def panel_query(title: str, ref: str = "A") -> str:
 
 def table_column(name: str) -> str:
     from rlhf_exporter.config import load_thresholds
-    from rlhf_exporter.render.dashboards.context import Context
+    from rlhf_exporter.render.dashboards.context import DashboardContext
     from rlhf_exporter.render.dashboards.fleet import job_columns
 
-    columns = [n for n, _ in job_columns(Context.of(load_thresholds()))]
+    columns = [n for n, _ in job_columns(DashboardContext.of(load_thresholds()))]
     return panel_query(
         "Every job: verdict, throughput, health", chr(ord("A") + columns.index(name))
     )

@@ -9,7 +9,8 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job, Limits, clean_label
+from rlhf_exporter.jobs import Job
+from rlhf_exporter.records import Limits, clean_label
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,23 @@ def test_unknown_timers_mfu_stages_and_long_keys_are_capped(th):
     }
     stages = {s.labels[2] for s in job.samples() if s.name == "rlhf_mfu_ratio"}
     assert stages == {"actor"}
+    sane(job)
+
+
+def test_fully_async_idle_components_are_capped_per_job(th):
+    """At most MAX_COMPONENTS `fully_async/<component>/idle_ratio` components per job (each
+    one is a label value): the rest are dropped and counted, in every later record too."""
+    from rlhf_exporter.records import MAX_COMPONENTS
+
+    rejected: Counter[str] = Counter()
+    job = Job("p", "e", th, rejected=rejected)
+    extra = 4
+    for step in (1, 2):
+        data = {f"fully_async/c{i}/idle_ratio": 0.5 for i in range(MAX_COMPONENTS + extra)}
+        job.feed([Record(step, {"timing_s/step": 10.0, "timing_s/gen": 5.0, **data})])
+    got = {s.labels[2] for s in job.samples() if s.name == "rlhf_fully_async_idle_ratio"}
+    assert got == {f"c{i}" for i in range(MAX_COMPONENTS)}
+    assert rejected == {"too_many_components": 2 * extra}
     sane(job)
 
 

@@ -4,6 +4,7 @@ real Ray head's actor PIDs is in tests/test_ray_source.py (it shares that module
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import logging
@@ -12,7 +13,6 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.settings import resolve as resolve_settings
 from rlhf_exporter.sources.base import Context
 from rlhf_exporter.sources.nvml import NvmlSource, error_reason
 from rlhf_exporter.sources.ray import ActorProcess
@@ -484,7 +485,8 @@ def test_role_memory_matches_verified_pids_and_ancestors(install, tmp_path):
 
 def test_from_settings():
     def s(**kw):
-        return SimpleNamespace(
+        return dataclasses.replace(  # the real, typed Settings
+            resolve_settings(None, {}),
             **{
                 "nvml": True,
                 "nvml_interval": 2.0,
@@ -492,7 +494,7 @@ def test_from_settings():
                 "project": None,
                 "experiment": None,
                 **kw,
-            }
+            },
         )
 
     ctx = Context(load_thresholds())

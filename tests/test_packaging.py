@@ -79,9 +79,27 @@ def test_dockerfile_has_one_base_of_the_release_ci_debootstraps():
 
     (base,) = re.findall(r"^ARG BASE=(\S+)$", DOCKERFILE, re.M)
     (suite,) = re.findall(r"^SUITE=(\w+)", (ROOT / "scripts" / "build-image.sh").read_text(), re.M)
-    assert base == f"docker.io/library/debian:{suite}-slim"
+    # by digest (issue 35): a tag moves, a digest is the bytes that were reviewed
+    assert re.fullmatch(rf"docker\.io/library/debian:{suite}-slim@sha256:[0-9a-f]{{64}}", base)
     froms = re.findall(r"^FROM (\S+)", DOCKERFILE, re.M)
     assert froms and all(f == "${BASE}" for f in froms), froms
+
+
+def test_debootstrap_checks_the_archive_with_an_explicit_keyring():
+    """The CI base comes from Debian's archive checked against Debian's keyring (issue 35):
+    debootstrap gets --keyring and --force-check-gpg (no unsigned fallback), the script
+    refuses to run without the keyring, and no --no-check-gpg is anywhere."""
+    import re
+
+    script = (ROOT / "scripts" / "build-image.sh").read_text()
+    call = re.search(r"^\s*debootstrap .*?(?<!\\)$", script.replace("\\\n", " "), re.M | re.S)
+    assert call, "no debootstrap call"
+    words = call.group(0).split()
+    assert '--keyring="$KEYRING"' in words and "--force-check-gpg" in words
+    assert "--no-check-gpg" not in script
+    assert "KEYRING=${DEBIAN_KEYRING:-/usr/share/keyrings/debian-archive-keyring.gpg}" in script
+    assert '[ -s "$KEYRING" ] || fail' in script
+    assert "MIRROR=${DEBIAN_MIRROR:-https://" in script
 
 
 def test_dockerfile_version_default_is_the_package_version():

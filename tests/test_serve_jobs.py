@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records
 from rlhf_exporter.diagnosis import CHANGES, COST_GROUPS, GROUPS, VERDICTS, BatchDiagnoser, Record
-from rlhf_exporter.jobs import GIB, Job, verl_metric_names
+from rlhf_exporter.job_series import GIB, verl_metric_names
+from rlhf_exporter.jobs import Job
 from rlhf_exporter.metrics.catalog import BY_NAME
 from tests.support.families import render_samples
 

@@ -99,3 +99,37 @@ def test_the_example_settings_file_loads_and_names_every_setting():
     finally:
         whole.unlink()
     assert every.max_line_bytes == 1 << 20 and every.push is True
+
+
+def test_the_settings_fields_are_the_option_table():
+    """One place of truth: the typed `Settings` (what mypy checks every use against) has one
+    field per Option, in the table's order, and each option's default is of its field's type
+    (so a new Option without its field, or a field whose type lies, fails here)."""
+    import dataclasses
+    import types
+    import typing
+
+    from rlhf_exporter import settings
+
+    fields = [f.name for f in dataclasses.fields(settings.Settings)]
+    assert fields == [o.name for o in settings.OPTIONS]
+    hints = typing.get_type_hints(settings.Settings)
+
+    def fits(value, hint) -> bool:
+        if isinstance(hint, types.UnionType):
+            return any(fits(value, h) for h in typing.get_args(hint))
+        if hint is type(None):
+            return value is None
+        if typing.get_origin(hint) is list:
+            (item,) = typing.get_args(hint)
+            return isinstance(value, list) and all(fits(v, item) for v in value)
+        if hint is float:
+            return type(value) in (int, float)
+        return type(value) is hint
+
+    wrong = {o.name: hints[o.name] for o in settings.OPTIONS if not fits(o.default, hints[o.name])}
+    assert wrong == {}
+    resolved = settings.resolve(None, {})
+    wrong = {n: hints[n] for n in fields if not fits(getattr(resolved, n), hints[n])}
+    assert wrong == {}
+    assert fits(None, hints["gpu_roles"]) and not fits(None, hints["listen"])

@@ -34,6 +34,7 @@ import pytest
 import yaml
 
 from rlhf_exporter.diagnosis.thresholds import seconds
+from rlhf_exporter.join.names import JobNames
 from rlhf_exporter.sources.nvml import NvmlSource
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.ray import RaySource
@@ -95,6 +96,7 @@ class Fleet:
         root_a = tmp / "a"
         self.head_root = head_root or root_a
         nvml(day, 2)
+        api.clock = c  # Ray stamps the ends by the day's clock
         # `ray job submit` of verl's main_ppo for grpo/v1 (the Jobs API ties it to its log)
         api.submit(V1_SUBMISSION, "grpo", "v1", job_id=V1_RAY_JOB)
         for i, (cls, pid) in enumerate(
@@ -105,11 +107,12 @@ class Fleet:
         self.ray = RaySource(
             api.url, node_ips=["127.0.0.1"], clock=c, timeout=5.0, interval=ray_interval
         )
+        # as `serve` wires them: job states from Ray, a file wins its name over a push
+        facts, names = self.ray.facts(), JobNames()
         head_verl, head_push = (
-            VerlFileSource(th, [self.head_root], clock=c),
-            PushSource(th, clock=c),
+            VerlFileSource(th, [self.head_root], clock=c, facts=facts, names=names),
+            PushSource(th, clock=c, facts=facts, names=names),
         )
-        self.ray.tell(head_verl, head_push)  # as `serve` wires them: job states from Ray
         self.head = day.target(
             "head-v1:19839",
             [

@@ -195,7 +195,7 @@ def test_the_fully_async_shift_is_in_verls_source(verl):
 
 
 def test_not_reported_values_and_new_evidence_keys_are_verls(verl):
-    from rlhf_exporter import jobs
+    from rlhf_exporter import job_series as jobs
     from rlhf_exporter.diagnosis.advice import NOT_REPORTED
 
     agent_loop = (verl / "experimental/agent_loop/agent_loop.py").read_text()

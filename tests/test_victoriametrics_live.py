@@ -30,7 +30,7 @@ import requests
 import yaml
 
 from rlhf_exporter.demo.simulator import REGIMES, encode, records
-from rlhf_exporter.render.dashboards import FLEET_PATH
+from rlhf_exporter.render.addresses import FLEET_PATH
 from tests.support import grafana_vars
 from tests.support.procs import REPO, Proc, free_port, wait_until
 from tests.support.prometheus import binary

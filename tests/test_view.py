@@ -291,14 +291,21 @@ def test_wrap_breaks_a_long_verl_key_at_its_dots_and_underscores():
     lines = wrap(text, 30)
     assert all(len(line) <= 30 for line in lines)
     assert "".join(lines).replace(" ", "") == text.replace(" ", "")
-    assert (
-        all(
-            line.endswith((".", "_", ":", "size", "0.6:", "(on")) or line is lines[-1]
-            for line in lines[:-1]
-        )
-        or True
-    )
-    assert lines[1].endswith(("_", ".")), lines
+    # Each line but the last ends where a word ends (a space follows it in the text) or
+    # after a `.`, `_` or `/` inside the long key: never in the middle of a name.
+    rest = text
+    for line in lines[:-1]:
+        assert rest.startswith(line), (line, rest)
+        rest = rest[len(line) :]
+        assert rest.startswith(" ") or line.endswith((".", "_", "/")), (line, lines)
+        rest = rest.lstrip(" ")
+    assert rest == lines[-1]
+    assert lines == [
+        "bucket size (on verl 0.6:",
+        "actor_rollout_ref.rollout.",
+        "update_weights_bucket_",
+        "megabytes)",
+    ]
 
 
 def test_point_round_trip():

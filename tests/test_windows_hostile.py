@@ -19,16 +19,10 @@ import pytest
 from rlhf_exporter import logs
 from rlhf_exporter.diagnosis.thresholds import GROUPS
 from rlhf_exporter.diagnosis.timeline import Interval, Timeline
-from rlhf_exporter.gpuwindows.board import (
-    MAX_BODY,
-    WindowBoard,
-    WindowJoiner,
-    WindowsApi,
-    board_json,
-    parse_board,
-)
-from rlhf_exporter.gpuwindows.remote import RemoteWindowsSource
+from rlhf_exporter.join.board import WindowBoard, WindowJoiner
 from rlhf_exporter.metrics.exposition import Exposition
+from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
+from rlhf_exporter.windows_api import MAX_BODY, WindowsApi, board_json, parse_board
 
 
 def step_json(step: int, group: str = "rollout", timer: str = "gen", t0: float = 1000.0) -> dict:

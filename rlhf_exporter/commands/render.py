@@ -14,7 +14,7 @@ from . import add_thresholds_argument, thresholds_path
 ORDER = 30
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     names = list(generators())
     p = subparsers.add_parser(
         "render",

@@ -16,19 +16,26 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from types import FrameType
+from typing import TYPE_CHECKING, cast
 
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
+from ..join.board import WindowBoard
+from ..join.names import JobNames
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
+from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
+from ..windows_api import WindowsApi
 
 if TYPE_CHECKING:
+    from ..demo.devices import DemoDevices
     from ..demo.job import DemoJob
+    from ..sources.ray import RaySource
 
 ORDER = 10
 log = logging.getLogger("rlhf_exporter.serve")
@@ -70,7 +77,7 @@ Examples:
 """
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve Prometheus metrics for running verl jobs (the sidecar)",
@@ -93,7 +100,7 @@ class Sidecar:
     collector with reason `dependency_missing`, never left out silently.
     """
 
-    def __init__(self, settings: Any, clock: Clock = time.time):
+    def __init__(self, settings: Settings, clock: Clock = time.time):
         self.settings = settings
         self.th = load_thresholds(settings.thresholds)
         self.tempdir: Path | None = None
@@ -104,25 +111,10 @@ class Sidecar:
                 shutil.rmtree(self.tempdir, ignore_errors=True)
             raise
 
-    def _build(self, settings: Any, clock: Clock) -> None:
-        self.demo: DemoJob | None = None
-        self.demo_devices: Any = None  # the demo's simulated GPUs and Ray actors
-        extra_roots: list[Path] = []
-        if settings.demo:
-            from ..demo.job import DemoJob
-            from ..demo.scenario import NAMES
-
-            scenario = settings.demo_scenario
-            if scenario not in NAMES:
-                raise ConfigError(
-                    f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
-                )
-            self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
-            self.demo = DemoJob(
-                self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
-            )
-            extra_roots.append(self.tempdir)
-        windows = None
+    def _build(self, settings: Settings, clock: Clock) -> None:
+        self.demo = self._demo_job(settings)
+        self.demo_devices: DemoDevices | None = None  # the demo's simulated GPUs and Ray actors
+        extra_roots = [self.tempdir] if self.tempdir is not None else []
         # issue 17: GPU time by step window (the demo's simulated GPUs join it too); issue 23:
         # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
         # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
@@ -132,67 +124,61 @@ class Sidecar:
             (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows
         )
         engines_on = _engines_wanted(settings)
+        windows = None
         if gpu_windows or engines_on:
-            from ..gpuwindows.board import WindowBoard
-
             windows = WindowBoard(keep=settings.gpu_windows_keep)
-        context = Context(self.th, clock, tuple(extra_roots), demo=self.demo, windows=windows)
-        self.sources: list[Source] = []
-        self.verl = VerlFileSource.from_settings(settings, context)
-        self.push = None
-        if settings.push:
-            _check_push_exposure(settings)
-            self.push = PushSource.from_settings(settings, context)
-        if self.verl is not None and self.push is not None:
-            self.push.claimed = self.verl.has_job  # a push never takes a file job's name,
-            self.verl.displace = self.push.displace  # and a new file takes it from a push
-        self.sources += [s for s in (self.verl, self.push) if s is not None]
-        self.ray = self._optional("ray", settings.ray, _ray, settings, context)
-        ray = self.ray if not isinstance(self.ray, UnavailableSource) else None
-        if ray is not None:  # job states from Ray's Jobs API and death causes
-            cast(Any, ray).tell(self.verl, self.push)
+        context = Context(self.th, clock, tuple(extra_roots), windows=windows, names=JobNames())
+        # built in the order of what each needs (Ray, then NVML and the engines that read its
+        # actors, then the jobs' sources that read the engines and Ray's facts); exported in
+        # the order below
+        ray_source = self._optional("ray", settings.ray, _ray, settings, context)
+        ray = None
+        if ray_source is not None and not isinstance(ray_source, UnavailableSource):
+            ray = cast("RaySource", ray_source)
+        context = replace(context, ray=ray, facts=ray.facts() if ray is not None else None)
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
         nvml_windows = windows if self.demo is None and gpu_windows else None
         self.nvml = self._optional(
-            "nvml", settings.nvml, _nvml, settings, replace(context, ray=ray, windows=nvml_windows)
+            "nvml", settings.nvml, _nvml, settings, replace(context, windows=nvml_windows)
         )
-        if gpu_windows and settings.gpu_windows_from:  # a worker: the head's windows
-            from ..gpuwindows.remote import RemoteWindowsSource
-
-            self.sources += [
-                s for s in (RemoteWindowsSource.from_settings(settings, context),) if s
-            ]
-        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
-            from ..demo.devices import DemoDevices
-
-            self.demo_devices = DemoDevices.from_settings(settings, context)
-            self.sources += [s for s in (self.demo_devices,) if s]
         self.engines = None
         found_by_ray = ray is not None and settings.ray_actors
         if engines_on and windows is not None and (found_by_ray or _engine_targets(settings)):
             # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
             from ..sources.engines import EngineSource
 
-            self.engines = EngineSource.from_settings(settings, replace(context, ray=ray))
-            if self.engines is not None:
-                board = windows
-                windows.engines = self.engines
-                self.engines.set_active(lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)))
-                self.sources.append(self.engines)
-        self.endpoints = Endpoints(
-            alerts=self.th.alerts,  # the job view's runbook links and stall deadline
-            demo=self.demo is not None,
-            snapshot_fns=[s.snapshot for s in self.sources],
-            jobs_fns=[s.jobs for s in self.sources],
-            push=self.push,
-            ready_fns=[s.snapshot for s in self.sources if s not in (self.push, self.engines)],
-            sources_text=", ".join(s.describe() for s in self.sources) or "none",
-            windows_api=_windows_api(windows if gpu_windows else None, settings),
-            window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
-            balance_limits=self.th.document.get("balance", {}),
-            pages=PageCache(max_bytes=settings.page_cache_bytes),
-        )
+            self.engines = EngineSource.from_settings(settings, context)
+            context = replace(context, engines=self.engines)
+        self.verl = VerlFileSource.from_settings(settings, context)
+        self.push = None
+        if settings.push:
+            _check_push_exposure(settings)
+            self.push = PushSource.from_settings(settings, context)
+        remote = None
+        if gpu_windows and settings.gpu_windows_from:  # a worker: the head's windows
+            from ..sources.remote_windows import RemoteWindowsSource
+
+            remote = RemoteWindowsSource.from_settings(settings, context)
+        if self.demo is not None:  # simulated GPUs and Ray actors, labelled as demo data
+            from ..demo.devices import DemoDevices
+
+            self.demo_devices = DemoDevices.for_job(self.demo, context)
+        self.ray = ray_source
+        self.sources: list[Source] = [
+            s
+            for s in (
+                self.verl,
+                self.push,
+                ray_source,
+                self.nvml,
+                remote,
+                self.demo_devices,
+                self.engines,
+            )
+            if s is not None
+        ]
+        self.endpoints = self._endpoints(settings, windows if gpu_windows else None)
         self.server = make_server(
             settings.listen,
             self.endpoints,
@@ -200,12 +186,46 @@ class Sidecar:
             read_timeout=settings.http_read_timeout,
         )
 
+    def _endpoints(self, settings: Settings, windows: WindowBoard | None) -> Endpoints:
+        """What the HTTP server serves, from the parts built (`windows`: the board the
+        windows API serves to worker sidecars, None when this sidecar keeps no windows)."""
+        return Endpoints(
+            alerts=self.th.alerts,  # the job view's runbook links and stall deadline
+            demo=self.demo is not None,
+            snapshot_fns=[s.snapshot for s in self.sources],
+            jobs_fns=[s.jobs for s in self.sources],
+            push=self.push,
+            ready_fns=[s.snapshot for s in self.sources if s not in (self.push, self.engines)],
+            sources_text=", ".join(s.describe() for s in self.sources) or "none",
+            windows_api=_windows_api(windows, settings),
+            window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
+            balance_limits=self.th.document.get("balance", {}),
+            pages=PageCache(max_bytes=settings.page_cache_bytes),
+        )
+
+    def _demo_job(self, settings: Settings) -> DemoJob | None:
+        """`serve --demo`: the simulated job, writing its log in a temp dir of its own."""
+        if not settings.demo:
+            return None
+        from ..demo.job import DemoJob
+        from ..demo.scenario import NAMES
+
+        scenario = settings.demo_scenario
+        if scenario not in NAMES:
+            raise ConfigError(
+                f"demo_scenario: unknown scenario {scenario!r}; one of {', '.join(NAMES)}"
+            )
+        self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
+        return DemoJob(
+            self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
+        )
+
     def _optional(
         self,
         name: str,
         enabled: bool,
         load: Callable[[], type[Source]],
-        settings: Any,
+        settings: Settings,
         context: Context,
     ) -> Source | None:
         """A source whose module needs an optional dependency."""
@@ -217,8 +237,6 @@ class Sidecar:
             source: Source | None = UnavailableSource(name, DEPENDENCY_MISSING, str(exc))
         else:
             source = source_cls.from_settings(settings, context)
-        if source is not None:
-            self.sources.append(source)
         return source
 
     @property
@@ -256,10 +274,7 @@ class Sidecar:
             shutil.rmtree(self.tempdir, ignore_errors=True)
 
 
-ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engines are read at 1 Hz
-
-
-def _engines_wanted(settings: Any) -> bool:
+def _engines_wanted(settings: Settings) -> bool:
     """Engine scraping is on and has somewhere to find engines: Ray's rollout servers, verl's
     Prometheus file, a targets file or static targets."""
     # a worker sidecar (--no-ray-actors: Ray for PIDs only) has no jobs to join engines to
@@ -267,18 +282,17 @@ def _engines_wanted(settings: Any) -> bool:
     return bool(settings.engines and (ray_discovery or _engine_targets(settings)))
 
 
-def _engine_targets(settings: Any) -> bool:
+def _engine_targets(settings: Settings) -> bool:
     return bool(
         settings.engine_target or settings.engine_targets_file or settings.engine_prometheus_file
     )
 
 
-def _windows_api(windows: Any, settings: Any) -> Any:
+def _windows_api(windows: WindowBoard | None, settings: Settings) -> WindowsApi | None:
     """GET /api/v1/windows for worker sidecars, when this sidecar keeps step windows."""
     if windows is None:
         return None
     from ..auth import AuthGuard
-    from ..gpuwindows.board import WindowsApi
 
     guard = AuthGuard(
         settings.push_token, "windows", settings.auth_fail_rate, settings.auth_fail_rate_total
@@ -286,7 +300,7 @@ def _windows_api(windows: Any, settings: Any) -> Any:
     return WindowsApi(windows, settings.push_token, guard)
 
 
-def _check_push_exposure(settings: Any) -> None:
+def _check_push_exposure(settings: Settings) -> None:
     """Push without a token on an address others can reach lets any neighbour invent jobs:
     refused unless asked for explicitly."""
     import ipaddress
@@ -337,11 +351,13 @@ def run(args: argparse.Namespace) -> int:
         return 1
     stop = threading.Event()
 
-    def on_signal(signum, _frame):
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("received %s: shutting down", signal.Signals(signum).name)
         stop.set()
 
-    def on_hangup(_signum, _frame):  # the default action would kill the process silently
+    def on_hangup(
+        _signum: int, _frame: FrameType | None
+    ) -> None:  # the default action would kill the process silently
         log.warning(
             "received SIGHUP: ignored (settings are read at start; restart to apply a changed "
             "--config)",

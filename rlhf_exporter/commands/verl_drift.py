@@ -32,7 +32,7 @@ belongs. Exit status: 0 when everything is known, 1 when something is not, 2 on 
 """
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "verl-drift",
         help="list what a verl tree or log has that the exporter does not know",

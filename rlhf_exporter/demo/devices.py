@@ -41,11 +41,13 @@ from ..diagnosis.gpujoin import COLOCATED, ROLLOUT, TRAINER
 from ..diagnosis.thresholds import Thresholds
 from ..diagnosis.timeline import Interval, Timeline, rebuild
 from ..diagnosis.windows import separated_trainer, split, timers
-from ..gpuwindows.board import WindowBoard, WindowJoiner
+from ..join.board import WindowBoard, WindowJoiner
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from ..sources.base import Clock, Context, PollingSource, PollResult
 from ..sources.ray import STATES
 from ..sources.roles import ROLES
+from .job import DemoJob
 from .scenario import IDLE, ROLLOUT_PENDING, ROLLOUT_RESTARTING, Phase
 
 NAME = "demo"
@@ -61,13 +63,13 @@ TRAINING_GROUPS = frozenset({"reward", "logprob", "update", "sync"})
 class DemoDevices(PollingSource):
     def __init__(
         self,
-        job: Any,
+        job: DemoJob,
         n_gpus: int = 8,
         interval: float = 1.0,
         seed: int = 0,
         clock: Clock = time.monotonic,
         wall: Clock = time.time,
-        windows: Any = None,
+        windows: WindowBoard | None = None,
         th: Thresholds | None = None,
     ):
         super().__init__(NAME, interval, wall=wall)
@@ -82,7 +84,7 @@ class DemoDevices(PollingSource):
         # (None when the sidecar keeps no step windows: --no-gpu-windows)
         self.joiner = None
         if windows is not None:
-            self.joiner = WindowJoiner(WindowBoard(keep=getattr(windows, "keep", 32)))
+            self.joiner = WindowJoiner(WindowBoard(keep=windows.keep))
         if self.joiner is not None and th is None:
             from ..config import load_thresholds
 
@@ -93,20 +95,22 @@ class DemoDevices(PollingSource):
         self._demo_clock: float | None = None  # where the next played step starts
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> DemoDevices | None:
-        """The demo's simulated devices, when `serve --demo` runs a demo job."""
-        if context.demo is None:
-            return None
-        return cls(context.demo, windows=context.windows, th=context.thresholds)
+    def from_settings(cls, settings: Settings, context: Context) -> DemoDevices | None:
+        return None  # made by `serve --demo` for its demo job (`for_job`)
 
-    def jobs(self) -> tuple:
+    @classmethod
+    def for_job(cls, job: DemoJob, context: Context) -> DemoDevices:
+        """The demo job's simulated devices (`serve --demo`)."""
+        return cls(job, windows=context.windows, th=context.thresholds)
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
         """No verl job of its own: the demo job is read from its file like any other."""
         return ()
 
     def describe(self) -> str:
         return f"demo (simulated: {self.n_gpus} GPUs, Ray actors)"
 
-    def _due_steps(self, wall: float) -> list[tuple[float, dict]]:
+    def _due_steps(self, wall: float) -> list[tuple[float, dict[str, Any]]]:
         """The demo job's steps whose records are due and not played yet, oldest first."""
         due = sorted(
             (
@@ -120,7 +124,7 @@ class DemoDevices(PollingSource):
             self._played = due[-1][0]
         return due
 
-    def _timeline(self, record: dict, start: float) -> Timeline | None:
+    def _timeline(self, record: dict[str, Any], start: float) -> Timeline | None:
         """The step's windows, rebuilt from its record and placed at `start`."""
         data = record["data"]
         if self.th is None or not data.get("timing_s/step"):

@@ -16,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .scenario import ActorLife, Phase, play, scenario
 from .simulator import encode
@@ -47,7 +48,7 @@ class DemoJob:
         self.rollout = ActorLife()  # the simulated rollout actor's deaths and restarts
         # (wall time its record is due, record) of the last few steps scheduled: once due,
         # the simulated GPUs play the step's windows (rlhf_exporter/demo/devices.py)
-        self.upcoming: deque[tuple[float, dict]] = deque(maxlen=16)
+        self.upcoming: deque[tuple[float, dict[str, Any]]] = deque(maxlen=16)
         self.written = 0  # records written, all loops
         self.loops = 0
         self._stop = threading.Event()
@@ -72,7 +73,7 @@ class DemoJob:
         except OSError as exc:  # the temp root vanished, a full disk: the demo just ends
             log.warning("demo job stopped: %s", exc, extra={"path": str(self.path)})
 
-    def timeline(self, seed: int) -> Iterator[tuple[float, dict | None]]:
+    def timeline(self, seed: int) -> Iterator[tuple[float, dict[str, Any] | None]]:
         """One run, in order: (wait, record): wait `wait` steps' time, then write `record`
         (`None`: nothing, the phase's pause). The current `phase` and `rollout` change as the
         run enters each phase, before its wait. The thread below plays it on the wall clock;
@@ -86,7 +87,7 @@ class DemoJob:
             else:
                 yield (1.0 if record["step"] else 0.0), record
 
-    def schedule(self, due: float, record: dict) -> None:
+    def schedule(self, due: float, record: dict[str, Any]) -> None:
         """The step whose record is written at wall time `due` runs now (its players call
         this before they wait: the thread below, and tests/test_demo_alerts.py)."""
         self.upcoming.append((due, record))

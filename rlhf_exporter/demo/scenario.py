@@ -46,6 +46,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from .simulator import BASE_COST, REGIMES, Regime, regressed, shifted, step_data
 
@@ -185,7 +186,7 @@ class ActorLife:
         self.state = phase.rollout
 
 
-def play(phases: list[Phase], seed: int = 0) -> Iterator[tuple[Phase, dict | None]]:
+def play(phases: list[Phase], seed: int = 0) -> Iterator[tuple[Phase, dict[str, Any] | None]]:
     """(phase, record) in order, step 0 (the initial validation) first; `None` for a
     phase's pause. Pure: the demo job does the writing and the waiting."""
     rng = random.Random(seed)

@@ -8,9 +8,11 @@ given seed: it does no I/O (the demo job and `write_jsonl` do that).
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import orjson
 
@@ -84,7 +86,7 @@ def regressed(regime: Regime, timer: str, factor: float) -> Regime:
     )
 
 
-def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03) -> dict:
+def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03) -> dict[str, Any]:
     """One step's `data`, in verl's key names and nesting quirks."""
 
     def jitter(x: float) -> float:
@@ -92,7 +94,7 @@ def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03
 
     millions = regime.tokens / 1e6
     tokens = int(jitter(regime.tokens))
-    data: dict = {}
+    data: dict[str, Any] = {}
     total = 0.0
     for timer, per_m in regime.cost.items():
         scale = REFERENCE_TOKENS / 1e6 if timer in PER_STEP_TIMERS else millions
@@ -148,7 +150,7 @@ def step_data(regime: Regime, step: int, rng: random.Random, noise: float = 0.03
 
 def records(
     plan: list[tuple[Regime, int]], seed: int = 0, first_step: int = 1, validation: bool = True
-) -> Iterator[dict]:
+) -> Iterator[dict[str, Any]]:
     """Records for a job that runs each (regime, n_steps) of `plan` in turn.
 
     Step 0 carries only the initial validation, as verl logs it.
@@ -163,12 +165,12 @@ def records(
             step += 1
 
 
-def encode(record: dict) -> bytes:
+def encode(record: Mapping[str, Any]) -> bytes:
     """One record as verl 0.9's FileLogger writes it: orjson, then a newline."""
     return orjson.dumps(record) + b"\n"
 
 
-def write_jsonl(path, plan: list[tuple[Regime, int]], seed: int = 0) -> int:
+def write_jsonl(path: str | os.PathLike[str], plan: list[tuple[Regime, int]], seed: int = 0) -> int:
     """Write a whole simulated log; returns the number of records."""
     n = 0
     with open(path, "wb") as f:

@@ -152,10 +152,52 @@ def measure(
     window = sum(b - a for a, b in spans)
     if window <= 0.0 or not spans:
         return None
+    pieces = _pieces(spans, replicas, lim.max_sample_gap)
+    if not pieces:
+        return None
+    coverage = 1.0
+    for own in pieces.values():
+        covered = sum(_overlap(a, b, spans) for a, b, s in own if s.has_stats)
+        coverage = min(coverage, covered / window)
+    w = _sweep(spans, pieces, lim)
+    tail = sum(d for d, r in w.segments if r <= lim.long_tail_running_ratio * w.peak)
+    tail = tail if w.peak else 0.0
+    preempted, tokens, kv_by = _per_replica(spans, replicas, pieces)
+    mean = sum(tokens.values()) / len(tokens) if tokens else 0.0
+    imbalance = max(tokens.values()) / mean if mean > 0 else None
+    share = 1.0 / w.joint if w.joint > 0 else 0.0
+    return EngineEvidence(
+        window_seconds=window,
+        coverage=coverage,
+        usable=coverage >= lim.min_coverage and w.joint > 0,
+        replicas=len(pieces),
+        covered_seconds=w.joint,
+        peak_running=w.peak,
+        running_mean=w.run_sum * share,
+        waiting_mean=w.wait_sum * share,
+        kv_max=w.kv_top,
+        preemptions=preempted,
+        tokens=tokens,
+        kv_max_by_replica=kv_by,
+        imbalance=imbalance,
+        kv_pressure_share=w.kv_full * share,
+        queueing_share=w.queue * share,
+        long_tail_share=tail * share,
+    )
+
+
+Pieces = dict[str, list[tuple[float, float, EngineSample]]]
+"""Per replica that answered during W: (start, end, sample) pieces overlapping W."""
+
+
+def _pieces(
+    spans: Sequence[tuple[float, float]],
+    replicas: Mapping[str, Sequence[EngineSample]],
+    gap: float,
+) -> Pieces:
+    """Each sample stands for the time since the one before (at most `gap` seconds)."""
     lo, hi = spans[0][0], spans[-1][1]
-    gap = lim.max_sample_gap
-    # per alive replica: pieces (start, end, sample) overlapping W
-    pieces: dict[str, list[tuple[float, float, EngineSample]]] = {}
+    pieces: Pieces = {}
     for name, samples in replicas.items():
         own = []
         prev_t: float | None = None
@@ -167,13 +209,23 @@ def measure(
             prev_t = s.t
         if own:
             pieces[name] = own
-    if not pieces:
-        return None
-    coverage = 1.0
-    for own in pieces.values():
-        covered = sum(_overlap(a, b, spans) for a, b, s in own if s.has_stats)
-        coverage = min(coverage, covered / window)
-    # a sweep over the elementary segments of W: each replica's latest covering sample
+    return pieces
+
+
+class _Sweep(NamedTuple):
+    joint: float  # seconds of W every replica covered with stats
+    run_sum: float  # running requests x seconds
+    wait_sum: float
+    peak: float  # running requests, the most at once
+    kv_top: float
+    kv_full: float  # seconds with the KV cache full and requests waiting
+    queue: float  # seconds with requests waiting and the KV cache free
+    segments: list[tuple[float, float]]  # (duration, running) for the long-tail share
+
+
+def _sweep(spans: Sequence[tuple[float, float]], pieces: Pieces, lim: EngineLimits) -> _Sweep:
+    """A sweep over the elementary segments of W: each replica's latest covering sample."""
+    lo, hi = spans[0][0], spans[-1][1]
     edges = {x for a, b in spans for x in (a, b)}
     for own in pieces.values():
         for a, b, _ in own:
@@ -183,7 +235,7 @@ def measure(
     idx = dict.fromkeys(names, 0)
     joint = run_sum = wait_sum = peak = kv_top = 0.0
     kv_full = queue = 0.0
-    segments: list[tuple[float, float]] = []  # (duration, running) for the long-tail share
+    segments: list[tuple[float, float]] = []
     span_i = 0
     for x0, x1 in itertools.pairwise(cuts):
         mid = (x0 + x1) / 2
@@ -220,11 +272,20 @@ def measure(
         if waiting > 0 and kv < lim.kv_free:
             queue += d
         segments.append((d, running))
-    tail = sum(d for d, r in segments if r <= lim.long_tail_running_ratio * peak) if peak else 0.0
+    return _Sweep(joint, run_sum, wait_sum, peak, kv_top, kv_full, queue, segments)
+
+
+def _per_replica(
+    spans: Sequence[tuple[float, float]],
+    replicas: Mapping[str, Sequence[EngineSample]],
+    pieces: Pieces,
+) -> tuple[float, dict[str, float], dict[str, float]]:
+    """Preemptions over W (all replicas), and per replica its generated tokens and its
+    highest KV cache usage."""
     tokens: dict[str, float] = {}
     kv_by: dict[str, float] = {}
     preempted = 0.0
-    for name in names:
+    for name in pieces:
         samples = replicas[name]
         inc = _counter_increase(samples, "preempted", spans)
         preempted += inc or 0.0
@@ -239,27 +300,7 @@ def measure(
         kvs = [s.kv for _, _, s in pieces[name] if s.kv is not None]
         if kvs:
             kv_by[name] = max(kvs)
-    mean = sum(tokens.values()) / len(tokens) if tokens else 0.0
-    imbalance = max(tokens.values()) / mean if mean > 0 else None
-    share = 1.0 / joint if joint > 0 else 0.0
-    return EngineEvidence(
-        window_seconds=window,
-        coverage=coverage,
-        usable=coverage >= lim.min_coverage and joint > 0,
-        replicas=len(names),
-        covered_seconds=joint,
-        peak_running=peak,
-        running_mean=run_sum * share,
-        waiting_mean=wait_sum * share,
-        kv_max=kv_top,
-        preemptions=preempted,
-        tokens=tokens,
-        kv_max_by_replica=kv_by,
-        imbalance=imbalance,
-        kv_pressure_share=kv_full * share,
-        queueing_share=queue * share,
-        long_tail_share=tail * share,
-    )
+    return preempted, tokens, kv_by
 
 
 def reason(ev: EngineEvidence, lim: EngineLimits) -> str | None:

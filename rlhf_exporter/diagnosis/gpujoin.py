@@ -10,10 +10,10 @@ to the busy ones. A span crossing a window edge is split by the overlap, so
     busy / available                  the true busy share of that window on that side.
 
 Before the split, the step's untimed remainder R (driver work outside every timer) is
-moved to where this node's GPUs were idle (`timeline.place_untimed`, fed the busy time of
+moved to where this node's GPUs were idle (`gpufit.place_untimed`, fed the busy time of
 this node's GPUs summed per role); with no signal it stays spread evenly, as `rebuild` put
 it. A fully-async record's sub-steps are placed together, their windows fitted to their
-busy stretches (`add_timelines`, `timeline.place_substeps`).
+busy stretches (`add_timelines`, `substeps.place_substeps`).
 
 Each moment of a GPU is attributed at most once (per GPU, time before the last attributed
 step end is never attributed again). Samples older than the horizon, and time no step
@@ -29,7 +29,9 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 
-from .timeline import Timeline, place_substeps, place_untimed
+from .gpufit import place_untimed
+from .substeps import place_substeps
+from .timeline import Timeline
 
 ROLLOUT, TRAINER, COLOCATED, UNKNOWN = "rollout", "trainer", "colocated", "unknown"
 GPU_ROLES = (ROLLOUT, TRAINER, COLOCATED, UNKNOWN)
@@ -48,6 +50,10 @@ def gpu_role(process_roles: Iterable[str]) -> str:
     if trainer:
         return TRAINER
     return UNKNOWN
+
+
+Key = tuple[tuple[str, ...], str, str]
+"""(job, group, GPU role): what the join counts GPU-seconds by."""
 
 
 class _Track:
@@ -69,8 +75,8 @@ class GpuWindowJoin:
         self.horizon = horizon  # seconds of samples kept; a step longer than this is cut
         self._gpus: dict[str, _Track] = {}
         # (job, group, role) -> seconds; `job` is whatever the caller names a job by
-        self.busy: dict[tuple, float] = {}
-        self.available: dict[tuple, float] = {}
+        self.busy: dict[Key, float] = {}
+        self.available: dict[Key, float] = {}
 
     def add_samples(self, gpu: str, role: str, samples: Iterable[tuple[float, float]]) -> None:
         """Samples of one GPU: (end time in epoch seconds, utilization ratio 0..1), each
@@ -100,22 +106,24 @@ class GpuWindowJoin:
         """A GPU that failed: its history restarts (a gap is never attributed)."""
         self._gpus.pop(gpu, None)
 
-    def add_timeline(self, tl: Timeline, job: tuple = ()) -> Timeline:
+    def add_timeline(self, tl: Timeline, job: tuple[str, ...] = ()) -> Timeline:
         """Attribute every kept GPU's samples overlapping the step's windows to `job`, after
         placing its untimed remainder where the GPUs idled; returns the placed timeline."""
         tl = place_untimed(tl, self._busy_function(tl.start, tl.end))
         self.attribute(tl, job)
         return tl
 
-    def attribute(self, tl: Timeline, job: tuple = ()) -> None:
+    def attribute(self, tl: Timeline, job: tuple[str, ...] = ()) -> None:
         """Attribute every kept GPU's samples overlapping the step's windows to `job`, the
         windows as they are (already placed: another join's `add_timeline` result)."""
         for track in self._gpus.values():
             self._attribute(track, tl, job)
 
-    def add_timelines(self, tls: Sequence[Timeline], job: tuple = ()) -> tuple[Timeline, ...]:
+    def add_timelines(
+        self, tls: Sequence[Timeline], job: tuple[str, ...] = ()
+    ) -> tuple[Timeline, ...]:
         """Consecutive sub-steps of one fully-async record, placed together
-        (`timeline.place_substeps`) and attributed; returns them placed."""
+        (`substeps.place_substeps`) and attributed; returns them placed."""
         if not tls:
             return ()
         placed = place_substeps(tls, self._busy_function(tls[0].start, tls[-1].end))
@@ -160,7 +168,7 @@ class GpuWindowJoin:
 
         return busy
 
-    def _attribute(self, track: _Track, tl: Timeline, job: tuple) -> None:
+    def _attribute(self, track: _Track, tl: Timeline, job: tuple[str, ...]) -> None:
         ends, ratios = track.ends, track.ratios
         if len(ends) < 2:
             return
@@ -190,12 +198,12 @@ class GpuWindowJoin:
         if tl.end > track.done:
             track.done = tl.end
 
-    def retain(self, jobs: Container) -> None:
+    def retain(self, jobs: Container[tuple[str, ...]]) -> None:
         """Keep the counters of these jobs only (a job the caller no longer tracks goes)."""
         if any(k[0] not in jobs for k in self.available):
             self.available = {k: v for k, v in self.available.items() if k[0] in jobs}
             self.busy = {k: v for k, v in self.busy.items() if k[0] in jobs}
 
-    def counters(self) -> Mapping[tuple, tuple[float, float]]:
+    def counters(self) -> Mapping[Key, tuple[float, float]]:
         """(job, group, role) -> (busy seconds, available seconds), both monotonic."""
         return {k: (self.busy.get(k, 0.0), v) for k, v in self.available.items()}

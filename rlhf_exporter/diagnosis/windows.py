@@ -53,7 +53,7 @@ _KEYSETS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
 """(key, timer) pairs by key set: a job writes the same keys step after step."""
 
 
-def _recall(memo: dict, key: Any) -> Any:
+def _recall(memo: dict[Any, Any], key: Any) -> Any:
     """A memo's value for `key` (None when absent), marked as the most recently used."""
     value = memo.pop(key, None)
     if value is not None:
@@ -61,7 +61,7 @@ def _recall(memo: dict, key: Any) -> Any:
     return value
 
 
-def _remember(memo: dict, key: Any, value: Any) -> None:
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
     """Store in a bounded memo; when full, the least recently used entry goes (an LRU)."""
     if len(memo) >= MEMO_SIZE:
         del memo[next(iter(memo))]
@@ -101,7 +101,7 @@ _PREFIXED: dict[tuple[tuple[str, ...], str], bool] = {}
 def has_key_prefix(data: Mapping[str, Any], prefix: str) -> bool:
     """Whether any key of `data` starts with `prefix` (memoized by key set)."""
     memo_key = (tuple(data), prefix)
-    found = _recall(_PREFIXED, memo_key)
+    found: bool | None = _recall(_PREFIXED, memo_key)
     if found is None:
         found = any(k.startswith(prefix) for k in data)
         _remember(_PREFIXED, memo_key, found)
@@ -257,7 +257,7 @@ def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str | None
     step.
     """
     key = (names, th)
-    plan = _recall(_PLANS, key)
+    plan: tuple[tuple[str, str | None], ...] | None = _recall(_PLANS, key)
     if plan is None:
         ignored, nested, groups = th.ignored_timers, th.nested_timers, th.timer_groups
         present = set(names)

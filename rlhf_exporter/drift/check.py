@@ -17,18 +17,16 @@ from ..diagnosis import Record, Thresholds
 from ..diagnosis.advice import EVIDENCE_KEYS
 from ..diagnosis.values import AGENT_LOOP, TIMER_PREFIX
 from ..diagnosis.windows import named_timers, timer_name
-from ..jobs import (
+from ..job_series import (
     ABORTED_KEY,
     AGENT_PARTS,
     MEMORY_KEYS,
-    MFU_PREFIX,
-    MFU_STAGES,
-    NON_ABORTED_PREFIX,
     PROCESSING_PREFIX,
     PROCESSING_STATS,
     RESOURCE_KEYS,
     RESPONSE_STATS,
 )
+from ..records import MFU_PREFIX, MFU_STAGES, NON_ABORTED_PREFIX
 from ..settings import VERL_FILE_LOGGER_PATH
 from ..sources.roles import RoleMap
 from .source import Timer, Tree

@@ -24,6 +24,13 @@ from prometheus_client.utils import floatToGoString
 from .catalog import BY_NAME, COUNTER
 from .snapshot import Sample
 
+
+def _go(value: float) -> str:
+    """prometheus_client's own float formatting (untyped upstream), typed here."""
+    text: str = floatToGoString(value)  # type: ignore[no-untyped-call]
+    return text
+
+
 # name -> (the sample name, (label index, 'label="') in label-name order, label count)
 _Plan = tuple[str, tuple[tuple[int, str], ...], int]
 
@@ -72,9 +79,9 @@ def lines(samples: Sequence[Any]) -> dict[str, bytes] | None:
                     v = _escape(v)
                 parts.append(prefix + v)
             joined = '",'.join(parts)
-            line = f'{plan[0]}{{{joined}"}} {floatToGoString(value)}\n'
+            line = f'{plan[0]}{{{joined}"}} {_go(value)}\n'
         else:
-            line = f"{plan[0]} {floatToGoString(value)}\n"
+            line = f"{plan[0]} {_go(value)}\n"
         fam = out.get(name)
         if fam is None:
             out[name] = [line]

@@ -12,7 +12,11 @@ from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 from ..diagnosis import Thresholds
+from ..join.board import WindowBoard
+from ..join.names import JobNames
+from ..join.ports import ActorPids, Engines, JobFacts
 from ..metrics.snapshot import Sample, Snapshot
+from ..settings import Settings
 
 log = logging.getLogger(__name__)
 _EMPTY: Mapping[str, int] = MappingProxyType({})
@@ -26,14 +30,20 @@ LOG_EVERY = 60.0  # seconds: a source's same failure reason is warned about at m
 
 @dataclass(frozen=True)
 class Context:
-    """What every source's `from_settings` gets besides the settings."""
+    """What every source's `from_settings` gets besides the settings: the thresholds, the
+    clock, and the ports to the other parts (rlhf_exporter/join/ports.py), each None when the
+    settings leave that part out. `commands/serve.py` builds it; no source wires another."""
 
     thresholds: Thresholds
     clock: Clock = time.time
     extra_roots: tuple[Path, ...] = ()  # more verl roots (the demo's)
-    ray: Any = None  # the Ray source once built (NVML matches GPU processes to its actors)
-    demo: Any = None  # the demo job (`serve --demo`), whose devices the demo source simulates
-    windows: Any = None  # the WindowBoard: jobs post step timelines, NVML joins GPU time
+    # Ray's actors by PID (NVML matches GPU processes to them; engine discovery)
+    ray: ActorPids | None = None
+    facts: JobFacts | None = None  # what Ray says about verl jobs (their states)
+    # the window board: jobs post step timelines, NVML joins GPU time, workers fetch it
+    windows: WindowBoard | None = None
+    engines: Engines | None = None  # the engines' evidence over a step's rollout
+    names: JobNames | None = None  # which source owns a job's name (a file wins it)
 
 
 class Source(Protocol):
@@ -43,7 +53,7 @@ class Source(Protocol):
     name: str
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> Source | None:
+    def from_settings(cls, settings: Settings, context: Context) -> Source | None:
         """The source the settings ask for, or None when they turn it off."""
         ...
 
@@ -95,7 +105,7 @@ class UnavailableSource:
         )
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> Source | None:
+    def from_settings(cls, settings: Settings, context: Context) -> Source | None:
         return None  # only made by the sidecar, for a source that cannot be imported
 
     def start(self) -> None:

@@ -19,27 +19,57 @@ In order, merged (one target per URL):
    `[{targets: [host:port, ...], labels: {replica: name}}]`), re-read when it changes.
 4. **Static targets** (`--engine-target URL`, repeatable).
 
-Bounds: at most MAX_PORTS listening ports are probed per PID, a target file larger than
-MAX_FILE_BYTES is not read (counted), probes time out like scrapes.
+Bounds (what they drop is counted in the engine source's record errors):
+- a PID's ports are probed only when its process is a Ray worker (`/proc/<pid>/cmdline`
+  starts `ray::`, as Ray titles its actors' processes), at most MAX_PORTS ports per PID and
+  MAX_PROBES PIDs per poll (`engine_port_not_found`, `engine_not_a_ray_worker`); probes
+  time out like scrapes (one deadline over everything, sources/http.py);
+- a target list is opened non-blocking and must be a regular file (a FIFO or a symlink to
+  /dev/zero is refused, `engine_target_file_not_regular`), is read to MAX_FILE_BYTES at most
+  (`engine_target_file_too_large`), and YAML aliases are refused
+  (`engine_target_file_alias`; a 30 KB alias bomb would expand into millions of targets);
+  a list that is not YAML/JSON is `engine_bad_target_file`;
+- a list is read again only when its modification time or size changed and at most every
+  FILE_REREAD seconds, and parsed only when its bytes changed (a digest): a 900 KB file
+  rewritten every second costs one read and one hash per FILE_REREAD;
+- a list's targets are capped while they are built (the engine source's
+  `--engine-max-replicas`; the rest `engine_too_many_replicas`), de-duplicated by URL;
+- names and labels from a list are cleaned and cut like job names (sources/labels.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping
-from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple
+
+from ..join.ports import ActorPids, ActorProcess
+from . import http
+from .labels import outside_label
+from .small_file import NOT_REGULAR, TOO_LARGE, SmallFileError, read_small
 
 ROLLOUT_SERVER = re.compile(r"(vllm|sglang|trtllm)_server_(\d+)_(\d+)")
 """A rollout replica's server actor (verl 0.9.1); reward/teacher servers do not match."""
 MAX_PORTS = 8
 PROBE_RETRY = 30.0  # seconds before a server whose port was not found is probed again
 MAX_FILE_BYTES = 1 << 20
+MAX_PROBES = 4  # PIDs whose ports are probed per poll (the others wait for the next poll)
+MAX_NODES = 200_000  # YAML nodes in one target list
+FILE_REREAD = 5.0  # seconds: a changed target list is read again at most this often
+MAX_TARGETS = 4096  # targets built from one list when no lower cap is asked for
 PORT_NOT_FOUND = "engine_port_not_found"
+NOT_RAY_WORKER = "engine_not_a_ray_worker"
 BAD_TARGET_FILE = "engine_bad_target_file"
+FILE_NOT_REGULAR = "engine_target_file_not_regular"
+FILE_TOO_LARGE = "engine_target_file_too_large"
+FILE_ALIAS = "engine_target_file_alias"
+TOO_MANY = "engine_too_many_replicas"
+KNOWN = (PORT_NOT_FOUND, NOT_RAY_WORKER, BAD_TARGET_FILE, FILE_NOT_REGULAR, FILE_TOO_LARGE,
+         FILE_ALIAS)  # fmt: skip
 
 
 class Target(NamedTuple):
@@ -119,20 +149,122 @@ def _address(hexaddr: str, v6: bool) -> str:
     return f"[{ipaddress.IPv6Address(b)}]"
 
 
-def _read_yaml(path: str, errors: Counter[str]) -> Any:
+class TargetFileError(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+_FILE_REASONS = {NOT_REGULAR: FILE_NOT_REGULAR, TOO_LARGE: FILE_TOO_LARGE}
+
+
+def read_capped(path: str, cap: int = MAX_FILE_BYTES) -> bytes:
+    """A target list's bytes (sources/small_file.py: non-blocking, a regular file, capped);
+    FileNotFoundError when it is not there, TargetFileError with a reason otherwise."""
     try:
-        p = Path(path)
-        if p.stat().st_size > MAX_FILE_BYTES:
-            errors[BAD_TARGET_FILE] += 1
-            return None
+        return read_small(path, cap)
+    except SmallFileError as exc:
+        raise TargetFileError(_FILE_REASONS.get(exc.reason, BAD_TARGET_FILE)) from None
+
+
+def load_document(raw: bytes) -> Any:
+    """A target list's YAML or JSON document, with only what the targets need: lists,
+    mappings, strings; any other scalar (a number, a boolean, null) is None.
+
+    JSON (file_sd's other format) is read by orjson. YAML is read event by event from the C
+    parser and built here: an alias is refused at once (`FILE_ALIAS`: nothing is expanded),
+    and so is a document of more than MAX_NODES nodes (`FILE_TOO_LARGE`). No call holds
+    the interpreter lock for long (composing a 900 KB document in one C call held it for
+    hundreds of milliseconds, and the scrapes with it)."""
+    try:
+        import orjson
+
+        return orjson.loads(raw)
+    except ValueError:
+        pass
+    import yaml
+
+    loader_cls = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    builder = _YamlBuilder()
+    try:
+        for event in yaml.parse(raw, Loader=loader_cls):
+            builder.feed(event)
+    except yaml.YAMLError:
+        raise TargetFileError(BAD_TARGET_FILE) from None
+    return builder.root
+
+
+_NOT_A_KEY = object()  # a mapping key that is not a string: never looked up
+
+
+class _YamlBuilder:
+    """Builds a document from YAML events (see load_document)."""
+
+    def __init__(self) -> None:
         import yaml
 
-        return yaml.safe_load(p.read_text(encoding="utf-8", errors="replace"))
-    except FileNotFoundError:
+        self.yaml = yaml
+        self.resolver = yaml.resolver.Resolver()
+        self.stack: list[list[Any]] = []  # [container, pending key] being built
+        self.root: Any = None
+        self.nodes = 0
+        self.documents = 0
+
+    def feed(self, event: Any) -> None:
+        y = self.yaml
+        if isinstance(event, y.AliasEvent):
+            raise TargetFileError(FILE_ALIAS)
+        if isinstance(event, y.DocumentStartEvent):
+            self.documents += 1
+            if self.documents > 1:  # as yaml.safe_load: one document
+                raise TargetFileError(BAD_TARGET_FILE)
+        elif isinstance(event, y.ScalarEvent | y.SequenceStartEvent | y.MappingStartEvent):
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                raise TargetFileError(FILE_TOO_LARGE)
+            if isinstance(event, y.ScalarEvent):
+                self._add(self._scalar(event))
+            else:
+                self.stack.append([[] if isinstance(event, y.SequenceStartEvent) else {}, None])
+        elif isinstance(event, y.SequenceEndEvent | y.MappingEndEvent):
+            done, _ = self.stack.pop()
+            self._add(done)
+
+    def _scalar(self, event: Any) -> Any:
+        y = self.yaml
+        tag = event.tag
+        if tag is None or tag == "!":
+            # types-PyYAML leaves Resolver.resolve unannotated
+            tag = self.resolver.resolve(  # type: ignore[no-untyped-call]
+                y.ScalarNode, event.value, event.implicit
+            )
+        if tag == "tag:yaml.org,2002:str":
+            return event.value
+        if not tag.startswith("tag:yaml.org,2002:"):  # yaml.safe_load refuses it too
+            raise TargetFileError(BAD_TARGET_FILE)
         return None
-    except Exception:  # unreadable or not YAML/JSON
-        errors[BAD_TARGET_FILE] += 1
-        return None
+
+    def _add(self, value: Any) -> None:
+        if not self.stack:
+            self.root = value
+            return
+        top = self.stack[-1]
+        container = top[0]
+        if isinstance(container, list):
+            container.append(value)
+        elif top[1] is None:
+            top[1] = value if isinstance(value, str) else _NOT_A_KEY
+        else:
+            key, top[1] = top[1], None
+            if key is not _NOT_A_KEY:
+                container[key] = value
+
+
+class _File(NamedTuple):
+    stat: tuple[float, int, int]  # (mtime, size, inode) when last read
+    digest: bytes
+    targets: list[Target]
+    read_at: float  # monotonic
 
 
 class Targets:
@@ -143,17 +275,19 @@ class Targets:
         static: Iterable[str] = (),
         file_sd: str | None = None,
         prometheus_file: str | None = None,
-        ray: Any = None,
+        ray: ActorPids | None = None,
         probe_timeout: float = 0.5,
         proc: str = "/proc",
+        reread: float = FILE_REREAD,
     ):
-        self.static = [Target(_hostport(_url(s)), _url(s)) for s in static]
+        self.static = [Target(outside_label(_hostport(_url(s))), _url(s)) for s in static]
         self.file_sd = file_sd
         self.prometheus_file = prometheus_file
         self.ray = ray
         self.probe_timeout = probe_timeout
         self.proc = proc
-        self._files: dict[str, tuple[float, list[Target]]] = {}  # path -> (mtime, targets)
+        self.reread = reread
+        self._files: dict[str, _File] = {}  # path -> what was read last
         # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic)
         self._ports: dict[int, tuple[str | None, float]] = {}
 
@@ -169,42 +303,72 @@ class Targets:
             parts.append(f"{len(self.static)} static")
         return ", ".join(parts) or "no targets"
 
-    def current(self, errors: Counter[str]) -> list[Target]:
+    def current(self, errors: Counter[str], limit: int = MAX_TARGETS) -> list[Target]:
+        """The targets, at most `limit` (the rest counted as engine_too_many_replicas)."""
         out: dict[str, Target] = {}
         for t in self._from_ray(errors):
             out.setdefault(t.url, t)
         if self.prometheus_file:
-            for t in self._cached(self.prometheus_file, errors, _verl_prometheus):
+            for t in self._cached(self.prometheus_file, errors, _verl_prometheus, limit):
                 out.setdefault(t.url, t)
         if self.file_sd:
-            for t in self._cached(self.file_sd, errors, _file_sd):
+            for t in self._cached(self.file_sd, errors, _file_sd, limit):
                 out.setdefault(t.url, t)
         for t in self.static:
             out.setdefault(t.url, t)
         return sorted(out.values())
 
-    def _cached(self, path: str, errors: Counter[str], read: Any) -> list[Target]:
+    def _cached(
+        self,
+        path: str,
+        errors: Counter[str],
+        build: Callable[[Any, int, Counter[str]], list[Target]],
+        limit: int,
+    ) -> list[Target]:
         try:
-            mtime = os.stat(path).st_mtime
+            st = os.stat(path)
         except OSError:
             self._files.pop(path, None)
             return []
+        key = (st.st_mtime, st.st_size, st.st_ino)
         hit = self._files.get(path)
-        if hit is not None and hit[0] == mtime:
-            return hit[1]
-        targets = read(_read_yaml(path, errors))
-        self._files[path] = (mtime, targets)
+        now = time.monotonic()
+        if hit is not None and (hit.stat == key or now - hit.read_at < self.reread):
+            return hit.targets
+        try:
+            raw = read_capped(path)
+        except FileNotFoundError:
+            self._files.pop(path, None)
+            return []
+        except TargetFileError as exc:
+            errors[exc.reason] += 1
+            self._files[path] = _File(key, b"", [], now)
+            return []
+        digest = hashlib.blake2b(raw, digest_size=16).digest()
+        if hit is not None and hit.digest == digest:  # rewritten with the same bytes
+            self._files[path] = hit._replace(stat=key, read_at=now)
+            return hit.targets
+        try:
+            targets = build(load_document(raw), limit, errors)
+        except TargetFileError as exc:
+            errors[exc.reason] += 1
+            targets = []
+        except Exception:  # not YAML/JSON, or a shape the builder cannot read
+            errors[BAD_TARGET_FILE] += 1
+            targets = []
+        self._files[path] = _File(key, digest, targets, now)
         return targets
 
     def _from_ray(self, errors: Counter[str]) -> list[Target]:
         if self.ray is None:
             return []
         try:
-            actors: Mapping[int, Any] = self.ray.pid_actors()
+            actors: Mapping[int, ActorProcess] = self.ray.pid_actors()
         except Exception:
             return []
         out = []
         alive = set()
+        probes = 0
         for pid, actor in actors.items():
             found = rollout_replica(getattr(actor, "name", "") or "")
             if found is None or found[2] != 0:
@@ -213,26 +377,33 @@ class Targets:
             url, probed = self._ports.get(pid, (None, None))
             now = time.monotonic()
             if url is None and (probed is None or now - probed >= PROBE_RETRY):
+                if probes >= MAX_PROBES:
+                    continue  # probed at a later poll
+                probes += 1
                 # a server found before its HTTP server listens (vLLM loads the model first)
+                if not _ray_worker(pid, self.proc):
+                    # a PID the answer names that is no Ray worker: never probed
+                    self._ports[pid] = (None, now)
+                    errors[NOT_RAY_WORKER] += 1
+                    continue
                 url = self._probe(pid)
                 self._ports[pid] = (url, now)
                 if url is None:
                     errors[PORT_NOT_FOUND] += 1
             if url is not None:
-                out.append(Target(actor.name, url, found[0]))
+                out.append(Target(outside_label(actor.name), url, found[0]))
         for pid in list(self._ports):
             if pid not in alive:
                 del self._ports[pid]
         return out
 
     def _probe(self, pid: int) -> str | None:
-        from .engines import FetchError, fetch
-
+        probe = http.Client(timeout=self.probe_timeout, max_bytes=1 << 22, accept="text/plain")
         for addr, port in listening_ports(pid, self.proc)[:MAX_PORTS]:
             url = f"http://{addr}:{port}/metrics"
             try:
-                body = fetch(url, self.probe_timeout, 1 << 22)
-            except FetchError:
+                body = probe.get(url)
+            except http.HttpFailure:
                 continue
             if b"# TYPE " in body or b"# HELP " in body:
                 return url
@@ -243,37 +414,75 @@ class Targets:
         self._ports.clear()
 
 
-def _verl_prometheus(doc: Any) -> list[Target]:
+def _ray_worker(pid: int, proc: str = "/proc") -> bool:
+    """Whether process `pid` is a Ray worker: Ray titles its workers' processes `ray::...`
+    (`ray::IDLE`, `ray::vLLMHttpServer.__init__`). A PID a Ray answer names that is not one
+    (sshd, the kubelet) never gets its ports probed."""
+    try:
+        fd = os.open(f"{proc}/{pid}/cmdline", os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            head = os.read(fd, 64)
+        finally:
+            os.close(fd)
+    except OSError:
+        return False
+    return head.startswith(b"ray::")
+
+
+class _Builder:
+    """Targets of one list, de-duplicated by URL and capped while they are built."""
+
+    def __init__(self, limit: int, errors: Counter[str]):
+        self.limit = limit
+        self.errors = errors
+        self.out: dict[str, Target] = {}
+
+    def add(self, raw: str, name: str | None = None, engine: str = "") -> None:
+        url = _url(raw)
+        if url in self.out:
+            return
+        if len(self.out) >= self.limit:
+            self.errors[TOO_MANY] += 1
+            return
+        self.out[url] = Target(outside_label(name or _hostport(url)), url, outside_label(engine))
+
+
+def _verl_prometheus(doc: Any, limit: int = MAX_TARGETS, errors: Counter[str] | None = None
+                     ) -> list[Target]:  # fmt: skip
     """The `rollout` job's targets in the Prometheus config verl writes
     (verl/workers/rollout/utils.py)."""
-    out: list[Target] = []
+    b = _Builder(limit, Counter() if errors is None else errors)
     if not isinstance(doc, Mapping):
-        return out
-    for job in doc.get("scrape_configs") or ():
+        return []
+    for job in _items(doc.get("scrape_configs")):
         if not isinstance(job, Mapping) or job.get("job_name") != "rollout":
             continue
-        for sc in job.get("static_configs") or ():
+        for sc in _items(job.get("static_configs")):
             if isinstance(sc, Mapping):
-                for t in sc.get("targets") or ():
-                    if isinstance(t, str) and t:
-                        out.append(Target(_hostport(_url(t)), _url(t)))
-    return out
+                for t in _items(sc.get("targets")):
+                    if isinstance(t, str) and t and len(t) <= 1000:
+                        b.add(t)
+    return list(b.out.values())
 
 
-def _file_sd(doc: Any) -> list[Target]:
-    out: list[Target] = []
-    if not isinstance(doc, list):
-        return out
-    for group in doc:
+def _items(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _file_sd(doc: Any, limit: int = MAX_TARGETS, errors: Counter[str] | None = None
+             ) -> list[Target]:  # fmt: skip
+    b = _Builder(limit, Counter() if errors is None else errors)
+    for group in _items(doc):
         if not isinstance(group, Mapping):
             continue
         raw = group.get("labels")
         labels: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        targets = [t for t in group.get("targets") or () if isinstance(t, str) and t]
+        targets = [t for t in _items(group.get("targets")) if isinstance(t, str) and t]
+        replica = labels.get("replica")
+        engine = labels.get("engine") if isinstance(labels.get("engine"), str) else ""
         for t in targets:
-            name = _hostport(_url(t))
-            if isinstance(labels.get("replica"), str) and len(targets) == 1:
-                name = labels["replica"]
-            engine = labels.get("engine") if isinstance(labels.get("engine"), str) else ""
-            out.append(Target(name, _url(t), engine or ""))
-    return out
+            if len(t) > 1000:
+                continue
+            name = replica if isinstance(replica, str) and replica and len(targets) == 1 else None
+            b.add(t, name, engine or "")
+    return list(b.out.values())

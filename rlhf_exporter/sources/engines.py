@@ -6,9 +6,16 @@ Each poll reads every rollout replica's `/metrics` (in parallel, each bounded by
 `--engine-ring` samples). It polls every `--engine-interval` seconds (1 s) while a job steps
 or an engine is busy, and every `--engine-idle-interval` otherwise.
 
-Only the lines of the wanted families are handed to prometheus_client's text parser: an
-engine's page is mostly histograms nobody here reads, and parsing them would cost more than
-the rest of the sidecar.
+Reads go through the sidecar's bounded HTTP client (sources/http.py): one deadline over
+connect, headers and body per target, identity encoding, no redirects. The reads run in a
+small thread pool, so a slow replica costs its own deadline and never holds the others.
+
+Only the sample lines of the wanted families are read, by a small parser of that one line
+shape (`parse`): an engine's page is mostly histograms nobody here reads. At most
+`--engine-max-series` samples per family and page are read (a page of 70,000 label sets costs
+one split, not 70,000 parsed samples). Values are made sane: gauges finite and >= 0 (and at
+most MAX_GAUGE), the KV share within [0, 1], a counter that goes backwards is a reset and an
+increase beyond MAX_RATE per second is dropped (`CounterGuard`).
 
 Targets (discovery: rlhf_exporter/sources/engine_targets.py): verl's rollout servers among the
 Ray source's actors on this node (their listening port found in /proc), verl's Prometheus
@@ -16,24 +23,30 @@ config file (`rollout.prometheus.file`), a file-based target list, static target
 
 What the bounds drop is counted in `rlhf_exporter_record_errors_total{collector="engines"}`:
 `engine_too_many_replicas`, `engine_body_too_large`, `engine_timeout`, `engine_unreachable`,
-`engine_http_error`, `engine_parse_error`, `engine_no_stats` (a replica that answers without
-engine series: `disable_log_stats=True`).
+`engine_http_error`, `engine_redirect`, `engine_encoded`, `engine_too_large` is
+`engine_body_too_large`, `engine_bad_http` (the client's reasons, `engine_` first),
+`engine_parse_error`, `engine_no_stats` (a replica that answers without engine series:
+`disable_log_stats=True`), `engine_series_dropped`, `engine_bad_value`,
+`engine_counter_jump`, `engine_replicas_evicted` (the rings of gone replicas beyond
+`--engine-max-replicas`). Every reason is exported from 0.
 """
 
 from __future__ import annotations
 
-import http.client
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from types import MappingProxyType
+from typing import NamedTuple
 
 from ..diagnosis.engines import EngineEvidence, EngineLimits, EngineSample, measure
 from ..metrics.snapshot import Sample
+from ..settings import Settings
+from . import http
 from .base import Clock, Context, PollingSource, PollResult
 from .engine_targets import Target, Targets
 
@@ -56,18 +69,73 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "sglang:generation_tokens_total": ("tokens", "sum"),
     "sglang:gen_throughput": ("throughput", "sum"),
 }
-# the lines handed to the parser: each wanted family's TYPE line and samples (no HELP: the
-# parser does not need it); a name must be followed by `{` or a space, so that
-# `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`
+# the lines read: each wanted family's samples; a name must be followed by `{` or a space, so
+# that `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`
 _WANTED: tuple[bytes, ...] = tuple(
-    p
-    for name in FAMILIES
-    for p in (name.encode() + b"{", name.encode() + b" ", b"# TYPE " + name.encode() + b" ")
+    p for name in FAMILIES for p in (name.encode() + b"{", name.encode() + b" ")
 )
+GAUGES = frozenset({"running", "waiting", "throughput"})
+COUNTERS = frozenset({"preempted", "tokens"})
+MAX_SERIES = 256  # default of --engine-max-series: samples read per family and page
+MAX_GAUGE = 1e9  # requests or tokens/s of one series: more is no engine's (engine_bad_value)
+MAX_COUNTER = float(2**53)  # a counter's value: beyond, floats no longer count by one
+# the most a counter may grow per second of one replica; a larger jump is dropped
+# (engine_counter_jump) and the counter goes on from its new value
+MAX_RATE: Mapping[str, float] = {"tokens": 1e7, "preempted": 1e5}
 
 
-def wanted_lines(body: bytes) -> list[bytes]:
-    return [line for line in body.split(b"\n") if line.startswith(_WANTED)]
+_NAMES: tuple[bytes, ...] = tuple(name.encode() for name in FAMILIES)
+
+
+def wanted_lines(body: bytes, max_series: int = MAX_SERIES) -> tuple[list[bytes], int]:
+    """(the sample lines of the wanted families, at most `max_series` per family; how many
+    more there were). Found by searching the page for each family's name at a line start
+    (C speed, a few milliseconds for 4 MiB), never by splitting it into its lines: a page of
+    70,000 label sets becomes at most 12 x `max_series` small strings, and the excess is
+    counted, not copied. A name must be followed by `{` or a space, so that
+    `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`."""
+    out: list[bytes] = []
+    excess = 0
+    present = {p for p in (b"vllm:", b"sglang:") if body.startswith(p) or b"\n" + p in body}
+    for name in _NAMES:
+        if name[: name.index(b":") + 1] not in present:
+            continue  # one search for the engine's prefix spares its families' searches
+        needle = b"\n" + name
+        taken = skipped = 0
+        pos = 0 if body.startswith(name) else body.find(needle)
+        while pos >= 0:
+            start = pos + 1 if pos or body[:1] == b"\n" else 0
+            end = body.find(b"\n", start)
+            after = body[start + len(name) : start + len(name) + 1]
+            if after in (b"{", b" "):
+                if taken == max_series:  # the rest of this family, counted, not read
+                    excess += body.count(needle + b"{", pos) + body.count(needle + b" ", pos)
+                    break
+                out.append(body[start:] if end < 0 else body[start:end])
+                taken += 1
+            else:
+                skipped += 1  # another name that starts with this one (`..._by_reason`)
+                if skipped > max_series:  # many of them: search the exact name from here
+                    lines, more = _exact(body, name, pos, max_series - taken)
+                    out += lines
+                    excess += more
+                    break
+            pos = -1 if end < 0 else body.find(needle, end)
+    return out, excess
+
+
+def _exact(body: bytes, name: bytes, pos: int, n: int) -> tuple[list[bytes], int]:
+    """(at most `n` lines of exactly `name` from `pos` on, how many more there are)."""
+    out: list[bytes] = []
+    total = 0
+    for needle in (b"\n" + name + b"{", b"\n" + name + b" "):
+        total += body.count(needle, pos)
+        at = body.find(needle, pos)
+        while at >= 0 and len(out) < n:
+            end = body.find(b"\n", at + 1)
+            out.append(body[at + 1 :] if end < 0 else body[at + 1 : end])
+            at = -1 if end < 0 else body.find(needle, end)
+    return out, total - len(out)
 
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -79,12 +147,32 @@ UNREACHABLE = "engine_unreachable"
 HTTP_ERROR = "engine_http_error"
 PARSE_ERROR = "engine_parse_error"
 NO_STATS = "engine_no_stats"
+SERIES_DROPPED = "engine_series_dropped"  # samples of one family over --engine-max-series
+BAD_VALUE = "engine_bad_value"  # NaN, infinite, negative, a KV share outside [0, 1], huge
+COUNTER_JUMP = "engine_counter_jump"  # a counter growing faster than MAX_RATE
+REPLICAS_EVICTED = "engine_replicas_evicted"  # gone replicas' rings over --engine-max-replicas
+# a failed read, by the HTTP client's reason (sources/http.py): engine_<reason>
+FETCH_REASONS: Mapping[str, str] = {
+    r: {http.TOO_LARGE: TOO_LARGE}.get(r, f"engine_{r}") for r in http.REASONS
+}
+KNOWN: tuple[str, ...] = (
+    *FETCH_REASONS.values(),
+    TOO_MANY,
+    PARSE_ERROR,
+    NO_STATS,
+    SERIES_DROPPED,
+    BAD_VALUE,
+    COUNTER_JUMP,
+    REPLICAS_EVICTED,
+)
+"""Every reason the engine source counts (record_errors, exported from 0)."""
 
 
 class Read(NamedTuple):
     sample: EngineSample | None
     engine: str  # vllm / sglang / "" (unknown)
     error: str | None
+    dropped: Mapping[str, int] = MappingProxyType({})  # values/series left out, by reason
 
 
 class FetchError(Exception):
@@ -93,99 +181,119 @@ class FetchError(Exception):
         self.reason = reason
 
 
-def fetch(
-    url: str,
-    timeout: float,
-    max_bytes: int,
-    conns: dict[str, http.client.HTTPConnection] | None = None,
-) -> bytes:
-    """GET `url` within `timeout` seconds in all, at most `max_bytes` bytes. With `conns`, the
-    connection is kept alive there for the next read (engines serve HTTP/1.1), and a kept
-    connection the engine closed meanwhile is replaced once."""
-    kept = conns.pop(url, None) if conns is not None else None
-    try:
-        return _get(url, timeout, max_bytes, kept, conns)
-    except FetchError as exc:
-        if kept is None or exc.reason != UNREACHABLE:
-            raise
-        return _get(url, timeout, max_bytes, None, conns)  # the kept one had gone stale
+def client(timeout: float, max_bytes: int, keep_alive: bool = True) -> http.Client:
+    """The engines' HTTP client: Prometheus text, kept alive (engines serve HTTP/1.1)."""
+    return http.Client(
+        timeout=timeout, max_bytes=max_bytes, accept="text/plain", keep_alive=keep_alive
+    )
 
 
-def _get(
-    url: str,
-    timeout: float,
-    max_bytes: int,
-    conn: http.client.HTTPConnection | None,
-    conns: dict[str, http.client.HTTPConnection] | None,
-) -> bytes:
-    parts = urlsplit(url)
-    deadline = time.monotonic() + timeout
-    if conn is None:
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout)
-    keep = False
+def fetch(url: str, timeout: float, max_bytes: int, via: http.Client | None = None) -> bytes:
+    """GET `url` within `timeout` seconds in all (connect, headers, body), at most
+    `max_bytes` bytes; a FetchError with an engine reason otherwise."""
+    c = via or client(timeout, max_bytes, keep_alive=False)
     try:
-        conn.request("GET", parts.path or "/metrics", headers={"Accept": "text/plain"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            resp.read(max_bytes)
-            raise FetchError(HTTP_ERROR)
-        chunks, size = [], 0
-        while True:
-            chunk = resp.read1(1 << 16)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > max_bytes:
-                raise FetchError(TOO_LARGE)
-            if time.monotonic() > deadline:
-                raise FetchError(TIMEOUT)
-            chunks.append(chunk)
-            if resp.length == 0:  # read1 would not notice the end of a sized body by itself
-                break
-        resp.close()  # done with this response: the connection can send the next request
-        keep = conns is not None and not resp.will_close
-        return b"".join(chunks)
-    except TimeoutError:
-        raise FetchError(TIMEOUT) from None
-    except (OSError, http.client.HTTPException):
-        raise FetchError(UNREACHABLE) from None
+        return c.get(url, timeout=timeout, max_bytes=max_bytes)
+    except http.HttpFailure as exc:
+        raise FetchError(FETCH_REASONS.get(exc.reason, HTTP_ERROR)) from None
     finally:
-        if keep and conns is not None:
-            conns[url] = conn
-        else:
-            conn.close()
+        if via is None:
+            c.close()
 
 
-def parse(body: bytes, t: float) -> Read:
-    """The engine's page -> one EngineSample (series of one family combined per FAMILIES)."""
-    from prometheus_client.parser import text_string_to_metric_families
+def _value(line: bytes) -> tuple[bytes, float]:
+    """(name, value) of one sample line `name{labels} value [timestamp]`; ValueError when
+    it is not one."""
+    brace = line.find(b"{")
+    if brace >= 0:
+        close = line.rfind(b"}")
+        if close < brace:
+            raise ValueError("unclosed labels")
+        name, rest = line[:brace], line[close + 1 :]
+    else:
+        name, _, rest = line.partition(b" ")
+    words = rest.split()
+    if not 1 <= len(words) <= 2 or len(words[0]) > 64:
+        raise ValueError("not `value [timestamp]`")
+    return name, float(words[0])
 
-    lines = wanted_lines(body)
+
+def _sane(field: str, v: float) -> bool:
+    if not math.isfinite(v) or v < 0:
+        return False
+    if field == "kv":
+        return v <= 1.0
+    return v <= (MAX_COUNTER if field in COUNTERS else MAX_GAUGE)
+
+
+def parse(body: bytes, t: float, max_series: int = MAX_SERIES) -> Read:
+    """The engine's page -> one EngineSample (series of one family combined per FAMILIES).
+
+    Only the wanted families' sample lines are read, by a small parser of that one line
+    shape, and at most `max_series` samples of each family (the rest are counted,
+    engine_series_dropped). A line that is not a sample makes the page a parse error (as in
+    Prometheus); a value that is not finite, negative, a KV share outside [0, 1] or beyond
+    MAX_GAUGE / MAX_COUNTER is left out (engine_bad_value)."""
+    lines, excess = wanted_lines(body, max_series)
     if not lines:
         return Read(EngineSample(t), "", NO_STATS)
     values: dict[str, float] = {}
+    dropped: Counter[str] = Counter()
+    if excess:
+        dropped[SERIES_DROPPED] = excess
     engine = ""
-    try:
-        text = b"\n".join(lines).decode("utf-8", "replace") + "\n"
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                spec = FAMILIES.get(s.name)
-                if spec is None:
-                    continue
-                field, how = spec
-                engine = engine or s.name.split(":", 1)[0]
-                v = float(s.value)
-                if v != v or v in (float("inf"), float("-inf")):
-                    continue
-                if field in values:
-                    values[field] = max(values[field], v) if how == "max" else values[field] + v
-                else:
-                    values[field] = v
-    except Exception:  # the parser raises ValueError and others on a broken page
-        return Read(None, engine, PARSE_ERROR)
+    for line in lines:
+        try:
+            name, v = _value(line)
+        except ValueError:
+            return Read(None, engine, PARSE_ERROR)
+        field, how = FAMILIES[name.decode()]
+        engine = engine or name.split(b":", 1)[0].decode()
+        if not _sane(field, v):
+            dropped[BAD_VALUE] += 1
+            continue
+        if field in values:
+            values[field] = max(values[field], v) if how == "max" else values[field] + v
+        else:
+            values[field] = v
     if "running" not in values:
-        return Read(EngineSample(t), engine, NO_STATS)
-    return Read(EngineSample(t, **values), engine, None)
+        return Read(EngineSample(t), engine, NO_STATS, MappingProxyType(dict(dropped)))
+    return Read(EngineSample(t, **values), engine, None, MappingProxyType(dict(dropped)))
+
+
+class CounterGuard:
+    """One replica's counters made sane across reads: a counter that goes backwards was
+    reset (its new value is the increase, as Prometheus counts it); an increase beyond
+    MAX_RATE per second is dropped (counted) and the counter goes on from its new value.
+    What comes out never decreases."""
+
+    def __init__(self) -> None:
+        self._raw: dict[str, tuple[float, float]] = {}  # field -> (last raw value, its time)
+        self._out: dict[str, float] = {}  # field -> the sane cumulative value
+
+    def check(self, sample: EngineSample, dropped: Counter[str]) -> EngineSample:
+        fixed: dict[str, float] = {}
+        for field in COUNTERS:
+            raw = getattr(sample, field)
+            if raw is None:
+                continue
+            last = self._raw.get(field)
+            self._raw[field] = (raw, sample.t)
+            if last is None:
+                self._out[field] = raw
+                continue
+            increase = raw - last[0] if raw >= last[0] else raw  # backwards: a reset
+            bound = MAX_RATE[field] * max(1.0, sample.t - last[1])
+            if increase > bound:
+                dropped[COUNTER_JUMP] += 1
+                increase = 0.0
+            self._out[field] = self._out[field] + increase
+            if self._out[field] != raw:
+                fixed[field] = self._out[field]
+        return sample._replace(**fixed) if fixed else sample
+
+
+ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engines are read at 1 Hz
 
 
 class EngineSource(PollingSource):
@@ -202,7 +310,8 @@ class EngineSource(PollingSource):
         limits: EngineLimits | None = None,
         active: Callable[[], bool] | None = None,
         clock: Clock = time.time,
-        workers: int = 8,
+        workers: int = 16,
+        max_series: int = MAX_SERIES,
     ):
         super().__init__("engines", min(interval, idle_interval), wall=clock)
         self.targets = targets
@@ -226,12 +335,21 @@ class EngineSource(PollingSource):
         self._last_scrape: float | None = None
         self._busy = False  # an engine had running or waiting requests at the last read
         self._result = PollResult(())
-        self._conns: dict[str, http.client.HTTPConnection] = {}  # kept alive per target URL
+        self.max_series = max_series
+        self._http = client(timeout, max_bytes)  # one deadline per target, kept alive
+        self._guards: dict[str, CounterGuard] = {}  # per replica: its counters made sane
+        self._parse_lock = threading.Lock()
+        self._errors.update(dict.fromkeys(KNOWN, 0))
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> EngineSource | None:
-        if not settings.engines:
+    def from_settings(cls, settings: Settings, context: Context) -> EngineSource | None:
+        """The engine source, when engine scraping is on and a window board keeps the
+        sidecar's steps: it samples at `engine_interval` while a job stepped in the last
+        ENGINE_ACTIVE seconds."""
+        board = context.windows
+        if not settings.engines or board is None:
             return None
+        clock = context.clock
         targets = Targets(
             static=settings.engine_target or (),
             file_sd=settings.engine_targets_file,
@@ -247,8 +365,10 @@ class EngineSource(PollingSource):
             max_bytes=settings.engine_max_bytes,
             max_replicas=settings.engine_max_replicas,
             ring=settings.engine_ring,
+            max_series=settings.engine_max_series,
             limits=EngineLimits.from_document(context.thresholds.document),
-            clock=context.clock,
+            active=lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)),
+            clock=clock,
         )
 
     def describe(self) -> str:
@@ -257,18 +377,12 @@ class EngineSource(PollingSource):
             f"{self.idle_interval:g}s idle)"
         )
 
-    def set_active(self, active: Callable[[], bool]) -> None:
-        """Whether a job steps now (the sidecar's jobs): sample at `interval` while it does."""
-        self._active = active
-
     def error_counts(self) -> dict[str, int]:
         """What the bounds dropped so far, by reason (also in the snapshot's record_errors)."""
         return dict(self._errors)
 
     def close(self) -> None:
-        for conn in list(self._conns.values()):
-            conn.close()
-        self._conns.clear()
+        self._http.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None
@@ -285,7 +399,7 @@ class EngineSource(PollingSource):
         if not self._due(now):
             return self._result
         self._last_scrape = now
-        found = self.targets.current(self._errors)
+        found = self.targets.current(self._errors, self.max_replicas)
         if len(found) > self.max_replicas:
             self._errors[TOO_MANY] += len(found) - self.max_replicas
             found = found[: self.max_replicas]
@@ -296,6 +410,7 @@ class EngineSource(PollingSource):
                 name = target.name
                 if read.error is not None:
                     self._errors[read.error] += 1
+                self._errors.update(read.dropped)
                 if read.sample is None:
                     self._up[name] = False
                     continue
@@ -304,15 +419,14 @@ class EngineSource(PollingSource):
                 ring = self._rings.get(name)
                 if ring is None:
                     ring = self._rings[name] = deque(maxlen=self.ring)
-                ring.append(read.sample)
+                guard = self._guards.setdefault(name, CounterGuard())
+                ring.append(guard.check(read.sample, self._errors))
                 self._engine[name] = read.engine or target.engine or self._engine.get(name, "")
                 s = read.sample
                 if (s.running or 0.0) > 0 or (s.waiting or 0.0) > 0:
                     busy = True
             self._forget(now, {t.name for t in found})
-            urls = {t.url for t in found}
-            for url in [u for u in self._conns if u not in urls]:  # a target gone: its socket too
-                self._conns.pop(url).close()
+        self._http.forget({_address(t.url) for t in found})  # a target gone: its socket too
         self._busy = busy
         self._result = PollResult(tuple(self._samples()), record_errors=dict(self._errors))
         return self._result
@@ -328,10 +442,13 @@ class EngineSource(PollingSource):
 
     def _read(self, target: Target) -> Read:
         try:
-            body = fetch(target.url, self.timeout, self.max_bytes, self._conns)
+            body = fetch(target.url, self.timeout, self.max_bytes, self._http)
         except FetchError as exc:
             return Read(None, target.engine, exc.reason)
-        return parse(body, self._clock())
+        # the reads wait on their sockets in parallel; the pages are parsed one at a time, so
+        # that eight big pages do not crowd the scrapes' thread out of the interpreter lock
+        with self._parse_lock:
+            return parse(body, self._clock(), self.max_series)
 
     def _forget(self, now: float, current: set[str]) -> None:
         """A replica no longer a target keeps its ring for as long as the ring spans (its
@@ -341,10 +458,25 @@ class EngineSource(PollingSource):
             if name not in current:
                 self._up.pop(name, None)
                 if now - self._last_seen.get(name, now) > keep_for:
-                    for d in (self._rings, self._engine, self._last_seen):
-                        d.pop(name, None)
+                    self._drop_ring(name)
+        for name in list(self._up):
+            if name not in current:
+                self._up.pop(name, None)
+        # replica churn: the gone replicas' rings, oldest first, leave once there are more
+        # rings than --engine-max-replicas (the current replicas' are kept)
+        gone = sorted(
+            (n for n in self._rings if n not in current), key=lambda n: self._last_seen.get(n, 0.0)
+        )
+        for name in gone[: max(0, len(self._rings) - self.max_replicas)]:
+            self._drop_ring(name)
+            self._errors[REPLICAS_EVICTED] += 1
+
+    def _drop_ring(self, name: str) -> None:
+        for d in (self._rings, self._engine, self._last_seen, self._guards):
+            d.pop(name, None)
 
     def _samples(self) -> Iterable[Sample]:
+        # names from outside (a target file, an answer) are cleaned and cut at the source
         for name, up in sorted(self._up.items()):
             yield Sample("rlhf_engine_up", (name, self._engine.get(name, "")), 1.0 if up else 0.0)
 
@@ -375,3 +507,15 @@ class EngineSource(PollingSource):
 
     def evidence(self, spans: Sequence[tuple[float, float]]) -> EngineEvidence | None:
         return measure(spans, self.samples_over(spans), self.limits)
+
+
+def _address(url: str) -> tuple[str, str, int]:
+    """The client's connection key of a target URL."""
+    from urllib.parse import urlsplit
+
+    p = urlsplit(url)
+    try:
+        port = p.port or (443 if p.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    return (p.scheme, p.hostname or "", port)

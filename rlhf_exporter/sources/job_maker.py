@@ -5,10 +5,11 @@ clock, total steps and window board."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
 
 from ..diagnosis import Thresholds
-from ..jobs import Job, Limits
+from ..jobs import Job
+from ..join.ports import Engines, StepWindows
+from ..records import Limits
 from .base import Clock
 
 
@@ -19,7 +20,8 @@ class JobMaker:
     limits: Limits
     clock: Clock
     total_steps: int | None
-    windows: Any  # the WindowBoard its jobs post step timelines to
+    windows: StepWindows | None  # where its jobs post step timelines (the WindowBoard)
+    engines: Engines | None  # what its jobs ask for engine evidence
     _rejected: Counter[str]  # what ingestion drops, by reason, shared by all its jobs
 
     def new_job(self, project: str, experiment: str) -> Job:
@@ -32,4 +34,5 @@ class JobMaker:
             clock=self.clock,
             total_steps=self.total_steps,
             windows=self.windows,
+            engines=self.engines,
         )

@@ -46,8 +46,10 @@ from typing import Any
 
 from ..diagnosis.gpujoin import gpu_role
 from ..diagnosis.xid import BAD_GPU, DEGRADED, LOST, xid_label
-from ..gpuwindows.board import WindowJoiner
+from ..join.board import WindowBoard, WindowJoiner
+from ..join.ports import ActorPids, ActorProcess
 from ..metrics.snapshot import Sample
+from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .roles import short_name
 
@@ -139,14 +141,14 @@ class NvmlSource(PollingSource):
         self,
         interval: float = 1.0,
         *,
-        ray: Any = None,
+        ray: ActorPids | None = None,
         roles: bool = True,
         clock: Callable[[], float] = time.monotonic,
         stale_after: float | None = None,
         retry_after: float = 30.0,
         proc_root: str = "/proc",
         wall: Clock = time.time,
-        windows: Any = None,
+        windows: WindowBoard | None = None,
         job: tuple[str, str] | None = None,
     ):
         super().__init__("nvml", interval, stale_after, wall=wall)
@@ -155,7 +157,7 @@ class NvmlSource(PollingSource):
         self.clock = clock
         self.retry_after = retry_after
         self.proc_root = proc_root
-        # GPU time by step window (rlhf_exporter/gpuwindows/board.py): None when off
+        # GPU time by step window (rlhf_exporter/join/board.py): None when off
         self.joiner = WindowJoiner(windows) if windows is not None else None
         self.board = windows
         self.configured_job = job  # (project, experiment) from configuration, or None
@@ -168,10 +170,10 @@ class NvmlSource(PollingSource):
         self._init_failed: tuple[float, SourceError] | None = None
         # PID -> role, for one Ray poll's PID map: the map itself is kept (a reference, not
         # its id(), which CPython reuses), so a new poll (reused PIDs) empties the cache
-        self._role_cache: tuple[Mapping[int, Any] | None, dict[int, str]] = (None, {})
+        self._role_cache: tuple[Mapping[int, ActorProcess] | None, dict[int, str]] = (None, {})
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> NvmlSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> NvmlSource | None:
         if not settings.nvml:
             return None
         ray = context.ray
@@ -363,7 +365,7 @@ class NvmlSource(PollingSource):
             )
             gpu.failing = reason
 
-    def _sample_gpu(self, nv: Any, gpu: Gpu, actors: Mapping[int, Any]) -> list[Sample]:
+    def _sample_gpu(self, nv: Any, gpu: Gpu, actors: Mapping[int, ActorProcess]) -> list[Sample]:
         if gpu.handle is None:
             handle = nv.nvmlDeviceGetHandleByIndex(gpu.index)
             gpu.uuid = _text(nv.nvmlDeviceGetUUID(handle))
@@ -515,7 +517,7 @@ class NvmlSource(PollingSource):
                 extra={"collector": self.name, "reason": f"xid_{xid}"},
             )
 
-    def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable, *args: Any) -> Any:
+    def _optional(self, nv: Any, gpu: Gpu, what: str, fn: Callable[..., Any], *args: Any) -> Any:
         """A reading some GPUs do not support: NotSupported once means never again."""
         if what in gpu.unsupported:
             return None
@@ -576,12 +578,12 @@ class NvmlSource(PollingSource):
         gpu.utilization = ratio
 
     # -- roles ------------------------------------------------------------------------------
-    def _actors(self) -> Mapping[int, Any]:
+    def _actors(self) -> Mapping[int, ActorProcess]:
         if not self.roles or self.ray is None:
             return {}
         return self.ray.pid_actors(max_age=max(4 * self.ray.interval, 60.0))
 
-    def _role_of(self, pid: int, actors: Mapping[int, Any]) -> str:
+    def _role_of(self, pid: int, actors: Mapping[int, ActorProcess]) -> str:
         if not actors:
             return UNKNOWN_ROLE
         seen, cache = self._role_cache
@@ -593,7 +595,7 @@ class NvmlSource(PollingSource):
             role = cache[pid] = self._match(pid, actors)
         return role
 
-    def _match(self, pid: int, actors: Mapping[int, Any]) -> str:
+    def _match(self, pid: int, actors: Mapping[int, ActorProcess]) -> str:
         """Walk up from the GPU process to an actor process this host can see and verify."""
         for _ in range(MAX_ANCESTORS):
             actor = actors.get(pid)

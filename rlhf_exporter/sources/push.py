@@ -40,8 +40,12 @@ import orjson
 
 from ..auth import AuthGuard, client_key
 from ..diagnosis import Record, Thresholds
-from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, limits_from_settings
+from ..jobs import Job
+from ..join.names import JobNames
+from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample, Snapshot
+from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, limits_from_settings
+from ..settings import Settings
 from .base import Clock, Context
 from .job_maker import JobMaker
 
@@ -86,7 +90,7 @@ class _Pushed:
     client: str = ""
 
 
-def _label(body: dict, key: str) -> str:
+def _label(body: dict[str, Any], key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value:
         raise Rejected(400, BAD_SCHEMA, f"'{key}' must be a non-empty string")
@@ -168,24 +172,32 @@ class PushSource(JobMaker):
         max_bytes: int = 1 << 20,
         token: str | None = None,
         job_expiry: float = 86400.0,
-        claimed: Callable[[str, str], bool] | None = None,
         limits: Limits = DEFAULT_LIMITS,
         max_jobs: int = MAX_JOBS,
         max_jobs_per_client: int = MAX_JOBS_PER_CLIENT,
         clock: Clock = time.time,
         total_steps: int | None = None,
-        windows: Any = None,
+        windows: StepWindows | None = None,
         guard: AuthGuard | None = None,
+        *,
+        engines: Engines | None = None,
+        facts: JobFacts | None = None,
+        names: JobNames | None = None,
     ):
         self.th = th
         self.clock = clock
         self.total_steps = total_steps
-        self.windows = windows  # the WindowBoard its jobs post step timelines to
+        self.windows = windows  # where its jobs post step timelines (the WindowBoard)
+        self.engines = engines  # what its jobs ask for engine evidence (the engine source)
+        # what Ray says about a job (RaySource.job_fact), when Ray is read
+        self.facts = facts
         self.max_bytes = max_bytes
         self.guard = guard or AuthGuard(token, NAME)
         self.job_expiry = job_expiry
-        # jobs another source already exports (the verl files): never export one twice
-        self.claimed = claimed or (lambda project, experiment: False)
+        # jobs the verl files export: never export one twice (a new file displaces a push)
+        self.names = names
+        if names is not None:
+            names.yields(self)
         self.limits = limits
         self.max_jobs = max_jobs
         self.max_jobs_per_client = max_jobs_per_client
@@ -195,15 +207,12 @@ class PushSource(JobMaker):
         self._records = 0
         self._lock = threading.Lock()
         self._next_expiry = float("inf")
-        # what Ray says about a job (RaySource.job_fact) and how often that changed
-        self.lifecycle: Callable[..., Any] | None = None
-        self.lifecycle_version: Callable[[], int] = lambda: 0
         self._facts_seen = 0
         self._snapshot = self._build()
 
     # -- Source interface -------------------------------------------------------------------
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> PushSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> PushSource | None:
         if not settings.push:
             return None
         return cls(
@@ -220,6 +229,9 @@ class PushSource(JobMaker):
             guard=AuthGuard(
                 settings.push_token, NAME, settings.auth_fail_rate, settings.auth_fail_rate_total
             ),
+            engines=context.engines,
+            facts=context.facts,
+            names=context.names,
         )
 
     def start(self) -> None:
@@ -230,7 +242,7 @@ class PushSource(JobMaker):
         pass
 
     def snapshot(self) -> Snapshot:
-        stale = self.lifecycle_version() != self._facts_seen  # Ray's facts changed
+        stale = self._facts_version() != self._facts_seen  # Ray's facts changed
         if (stale or self.clock() >= self._next_expiry) and self._lock.acquire(blocking=False):
             try:  # a pushed job expired: publish without it (never waits on a push)
                 self._publish()
@@ -241,6 +253,9 @@ class PushSource(JobMaker):
     def jobs(self) -> tuple[dict[str, Any], ...]:
         with self._lock:
             return tuple({**p.job.summary(), "source": "push"} for p in self._live(self.clock()))
+
+    def _facts_version(self) -> int:
+        return self.facts.facts_version if self.facts is not None else 0
 
     def has_job(self, project: str, experiment: str) -> bool:
         return (project, experiment) in self._jobs
@@ -313,7 +328,7 @@ class PushSource(JobMaker):
         # when a token is set, else the client's address (every loopback address is one)
         client = "token" if self.guard.required else client_key(client)
         with self._lock:  # checked under the lock: a file's displace() cannot slip between
-            if self.claimed(project, experiment):
+            if self.names is not None and self.names.taken(project, experiment):
                 raise Rejected(
                     409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
                 )
@@ -375,13 +390,17 @@ class PushSource(JobMaker):
         now = self.clock()
         self._expire(now)
         parts: list[tuple[Sample, ...]] = []
-        self._facts_seen = self.lifecycle_version()
+        self._facts_seen = self._facts_version()
         sole = len(self._jobs) == 1
         for p in self._jobs.values():
             try:
-                if self.lifecycle is not None:
-                    p.job.set_ray(self.lifecycle(p.job.project, p.job.experiment, sole))
-                parts.append(p.job.samples())
+                if self.facts is not None:
+                    p.job.set_ray(self.facts.job_fact(p.job.project, p.job.experiment, sole))
+                part = p.job.samples()
+                if p.job.ends_ignored:  # Ray ends the job outgrew (rlhf_exporter.lifecycle)
+                    self._rejected.update(p.job.ends_ignored)
+                    p.job.ends_ignored.clear()
+                parts.append(part)
             except Exception:  # never lets one job remove the others' series
                 self._rejected["internal_error"] += 1
                 log.warning("push: building the series of a job failed (a bug)", exc_info=True)

@@ -1,7 +1,12 @@
 """Ray actors by role and state, read from Ray's state API over HTTP (the dashboard port).
 
-Plain `requests`, never `import ray`: a sidecar must not pin the cluster's Ray version or pay
-its import cost. One poll (default every 15 s, each request bounded by --ray-timeout):
+The sidecar's bounded HTTP client (sources/http.py), never `import ray`: a sidecar must not
+pin the cluster's Ray version or pay its import cost. Each request has one deadline of
+--ray-timeout over connect, headers and body, follows no redirect, takes no encoded answer
+and at most MAX_BODY bytes; an answer that would parse into more than MAX_CONTAINERS objects
+and lists is refused before it is parsed (`too_many_elements`). Labels from an answer
+(`ray_version`, `session_name`) are cleaned and cut (sources/labels.py). One poll (default
+every 15 s):
 
     GET /api/version                                   ray_version, session_name
     GET /api/v0/actors/summarize?state=PENDING_CREATION  per-class counts (server-side filter)
@@ -39,14 +44,18 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
+from urllib.parse import urlencode
 
 import orjson
-import requests
 
+from ..join.ports import ActorProcess, JobFacts
 from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
+from ..settings import Settings
+from . import http
 from .base import Clock, Context, PollingSource, PollResult, SourceError
+from .labels import outside_label
 from .ray_jobs import JobBook
 from .roles import ROLES, RoleMap
 
@@ -54,7 +63,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_ADDRESS = "http://127.0.0.1:8265"
 LIMIT = 10_000  # the state API's most rows per answer (RAY_MAX_LIMIT_FROM_API_SERVER)
-MAX_BODY = 64 << 20  # bytes; 10,000 detailed actors are ~10 MB
+MAX_BODY = 16 << 20  # bytes; 10,000 detailed actors are ~10 MB (the state API's most rows)
+MAX_CONTAINERS = 500_000  # JSON objects and lists in one answer (10,000 actors: ~100,000)
+MAX_ITEMS = 4_000_000  # values in one answer, counted as commas (an upper bound)
+KNOWN_ERRORS = (*http.REASONS, "too_many_elements", "invalid_json", "bad_response", "ray_error")
 STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
 SUMMARIZED = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "DEAD")  # counts only
 LISTED = ("ALIVE", "RESTARTING")  # rows with detail: restarts and PIDs
@@ -84,14 +96,6 @@ _CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason e
     ("runtime_env_failed_context", "RUNTIME_ENV_FAILED"),
     ("actor_unschedulable_context", "UNSCHEDULABLE"),
 )
-
-
-class ActorProcess(NamedTuple):
-    """An ALIVE actor's worker process on this node."""
-
-    class_name: str
-    role: str
-    name: str = ""  # the actor's name (verl's rollout servers: `vllm_server_<r>_<n>`)
 
 
 def resolve_address(setting: str | None, environ: Mapping[str, str] | None = None) -> str:
@@ -182,8 +186,8 @@ class RaySource(PollingSource):
         self.per_class = per_class
         self.roles = roles or RoleMap.default()
         self.node_ips = frozenset(node_ips) if node_ips else local_addresses()
-        self._http = requests.Session()
-        self._http.headers["Accept"] = "application/json"
+        self._http = http.Client(timeout=timeout, max_bytes=MAX_BODY, accept="application/json")
+        self._errors.update(dict.fromkeys(KNOWN_ERRORS, 0))
         # bookkeeping between polls (only the poll thread touches it)
         self._polls = 0
         self._session: str | None = None
@@ -206,10 +210,10 @@ class RaySource(PollingSource):
         self._pids_lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> RaySource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> RaySource | None:
         if not settings.ray:
             return None
-        node_ip = getattr(settings, "ray_node_ip", None)
+        node_ip = settings.ray_node_ip
         return cls(
             resolve_address(settings.ray_address),
             interval=settings.ray_interval,
@@ -247,56 +251,32 @@ class RaySource(PollingSource):
             return newest
         return fact
 
-    def tell(self, *sources: Any) -> None:
-        """Give the verl and push sources what Ray says about their jobs (their `lifecycle`;
-        the push source also learns when it changed, to publish again)."""
-        if not self.actors:  # a GPU worker's source reads PIDs only: no jobs
-            return
-        for source in sources:
-            if source is None:
-                continue
-            source.lifecycle = self.job_fact
-            if hasattr(source, "lifecycle_version"):
-                source.lifecycle_version = lambda: self.facts_version
+    def facts(self) -> JobFacts | None:
+        """The port the verl and push sources read their jobs' states from (`job_fact`,
+        `facts_version`); None on a GPU worker's source, which reads PIDs only (no jobs)."""
+        return self if self.actors else None
 
     def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
         return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}
 
     # -- HTTP -------------------------------------------------------------------------------
     def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
-        """GET JSON; every failure is a SourceError with a short reason."""
-        url = self.address + path
-        deadline = time.monotonic() + self.timeout
+        """GET JSON; every failure is a SourceError with a short reason: the HTTP client's
+        (sources/http.py: one deadline over the whole read, identity encoding, no redirect,
+        at most MAX_BODY bytes), or `too_many_elements` (an answer that would become more
+        than MAX_CONTAINERS objects and lists, or MAX_ITEMS values), or `invalid_json`."""
+        url = self.address + path + (("?" + urlencode(params)) if params else "")
         try:
-            with self._http.get(url, params=params, timeout=self.timeout, stream=True) as resp:
-                if resp.status_code != 200:
-                    raise SourceError(
-                        f"http_{resp.status_code}", f"GET {path}: HTTP {resp.status_code}"
-                    )
-                chunks, size = [], 0
-                for chunk in resp.iter_content(1 << 16):
-                    size += len(chunk)
-                    if size > MAX_BODY:
-                        raise SourceError(
-                            "too_large", f"GET {path}: answer larger than {MAX_BODY} bytes"
-                        )
-                    if time.monotonic() > deadline:
-                        raise SourceError(
-                            "timeout", f"GET {path}: no full answer within {self.timeout:g}s"
-                        )
-                    chunks.append(chunk)
-        except requests.Timeout:
-            raise SourceError("timeout", f"GET {url}: no answer within {self.timeout:g}s") from None
-        except requests.ConnectionError as exc:
-            if "timed out" in str(exc).lower():
-                raise SourceError(
-                    "timeout", f"GET {url}: no answer within {self.timeout:g}s"
-                ) from None
-            raise SourceError("connection", f"GET {url}: cannot connect ({_short(exc)})") from None
-        except requests.RequestException as exc:
-            raise SourceError("http", f"GET {url}: {_short(exc)}") from None
+            raw = self._http.get(url)
+        except http.HttpFailure as exc:
+            raise SourceError(exc.reason, str(exc)) from None
+        if too_many_elements(raw):
+            raise SourceError(
+                "too_many_elements",
+                f"GET {path}: more than {MAX_CONTAINERS} objects or {MAX_ITEMS} values",
+            )
         try:
-            return orjson.loads(b"".join(chunks))
+            return orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
             raise SourceError("invalid_json", f"GET {path}: not JSON ({exc})") from None
 
@@ -328,7 +308,7 @@ class RaySource(PollingSource):
 
     def _list(
         self, resource: str, state: str, detail: bool, extra: tuple[tuple[str, str], ...] = ()
-    ) -> tuple[list, bool]:
+    ) -> tuple[list[Any], bool]:
         params = [
             ("limit", str(LIMIT)),
             ("filter_keys", "state"),
@@ -366,8 +346,8 @@ class RaySource(PollingSource):
         version = self._get("/api/version")
         if not isinstance(version, Mapping):
             raise SourceError("bad_response", "/api/version: not a JSON object")
-        ray_version = str(version.get("ray_version") or "unknown")
-        session = str(version.get("session_name") or "unknown")
+        ray_version = outside_label(version.get("ray_version") or "unknown")
+        session = outside_label(version.get("session_name") or "unknown")
         if self._session is not None and session != self._session:
             log.info(
                 "Ray session changed from %s to %s: a new cluster",
@@ -464,7 +444,11 @@ class RaySource(PollingSource):
                 )
                 names = sorted({name for name, _ in by_class})[:MAX_CLASSES]
                 kept = [kv for kv in kept if kv[0][0] in set(names)]
-            samples += [Sample("rlhf_ray_actors_by_class", key, float(n)) for key, n in kept]
+            shown: dict[tuple[str, str], int] = {}  # class names from the answer, cleaned and
+            for (name, state), n in kept:  # cut (two cut alike are summed, never doubled)
+                key = (outside_label(name), state)
+                shown[key] = shown.get(key, 0) + n
+            samples += [Sample("rlhf_ray_actors_by_class", k, float(n)) for k, n in shown.items()]
         samples += [
             Sample("rlhf_ray_actor_restarts_total", (role,), float(n))
             for role, n in self._restarts_total.items()
@@ -549,21 +533,23 @@ class RaySource(PollingSource):
             log.warning(message, *args, extra={"collector": self.name})
 
 
+def too_many_elements(raw: bytes) -> bool:
+    """Whether a JSON answer would parse into more than MAX_CONTAINERS objects and lists or
+    MAX_ITEMS values. Counted on the bytes (braces and commas inside strings count too: an
+    upper bound), so 60 MB of `{},` is refused before it becomes 20 million dicts."""
+    containers = items = 0
+    for at in range(0, len(raw), 1 << 20):  # by the MiB: no call holds the lock for long
+        end = at + (1 << 20)
+        containers += raw.count(b"{", at, end) + raw.count(b"[", at, end)
+        items += raw.count(b",", at, end)
+        if containers > MAX_CONTAINERS or items > MAX_ITEMS:
+            return True
+    return False
+
+
 def _truncated(inner: Mapping[str, Any]) -> bool:
     total, kept = inner.get("total"), inner.get("num_after_truncation")
     return isinstance(total, int) and isinstance(kept, int) and kept < total
-
-
-_ERRNO = re.compile(r"\[Errno -?\d+\] [^'\")\]]+")
-
-
-def _short(exc: BaseException) -> str:
-    """The operating system's words when there are some ('[Errno 111] Connection refused')."""
-    text = str(exc)
-    found = _ERRNO.search(text)
-    if found:
-        return found.group(0).strip()
-    return text if len(text) <= 160 else text[:157] + "..."
 
 
 def _actor_name(row: Mapping[str, Any]) -> str:

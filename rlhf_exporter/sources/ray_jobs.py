@@ -29,6 +29,9 @@ from ..lifecycle import ACTIVE_STATUSES, LOST, RayFact
 MAX_JOBS = 2000  # verl jobs whose Ray facts are remembered (across head restarts)
 MAX_ENTRIES = 10_000  # Jobs API entries read per poll (the rest are ignored, counted)
 _STATUSES = frozenset({"PENDING", "RUNNING", "STOPPED", "SUCCEEDED", "FAILED"})
+MAX_ENTRYPOINT = 65536  # characters of an entrypoint read
+# a shell word: unquoted runs, '...' and "..." (with backslash escapes), glued together
+_WORD = re.compile(r"""(?:[^\s'"\\]+|'[^']*'?|"(?:[^"\\]|\\.)*"?|\\.?)+""", re.S)
 _OVERRIDE = re.compile(r"^\+{0,2}trainer\.(project_name|experiment_name)=(.*)$", re.S)
 
 
@@ -42,20 +45,45 @@ def tie(entry: Mapping[str, Any]) -> tuple[str, str] | None:
     entrypoint = entry.get("entrypoint")
     if not isinstance(entrypoint, str) or "trainer." not in entrypoint:
         return None
-    try:
-        words = shlex.split(entrypoint[:65536])
-    except ValueError:  # an unbalanced quote: split on blanks
-        words = entrypoint[:65536].split()
+    if "project_name" not in entrypoint or "experiment_name" not in entrypoint:
+        return None
+    return _tie_entrypoint(entrypoint[:MAX_ENTRYPOINT])
+
+
+_memo: dict[str, tuple[str, str] | None] = {}
+
+
+def _tie_entrypoint(entrypoint: str) -> tuple[str, str] | None:
+    """The Hydra overrides' (project, experiment) of one entrypoint, remembered: the Jobs
+    API lists the same entrypoints at every poll (at most 2 x MAX_ENTRIES remembered)."""
+    if entrypoint in _memo:
+        return _memo[entrypoint]
+    # the shell's words, split by one regular expression (shlex, in pure Python, took 4 ms
+    # for a 5 KB entrypoint: 10,000 such submissions held a Ray poll for 16 s and more);
+    # only the few words that name trainer.* are unquoted by shlex
+    quoted = any(q in entrypoint for q in "'\"\\")
+    split = _WORD.findall(entrypoint) if quoted else entrypoint.split()
+    words = [w for w in split if "trainer." in w]
+    if quoted:  # an unbalanced quote swallows the rest: the words between blanks first
+        words = [w for w in entrypoint.split() if "trainer." in w] + words
     found: dict[str, str] = {}
-    for word in words:
+    for raw in words:
+        try:
+            word = "".join(shlex.split(raw)) if any(q in raw for q in "'\"\\") else raw
+        except ValueError:  # an unbalanced quote: the word as written
+            word = raw
         m = _OVERRIDE.match(word)
         if m:
             value = m[2].strip().strip("'\"")
             if value:
-                found[m[1]] = value
+                found[m[1]] = value  # the last override wins, as in Hydra
+    result = None
     if "project_name" in found and "experiment_name" in found:
-        return found["project_name"], found["experiment_name"]
-    return None
+        result = found["project_name"], found["experiment_name"]
+    if len(_memo) >= 2 * MAX_ENTRIES:
+        _memo.clear()
+    _memo[entrypoint] = result
+    return result
 
 
 def _seconds(ms: Any) -> float | None:
@@ -64,7 +92,7 @@ def _seconds(ms: Any) -> float | None:
 
 def _entry_fact(entry: Mapping[str, Any]) -> RayFact | None:
     status = entry.get("status")
-    if status not in _STATUSES:
+    if not isinstance(status, str) or status not in _STATUSES:  # a list is no status
         return None
     ident = entry.get("submission_id") or entry.get("job_id") or ""
     end = _seconds(entry.get("end_time"))

@@ -43,16 +43,21 @@ import os
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
-from ..jobs import DEFAULT_LIMITS, MAX_STEP, Job, Limits, clean_label, limits_from_settings
+from ..jobs import Job
+from ..join.names import JobNames
+from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
+from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from_settings
+from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult
 from .job_maker import JobMaker
+from .small_file import SmallFileError, read_small
 from .verl_reader import RecordReader
 
 log = logging.getLogger(__name__)
@@ -83,6 +88,7 @@ INTERNAL_ERROR = "internal_error"
 BAD_NAME = "bad_name"  # a file named `.jsonl`, `..jsonl` or `...jsonl`
 SYMLINK_LOOP = "symlink_loop"  # a project folder that is a looping symlink
 BAD_TOTAL_STEPS = "bad_total_steps"  # record_errors: a .total_steps file that is no integer
+# (or no small regular file: a FIFO, a symlink to /dev/zero, more than 32 bytes)
 FINISHED_SUFFIX = ".finished"  # <experiment>.finished beside the log: the job finished
 TOTAL_STEPS_SUFFIX = ".total_steps"  # <experiment>.total_steps: its total steps
 MARKER_EVERY = 15.0  # seconds between two reads of an idle job's marker files
@@ -108,8 +114,8 @@ class Watched:
     problem: str | None = None
     markers_at: float = float("-inf")  # when the .finished/.total_steps files were last read
     backlog: bool = True  # its first read has not reached the end yet: not exported until it has
-    rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
-    logged: set = field(default_factory=set)  # line problems already logged
+    rejected_seen: Counter[str] = field(default_factory=Counter)  # reader.rejected already counted
+    logged: set[str] = field(default_factory=set)  # line problems already logged
     spath: str = field(init=False)  # the path as str: a poll stats every file (issue 37)
 
     def __post_init__(self) -> None:
@@ -138,12 +144,18 @@ class VerlFileSource(PollingSource, JobMaker):
         max_files: int = MAX_FILES,
         clock: Clock = time.time,
         total_steps: int | None = None,
-        windows: Any = None,
+        windows: StepWindows | None = None,
+        engines: Engines | None = None,
+        facts: JobFacts | None = None,
+        names: JobNames | None = None,
     ):
         super().__init__(NAME, interval, wall=clock)
         self.clock = clock
         self.total_steps = total_steps
-        self.windows = windows  # the WindowBoard its jobs post step timelines to
+        self.windows = windows  # where its jobs post step timelines (the WindowBoard)
+        self.engines = engines  # what its jobs ask for engine evidence (the engine source)
+        self.facts = facts  # what Ray says about a job (RaySource.job_fact), when Ray is read
+        self.names = names  # a file job takes its name from a pushed one (the push source)
         self.th = th
         self.roots = [Path(r) for r in roots]
         self.files = [(Path(p), proj, exp) for p, proj, exp in files]
@@ -172,10 +184,6 @@ class VerlFileSource(PollingSource, JobMaker):
         self.stats: Counter[str] = Counter()  # summaries_built
         self._duplicates: set[tuple[str, str]] = set()
         self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
-        # drops a pushed job of this name, if any (a file job always wins its name)
-        self.displace: Callable[[str, str], bool] = lambda project, experiment: False
-        # what Ray says about a job (RaySource.job_fact), set by `serve` when Ray is read
-        self.lifecycle: Callable[..., Any] | None = None
 
     # -- discovery ------------------------------------------------------------------------
     def _discover(self) -> None:
@@ -204,7 +212,7 @@ class VerlFileSource(PollingSource, JobMaker):
                 except OSError as exc:  # a loop, an unreadable or vanished folder
                     self._folder_problem(entry.path, exc)
 
-    def _scan_folder(self, folder: os.DirEntry) -> None:
+    def _scan_folder(self, folder: os.DirEntry[str]) -> None:
         """Watch the folder's new `*.jsonl` files. A folder whose listing is unchanged since
         its last full scan (same inode and modification time, and that time not within
         `RACY_NS` of the scan, when a change in the same clock tick could hide) is not
@@ -323,8 +331,8 @@ class VerlFileSource(PollingSource, JobMaker):
                 experiment,
                 extra={"path": _shown(path), "reason": bad},
             )
-        self._jobs[key] = path  # first: a push checks has_job() before it creates a job
-        if self.displace(project, experiment):
+        self._jobs[key] = path
+        if self.names is not None and self.names.take(project, experiment):
             log.warning(
                 "%s: project=%s experiment=%s was a pushed job; the file wins its name "
                 "(later pushes of it get 409)",
@@ -547,21 +555,25 @@ class VerlFileSource(PollingSource, JobMaker):
         files a user may put beside its log without code (read while the log is idle, at
         most every MARKER_EVERY seconds): `<experiment>.finished` (any content) declares it
         finished, `<experiment>.total_steps` (an integer) gives its total steps."""
-        if self.lifecycle is not None:
-            w.job.set_ray(self.lifecycle(w.project, w.experiment, sole))
+        if self.facts is not None:
+            w.job.set_ray(self.facts.job_fact(w.project, w.experiment, sole))
+        if w.job.ends_ignored:  # ends the job outgrew (rlhf_exporter.lifecycle), counted
+            self._rejected.update(w.job.ends_ignored)
+            w.job.ends_ignored.clear()
         if now - w.last_change < self.interval or now - w.markers_at < MARKER_EVERY:
             return
         w.markers_at = now
         stem = w.path.with_name(w.path.name.removesuffix(SUFFIX))
-        w.job.set_finished_file(os.path.lexists(str(stem) + FINISHED_SUFFIX))
+        w.job.set_finished_file(*_finished_file(str(stem) + FINISHED_SUFFIX))
         total = self.total_steps
-        try:
-            with open(str(stem) + TOTAL_STEPS_SUFFIX, "rb") as f:
-                text = f.read(32).strip()
+        try:  # non-blocking, a regular file, 32 bytes at most: a FIFO cannot hang the poll
+            text = read_small(str(stem) + TOTAL_STEPS_SUFFIX, 32).strip()
             if text.isdigit() and 0 < int(text) <= MAX_STEP:
                 total = int(text)
             else:
                 self._rejected[BAD_TOTAL_STEPS] += 1
+        except SmallFileError:
+            self._rejected[BAD_TOTAL_STEPS] += 1
         except OSError:
             pass
         w.job.set_total_steps(total)
@@ -571,7 +583,8 @@ class VerlFileSource(PollingSource, JobMaker):
         self._watched.pop(w.path, None)
         self._known.discard(str(w.path))
         self._folders.clear()  # a file ignored at the cap, or a duplicate, may now be watched
-        self._jobs.pop((w.project, w.experiment), None)
+        if self._jobs.pop((w.project, w.experiment), None) is not None and self.names:
+            self.names.release(w.project, w.experiment)
 
     def has_job(self, project: str, experiment: str) -> bool:
         """Whether a file of this job is watched (the push source refuses such a job)."""
@@ -586,7 +599,7 @@ class VerlFileSource(PollingSource, JobMaker):
         return f"verl ({', '.join(parts) or 'nothing to watch'}; every {self.interval:g}s)"
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> VerlFileSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> VerlFileSource | None:
         roots = list(settings.verl_root or []) + [str(r) for r in context.extra_roots]
         files = [(f, settings.project, settings.experiment) for f in (settings.verl_file or [])]
         if not roots and not files:
@@ -603,7 +616,22 @@ class VerlFileSource(PollingSource, JobMaker):
             clock=context.clock,
             total_steps=settings.total_steps,
             windows=context.windows,
+            engines=context.engines,
+            facts=context.facts,
+            names=context.names,
         )
+
+
+def _finished_file(path: str) -> tuple[bool, float | None]:
+    """(whether a `.finished` regular file is there, its modification time). It is never
+    opened; anything but a regular file (a FIFO, a directory) does not count."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False, None
+    if not stat.S_ISREG(st.st_mode):
+        return False, None
+    return True, st.st_mtime
 
 
 def _shown(path: Path | str) -> str:

@@ -9,7 +9,7 @@ Every element carries `class`/`data-*` attributes the browser tests read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from html import escape
 
 from ..diagnosis import GROUPS
@@ -139,7 +139,7 @@ def anatomy(points: Sequence[StepPoint], width: int = 900, height: int = 240) ->
 
 def line(
     points: Sequence[StepPoint],
-    value,
+    value: Callable[[StepPoint], float | None],
     label: str,
     width: int = 900,
     height: int = 110,

@@ -269,7 +269,7 @@ def job_path(project: str, experiment: str) -> str:
 _RANK_CHANGE = {"regression": 0, "workload_shift": 1}
 
 
-def attention(job: Mapping[str, Any], stalled: bool = False) -> tuple:
+def attention(job: Mapping[str, Any], stalled: bool = False) -> tuple[int, str, str]:
     """Sort key: stalled jobs first, then regressions, workload shifts, bound jobs, the rest."""
     verdict = job.get("verdict")
     rank = _RANK_CHANGE.get(job.get("change") or "")
@@ -604,6 +604,51 @@ def ranges(steps: Iterable[int]) -> str:
     return ", ".join(str(a) if a == z else f"{a}-{z}" for a, z in out)
 
 
+def _run_html(run: ReportRun, links: Links) -> str:
+    """One run of `diagnose --html`: its verdict, summary, bars, episodes and last step."""
+    s = run.summary
+    dom = s.get("dominant") or {}
+    last = run.points[-1] if run.points else None
+    # the headline names every regression episode, each with its steps
+    regressed = ", ".join(
+        f"{e['group']} (steps {e['first_step']}-{e['last_step']})"
+        for e in s.get("episodes", ())
+        if e["kind"] == "regression"
+    ) or next(iter(s["regressions"]), None)
+    return (
+        f"<h3>Run {s['run']}</h3>"
+        + verdict_box(
+            dom.get("verdict"),
+            dom.get("reason"),
+            "regression" if regressed else None,
+            regressed,
+            links,
+            what="Mostly",
+            advice=dom.get("look_at"),
+        )
+        + _summary_html(s)
+        + (
+            f"<p class=muted>{s['steps']} steps drawn as {len(run.points)} bars, each "
+            f"the mean of up to {run.width} consecutive steps (verdict: the most "
+            "frequent; a marker where any step regressed or shifted).</p>"
+            if run.width > 1
+            else ""
+        )
+        + charts(run.points, "all")
+        + episodes_list(
+            [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
+            "the whole run",
+        )
+        + (
+            f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
+            + (f" ({escape(last.reason)})" if last.reason else "")
+            + "</p>"
+            if last
+            else ""
+        )
+    )
+
+
 def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
     """`diagnose --html`: per run, the dominant verdict, the summary and every step drawn."""
     parts = [
@@ -638,48 +683,7 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                 f"<p class=muted>{f.earlier[0]} earlier runs ({f.earlier[1]} steps) are not "
                 f"drawn: the last {len(f.runs)} runs are.</p>"
             )
-        for run in f.runs:
-            s = run.summary
-            dom = s.get("dominant") or {}
-            last = run.points[-1] if run.points else None
-            # the headline names every regression episode, each with its steps
-            regressed = ", ".join(
-                f"{e['group']} (steps {e['first_step']}-{e['last_step']})"
-                for e in s.get("episodes", ())
-                if e["kind"] == "regression"
-            ) or next(iter(s["regressions"]), None)
-            parts.append(
-                f"<h3>Run {s['run']}</h3>"
-                + verdict_box(
-                    dom.get("verdict"),
-                    dom.get("reason"),
-                    "regression" if regressed else None,
-                    regressed,
-                    links,
-                    what="Mostly",
-                    advice=dom.get("look_at"),
-                )
-                + _summary_html(s)
-                + (
-                    f"<p class=muted>{s['steps']} steps drawn as {len(run.points)} bars, each "
-                    f"the mean of up to {run.width} consecutive steps (verdict: the most "
-                    "frequent; a marker where any step regressed or shifted).</p>"
-                    if run.width > 1
-                    else ""
-                )
-                + charts(run.points, "all")
-                + episodes_list(
-                    [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
-                    "the whole run",
-                )
-                + (
-                    f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
-                    + (f" ({escape(last.reason)})" if last.reason else "")
-                    + "</p>"
-                    if last
-                    else ""
-                )
-            )
+        parts += [_run_html(run, links) for run in f.runs]
     parts.append(
         f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
         f"{escape(links.runbook_base)}</a></p>"

@@ -26,8 +26,8 @@ class RunSummary:
         self.steps = 0
         self.first_step: int | None = None
         self.last_step: int | None = None
-        self.verdicts: Counter = Counter()
-        self.reasons: Counter = Counter()  # (verdict, reason)
+        self.verdicts: Counter[str] = Counter()
+        self.reasons: Counter[tuple[str, str]] = Counter()  # (verdict, reason)
         self.regressions: dict[str, list[int]] = {}  # group -> steps
         self.workload_shifts: list[int] = []
         self.share_sums: dict[str, float] = dict.fromkeys(GROUPS, 0.0)

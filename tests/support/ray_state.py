@@ -24,6 +24,8 @@ import http.server
 import json
 import socket
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -38,6 +40,9 @@ class RayStateApi:
         self.rows: dict[str, dict] = {}  # actor_id -> row (state, class_name, ...)
         self.pending: dict[str, int] = {}
         self.jobs: dict[str, dict] = {}  # submission_id -> Jobs API entry
+        self.clock: Callable[[], float] = time.time  # Ray's clock (a simulated day's own)
+        # path -> (status, headers, body) answered verbatim: a hostile head's answers
+        self.hostile: dict[str, tuple[int, dict[str, str], bytes]] = {}
         self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -84,8 +89,11 @@ class RayStateApi:
                 "driver_exit_code": None,
             }
 
-    def end(self, submission_id: str, status: str, end_ms: int = 2) -> None:
-        """The submission ends: SUCCEEDED (the driver exits 0), FAILED or STOPPED."""
+    def end(self, submission_id: str, status: str, end_ms: int | None = None) -> None:
+        """The submission ends: SUCCEEDED (the driver exits 0), FAILED or STOPPED, at
+        `end_ms` (default: now by `self.clock`, as Ray stamps it)."""
+        if end_ms is None:
+            end_ms = int(self.clock() * 1000)
         with self._lock:
             entry = self.jobs[submission_id]
             entry.update(status=status, end_time=end_ms,
@@ -182,6 +190,14 @@ class RayStateApi:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if url.path in api.hostile:
+                    status, headers, raw = api.hostile[url.path]
+                    self.send_response(status)
+                    for k, v in {"Content-Length": str(len(raw)), **headers}.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 body = api._answer(url.path, parse_qs(url.query))
                 data = json.dumps(body).encode() if body is not None else b"not found"
                 self.send_response(200 if body is not None else 404)

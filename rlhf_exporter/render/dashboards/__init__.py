@@ -1,7 +1,7 @@
 """Grafana dashboards as code: `rlhf-exporter render dashboards` writes grafana/*.json.
 
 The definitions are small Python modules (`job`, `fleet`): one function per panel taking a
-frozen `context.Context`, one function per row placing those panels (`layout.Row`), and a
+frozen `context.DashboardContext`, one function per row placing those panels (`layout.Row`), and a
 `build` that puts the shared header (`layout.header`) above the rows, in the style of
 grafana-foundation-sdk's examples. Shared helpers: `panels` (panel kinds), `queries`
 (PromQL), `style` (colours and units). grafana-foundation-sdk (pinned in the `dashboards` extra) is imported
@@ -11,12 +11,9 @@ only when rendering, never by `serve` or `diagnose`.
 from __future__ import annotations
 
 from ...diagnosis import Thresholds
+from ..addresses import FLEET_PATH, JOB_PATH
 
 ORDER = 25
-JOB_UID = "rlhf-job"
-FLEET_UID = "rlhf-fleet"
-JOB_PATH = "grafana/rlhf-job.json"
-FLEET_PATH = "grafana/rlhf-fleet.json"
 
 
 def targets(thresholds: Thresholds) -> dict[str, str]:

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...diagnosis import Thresholds
-from ..rules import Rules
+from ..rules import Context
 
 
 @dataclass(frozen=True)
-class Context:
+class DashboardContext:
     """The inputs of one rendering; panel functions take it and return a panel.
 
     `rules` gives the recording-rule names and the window they are computed over (so the
@@ -19,11 +19,11 @@ class Context:
     """
 
     th: Thresholds
-    rules: Rules
+    rules: Context
 
     @classmethod
-    def of(cls, th: Thresholds) -> Context:
-        return cls(th, Rules(th))
+    def of(cls, th: Thresholds) -> DashboardContext:
+        return cls(th, Context(th))
 
     @property
     def alerts(self) -> Mapping[str, Any]:

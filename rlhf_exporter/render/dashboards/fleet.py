@@ -16,10 +16,11 @@ from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 
 from ...diagnosis import CHANGES, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING
+from ..addresses import FLEET_UID, JOB_UID
 from ..rules import all_alerts
 from ..rules.recording import VERDICT_CODE
-from . import FLEET_UID, JOB_UID, style
-from .context import Context
+from . import style
+from .context import DashboardContext
 from .gpuhealth import gpus_with_errors_column
 from .job import JOB_LEGEND
 from .layout import Board, Cell, Row, header
@@ -88,7 +89,7 @@ JOB_LINK = (
 )
 
 
-def jobs_count(c: Context) -> PanelBuilder:
+def jobs_count(c: DashboardContext) -> PanelBuilder:
     return stat_panel(
         "Jobs",
         "verl jobs exported (series of rlhf_step), per the filters above.",
@@ -97,7 +98,7 @@ def jobs_count(c: Context) -> PanelBuilder:
     ).color_mode(BigValueColorMode.NONE)
 
 
-def stalled_jobs(c: Context) -> PanelBuilder:
+def stalled_jobs(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     return stat_panel(
         "Stalled jobs",
@@ -111,7 +112,7 @@ def stalled_jobs(c: Context) -> PanelBuilder:
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
 
-def jobs_in_regression(c: Context) -> PanelBuilder:
+def jobs_in_regression(c: DashboardContext) -> PanelBuilder:
     return stat_panel(
         "Jobs in regression",
         "Jobs whose last step the decision table (§4) called a regression: a window costs more "
@@ -121,12 +122,12 @@ def jobs_in_regression(c: Context) -> PanelBuilder:
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
 
-def bundle_alerts(c: Context) -> list[str]:
+def bundle_alerts(c: DashboardContext) -> list[str]:
     """Every alert the rule files ship (alerts/*.rules.yaml), in file order."""
     return [a.name for a in all_alerts(c.rules)]
 
 
-def firing_alerts_expr(c: Context) -> str:
+def firing_alerts_expr(c: DashboardContext) -> str:
     """Firing alerts of the bundle: the selected jobs' ones, and those that carry no job
     (Ray actors, GPUs, the exporter itself; the cluster and namespace filters still apply)."""
     names = match("alertname", "|".join(bundle_alerts(c)))
@@ -137,7 +138,7 @@ def firing_alerts_expr(c: Context) -> str:
     )
 
 
-def firing_alerts(c: Context) -> PanelBuilder:
+def firing_alerts(c: DashboardContext) -> PanelBuilder:
     return stat_panel(
         "Firing alerts",
         "Alerts of the rlhf-exporter rules now firing: the selected jobs' alerts and those that "
@@ -147,7 +148,7 @@ def firing_alerts(c: Context) -> PanelBuilder:
     ).thresholds(thresholds(style.OK, (1, style.BAD)))
 
 
-def job_columns(c: Context) -> list[tuple[str, Q]]:
+def job_columns(c: DashboardContext) -> list[tuple[str, Q]]:
     """The jobs table's columns after project and experiment: (name, instant table query)."""
     rules = c.rules
     return [
@@ -200,7 +201,7 @@ def job_columns(c: Context) -> list[tuple[str, Q]]:
     ]
 
 
-def jobs_table(c: Context) -> table.Panel:
+def jobs_table(c: DashboardContext) -> table.Panel:
     alerts, rules = c.alerts, c.rules
     columns = job_columns(c)
     refs = [chr(ord("A") + i) for i in range(len(columns))]
@@ -238,7 +239,7 @@ def jobs_table(c: Context) -> table.Panel:
     return style_job_columns(t, c).sort_by([_sort("state")])
 
 
-def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
+def style_job_columns(t: table.Panel, c: DashboardContext) -> table.Panel:
     """Units, colours and the job-dashboard link of the jobs table, by column name."""
     coloured_cell = {"type": "color-background", "mode": "basic"}
     t = t.override_by_name(
@@ -315,7 +316,7 @@ def style_job_columns(t: table.Panel, c: Context) -> table.Panel:
     return t
 
 
-def jobs_per_verdict(c: Context) -> PanelBuilder:
+def jobs_per_verdict(c: DashboardContext) -> PanelBuilder:
     """`count_values` over the recorded verdict code (one series per job) instead of a sum over
     the nine one-hot series of every job; each code is shown under its verdict's name."""
     p = time_series(
@@ -334,7 +335,7 @@ def jobs_per_verdict(c: Context) -> PanelBuilder:
     return p
 
 
-def steps_per_verdict(c: Context) -> PanelBuilder:
+def steps_per_verdict(c: DashboardContext) -> PanelBuilder:
     return colour_by_name(
         bar_gauge(
             "Steps per verdict in the time range",
@@ -353,7 +354,7 @@ def steps_per_verdict(c: Context) -> PanelBuilder:
     )
 
 
-def verdict_per_job(c: Context) -> PanelBuilder:
+def verdict_per_job(c: DashboardContext) -> PanelBuilder:
     return state_timeline(
         "Verdict per job",
         f"The verdict of each job's last classified step over time, one band per job: the {TOP} "
@@ -373,7 +374,7 @@ def verdict_per_job(c: Context) -> PanelBuilder:
     )
 
 
-def gpu_hours_per_group(c: Context) -> PanelBuilder:
+def gpu_hours_per_group(c: DashboardContext) -> PanelBuilder:
     return colour_by_name(
         bar_gauge(
             "GPU-hours per group in the time range",
@@ -395,7 +396,7 @@ def gpu_hours_per_group(c: Context) -> PanelBuilder:
     )
 
 
-def gpus_waiting_per_group(c: Context) -> PanelBuilder:
+def gpus_waiting_per_group(c: DashboardContext) -> PanelBuilder:
     return colour_by_name(
         time_series(
             "GPUs waiting in each group",
@@ -416,7 +417,7 @@ def gpus_waiting_per_group(c: Context) -> PanelBuilder:
     )
 
 
-def idle_gpu_hours_by_window(c: Context) -> PanelBuilder:
+def idle_gpu_hours_by_window(c: DashboardContext) -> PanelBuilder:
     busy, total = "rlhf_window_gpu_busy_seconds_total", "rlhf_window_gpu_seconds_total"
     return bar_gauge(
         "GPU-hours idle by window, top jobs",
@@ -435,7 +436,7 @@ def idle_gpu_hours_by_window(c: Context) -> PanelBuilder:
     ).decimals(1)
 
 
-def stall_budget_used(c: Context) -> PanelBuilder:
+def stall_budget_used(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     budget = stall_budget()
     return threshold_line(
@@ -457,7 +458,7 @@ def stall_budget_used(c: Context) -> PanelBuilder:
     )
 
 
-def change_per_job(c: Context) -> PanelBuilder:
+def change_per_job(c: DashboardContext) -> PanelBuilder:
     return state_timeline(
         "Change against the baseline per job",
         "Each job's last-step change (§4). "
@@ -479,7 +480,7 @@ def change_per_job(c: Context) -> PanelBuilder:
     )
 
 
-def regressed_steps_per_job(c: Context) -> PanelBuilder:
+def regressed_steps_per_job(c: DashboardContext) -> PanelBuilder:
     alerts, rules = c.alerts, c.rules
     return threshold_line(
         time_series(
@@ -512,7 +513,7 @@ def regressed_steps_per_job(c: Context) -> PanelBuilder:
     )
 
 
-def regressed_steps_per_group(c: Context) -> PanelBuilder:
+def regressed_steps_per_group(c: DashboardContext) -> PanelBuilder:
     return colour_by_name(
         bar_gauge(
             "Regressed steps per group in the time range",
@@ -532,7 +533,7 @@ def regressed_steps_per_group(c: Context) -> PanelBuilder:
     )
 
 
-def throughput_against_baseline(c: Context) -> PanelBuilder:
+def throughput_against_baseline(c: DashboardContext) -> PanelBuilder:
     alerts, rules = c.alerts, c.rules
     reference_text = (
         f"its best baseline over {rules.throughput_reference} (recording rule; it restarts at "
@@ -563,7 +564,7 @@ def throughput_against_baseline(c: Context) -> PanelBuilder:
     )
 
 
-def jobs_row(c: Context) -> Row:
+def jobs_row(c: DashboardContext) -> Row:
     return Row(
         100,
         "Jobs now",
@@ -577,7 +578,7 @@ def jobs_row(c: Context) -> Row:
     )
 
 
-def verdicts_row(c: Context) -> Row:
+def verdicts_row(c: DashboardContext) -> Row:
     return Row(
         200,
         "Verdicts across the fleet",
@@ -589,7 +590,7 @@ def verdicts_row(c: Context) -> Row:
     )
 
 
-def gpu_time_row(c: Context) -> Row:
+def gpu_time_row(c: DashboardContext) -> Row:
     return Row(
         300,
         "Where the fleet's GPU time goes",
@@ -601,7 +602,7 @@ def gpu_time_row(c: Context) -> Row:
     )
 
 
-def stalls_row(c: Context) -> Row:
+def stalls_row(c: DashboardContext) -> Row:
     return Row(
         400,
         "Stalled jobs and regressions",
@@ -630,7 +631,7 @@ multiplies the work by 1,000 jobs (bench/dashboard_cost.py)."""
 
 
 def build(th: Thresholds) -> Board:
-    c = Context.of(th)
+    c = DashboardContext.of(th)
     b = header(FLEET_UID, TITLE, DESCRIPTION, "RLHF job", JOB_DASHBOARD_LINK)
     for row in ROWS:
         r = row(c)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ...diagnosis.xid import BAD_GPU, regex
 from ..rules import gpuhealth as rules
 from . import style
-from .context import Context
+from .context import DashboardContext
 from .layout import Cell, Row
 from .panels import PanelBuilder, Q, said, threshold_line, time_series
 from .queries import BY_JOB, RANGE, RATE, sel
@@ -18,7 +18,7 @@ LOST = 'reason="gpu_is_lost"'
 BAD_XID = f'xid=~"{regex(BAD_GPU)}"'
 
 
-def gpu_errors(c: Context) -> PanelBuilder:
+def gpu_errors(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "GPU errors by node and role",
         "Per interval, on every node serving the job: NVML errors (a lost GPU: gpu_is_lost), "
@@ -48,7 +48,7 @@ def gpu_errors(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def memory_repairs(c: Context) -> PanelBuilder:
+def memory_repairs(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Memory repairs: remapped rows, retired pages",
         "Rows remapped (A100 and later) or pages retired (older GPUs) per GPU, and whether a "
@@ -69,7 +69,7 @@ def memory_repairs(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def throttle_reasons(c: Context) -> PanelBuilder:
+def throttle_reasons(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Clock throttling by reason, node and role",
         "Share of time the GPUs' clocks were held down, by reason (power_cap: at the power "
@@ -86,7 +86,7 @@ def throttle_reasons(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def throttled_windows(c: Context) -> PanelBuilder:
+def throttled_windows(c: DashboardContext) -> PanelBuilder:
     ratio = c.alerts.get("gpu_throttle_ratio", 0.2)
     return threshold_line(
         time_series(
@@ -111,7 +111,7 @@ def throttled_windows(c: Context) -> PanelBuilder:
     )
 
 
-def temperature(c: Context) -> PanelBuilder:
+def temperature(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "GPU temperature",
         "Temperature per GPU on every node serving the job (NVML): heat is what the thermal "
@@ -122,7 +122,7 @@ def temperature(c: Context) -> PanelBuilder:
     )
 
 
-def power(c: Context) -> PanelBuilder:
+def power(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "GPU power",
         "Power draw per GPU on every node serving the job (NVML): a GPU at its power limit "
@@ -133,7 +133,7 @@ def power(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def sm_clock(c: Context) -> PanelBuilder:
+def sm_clock(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "GPU SM clock",
         "Streaming-multiprocessor clock per GPU (NVML): a drop while busy is throttling.",
@@ -143,7 +143,7 @@ def sm_clock(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def gpu_health_row(c: Context) -> Row:
+def gpu_health_row(c: DashboardContext) -> Row:
     return Row(
         650,
         "GPU health (NVML), every node serving the selected jobs",

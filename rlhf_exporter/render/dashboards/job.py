@@ -8,10 +8,13 @@ every panel. Thresholds drawn on panels come from the thresholds file.
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...diagnosis import CHANGES, REASONS, VERDICTS, Thresholds
 from ...diagnosis.advice import CHANGE_MEANING, LOOK_AT, VERDICT_MEANING
-from . import FLEET_UID, JOB_UID, style
-from .context import Context
+from ..addresses import FLEET_UID, JOB_UID
+from . import style
+from .context import DashboardContext
 from .gpuhealth import gpu_health_row
 from .layout import Board, Cell, Row, header
 from .panels import (
@@ -91,7 +94,7 @@ def _dashed(panel: P, name_regex: str) -> P:
     )
 
 
-def verdict_timeline(c: Context) -> PanelBuilder:
+def verdict_timeline(c: DashboardContext) -> PanelBuilder:
     return state_timeline(
         "Verdict and reason over time",
         "One band per job and line: the upper band is the verdict of the last classified step "
@@ -107,7 +110,7 @@ def verdict_timeline(c: Context) -> PanelBuilder:
     )
 
 
-def steps_per_verdict(c: Context) -> PanelBuilder:
+def steps_per_verdict(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     return colour_by_name(
         bar_gauge(
@@ -134,7 +137,7 @@ def steps_per_verdict(c: Context) -> PanelBuilder:
     )
 
 
-def time_since_last_step(c: Context) -> PanelBuilder:
+def time_since_last_step(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     stall = seconds(alerts["stall_min"])
     return stat_panel(
@@ -147,7 +150,7 @@ def time_since_last_step(c: Context) -> PanelBuilder:
     ).thresholds(thresholds(style.OK, (stall / 2, style.WARN), (stall, style.BAD)))
 
 
-def step_and_run(c: Context) -> PanelBuilder:
+def step_and_run(c: DashboardContext) -> PanelBuilder:
     return stat_panel(
         "Step",
         "The last step number ingested (rlhf_step) and the job's 0-based run (rlhf_run): a "
@@ -160,7 +163,7 @@ def step_and_run(c: Context) -> PanelBuilder:
     ).color_mode(BigValueColorMode.NONE)
 
 
-def change_now(c: Context) -> PanelBuilder:
+def change_now(c: DashboardContext) -> PanelBuilder:
     return stat_panel(
         "Change against the baseline now",
         "The last step's change (§4): "
@@ -170,7 +173,7 @@ def change_now(c: Context) -> PanelBuilder:
     ).mappings(value_mappings(change_mappings()))
 
 
-def verdict_mix(c: Context) -> PanelBuilder:
+def verdict_mix(c: DashboardContext) -> PanelBuilder:
     alerts, rules = c.alerts, c.rules
     return colour_by_name(
         threshold_line(
@@ -195,7 +198,7 @@ def verdict_mix(c: Context) -> PanelBuilder:
     )
 
 
-def step_time_by_group(c: Context) -> PanelBuilder:
+def step_time_by_group(c: DashboardContext) -> PanelBuilder:
     return _dashed(
         colour_by_name(
             time_series(
@@ -216,7 +219,7 @@ def step_time_by_group(c: Context) -> PanelBuilder:
     )
 
 
-def share_per_group(c: Context) -> PanelBuilder:
+def share_per_group(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return colour_by_name(
         threshold_line(
@@ -239,7 +242,7 @@ def share_per_group(c: Context) -> PanelBuilder:
     )
 
 
-def untimed_remainder(c: Context) -> PanelBuilder:
+def untimed_remainder(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Untimed remainder",
         "R = timing_s/step minus every counted timer: driver time outside any timer (data "
@@ -249,7 +252,7 @@ def untimed_remainder(c: Context) -> PanelBuilder:
     )
 
 
-def untimed_share(c: Context) -> PanelBuilder:
+def untimed_share(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return threshold_line(
         time_series(
@@ -272,7 +275,7 @@ def untimed_share(c: Context) -> PanelBuilder:
     )
 
 
-def weight_sync_time(c: Context) -> PanelBuilder:
+def weight_sync_time(c: DashboardContext) -> PanelBuilder:
     th = c.th
     sync_timers = th.document["groups"]["sync"]
     return time_series(
@@ -293,7 +296,7 @@ def weight_sync_time(c: Context) -> PanelBuilder:
     )
 
 
-def throughput(c: Context) -> PanelBuilder:
+def throughput(c: DashboardContext) -> PanelBuilder:
     return (
         time_series(
             "Throughput",
@@ -310,7 +313,7 @@ def throughput(c: Context) -> PanelBuilder:
     )
 
 
-def tokens_per_step(c: Context) -> PanelBuilder:
+def tokens_per_step(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Tokens per step",
         "perf/total_num_tokens of the last step (K). A step that is slower because K grew, "
@@ -322,7 +325,7 @@ def tokens_per_step(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def change_timeline(c: Context) -> PanelBuilder:
+def change_timeline(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return state_timeline(
         "Change against the baseline",
@@ -336,7 +339,7 @@ def change_timeline(c: Context) -> PanelBuilder:
     )
 
 
-def step_time_against_baseline(c: Context) -> PanelBuilder:
+def step_time_against_baseline(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return _dashed(
         time_series(
@@ -356,7 +359,7 @@ def step_time_against_baseline(c: Context) -> PanelBuilder:
     )
 
 
-def cost_per_token_against_baseline(c: Context) -> PanelBuilder:
+def cost_per_token_against_baseline(c: DashboardContext) -> PanelBuilder:
     return _dashed(
         colour_by_name(
             time_series(
@@ -382,7 +385,7 @@ def cost_per_token_against_baseline(c: Context) -> PanelBuilder:
     )
 
 
-def cost_ratio(c: Context) -> PanelBuilder:
+def cost_ratio(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return colour_by_name(
         threshold_line(
@@ -408,7 +411,7 @@ def cost_ratio(c: Context) -> PanelBuilder:
     )
 
 
-def regressed_steps(c: Context) -> PanelBuilder:
+def regressed_steps(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     return colour_by_name(
         time_series(
@@ -434,7 +437,7 @@ def regressed_steps(c: Context) -> PanelBuilder:
     )
 
 
-def mfu_by_stage(c: Context) -> PanelBuilder:
+def mfu_by_stage(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return threshold_line(
         time_series(
@@ -458,7 +461,7 @@ def mfu_by_stage(c: Context) -> PanelBuilder:
     )
 
 
-def actor_memory_peak(c: Context) -> PanelBuilder:
+def actor_memory_peak(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Actor memory peak",
         "actor/perf/max_memory_allocated_gb and max_memory_reserved_gb of the last step, in "
@@ -472,7 +475,7 @@ def actor_memory_peak(c: Context) -> PanelBuilder:
     )
 
 
-def generate_max_and_mean(c: Context) -> PanelBuilder:
+def generate_max_and_mean(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Agent loop: generate_sequences max and mean",
         "Per-sample generate_sequences seconds of the last step: the slowest sample (max) "
@@ -488,7 +491,7 @@ def generate_max_and_mean(c: Context) -> PanelBuilder:
     )
 
 
-def long_tail_ratio(c: Context) -> PanelBuilder:
+def long_tail_ratio(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return threshold_line(
         time_series(
@@ -512,7 +515,7 @@ def long_tail_ratio(c: Context) -> PanelBuilder:
     )
 
 
-def response_length(c: Context) -> PanelBuilder:
+def response_length(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Response length: slowest sample, mean and max",
         "Response tokens of the slowest agent-loop sample against response_length mean and "
@@ -529,7 +532,7 @@ def response_length(c: Context) -> PanelBuilder:
     ).axis_label("tokens")
 
 
-def preemptions(c: Context) -> PanelBuilder:
+def preemptions(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return (
         time_series(
@@ -547,7 +550,7 @@ def preemptions(c: Context) -> PanelBuilder:
     )
 
 
-def slowest_sample_shares(c: Context) -> PanelBuilder:
+def slowest_sample_shares(c: DashboardContext) -> PanelBuilder:
     th = c.th
     return threshold_line(
         time_series(
@@ -575,7 +578,7 @@ def slowest_sample_shares(c: Context) -> PanelBuilder:
     )
 
 
-def tool_and_score_time(c: Context) -> PanelBuilder:
+def tool_and_score_time(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Tool and score time per sample",
         "Per-sample seconds in tool calls and in compute_score (agent_loop/<part>/mean and "
@@ -596,7 +599,7 @@ def tool_and_score_time(c: Context) -> PanelBuilder:
     )
 
 
-def gpu_busy(c: Context) -> PanelBuilder:
+def gpu_busy(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     busy = f"rate({sel('rlhf_gpu_busy_seconds_total')}[{RATE}])"
     return threshold_line(
@@ -624,7 +627,7 @@ def gpu_busy(c: Context) -> PanelBuilder:
     )
 
 
-def gpu_busy_by_window_and_role(c: Context) -> PanelBuilder:
+def gpu_busy_by_window_and_role(c: DashboardContext) -> PanelBuilder:
     busy, total = "rlhf_window_gpu_busy_seconds_total", "rlhf_window_gpu_seconds_total"
     return time_series(
         "GPU busy by window and role",
@@ -650,7 +653,7 @@ def gpu_busy_by_window_and_role(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def gpu_memory(c: Context) -> PanelBuilder:
+def gpu_memory(c: DashboardContext) -> PanelBuilder:
     used = sel("rlhf_gpu_memory_used_bytes")
     total = sel("rlhf_gpu_memory_total_bytes")
     fullest = steady(used)
@@ -667,7 +670,7 @@ def gpu_memory(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def gpu_memory_by_role(c: Context) -> PanelBuilder:
+def gpu_memory_by_role(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "GPU memory by role",
         "GPU memory of processes matched to Ray actors of each role (unknown: not matched), "
@@ -683,7 +686,7 @@ def gpu_memory_by_role(c: Context) -> PanelBuilder:
     )
 
 
-def ray_actors(c: Context) -> PanelBuilder:
+def ray_actors(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     return time_series(
         "Ray actors by role and state",
@@ -707,7 +710,7 @@ def ray_actors(c: Context) -> PanelBuilder:
     )
 
 
-def actor_restarts_and_deaths(c: Context) -> PanelBuilder:
+def actor_restarts_and_deaths(c: DashboardContext) -> PanelBuilder:
     restarts = f"increase({sel('rlhf_ray_actor_restarts_total', scope=TARGET)}[{RATE}])"
     deaths = f"increase({sel('rlhf_ray_actor_deaths_total', scope=TARGET)}[{RATE}])"
     return time_series(
@@ -728,7 +731,7 @@ def actor_restarts_and_deaths(c: Context) -> PanelBuilder:
     )
 
 
-def collector_up(c: Context) -> PanelBuilder:
+def collector_up(c: DashboardContext) -> PanelBuilder:
     alerts = c.alerts
     up = on_job_exporters(sel("rlhf_exporter_collector_up", scope=TARGET))
     return state_timeline(
@@ -747,7 +750,7 @@ def collector_up(c: Context) -> PanelBuilder:
     )
 
 
-def collection_duration(c: Context) -> PanelBuilder:
+def collection_duration(c: DashboardContext) -> PanelBuilder:
     duration = on_job_exporters(sel("rlhf_exporter_collector_duration_seconds", scope=TARGET))
     return time_series(
         "Collection duration",
@@ -759,7 +762,7 @@ def collection_duration(c: Context) -> PanelBuilder:
     )
 
 
-def records_ingested(c: Context) -> PanelBuilder:
+def records_ingested(c: DashboardContext) -> PanelBuilder:
     def rate_of(metric: str, by: str) -> str:
         return f"sum by ({by}) (\n  {on_job_exporters(f'rate({sel(metric, scope=TARGET)}[{RATE}])')}\n)"
 
@@ -797,7 +800,7 @@ def records_ingested(c: Context) -> PanelBuilder:
     )
 
 
-def verdict_row(c: Context) -> Row:
+def verdict_row(c: DashboardContext) -> Row:
     return Row(
         100,
         "Verdict: which window made the loop wait",
@@ -812,7 +815,7 @@ def verdict_row(c: Context) -> Row:
     )
 
 
-def anatomy_row(c: Context) -> Row:
+def anatomy_row(c: DashboardContext) -> Row:
     return Row(
         200,
         "Step anatomy: where the step time goes",
@@ -826,7 +829,7 @@ def anatomy_row(c: Context) -> Row:
     )
 
 
-def change_row(c: Context) -> Row:
+def change_row(c: DashboardContext) -> Row:
     return Row(
         300,
         "Throughput and change against the job's own baseline",
@@ -842,7 +845,7 @@ def change_row(c: Context) -> Row:
     )
 
 
-def efficiency_row(c: Context) -> Row:
+def efficiency_row(c: DashboardContext) -> Row:
     return Row(
         400,
         "Efficiency: model FLOPs utilization and memory",
@@ -853,7 +856,7 @@ def efficiency_row(c: Context) -> Row:
     )
 
 
-def rollout_row(c: Context) -> Row:
+def rollout_row(c: DashboardContext) -> Row:
     return Row(
         500,
         "Rollout evidence: why the trainer waits for samples",
@@ -872,11 +875,11 @@ def rollout_row(c: Context) -> Row:
 ENGINE_REPLICA_LEGEND = "{{project}}/{{experiment}} {{replica}}"
 
 
-def _engine(c: Context) -> dict:
+def _engine(c: DashboardContext) -> dict[str, Any]:
     return dict(c.th.document["engine"])
 
 
-def engine_requests(c: Context) -> PanelBuilder:
+def engine_requests(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Engines: running and waiting requests",
         "Over each step's rollout window W, summed over the rollout replicas: the peak and the "
@@ -893,7 +896,7 @@ def engine_requests(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def engine_kv_cache(c: Context) -> PanelBuilder:
+def engine_kv_cache(c: DashboardContext) -> PanelBuilder:
     e = _engine(c)
     return threshold_line(
         time_series(
@@ -915,7 +918,7 @@ def engine_kv_cache(c: Context) -> PanelBuilder:
     )
 
 
-def engine_preemptions(c: Context) -> PanelBuilder:
+def engine_preemptions(c: DashboardContext) -> PanelBuilder:
     e = _engine(c)
     return (
         time_series(
@@ -933,7 +936,7 @@ def engine_preemptions(c: Context) -> PanelBuilder:
     )
 
 
-def engine_tokens_per_replica(c: Context) -> PanelBuilder:
+def engine_tokens_per_replica(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Engines: tokens per replica during W",
         "Tokens each rollout replica generated during the step's rollout window "
@@ -945,7 +948,7 @@ def engine_tokens_per_replica(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def engine_imbalance(c: Context) -> PanelBuilder:
+def engine_imbalance(c: DashboardContext) -> PanelBuilder:
     e = _engine(c)
     return threshold_line(
         time_series(
@@ -962,7 +965,7 @@ def engine_imbalance(c: Context) -> PanelBuilder:
     )
 
 
-def engine_window_shares(c: Context) -> PanelBuilder:
+def engine_window_shares(c: DashboardContext) -> PanelBuilder:
     e = _engine(c)
     return time_series(
         "Engines: share of W by condition, and coverage",
@@ -980,7 +983,7 @@ def engine_window_shares(c: Context) -> PanelBuilder:
     ).min(0)
 
 
-def engines_row(c: Context) -> Row:
+def engines_row(c: DashboardContext) -> Row:
     return Row(
         550,
         "Engines: what vLLM / SGLang did during the rollout windows",
@@ -995,7 +998,7 @@ def engines_row(c: Context) -> Row:
     )
 
 
-def gpu_row(c: Context) -> Row:
+def gpu_row(c: DashboardContext) -> Row:
     return Row(
         600,
         "GPUs (NVML) serving the selected jobs, every node",
@@ -1008,7 +1011,7 @@ def gpu_row(c: Context) -> Row:
     )
 
 
-def ray_row(c: Context) -> Row:
+def ray_row(c: DashboardContext) -> Row:
     return Row(
         700,
         "Ray actors",
@@ -1019,7 +1022,7 @@ def ray_row(c: Context) -> Row:
     )
 
 
-def health_row(c: Context) -> Row:
+def health_row(c: DashboardContext) -> Row:
     return Row(
         800,
         "Exporter health",
@@ -1072,7 +1075,7 @@ def alert_annotations(b: Board) -> None:
 
 
 def build(th: Thresholds) -> Board:
-    c = Context.of(th)
+    c = DashboardContext.of(th)
     b = header(JOB_UID, TITLE, DESCRIPTION, "RLHF fleet", FLEET_LINK, single_job=True)
     change_annotations(b)
     alert_annotations(b)

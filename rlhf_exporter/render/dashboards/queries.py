@@ -8,6 +8,7 @@ missing label, so the filters do nothing on a single-cluster setup.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from ...diagnosis import CHANGES, REASONS, VERDICTS
 from ...diagnosis.thresholds import seconds
@@ -123,7 +124,7 @@ def gpus_per_job() -> str:
     )
 
 
-def stall_limit(alerts: Mapping) -> str:
+def stall_limit(alerts: Mapping[str, Any]) -> str:
     """Seconds without a step after which a job counts as stalled, per job:
     max(stall_factor x baseline step time, stall_min); stall_min alone before a baseline."""
     factor = alerts["stall_factor"]

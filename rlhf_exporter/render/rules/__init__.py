@@ -59,7 +59,7 @@ from typing import Any
 
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
-from ..dashboards import JOB_UID
+from ..addresses import JOB_UID
 from . import decision, gpuhealth, gpuwindows, operations
 from .model import (
     BOUND_ALERTS,
@@ -95,7 +95,6 @@ __all__ = [
     "SEVERITIES",
     "Alert",
     "Context",
-    "Rules",
     "Runbook",
     "all_alerts",
     "anchor",
@@ -109,9 +108,6 @@ __all__ = [
     "seconds",
     "targets",
 ]
-
-Rules = Context
-"""The former name of the context (`Rules(th).verdicts` is the verdict record's name)."""
 
 
 def all_alerts(ctx: Context) -> list[Alert]:

@@ -16,7 +16,7 @@ class _Dumper(yaml.SafeDumper):
     pass
 
 
-def _str(dumper: yaml.SafeDumper, text: str):
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
     style = "|" if "\n" in text else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
 

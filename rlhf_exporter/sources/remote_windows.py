@@ -13,28 +13,26 @@ adds to the alignment error (docs/gpu-windows.md).
 from __future__ import annotations
 
 import hashlib
-import http.client
-import socket
-import threading
 import time
 import urllib.parse
 from collections import Counter
-from typing import Any
 
 import orjson
 
 from ..auth import check_token
 from ..config import ConfigError
-from ..sources.base import Clock, Context, PollingSource, PollResult, SourceError
-from .board import MAX_BODY, WINDOWS_PATH, WindowBoard, parse_board
+from ..join.board import WindowBoard
+from ..settings import Settings
+from ..windows_api import MAX_BODY, WINDOWS_PATH, parse_board
+from . import http
+from .base import Clock, Context, PollingSource, PollResult, SourceError
 
 NAME = "gpu_windows_remote"
-CHUNK = 1 << 16
 
 
 class RemoteWindowsSource(PollingSource):
-    """Reads the head's windows. The transport is as strict as the answer's check
-    (`parse_board`): no redirect is followed (a 3xx is an error, `redirect`: the token is
+    """Reads the head's windows through the sidecar's bounded HTTP client (sources/http.py).
+    The transport is as strict as the answer's check (`parse_board`): no redirect is followed (a 3xx is an error, `redirect`: the token is
     sent to the configured head only), the whole request has a deadline of `timeout`
     seconds (a head that trickles bytes is cut off and counted, `timeout`), at most
     MAX_BODY bytes are read (`too_large`), and an answer identical to the last one is not
@@ -59,12 +57,15 @@ class RemoteWindowsSource(PollingSource):
         self.board = board
         self.token = check_token(token, "the windows token")  # never sent with a newline
         self.timeout = timeout
+        # the sidecar's bounded client (sources/http.py): one deadline, no redirect, a cap
+        self._http = http.Client(timeout=timeout, max_bytes=MAX_BODY, accept="application/json")
+        self._errors.update(dict.fromkeys(http.REASONS, 0))
         self._seen: dict[tuple[str, str], float] = {}  # job -> the last step end posted
         self._last_digest = b""  # of the last answer parsed and posted
         self.stats: Counter[str] = Counter()  # answers: unchanged (not parsed), parsed
 
     @classmethod
-    def from_settings(cls, settings: Any, context: Context) -> RemoteWindowsSource | None:
+    def from_settings(cls, settings: Settings, context: Context) -> RemoteWindowsSource | None:
         if not settings.gpu_windows_from or context.windows is None:
             return None
         try:
@@ -82,56 +83,17 @@ class RemoteWindowsSource(PollingSource):
         return f"GPU windows from {self.url} (every {self.interval:g}s)"
 
     def _fetch(self) -> bytes:
-        p = self._parts
-        cls = http.client.HTTPSConnection if p.scheme == "https" else http.client.HTTPConnection
-        conn = cls(p.hostname or "", p.port, timeout=self.timeout)
-        fired = threading.Event()
-
-        def cut() -> None:  # the deadline: a trickling head cannot hold the poll
-            fired.set()
-            sock = conn.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-        timer = threading.Timer(self.timeout, cut)
-        timer.daemon = True
-        timer.start()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         try:
-            headers = {"Accept": "application/json", "Connection": "close"}
-            if self.token:
-                headers["Authorization"] = f"Bearer {self.token}"
-            path = p.path + (f"?{p.query}" if p.query else "")
-            conn.request("GET", path, headers=headers)
-            resp = conn.getresponse()
-            if resp.status != 200:
-                if 300 <= resp.status < 400:
-                    raise SourceError("redirect", f"{self.url}: HTTP {resp.status}: not followed")
-                reason = {401: "unauthorized", 429: "throttled"}.get(resp.status, "http_error")
-                raise SourceError(reason, f"{self.url}: HTTP {resp.status}")
-            chunks, size = [], 0
-            while size <= MAX_BODY:
-                chunk = resp.read(min(CHUNK, MAX_BODY + 1 - size))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-            if fired.is_set():
-                raise OSError("cut at the deadline")
-            if size > MAX_BODY:
-                raise SourceError("too_large", f"{self.url}: answer over {MAX_BODY} bytes")
-            return b"".join(chunks)
-        except (OSError, http.client.HTTPException) as exc:
-            if fired.is_set():
-                raise SourceError(
-                    "timeout", f"{self.url}: no whole answer within {self.timeout:g}s"
-                ) from None
-            raise SourceError("unreachable", f"{self.url}: {type(exc).__name__}") from None
-        finally:
-            timer.cancel()
-            conn.close()
+            return self._http.get(self.url, headers=headers)
+        except http.HttpFailure as exc:
+            reason = exc.reason
+            if reason == http.HTTP_ERROR:
+                reason = {401: "unauthorized", 429: "throttled"}.get(exc.status or 0, reason)
+            raise SourceError(reason, str(exc)) from None
+
+    def close(self) -> None:
+        self._http.close()
 
     def poll(self) -> PollResult:
         raw = self._fetch()

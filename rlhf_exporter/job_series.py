@@ -1,0 +1,348 @@
+"""One verl job's exposition: its catalog series (the "verl steps" section) and the
+summary the landing page and the job view show, read from the `Job`'s state. `samples()`
+is cached until the job changes, so a scrape with nothing new costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .diagnosis import (
+    CHANGES,
+    COST_GROUPS,
+    GROUPS,
+    REASONS,
+    VERDICTS,
+    StepDiagnosis,
+    Thresholds,
+    history,
+)
+from .diagnosis.advice import missing_evidence
+from .diagnosis.engines import EngineEvidence
+from .diagnosis.episodes import Episode, episodes
+from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
+from .lifecycle import STATES
+from .metrics.catalog import BY_NAME
+from .metrics.snapshot import Sample
+from .records import (
+    FULLY_ASYNC_PREFIX,
+    IDLE_SUFFIX,
+    MAX_LABEL_CHARS,
+    MFU_PREFIX,
+    NON_ABORTED_PREFIX,
+    clean_label,
+)
+
+GIB = float(1 << 30)  # verl's *_memory_*_gb are torch bytes / 2**30
+
+RESPONSE_STATS = ("mean", "max", "min")
+AGENT_PARTS = ("generate_sequences", "tool_calls", "compute_score")
+AGENT_STATS = ("min", "max", "mean")
+MEMORY_KEYS = {  # metric -> verl keys, newest spelling first (before 0.8: no actor/ prefix)
+    "rlhf_memory_max_allocated_bytes": (
+        "actor/perf/max_memory_allocated_gb",
+        "perf/max_memory_allocated_gb",
+    ),
+    "rlhf_memory_max_reserved_bytes": (
+        "actor/perf/max_memory_reserved_gb",
+        "perf/max_memory_reserved_gb",
+    ),
+}
+ABORTED_KEY = "response/aborted_ratio"
+PROCESSING_PREFIX = "fully_async/processing_time/"
+PROCESSING_STATS = frozenset({"avg", "max", "min", "tp50", "tp95", "tp99"})
+RESOURCE_KEYS = {  # verl key -> `side` label (fully-async dynamic resources, verl 0.9.1)
+    "dynamic_resource/rollout_resource_utilization": "rollout",
+    "dynamic_resource/train_resource_utilization": "train",
+}
+
+
+def _agent_key(key: str) -> str | None:
+    """`agent_loop/...` with verl's `timing_s/` prefix removed, or None."""
+    if key.startswith(TIMER_PREFIX):
+        key = key[len(TIMER_PREFIX) :]
+    return key[len(AGENT_LOOP) :] if key.startswith(AGENT_LOOP) else None
+
+
+def extra_values(data: Mapping[str, Any]) -> dict[tuple[str, tuple[str, ...]], float]:
+    """The per-record gauges that are read straight from verl keys (not the decision table):
+    throughput, MFU, response length (and without aborted samples, the aborted share), agent
+    loop, memory, fully-async idle ratios, per-sample processing time and dynamic resource
+    utilization. Label values come from fixed sets (stat, side), so each series is bounded.
+    Keys map (metric name, extra label values) to the value."""
+    out: dict[tuple[str, tuple[str, ...]], float] = {}
+    for key, raw in data.items():
+        value = num(raw)
+        if value is None:
+            continue
+        if key == "perf/throughput":
+            out["rlhf_throughput_tokens_per_gpu_second", ()] = value
+        elif key.startswith(MFU_PREFIX):
+            stage = key[len(MFU_PREFIX) :]
+            if stage and len(stage) <= MAX_LABEL_CHARS:
+                out["rlhf_mfu_ratio", (stage,)] = value
+        elif key.startswith("response_length/"):
+            stat = key[len("response_length/") :]
+            if stat in RESPONSE_STATS:
+                out["rlhf_response_length_tokens", (stat,)] = value
+        elif key.startswith(NON_ABORTED_PREFIX):
+            stat = key[len(NON_ABORTED_PREFIX) :]
+            if stat in RESPONSE_STATS:
+                out["rlhf_response_length_non_aborted_tokens", (stat,)] = value
+        elif key == ABORTED_KEY:
+            if value <= 1.0:  # a share: anything else is no verl value
+                out["rlhf_response_aborted_ratio", ()] = value
+        elif key.startswith(PROCESSING_PREFIX):
+            stat = key[len(PROCESSING_PREFIX) :]
+            if stat in PROCESSING_STATS:
+                out["rlhf_fully_async_processing_seconds", (stat,)] = value
+        elif key in RESOURCE_KEYS:
+            if value <= 1.0:
+                out["rlhf_dynamic_resource_utilization_ratio", (RESOURCE_KEYS[key],)] = value
+        elif key.startswith(FULLY_ASYNC_PREFIX) and key.endswith(IDLE_SUFFIX):
+            component = key[len(FULLY_ASYNC_PREFIX) : -len(IDLE_SUFFIX)]
+            if component and len(component) <= MAX_LABEL_CHARS:
+                out["rlhf_fully_async_idle_ratio", (component,)] = value
+        else:
+            agent = _agent_key(key)
+            if agent is None:
+                continue
+            part, _, stat = agent.partition("/")
+            if part == "slowest":
+                if stat in AGENT_PARTS:
+                    out["rlhf_agent_loop_slowest_seconds", (stat,)] = value
+                elif stat == "response_length":
+                    out["rlhf_agent_loop_slowest_response_length_tokens", ()] = value
+            elif part in AGENT_PARTS and stat in AGENT_STATS:
+                out["rlhf_agent_loop_seconds", (part, stat)] = value
+            elif part == "num_preempted" and stat == "max":
+                out["rlhf_agent_loop_preempted_max", ()] = value
+    for metric, keys in MEMORY_KEYS.items():
+        for key in keys:
+            value = num(data.get(key))
+            if value is not None:
+                out[metric, ()] = value * GIB
+                break
+    return out
+
+
+class JobSeries:
+    """The exposition half of `Job` (rlhf_exporter/jobs.py), which holds these attributes."""
+
+    labels: tuple[str, str]
+    project: str
+    experiment: str
+    _th: Thresholds
+    _samples: tuple[Sample, ...] | None
+    _history: tuple[history.StepPoint, ...]
+    _episodes: tuple[tuple[history.StepPoint, ...], tuple[Episode, ...]]
+    _extra: dict[tuple[str, tuple[str, ...]], float]
+    _evidence_seen: set[str]
+    _engine_windows: dict[str, int]
+    _engine_preemptions: float
+    step: int | None
+    steps: int
+    last_step_time: float | None
+    between_steps_max: float
+    state_since: float
+    step_seconds: float
+    untimed_seconds: float
+    tokens: float
+    group_seconds: dict[str, float]
+    verdict_steps: dict[str, int]
+    reason_steps: dict[tuple[str, str], int]
+    change_steps: dict[str, int]
+    regression_steps: dict[str, int]
+    last: StepDiagnosis | None
+    engine: EngineEvidence | None
+    engine_step: int | None
+
+    @property
+    def run(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def state(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def state_signal(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def finished(self) -> bool:
+        raise NotImplementedError
+
+    def samples(self) -> tuple[Sample, ...]:
+        """Every series of the job, label values in catalog order; cached until new input."""
+        if self._samples is None:
+            self._samples = tuple(self._build())
+        return self._samples
+
+    def _build(self) -> Iterable[Sample]:
+        j = self.labels
+        if self.step is not None:
+            yield Sample("rlhf_step", j, float(self.step))
+        yield Sample("rlhf_run", j, float(self.run))
+        yield Sample("rlhf_steps_total", j, float(self.steps))
+        if self.last_step_time is not None:
+            yield Sample("rlhf_last_step_timestamp_seconds", j, self.last_step_time)
+            yield Sample("rlhf_between_steps_max_seconds", j, self.between_steps_max)
+        state = self.state
+        yield Sample("rlhf_job_finished", j, 1.0 if state == "finished" else 0.0)
+        for name in STATES:
+            yield Sample("rlhf_job_state", j + (name,), 1.0 if name == state else 0.0)
+        yield Sample("rlhf_job_state_timestamp_seconds", j, self.state_since)
+        yield Sample("rlhf_step_seconds_total", j, self.step_seconds)
+        yield Sample("rlhf_untimed_seconds_total", j, self.untimed_seconds)
+        yield Sample("rlhf_tokens_total", j, self.tokens)
+        for group in GROUPS:
+            yield Sample("rlhf_group_seconds_total", j + (group,), self.group_seconds[group])
+        last = self.last
+        for verdict in VERDICTS:
+            hit = last is not None and last.verdict == verdict
+            yield Sample("rlhf_bottleneck", j + (verdict,), 1.0 if hit else 0.0)
+            yield Sample(
+                "rlhf_bottleneck_steps_total", j + (verdict,), float(self.verdict_steps[verdict])
+            )
+        for (verdict, reason), n in self.reason_steps.items():
+            yield Sample("rlhf_bottleneck_reason_steps_total", j + (verdict, reason), float(n))
+        for kind in CHANGES:
+            hit = last is not None and last.change.change == kind
+            yield Sample("rlhf_change", j + (kind,), 1.0 if hit else 0.0)
+            yield Sample("rlhf_change_steps_total", j + (kind,), float(self.change_steps[kind]))
+        for group in COST_GROUPS:
+            yield Sample(
+                "rlhf_regression_steps_total", j + (group,), float(self.regression_steps[group])
+            )
+        if last is not None:
+            yield from self._last_step(last)
+        if self.engine is not None:
+            yield from self._engine_samples(self.engine)
+        for (name, extra), value in sorted(self._extra.items()):
+            yield Sample(name, j + extra, value)
+
+    def _engine_samples(self, ev: EngineEvidence) -> Iterable[Sample]:
+        j = self.labels
+        yield Sample("rlhf_engine_evidence_usable", j, 1.0 if ev.usable else 0.0)
+        for usable, n in self._engine_windows.items():
+            yield Sample("rlhf_engine_windows_total", j + (usable,), float(n))
+        yield Sample("rlhf_engine_window_seconds", j, ev.window_seconds)
+        yield Sample("rlhf_engine_coverage_ratio", j, ev.coverage)
+        yield Sample("rlhf_engine_replicas", j, float(ev.replicas))
+        yield Sample("rlhf_engine_running_requests_peak", j, ev.peak_running)
+        yield Sample("rlhf_engine_running_requests_mean", j, ev.running_mean)
+        yield Sample("rlhf_engine_waiting_requests_mean", j, ev.waiting_mean)
+        yield Sample("rlhf_engine_kv_cache_usage_max_ratio", j, ev.kv_max)
+        yield Sample("rlhf_engine_preemptions", j, ev.preemptions)
+        yield Sample("rlhf_engine_preemptions_total", j, self._engine_preemptions)
+        if ev.imbalance is not None:
+            yield Sample("rlhf_engine_imbalance_ratio", j, ev.imbalance)
+        for condition, share in (
+            ("kv_pressure", ev.kv_pressure_share),
+            ("queueing", ev.queueing_share),
+            ("long_tail", ev.long_tail_share),
+        ):
+            yield Sample("rlhf_engine_window_share_ratio", j + (condition,), share)
+        for replica, tokens in sorted(ev.tokens.items()):
+            label, _ = clean_label(replica[:MAX_LABEL_CHARS])
+            yield Sample("rlhf_engine_replica_generated_tokens", j + (label,), tokens)
+        for replica, kv in sorted(ev.kv_max_by_replica.items()):
+            label, _ = clean_label(replica[:MAX_LABEL_CHARS])
+            yield Sample("rlhf_engine_replica_kv_cache_usage_max_ratio", j + (label,), kv)
+
+    def _last_step(self, d: StepDiagnosis) -> Iterable[Sample]:
+        j = self.labels
+        w = d.windows
+        yield Sample("rlhf_step_duration_seconds", j, w.step_seconds)
+        yield Sample("rlhf_untimed_duration_seconds", j, w.untimed_seconds)
+        phases = dict(d.timers)
+        for _outer, rest in self._th.split_timers.values():  # e.g. verl 0.6's weight load
+            if rest in w.counted:
+                phases.setdefault(rest, w.counted[rest])
+        for phase, seconds in sorted(phases.items()):
+            if (
+                phase != "step" and len(phase) <= MAX_LABEL_CHARS
+            ):  # step: rlhf_step_duration_seconds
+                yield Sample("rlhf_phase_duration_seconds", j + (phase,), seconds)
+        for group in GROUPS:
+            yield Sample("rlhf_group_duration_seconds", j + (group,), w.group_seconds[group])
+            yield Sample("rlhf_group_share_ratio", j + (group,), w.shares[group])
+        for reason in REASONS[d.verdict]:
+            yield Sample(
+                "rlhf_bottleneck_reason",
+                j + (d.verdict, reason),
+                1.0 if reason == d.reason else 0.0,
+            )
+        if d.tokens is not None:
+            yield Sample("rlhf_step_tokens", j, d.tokens)
+        point, base = d.change.point, d.change.baseline
+        if point is not None:
+            for group in COST_GROUPS:
+                yield Sample("rlhf_group_cost_seconds_per_token", j + (group,), point.costs[group])
+        if base is not None:
+            for group in COST_GROUPS:
+                yield Sample(
+                    "rlhf_baseline_group_cost_seconds_per_token", j + (group,), base.costs[group]
+                )
+            yield Sample("rlhf_baseline_step_duration_seconds", j, base.busy_seconds)
+            yield Sample("rlhf_baseline_tokens_per_second", j, base.tokens_per_second)
+
+    def episodes(self) -> tuple[Episode, ...]:
+        """The change episodes of the kept steps (rlhf_exporter/diagnosis/episodes.py),
+        computed once per new step, when a page first asks."""
+        kept = self._history  # replaced whole by the source's thread: read once
+        cached = self._episodes
+        if cached[0] is not kept:
+            cached = self._episodes = (kept, tuple(episodes(kept)))
+        return cached[1]
+
+    def summary(self) -> dict[str, Any]:
+        """What the landing page shows for this job."""
+        d = self.last
+        out: dict[str, Any] = {
+            "project": self.project,
+            "experiment": self.experiment,
+            "step": self.step,
+            "run": self.run,
+            "history": self._history,  # StepPoints (the job view; not in /api/v1/jobs)
+            "episodes": self.episodes(),  # Episodes of the history (the job view)
+            "steps": self.steps,
+            "verdict": d.verdict if d else None,
+            "reason": d.reason if d else None,
+            "change": d.change.change if d else None,
+            "regressed": d.change.regressed if d else None,
+            "step_seconds": d.windows.step_seconds if d else None,
+            "last_step_time": self.last_step_time,
+            "finished": self.finished,
+            "state": self.state,
+            "state_signal": self.state_signal,
+            "cannot_show": missing_evidence(self._evidence_seen),
+        }
+        if self.engine is not None:  # a sidecar without engines: the summary as before
+            out["engine"] = _engine_summary(self.engine, self.engine_step)
+        return out
+
+
+def _engine_summary(ev: EngineEvidence, step: int | None) -> dict[str, Any]:
+    """The engine evidence for `/` and the job view."""
+    return {
+        "step": step,
+        "usable": ev.usable,
+        "coverage": ev.coverage,
+        "replicas": ev.replicas,
+        "peak_running": ev.peak_running,
+        "waiting_mean": ev.waiting_mean,
+        "kv_max": ev.kv_max,
+        "preemptions": ev.preemptions,
+        "imbalance": ev.imbalance,
+        "kv_pressure_share": ev.kv_pressure_share,
+        "queueing_share": ev.queueing_share,
+        "long_tail_share": ev.long_tail_share,
+    }
+
+
+def verl_metric_names() -> frozenset[str]:
+    """The catalog's "verl steps" names (a test checks `Job` can emit each of them)."""
+    return frozenset(n for n, m in BY_NAME.items() if m.section == "verl steps")

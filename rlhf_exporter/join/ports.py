@@ -1,0 +1,70 @@
+"""What a `Job` and the sources are handed, declared once (typed Protocols).
+
+`commands/serve.py` builds the parts and hands each the ports it needs through the sources'
+`Context`; no source sets an attribute on another.
+
+- `StepWindows`: where a job posts each placed step's timeline (the `WindowBoard`, read by
+  the NVML source's joiner and by worker sidecars).
+- `Engines`: what a job asks for the rollout engines' evidence over its step's
+  rollout window (the engine source, rlhf_exporter/sources/engines.py).
+- `JobFacts`: what Ray says about a verl job (its submission's state, death causes), read by
+  the verl and push sources for their jobs' states (the Ray source).
+- `ActorPids`: Ray's actors by worker PID on this node (the NVML source's GPU roles, the
+  engine source's discovery of rollout servers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Protocol
+
+from ..diagnosis.engines import EngineEvidence, EngineLimits
+from ..diagnosis.timeline import Timeline
+from ..lifecycle import RayFact
+
+Labels = tuple[str, str]
+"""A job's (project, experiment)."""
+
+Span = tuple[float, float]
+"""A stretch of wall time, (start, end) in seconds."""
+
+
+class StepWindows(Protocol):
+    """Where a `Job` posts the timeline of each step it placed in time."""
+
+    def post(self, labels: Labels, timeline: Timeline) -> None: ...
+
+
+class Engines(Protocol):
+    """What a `Job` asks for the engines' evidence over a step's rollout spans."""
+
+    @property
+    def limits(self) -> EngineLimits: ...
+
+    def evidence(self, spans: Sequence[Span]) -> EngineEvidence | None: ...
+
+
+class JobFacts(Protocol):
+    """What Ray says about verl jobs; `facts_version` grows whenever that changes."""
+
+    @property
+    def facts_version(self) -> int: ...
+
+    def job_fact(self, project: str, experiment: str, sole: bool = False) -> RayFact | None: ...
+
+
+class ActorProcess(NamedTuple):
+    """An ALIVE actor's worker process on this node."""
+
+    class_name: str
+    role: str
+    name: str = ""  # the actor's name (verl's rollout servers: `vllm_server_<r>_<n>`)
+
+
+class ActorPids(Protocol):
+    """Ray's ALIVE actors on this node by worker PID, as of its last poll."""
+
+    @property
+    def interval(self) -> float: ...
+
+    def pid_actors(self, max_age: float | None = None) -> Mapping[int, ActorProcess]: ...

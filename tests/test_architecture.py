@@ -1,0 +1,178 @@
+"""The package's shape, as docs/architecture.md draws it, checked on its own source (ast):
+
+- every import runs down the layer order (or stays within its layer), and no modules
+  import each other in a circle;
+- no function is longer than MAX_LINES, except the declarative tables named in TABLES
+  (a rule, a markdown generator), which read top to bottom as the table they write.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "rlhf_exporter"
+
+# lowest first: a module may import its own layer's modules and those of the layers before
+# it, never one of a later layer (docs/architecture.md, "Layers")
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("rlhf_exporter", "diagnosis", "metrics", "lifecycle", "logs")),
+    ("configuration", ("config", "auth", "settings")),
+    ("generated and drawn", ("render", "view")),
+    ("the join", ("join",)),
+    ("jobs", ("records", "jobs", "job_series")),
+    ("the wire", ("windows_api",)),
+    ("sources", ("sources",)),
+    ("server", ("server",)),
+    ("demo", ("demo",)),
+    ("tools", ("drift",)),
+    ("commands", ("commands", "cli", "__main__")),
+)
+MAX_LINES = 80
+TABLES = {  # declarative tables: one entry after another, as the file they generate reads
+    ("render/docs.py", "decision_table_markdown"),
+    ("render/rules/operations.py", "stalled"),
+    ("render/rules/output.py", "runbooks_markdown"),
+}
+
+
+def _name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _targets(module: str, path: Path, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    elif node.level == 0:
+        names = [f"{node.module}.{a.name}" for a in node.names]
+    else:
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        base = ".".join(package[: len(package) - node.level + 1] + [node.module or ""]).strip(".")
+        names = [f"{base}.{a.name}" for a in node.names]
+    out = []
+    for name in names:  # `from . import style` is the module; `from . import X` the package
+        while name not in MODULES and "." in name:
+            name = name.rsplit(".", 1)[0]
+        if name in MODULES and name != module:
+            out.append(name)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (anywhere in it: a lazy import counts)."""
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                graph[module].update(_targets(module, path, node))
+    return graph
+
+
+def layer(module: str) -> int:
+    rest = module.split(".")[1:2] or ["rlhf_exporter"]
+    for i, (_title, tops) in enumerate(LAYERS):
+        if rest[0] in tops:
+            return i
+    raise AssertionError(f"{module} is on no layer: add it to LAYERS and docs/architecture.md")
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_is_on_a_layer():
+    assert {m: layer(m) for m in MODULES}
+
+
+def test_no_import_climbs_up_a_layer():
+    graph = import_graph()
+    up = sorted(
+        f"{m} ({LAYERS[layer(m)][0]}) -> {t} ({LAYERS[layer(t)][0]})"
+        for m, targets in graph.items()
+        for t in targets
+        if layer(t) > layer(m)
+    )
+    assert up == []
+
+
+def test_no_import_circle():
+    assert circles(import_graph()) == []
+
+
+def test_the_checks_see_a_circle_and_a_climb():
+    """The checks above can fail: a drawn circle is found, and so is an upward import."""
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    graph = import_graph()
+    assert "rlhf_exporter.join.board" in graph["rlhf_exporter.sources.nvml"]
+    assert layer("rlhf_exporter.sources.nvml") > layer("rlhf_exporter.join.board")
+
+
+def _functions() -> list[tuple[str, str, int]]:
+    out = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                rel = path.relative_to(PKG).as_posix()
+                out.append((rel, node.name, (node.end_lineno or node.lineno) - node.lineno + 1))
+    return out
+
+
+def test_no_function_is_over_80_lines_outside_the_declarative_tables():
+    long = sorted(
+        f"{rel}:{name} ({n} lines)"
+        for rel, name, n in _functions()
+        if n > MAX_LINES and (rel, name) not in TABLES
+    )
+    assert long == []
+
+
+@pytest.mark.parametrize(("rel", "name"), sorted(TABLES))
+def test_each_exempt_table_still_exists(rel, name):
+    """An exemption whose function is gone or shrank is stale: remove it from TABLES."""
+    sizes = {(r, n): size for r, n, size in _functions()}
+    assert sizes.get((rel, name), 0) > MAX_LINES
+
+
+def test_mypy_runs_strict_on_every_module():
+    """pyproject's mypy config (scripts/test.sh and CI run `mypy` with it): strict, over the
+    whole package, with no module let off."""
+    import tomllib
+
+    mypy = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+    assert mypy.get("strict") is True and mypy["packages"] == ["rlhf_exporter"]
+    assert "overrides" not in mypy and not any(k.startswith("disallow") for k in mypy)
