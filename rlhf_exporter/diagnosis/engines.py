@@ -10,8 +10,12 @@ Sampling model (the contract's §2): a sample of replica r at time t_i stands fo
 seconds (a replica unread for longer is missing there, never assumed unchanged). At each
 instant the sums over replicas use each replica's latest sample. Counters (tokens,
 preemptions) grow over (t_{i-1}, t_i] evenly; a counter that goes down was reset (the
-engine restarted) and its new value is the increase. SGLang without a generated-tokens
-counter: its `gen_throughput` gauge integrated over the covered time.
+engine restarted) and its new value is the increase. A counter absent from a sample with
+stats and present in the next one appeared there, at its first use (SGLang creates its
+counters then, vLLM at start): it grew from 0. Tokens per replica: SGLang's decoded tokens
+(`realtime_tokens_total{mode="decode"}`, every decode step) where the replica has them, else
+the generated-tokens counter (SGLang's grows only when a request finishes), else SGLang's
+`gen_throughput` gauge integrated over the covered time.
 
 Decisions where the contract is silent (docs/decision-table.md, "Engine evidence"):
 - a replica is *alive* in W when one of its answers (with or without engine series) covers
@@ -43,6 +47,7 @@ class EngineSample(NamedTuple):
     preempted: float | None = None  # counter: preemptions (vLLM) / retractions (SGLang)
     tokens: float | None = None  # counter: generated tokens
     throughput: float | None = None  # gauge: generated tokens per second (SGLang)
+    decode_tokens: float | None = None  # counter: decoded tokens, every step (SGLang)
 
     @property
     def has_stats(self) -> bool:
@@ -132,8 +137,12 @@ def _counter_increase(
     total, seen = 0.0, False
     for prev, cur in itertools.pairwise(samples):
         c0, c1 = getattr(prev, field), getattr(cur, field)
-        if c0 is None or c1 is None or cur.t <= prev.t:
+        if c1 is None or cur.t <= prev.t:
             continue
+        if c0 is None:
+            if not prev.has_stats:
+                continue  # the engine's first answer with stats: its counters' past is unknown
+            c0 = 0.0  # the counter's first use: created at it, from 0
         seen = True
         inc = c1 - c0 if c1 >= c0 else c1  # a reset: the new value is the increase
         part = _overlap(prev.t, cur.t, spans)
@@ -228,7 +237,9 @@ def measure(
         samples = replicas[name]
         inc = _counter_increase(samples, "preempted", spans)
         preempted += inc or 0.0
-        got = _counter_increase(samples, "tokens", spans)
+        got = _counter_increase(samples, "decode_tokens", spans)
+        if got is None:
+            got = _counter_increase(samples, "tokens", spans)
         if got is None:  # SGLang without the counter: integrate gen_throughput
             got = sum(
                 (s.throughput or 0.0) * _overlap(a, b, spans)

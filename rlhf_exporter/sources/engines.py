@@ -44,6 +44,7 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     # vLLM 0.12 .. 0.33 (vllm/v1/metrics/loggers.py)
     "vllm:num_requests_running": ("running", "sum"),
     "vllm:num_requests_waiting": ("waiting", "sum"),
+    "vllm:num_requests_waiting_by_reason": ("waiting_capacity", "sum"),  # SELECT: capacity
     "vllm:kv_cache_usage_perc": ("kv", "max"),
     "vllm:gpu_cache_usage_perc": ("kv", "max"),  # before vLLM 0.10
     "vllm:num_preemptions_total": ("preempted", "sum"),
@@ -54,8 +55,26 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "sglang:token_usage": ("kv", "max"),
     "sglang:num_retracted_requests_total": ("preempted", "sum"),
     "sglang:generation_tokens_total": ("tokens", "sum"),
+    "sglang:realtime_tokens_total": ("decode_tokens", "sum"),  # SELECT: decode
     "sglang:gen_throughput": ("throughput", "sum"),
 }
+SELECT: Mapping[str, tuple[str, str]] = {
+    # vLLM >= 0.2x: the waits for scheduling capacity alone; num_requests_waiting also counts
+    # requests deferred by the LoRA budget or a KV transfer, which no engine room would help
+    "vllm:num_requests_waiting_by_reason": ("reason", "capacity"),
+    # SGLang: decoded tokens, every decode step (generation_tokens_total grows only when a
+    # request finishes, crediting a window with whole requests)
+    "sglang:realtime_tokens_total": ("mode", "decode"),
+}
+"""Families of which only the series with this label value are read."""
+_HOW = {field: how for field, how in FAMILIES.values()}
+GAUGES = frozenset({"running", "waiting", "waiting_capacity", "kv", "throughput"})
+PER_RANK = "tp_rank"
+"""SGLang's schedulers label their series with their TP rank. Every rank counts each
+retraction (scheduler.py `increment_retracted_reqs`; the gauges come from the stats rank
+only, or from each rank with `enable_metrics_for_all_schedulers`): the ranks of one
+data-parallel group describe the same batch, so a replica's value is the maximum over
+`tp_rank` within each group of its other labels, then combined over the groups."""
 # the lines handed to the parser: each wanted family's TYPE line and samples (no HELP: the
 # parser does not need it); a name must be followed by `{` or a space, so that
 # `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`
@@ -157,13 +176,13 @@ def _get(
 
 
 def parse(body: bytes, t: float) -> Read:
-    """The engine's page -> one EngineSample (series of one family combined per FAMILIES)."""
+    """The engine's page -> one EngineSample (series of one family combined: `combine`)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     lines = wanted_lines(body)
     if not lines:
         return Read(EngineSample(t), "", NO_STATS)
-    values: dict[str, float] = {}
+    series: dict[str, list[tuple[Mapping[str, str], float]]] = {}
     engine = ""
     try:
         text = b"\n".join(lines).decode("utf-8", "replace") + "\n"
@@ -172,20 +191,37 @@ def parse(body: bytes, t: float) -> Read:
                 spec = FAMILIES.get(s.name)
                 if spec is None:
                     continue
-                field, how = spec
                 engine = engine or s.name.split(":", 1)[0]
                 v = float(s.value)
                 if v != v or v in (float("inf"), float("-inf")):
                     continue
-                if field in values:
-                    values[field] = max(values[field], v) if how == "max" else values[field] + v
-                else:
-                    values[field] = v
+                pick = SELECT.get(s.name)
+                if pick is not None and s.labels.get(pick[0]) != pick[1]:
+                    continue
+                series.setdefault(spec[0], []).append((s.labels, v))
     except Exception:  # the parser raises ValueError and others on a broken page
         return Read(None, engine, PARSE_ERROR)
+    values = {field: combine(got, _HOW[field], field in GAUGES) for field, got in series.items()}
+    if "waiting_capacity" in values:  # what `queueing` means: waits for capacity
+        values["waiting"] = values.pop("waiting_capacity")
     if "running" not in values:
         return Read(EngineSample(t), engine, NO_STATS)
     return Read(EngineSample(t, **values), engine, None)
+
+
+def combine(series: Sequence[tuple[Mapping[str, str], float]], how: str, gauge: bool) -> float:
+    """One replica's value of one family from its series: summed (`how` "sum": engines of a
+    data-parallel server) or the maximum ("max": KV usage). SGLang's TP ranks count once
+    (PER_RANK); with priority scheduling a gauge's total is the `priority=""` series, beside
+    one series per priority that must not be added to it (metrics_collector.py
+    `_log_gauge_queue_count`; counters are split by priority, never totalled, so they add)."""
+    if gauge and any(labels.get("priority") for labels, _ in series):
+        series = [(labels, v) for labels, v in series if not labels.get("priority")] or series
+    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    for labels, v in series:
+        key = tuple(sorted((k, x) for k, x in labels.items() if k != PER_RANK))
+        groups[key] = max(groups[key], v) if key in groups else v
+    return max(groups.values()) if how == "max" else sum(groups.values())
 
 
 class EngineSource(PollingSource):
