@@ -27,6 +27,7 @@ real scraper. Only prometheus_client is needed besides the wheels; no GPU, no to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import json
 import os
@@ -160,7 +161,7 @@ SCENARIOS: dict[str, Scenario] = {
     "sglang_tp2_retractions": Scenario(
         "sglang",
         tuple(
-            Rep((Seg(0.6, 48, 6, 0.98, 900, 0.5), Seg(1.0, 20, 0, 0.6, 500)), tp=2)
+            Rep((Seg(0.6, 48, 6, 0.98, 900, 0.45), Seg(1.0, 20, 0, 0.6, 500)), tp=2)
             for _ in range(2)
         ),
         "preemption",
@@ -649,7 +650,8 @@ def write(name: str, pages: dict[str, list[str]], out_dir: Path) -> None:
         "times": sample_times(),
         "reason": sc.reason,
         "truth": truth(sc),
-        "replicas": {r.name: {"tp": r.tp, "dp": r.dp, "priority": r.priority} for r in sc.replicas},
+        # the script itself, for the simulated engine to replay (tests/support/sim_engine.py)
+        "replicas": {r.name: _script(r) for r in sc.replicas},
         # each replica's pages as indices into its distinct lines (most lines repeat)
         "pages": {name: _interned(got) for name, got in pages.items()},
     }
@@ -657,6 +659,17 @@ def write(name: str, pages: dict[str, list[str]], out_dir: Path) -> None:
     with gzip.GzipFile(path, "wb", mtime=0) as f:
         f.write(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())
     print(f"{path}: {len(pages)} replicas x {len(doc['times'])} pages", file=sys.stderr)
+
+
+def _script(r: Rep) -> dict[str, object]:
+    return {
+        "profile": [list(dataclasses.astuple(seg)) for seg in r.profile],
+        "tp": r.tp,
+        "dp": r.dp,
+        "priority": r.priority,
+        "finish_at": list(r.finish_at),
+        "retract_burst": list(r.retract_burst) if r.retract_burst else None,
+    }
 
 
 def _interned(pages: list[str]) -> dict[str, list]:
