@@ -29,24 +29,59 @@ from rlhf_exporter.sources.engines import EngineSource
 from tests.support.procs import wait_until
 from tests.support.sim_engine import Replica, page, scenario
 
-ROLLOUT = ["vllm_server_0_0", "vllm_server_1_0", "vllm_server_2_0"]
+ROLLOUT = [
+    "vllm_server_0_0",
+    "vllm_server_1_0",
+    "vllm_server_2_0",
+    "trtllm_server_5",  # TRT-LLM: one server per replica, no node rank
+    "sglang_server_4_0",  # the prefill peer of replica 4 (disaggregated) ...
+    "sglang_server_decode_4_0",  # ... and its two decode servers
+    "sglang_server_decode_4_1",
+]
 NOT_ROLLOUT = [
     "vllm_server_reward_0_0",
     "vllm_server_teacher_0_0",
     "vllm_server_1_1",  # node rank 1 of replica 1: only node rank 0 serves HTTP
+    "trtllm_server_reward_0",
 ]
 
 
-def test_rollout_replica_names() -> None:
-    assert rollout_replica("vllm_server_3_0") == ("vllm", 3, 0)
-    assert rollout_replica("sglang_server_12_1") == ("sglang", 12, 1)
-    assert rollout_replica("trtllm_server_0_0") == ("trtllm", 0, 0)
+def test_rollout_replica_names_of_verl_0_9_1() -> None:
+    """Each name format verl 0.9.1 gives its rollout servers (site-packages/verl/...)."""
+    # workers/rollout/vllm_rollout/vllm_async_server.py:1365-1371 and :1485-1487 (prefix "vllm_"):
+    # f"{prefix}server_{self.replica_rank}_{node_rank}{self.name_suffix}"
+    assert rollout_replica("vllm_server_3_0") == ("vllm", 3, 0, "")
+    assert rollout_replica("vllm_server_3_1") == ("vllm", 3, 1, "")  # node rank 1: not scraped
+    # workers/rollout/sglang_rollout/async_sglang_server.py:843:
+    # f"sglang_server_{self.replica_rank}_{node_rank}{self.name_suffix}"
+    assert rollout_replica("sglang_server_12_1") == ("sglang", 12, 1, "")
+    # workers/rollout/trtllm_rollout/trtllm_async_server.py:632-633:
+    # f"trtllm_server_{self.replica_rank}{self.name_suffix}" (looked up by
+    # trtllm_rollout.py:379 as f"trtllm_server_{self.replica_rank}")
+    assert rollout_replica("trtllm_server_0") == ("trtllm", 0, 0, "")
+    assert rollout_replica("trtllm_server_7") == ("trtllm", 7, 0, "")
+    # workers/rollout/vllm_rollout/vllm_pd_replica.py:154 (prefill) and :185 (decode):
+    # f"vllm_server_{self.replica_rank}_0{self.name_suffix}",
+    # f"vllm_server_decode_{self.replica_rank}_{i}{self.name_suffix}"
+    assert rollout_replica("vllm_server_2_0") == ("vllm", 2, 0, "")
+    assert rollout_replica("vllm_server_decode_2_1") == ("vllm", 2, 0, "decode")
+    # workers/rollout/sglang_rollout/sglang_pd_replica.py:136 and :163:
+    # f"sglang_server_{self.replica_rank}_0", f"sglang_server_decode_{self.replica_rank}_{i}"
+    assert rollout_replica("sglang_server_decode_0_0") == ("sglang", 0, 0, "decode")
+    # workers/rollout/replica.py:120: self.name_suffix = f"_{name_suffix}" if name_suffix else ""
+    assert rollout_replica("vllm_server_1_0_policy") == ("vllm", 1, 0, "")
+    assert rollout_replica("trtllm_server_1_policy") == ("trtllm", 1, 0, "")
     for name in (
+        # vllm_async_server.py:1367/1369, async_sglang_server.py:839/841,
+        # trtllm_async_server.py:635: reward and teacher servers
         "vllm_server_reward_0_0",
+        "vllm_server_teacher_0_0_Qwen_Qwen2.5-7B",
+        "sglang_server_reward_1_0",
         "sglang_server_teacher_1_0",
-        "vllm_server_decode_0_0",
-        "rollout_reward_colocate_0CheckpointEngineWorker_0:0",
         "trtllm_server_reward_0",
+        "rollout_reward_colocate_0CheckpointEngineWorker_0:0",
+        "vllm_server_",
+        "trtllm_server_",
         "",
     ):
         assert rollout_replica(name) is None, name
@@ -138,8 +173,19 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
     replicas, _ = scenario("healthy")
     body = page(replicas[0], 0.0, [])
     with connected_head("rlhf-exporter-engines") as head:
-        cls = _server_class("vLLMHttpServer")
-        actors = {name: cls.options(name=name).remote() for name in ROLLOUT + NOT_ROLLOUT}
+        classes = {
+            e: _server_class(c)
+            for e, c in (
+                ("vllm", "vLLMHttpServer"),
+                ("sglang", "SGLangHttpServer"),
+                ("trtllm", "TRTLLMHttpServer"),
+            )
+        }
+        cls = classes["vllm"]
+        actors = {
+            name: classes[name.split("_", 1)[0]].options(name=name).remote()
+            for name in ROLLOUT + NOT_ROLLOUT
+        }
         ports = dict(
             zip(actors, ray.get([a.serve.remote(body) for a in actors.values()]), strict=True)
         )
@@ -159,7 +205,10 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
         for name in ROLLOUT:
             http_port, mute_port = ports[name]
             assert found[name].url.endswith(f":{http_port}/metrics"), (found[name], mute_port)
-            assert found[name].engine == "vllm"
+            assert found[name].engine == name.split("_", 1)[0]
+        assert found["sglang_server_4_0"].role == "prefill"  # it has decode peers
+        assert found["sglang_server_decode_4_1"].role == "decode"
+        assert found["vllm_server_0_0"].role == ""
         assert not errors
         # a server whose HTTP server is not up yet (vLLM loads the model first): not a target,
         # counted, and found once it listens and PROBE_RETRY has passed
@@ -205,7 +254,7 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
             0.5,
             what="the killed server leaves the Ray source's list",
         )
-        assert {t.name for t in targets.current(errors)} == set(ROLLOUT[:2])
+        assert {t.name for t in targets.current(errors)} == set(ROLLOUT) - {"vllm_server_2_0"}
         source.close()
 
 

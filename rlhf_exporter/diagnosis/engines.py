@@ -29,7 +29,7 @@ Decisions where the contract is silent (docs/decision-table.md, "Engine evidence
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 ROLLOUT = "rollout"
@@ -155,9 +155,11 @@ def measure(
     spans: Sequence[tuple[float, float]],
     replicas: Mapping[str, Sequence[EngineSample]],
     lim: EngineLimits,
+    prefill: Collection[str] = (),
 ) -> EngineEvidence | None:
     """The evidence over W (`spans`, merged) from each replica's samples (time order).
-    None when W is empty or no replica answered during it."""
+    None when W is empty or no replica answered during it. `prefill`: the prefill peers of
+    disaggregated replicas, whose tokens (about one per request) stay out of the imbalance."""
     window = sum(b - a for a, b in spans)
     if window <= 0.0 or not spans:
         return None
@@ -250,8 +252,9 @@ def measure(
         kvs = [s.kv for _, _, s in pieces[name] if s.kv is not None]
         if kvs:
             kv_by[name] = max(kvs)
-    mean = sum(tokens.values()) / len(tokens) if tokens else 0.0
-    imbalance = max(tokens.values()) / mean if mean > 0 else None
+    generating = [v for k, v in tokens.items() if k not in prefill]
+    mean = sum(generating) / len(generating) if generating else 0.0
+    imbalance = max(generating) / mean if mean > 0 else None
     share = 1.0 / joint if joint > 0 else 0.0
     return EngineEvidence(
         window_seconds=window,

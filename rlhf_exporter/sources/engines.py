@@ -256,6 +256,7 @@ class EngineSource(PollingSource):
         self._rings_lock = threading.Lock()
         self._rings: dict[str, deque[EngineSample]] = {}
         self._engine: dict[str, str] = {}
+        self._prefill: set[str] = set()  # prefill peers of disaggregated replicas
         self._up: dict[str, bool] = {}
         self._last_seen: dict[str, float] = {}
         self._errors: Counter[str] = Counter()
@@ -342,6 +343,8 @@ class EngineSource(PollingSource):
                     ring = self._rings[name] = deque(maxlen=self.ring)
                 ring.append(read.sample)
                 self._engine[name] = read.engine or target.engine or self._engine.get(name, "")
+                if target.role == "prefill":
+                    self._prefill.add(name)
                 s = read.sample
                 if (s.running or 0.0) > 0 or (s.waiting or 0.0) > 0:
                     busy = True
@@ -379,6 +382,7 @@ class EngineSource(PollingSource):
                 if now - self._last_seen.get(name, now) > keep_for:
                     for d in (self._rings, self._engine, self._last_seen):
                         d.pop(name, None)
+                    self._prefill.discard(name)
 
     def _samples(self) -> Iterable[Sample]:
         for name, up in sorted(self._up.items()):
@@ -410,4 +414,6 @@ class EngineSource(PollingSource):
         return out
 
     def evidence(self, spans: Sequence[tuple[float, float]]) -> EngineEvidence | None:
-        return measure(spans, self.samples_over(spans), self.limits)
+        with self._rings_lock:
+            prefill = set(self._prefill)
+        return measure(spans, self.samples_over(spans), self.limits, prefill)
