@@ -270,3 +270,43 @@ def test_a_replica_that_answers_without_stats_counts_as_no_stats() -> None:
     assert snap.record_errors.get("engine_no_stats") == 1
     up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
     assert list(up.values()) == [1.0]  # it answers: up, but its windows are not usable
+
+
+def test_sglang_without_enable_metrics_reads_as_no_stats_not_as_a_missing_port() -> None:
+    """SGLang adds its /metrics route only with enable_metrics (sglang 0.5.23
+    srt/utils/common.py `add_prometheus_middleware`, called by verl 0.9.1
+    async_sglang_server.py:472-475 when server_args.enable_metrics): its server answers 404.
+    That replica answers without stats (engine_no_stats), as vLLM with disable_log_stats."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    class NoMetrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(404)  # what a FastAPI app without the route answers
+
+        def log_message(self, *a) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NoMetrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        ray = SimpleNamespace(
+            pid_actors=lambda: {os.getpid(): SimpleNamespace(name="sglang_server_0_0")}
+        )
+        targets = Targets(ray=ray, probe_timeout=1.0)
+        errors: Counter[str] = Counter()
+        (found,) = targets.current(errors)
+        assert found.url == f"http://127.0.0.1:{port}/metrics"
+        assert not errors  # not engine_port_not_found
+        source = EngineSource(targets, active=lambda: True)
+        snap = source.poll_once()
+        source.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert snap.record_errors.get("engine_no_stats") == 1
+    assert "engine_http_error" not in snap.record_errors
+    up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
+    assert up == {("sglang_server_0_0", "sglang"): 1.0}

@@ -258,17 +258,23 @@ class Targets:
         return out
 
     def _probe(self, pid: int) -> str | None:
-        from .engines import FetchError, fetch
+        """The server's /metrics: the first port answering Prometheus text, else one whose
+        HTTP server has no /metrics route (404: SGLang without enable_metrics), read as a
+        replica without stats rather than as one whose port was not found."""
+        from .engines import NO_STATS, FetchError, fetch
 
+        no_route = None
         for addr, port in listening_ports(pid, self.proc)[:MAX_PORTS]:
             url = f"http://{addr}:{port}/metrics"
             try:
                 body = fetch(url, self.probe_timeout, 1 << 22)
-            except FetchError:
+            except FetchError as exc:
+                if exc.reason == NO_STATS and no_route is None:
+                    no_route = url
                 continue
             if b"# TYPE " in body or b"# HELP " in body:
                 return url
-        return None
+        return no_route
 
     def forget_ports(self) -> None:
         """Probe every server's port again at the next poll."""

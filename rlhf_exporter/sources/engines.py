@@ -17,7 +17,8 @@ config file (`rollout.prometheus.file`), a file-based target list, static target
 What the bounds drop is counted in `rlhf_exporter_record_errors_total{collector="engines"}`:
 `engine_too_many_replicas`, `engine_body_too_large`, `engine_timeout`, `engine_unreachable`,
 `engine_http_error`, `engine_parse_error`, `engine_no_stats` (a replica that answers without
-engine series: `disable_log_stats=True`).
+engine series: vLLM with `disable_log_stats=True`, or no /metrics route at all, HTTP 404:
+SGLang without `enable_metrics`).
 """
 
 from __future__ import annotations
@@ -147,7 +148,8 @@ def _get(
         resp = conn.getresponse()
         if resp.status != 200:
             resp.read(max_bytes)
-            raise FetchError(HTTP_ERROR)
+            # 404: the server has no /metrics route (SGLang without enable_metrics): no stats
+            raise FetchError(NO_STATS if resp.status == 404 else HTTP_ERROR)
         chunks, size = [], 0
         while True:
             chunk = resp.read1(1 << 16)
@@ -369,6 +371,8 @@ class EngineSource(PollingSource):
         try:
             body = fetch(target.url, self.timeout, self.max_bytes, self._conns)
         except FetchError as exc:
+            if exc.reason == NO_STATS:  # it answers, without engine series: alive, no stats
+                return Read(EngineSample(self._clock()), target.engine, NO_STATS)
             return Read(None, target.engine, exc.reason)
         return parse(body, self._clock())
 
