@@ -217,6 +217,8 @@ def combine(series: Sequence[tuple[Mapping[str, str], float]], how: str, gauge: 
     (PER_RANK); with priority scheduling a gauge's total is the `priority=""` series, beside
     one series per priority that must not be added to it (metrics_collector.py
     `_log_gauge_queue_count`; counters are split by priority, never totalled, so they add)."""
+    if len(series) == 1:
+        return series[0][1]
     if gauge and any(labels.get("priority") for labels, _ in series):
         series = [(labels, v) for labels, v in series if not labels.get("priority")] or series
     groups: dict[tuple[tuple[str, str], ...], float] = {}
