@@ -22,10 +22,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhf_exporter.diagnosis.engines import EngineLimits, reason
 from rlhf_exporter.sources.engine_targets import Targets
-from rlhf_exporter.sources.engines import EngineSource
+from rlhf_exporter.sources.engines import EngineSource, parse
 from tests.support.engine_pages import PageServer, load, names
 from tests.support.sim_engine import SimClock
 
@@ -85,3 +87,55 @@ def test_the_engines_own_pages_give_the_scripted_reason_and_truth(name: str, tmp
     if truth["imbalance"] is not None:
         assert close(ev.imbalance, truth["imbalance"]), (name, ev.imbalance, truth["imbalance"])
     assert reason(ev, EngineLimits()) == fx.doc["reason"], (name, ev)
+
+
+# -- the combination rules as properties (pages like SGLang's, any ranks/priorities) --------
+
+
+_LABELS = 'model_name="m",engine_type="unified",tp_rank="{tp}",pp_rank="0",moe_ep_rank="0"'
+_series = st.lists(
+    st.tuples(
+        st.sampled_from(["0", "1", "2"]),  # dp_rank
+        st.floats(0, 500, allow_nan=False),  # running
+        st.floats(0, 1, allow_nan=False),  # token usage
+        st.integers(0, 40),  # retractions
+    ),
+    min_size=1,
+    max_size=4,
+    unique_by=lambda x: x[0],
+)
+
+
+def _sglang_page(groups, tp: int, priorities: bool) -> bytes:
+    lines = [
+        "# TYPE sglang:num_running_reqs gauge",
+        "# TYPE sglang:token_usage gauge",
+        "# TYPE sglang:num_retracted_requests_total counter",
+    ]
+    for dp, running, kv, retracted in groups:
+        for rank in range(tp):
+            lab = _LABELS.format(tp=rank) + f',dp_rank="{dp}"'
+            prio = ',priority=""' if priorities else ""
+            if rank == 0:  # the stats rank logs the gauges
+                lines.append(f"sglang:num_running_reqs{{{lab}{prio}}} {running}")
+                lines.append(f"sglang:token_usage{{{lab}{prio}}} {kv}")
+                if priorities:  # one series per priority beside the total
+                    high = running * 2 / 3
+                    lines.append(f'sglang:num_running_reqs{{{lab},priority="0"}} {high}')
+                    lines.append(f'sglang:num_running_reqs{{{lab},priority="1"}} {running - high}')
+            lines.append(f"sglang:num_retracted_requests_total{{{lab}{prio}}} {retracted}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@settings(max_examples=150, deadline=None)
+@given(_series, st.integers(1, 4), st.booleans())
+def test_a_replica_counts_once_whatever_its_tp_ranks_and_priorities(groups, tp, prio) -> None:
+    """TP ranks and priority series never change what a replica reads: running and
+    retractions summed over data-parallel ranks, the KV usage their maximum."""
+    base = parse(_sglang_page(groups, 1, False), 1.0)
+    got = parse(_sglang_page(groups, tp, prio), 1.0)
+    assert base.error is None and got.error is None and got.sample is not None
+    assert got.sample == base.sample
+    assert got.sample.running == pytest.approx(sum(g[1] for g in groups))
+    assert got.sample.kv == max(g[2] for g in groups)
+    assert got.sample.preempted == sum(g[3] for g in groups)
