@@ -3,7 +3,9 @@
 vLLM and SGLang cannot run here. Each simulated replica is a small HTTP server on a free
 127.0.0.1 port that serves exactly the engines' metric names, types, labels and HELP lines
 (tests/support/engine_metrics.py, read from the wheels), through prometheus_client's own
-exposition as the engines do. What they report follows a scenario: inside each rollout
+exposition as the engines do, and behaves as the engines' own metric code does (first-use
+series, TP ranks, priority totals, tokens at request end: `Replica`; checked against their
+pages by tests/test_engine_sim_fidelity.py). What they report follows a scenario: inside each rollout
 window [a, b) a replica plays its `profile` (segments over the window's fraction u), outside
 it idles. Counters (tokens, preemptions) are the exact integrals of the profile's rates, so
 `truth()` gives the evidence the exporter should find, computed independently of it.
