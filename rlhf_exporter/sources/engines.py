@@ -69,7 +69,8 @@ SELECT: Mapping[str, tuple[str, str]] = {
 }
 """Families of which only the series with this label value are read."""
 _HOW = {field: how for field, how in FAMILIES.values()}
-GAUGES = frozenset({"running", "waiting", "waiting_capacity", "kv", "throughput"})
+PRIORITY_GAUGES = frozenset({"running", "waiting", "waiting_capacity", "kv", "throughput"})
+"""Gauges: with priority scheduling SGLang writes their total under `priority=""`."""
 PER_RANK = "tp_rank"
 """SGLang's schedulers label their series with their TP rank. Every rank counts each
 retraction (scheduler.py `increment_retracted_reqs`; the gauges come from the stats rank
@@ -203,7 +204,9 @@ def parse(body: bytes, t: float) -> Read:
                 series.setdefault(spec[0], []).append((s.labels, v))
     except Exception:  # the parser raises ValueError and others on a broken page
         return Read(None, engine, PARSE_ERROR)
-    values = {field: combine(got, _HOW[field], field in GAUGES) for field, got in series.items()}
+    values = {
+        field: combine(got, _HOW[field], field in PRIORITY_GAUGES) for field, got in series.items()
+    }
     if "waiting_capacity" in values:  # what `queueing` means: waits for capacity
         values["waiting"] = values.pop("waiting_capacity")
     if "running" not in values:
