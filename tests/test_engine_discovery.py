@@ -29,24 +29,59 @@ from rlhf_exporter.sources.engines import EngineSource
 from tests.support.procs import wait_until
 from tests.support.sim_engine import Replica, page, scenario
 
-ROLLOUT = ["vllm_server_0_0", "vllm_server_1_0", "vllm_server_2_0"]
+ROLLOUT = [
+    "vllm_server_0_0",
+    "vllm_server_1_0",
+    "vllm_server_2_0",
+    "trtllm_server_5",  # TRT-LLM: one server per replica, no node rank
+    "sglang_server_4_0",  # the prefill peer of replica 4 (disaggregated) ...
+    "sglang_server_decode_4_0",  # ... and its two decode servers
+    "sglang_server_decode_4_1",
+]
 NOT_ROLLOUT = [
     "vllm_server_reward_0_0",
     "vllm_server_teacher_0_0",
     "vllm_server_1_1",  # node rank 1 of replica 1: only node rank 0 serves HTTP
+    "trtllm_server_reward_0",
 ]
 
 
-def test_rollout_replica_names() -> None:
-    assert rollout_replica("vllm_server_3_0") == ("vllm", 3, 0)
-    assert rollout_replica("sglang_server_12_1") == ("sglang", 12, 1)
-    assert rollout_replica("trtllm_server_0_0") == ("trtllm", 0, 0)
+def test_rollout_replica_names_of_verl_0_9_1() -> None:
+    """Each name format verl 0.9.1 gives its rollout servers (site-packages/verl/...)."""
+    # workers/rollout/vllm_rollout/vllm_async_server.py:1365-1371 and :1485-1487 (prefix "vllm_"):
+    # f"{prefix}server_{self.replica_rank}_{node_rank}{self.name_suffix}"
+    assert rollout_replica("vllm_server_3_0") == ("vllm", 3, 0, "")
+    assert rollout_replica("vllm_server_3_1") == ("vllm", 3, 1, "")  # node rank 1: not scraped
+    # workers/rollout/sglang_rollout/async_sglang_server.py:843:
+    # f"sglang_server_{self.replica_rank}_{node_rank}{self.name_suffix}"
+    assert rollout_replica("sglang_server_12_1") == ("sglang", 12, 1, "")
+    # workers/rollout/trtllm_rollout/trtllm_async_server.py:632-633:
+    # f"trtllm_server_{self.replica_rank}{self.name_suffix}" (looked up by
+    # trtllm_rollout.py:379 as f"trtllm_server_{self.replica_rank}")
+    assert rollout_replica("trtllm_server_0") == ("trtllm", 0, 0, "")
+    assert rollout_replica("trtllm_server_7") == ("trtllm", 7, 0, "")
+    # workers/rollout/vllm_rollout/vllm_pd_replica.py:154 (prefill) and :185 (decode):
+    # f"vllm_server_{self.replica_rank}_0{self.name_suffix}",
+    # f"vllm_server_decode_{self.replica_rank}_{i}{self.name_suffix}"
+    assert rollout_replica("vllm_server_2_0") == ("vllm", 2, 0, "")
+    assert rollout_replica("vllm_server_decode_2_1") == ("vllm", 2, 0, "decode")
+    # workers/rollout/sglang_rollout/sglang_pd_replica.py:136 and :163:
+    # f"sglang_server_{self.replica_rank}_0", f"sglang_server_decode_{self.replica_rank}_{i}"
+    assert rollout_replica("sglang_server_decode_0_0") == ("sglang", 0, 0, "decode")
+    # workers/rollout/replica.py:120: self.name_suffix = f"_{name_suffix}" if name_suffix else ""
+    assert rollout_replica("vllm_server_1_0_policy") == ("vllm", 1, 0, "")
+    assert rollout_replica("trtllm_server_1_policy") == ("trtllm", 1, 0, "")
     for name in (
+        # vllm_async_server.py:1367/1369, async_sglang_server.py:839/841,
+        # trtllm_async_server.py:635: reward and teacher servers
         "vllm_server_reward_0_0",
+        "vllm_server_teacher_0_0_Qwen_Qwen2.5-7B",
+        "sglang_server_reward_1_0",
         "sglang_server_teacher_1_0",
-        "vllm_server_decode_0_0",
-        "rollout_reward_colocate_0CheckpointEngineWorker_0:0",
         "trtllm_server_reward_0",
+        "rollout_reward_colocate_0CheckpointEngineWorker_0:0",
+        "vllm_server_",
+        "trtllm_server_",
         "",
     ):
         assert rollout_replica(name) is None, name
@@ -139,8 +174,19 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
     replicas, _ = scenario("healthy")
     body = page(replicas[0], 0.0, [])
     with connected_head("rlhf-exporter-engines") as head:
-        cls = _server_class("vLLMHttpServer")
-        actors = {name: cls.options(name=name).remote() for name in ROLLOUT + NOT_ROLLOUT}
+        classes = {
+            e: _server_class(c)
+            for e, c in (
+                ("vllm", "vLLMHttpServer"),
+                ("sglang", "SGLangHttpServer"),
+                ("trtllm", "TRTLLMHttpServer"),
+            )
+        }
+        cls = classes["vllm"]
+        actors = {
+            name: classes[name.split("_", 1)[0]].options(name=name).remote()
+            for name in ROLLOUT + NOT_ROLLOUT
+        }
         ports = dict(
             zip(actors, ray.get([a.serve.remote(body) for a in actors.values()]), strict=True)
         )
@@ -160,7 +206,10 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
         for name in ROLLOUT:
             http_port, mute_port = ports[name]
             assert found[name].url.endswith(f":{http_port}/metrics"), (found[name], mute_port)
-            assert found[name].engine == "vllm"
+            assert found[name].engine == name.split("_", 1)[0]
+        assert found["sglang_server_4_0"].role == "prefill"  # it has decode peers
+        assert found["sglang_server_decode_4_1"].role == "decode"
+        assert found["vllm_server_0_0"].role == ""
         assert not errors
         # a server whose HTTP server is not up yet (vLLM loads the model first): not a target,
         # counted, and found once it listens and PROBE_RETRY has passed
@@ -206,7 +255,7 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
             0.5,
             what="the killed server leaves the Ray source's list",
         )
-        assert {t.name for t in targets.current(errors)} == set(ROLLOUT[:2])
+        assert {t.name for t in targets.current(errors)} == set(ROLLOUT) - {"vllm_server_2_0"}
         source.close()
 
 
@@ -222,3 +271,43 @@ def test_a_replica_that_answers_without_stats_counts_as_no_stats() -> None:
     assert snap.record_errors.get("engine_no_stats") == 1
     up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
     assert list(up.values()) == [1.0]  # it answers: up, but its windows are not usable
+
+
+def test_sglang_without_enable_metrics_reads_as_no_stats_not_as_a_missing_port() -> None:
+    """SGLang adds its /metrics route only with enable_metrics (sglang 0.5.23
+    srt/utils/common.py `add_prometheus_middleware`, called by verl 0.9.1
+    async_sglang_server.py:472-475 when server_args.enable_metrics): its server answers 404.
+    That replica answers without stats (engine_no_stats), as vLLM with disable_log_stats."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from types import SimpleNamespace
+
+    class NoMetrics(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_error(404)  # what a FastAPI app without the route answers
+
+        def log_message(self, *a) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NoMetrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        port = httpd.server_address[1]
+        ray = SimpleNamespace(
+            pid_actors=lambda: {os.getpid(): SimpleNamespace(name="sglang_server_0_0")}
+        )
+        targets = Targets(ray=ray, probe_timeout=1.0)
+        errors: Counter[str] = Counter()
+        (found,) = targets.current(errors)
+        assert found.url == f"http://127.0.0.1:{port}/metrics"
+        assert not errors  # not engine_port_not_found
+        source = EngineSource(targets, active=lambda: True)
+        snap = source.poll_once()
+        source.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert snap.record_errors.get("engine_no_stats") == 1
+    assert "engine_http_error" not in snap.record_errors
+    up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
+    assert up == {("sglang_server_0_0", "sglang"): 1.0}

@@ -177,3 +177,36 @@ def test_thresholds_are_read_from_the_document() -> None:
     ev = measure([(0.0, 10.0)], reps, lim)
     assert ev is not None
     assert reason(ev, LIM) is None and reason(ev, lim) == "replica_imbalance"
+
+
+def test_a_counter_that_appears_after_an_answer_with_stats_grew_from_zero() -> None:
+    """SGLang creates a counter at its first use: absent, then 5. After a read with stats
+    the 5 happened in between; after a read without stats (its first answer) it is unknown."""
+    base = [EngineSample(t / 2, 10, 0, 0.5) for t in range(0, 9)]  # 0 .. 4 s, no counters
+    later = [EngineSample(4.0 + t / 2, 10, 0, 0.5, 5.0, 700.0) for t in range(1, 9)]
+    ev = measure([(0.0, 8.0)], {"r": base + later}, LIM)
+    assert ev is not None and ev.preemptions == pytest.approx(5.0)
+    assert ev.tokens["r"] == pytest.approx(700.0)
+    no_stats = [EngineSample(t / 2) for t in range(0, 9)]  # answers without engine series
+    ev = measure([(0.0, 8.0)], {"r": no_stats + later}, LIM)
+    assert ev is not None and ev.preemptions == 0.0  # the first values' past is unknown
+
+
+def test_decoded_tokens_win_over_finished_requests_tokens() -> None:
+    """SGLang: realtime decode tokens grow every step; generation_tokens_total only when
+    requests finish (here: never inside W)."""
+    samples = [
+        EngineSample(t / 2, 10, 0, 0.5, 0.0, 50.0, None, 100.0 * t / 2) for t in range(0, 21)
+    ]
+    ev = measure([(0.0, 10.0)], {"r": samples}, LIM)
+    assert ev is not None and ev.tokens["r"] == pytest.approx(1000.0)
+
+
+def test_the_prefill_peer_of_a_disaggregated_replica_is_not_in_the_imbalance() -> None:
+    decode = steady(0.0, 10.0, tokens_rate=1000.0)
+    prefill = steady(0.0, 10.0, tokens_rate=30.0)  # about one token a request
+    ev = measure([(0.0, 10.0)], {"prefill": prefill, "decode": decode}, LIM, {"prefill"})
+    assert ev is not None and ev.imbalance == pytest.approx(1.0)
+    assert reason(ev, LIM) is None
+    ev = measure([(0.0, 10.0)], {"prefill": prefill, "decode": decode}, LIM)
+    assert ev is not None and reason(ev, LIM) == "replica_imbalance"  # what it was before

@@ -163,9 +163,14 @@ def test_a_hung_engine_times_out_and_a_broken_page_is_counted() -> None:
         b"# TYPE vllm:num_requests_running gauge\n"
         b'vllm:num_requests_running{engine="0"} NaN\n'
         b'vllm:num_requests_running{engine="1"} 3\n'
-        b'vllm:num_requests_waiting_by_reason{reason="capacity"} 7\n'
+        b'vllm:num_requests_waiting_by_reason{reason="deferred"} 7\n'
     )
     read = parse(odd, 1.0)
     assert read.error is None and read.sample is not None
     assert read.sample.running == 3.0  # NaN dropped, the other engine kept
-    assert read.sample.waiting is None  # waiting_by_reason is not waiting
+    assert read.sample.waiting is None  # waiting_by_reason is not waiting; deferred is not read
+    both = (
+        odd + b'vllm:num_requests_waiting{engine="1"} 9\n' + odd.replace(b"deferred", b"capacity")
+    )
+    got = parse(both, 1.0).sample
+    assert got is not None and got.waiting == 7.0  # the capacity waits, where vLLM has them

@@ -508,6 +508,9 @@ def test_the_substitutions_are_few_and_named(run):
         "RLHF_EXPORTER_VERL_ROOT",
         "RLHF_EXPORTER_RAY_ADDRESS",
         "RLHF_EXPORTER_GPU_WINDOWS_FROM",
+        # the engines volume's file (tests/test_engines_chart.py; kept as rendered here: no
+        # engines in this run, the rendered path simply does not exist)
+        "RLHF_EXPORTER_ENGINE_PROMETHEUS_FILE",
     }
     assert set(ADDED) == {"PYTHONPATH", "FAKE_PYNVML_SCENARIO"}
     head, worker = run.head.env, run.started["worker-1"].env

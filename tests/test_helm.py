@@ -765,10 +765,13 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
         assert conf.listen == f"0.0.0.0:{settings.DEFAULT_PORT}"
         actor_exporters += bool(conf.ray and conf.ray_actors)
         if role == "head":
-            (mount,) = side["volumeMounts"]
+            mount, engines = side["volumeMounts"]  # the logs, verl's list of the engines
             assert mount["readOnly"] is True and mount["mountPath"] == logs_root
-            assert mount["name"] in [v["name"] for v in spec["volumes"]]
-            assert mount["name"] in [m["name"] for m in ray["volumeMounts"]]
+            for m in (mount, engines):
+                assert m["readOnly"] is True
+                assert m["name"] in [v["name"] for v in spec["volumes"]]
+                assert m["name"] in [m["name"] for m in ray["volumeMounts"]]
+            assert conf.engine_prometheus_file == f"{engines['mountPath']}/prometheus.yml"
             assert conf.verl_root == [logs_root]
             assert conf.ray_address == "http://127.0.0.1:8265"
             assert conf.push is False  # push is off unless enabled (with a token Secret)

@@ -10,8 +10,12 @@ Sampling model (the contract's §2): a sample of replica r at time t_i stands fo
 seconds (a replica unread for longer is missing there, never assumed unchanged). At each
 instant the sums over replicas use each replica's latest sample. Counters (tokens,
 preemptions) grow over (t_{i-1}, t_i] evenly; a counter that goes down was reset (the
-engine restarted) and its new value is the increase. SGLang without a generated-tokens
-counter: its `gen_throughput` gauge integrated over the covered time.
+engine restarted) and its new value is the increase. A counter absent from a sample with
+stats and present in the next one appeared there, at its first use (SGLang creates its
+counters then, vLLM at start): it grew from 0. Tokens per replica: SGLang's decoded tokens
+(`realtime_tokens_total{mode="decode"}`, every decode step) where the replica has them, else
+the generated-tokens counter (SGLang's grows only when a request finishes), else SGLang's
+`gen_throughput` gauge integrated over the covered time.
 
 Decisions where the contract is silent (docs/decision-table.md, "Engine evidence"):
 - a replica is *alive* in W when one of its answers (with or without engine series) covers
@@ -25,7 +29,7 @@ Decisions where the contract is silent (docs/decision-table.md, "Engine evidence
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 ROLLOUT = "rollout"
@@ -43,6 +47,7 @@ class EngineSample(NamedTuple):
     preempted: float | None = None  # counter: preemptions (vLLM) / retractions (SGLang)
     tokens: float | None = None  # counter: generated tokens
     throughput: float | None = None  # gauge: generated tokens per second (SGLang)
+    decode_tokens: float | None = None  # counter: decoded tokens, every step (SGLang)
 
     @property
     def has_stats(self) -> bool:
@@ -132,8 +137,12 @@ def _counter_increase(
     total, seen = 0.0, False
     for prev, cur in itertools.pairwise(samples):
         c0, c1 = getattr(prev, field), getattr(cur, field)
-        if c0 is None or c1 is None or cur.t <= prev.t:
+        if c1 is None or cur.t <= prev.t:
             continue
+        if c0 is None:
+            if not prev.has_stats:
+                continue  # the engine's first answer with stats: its counters' past is unknown
+            c0 = 0.0  # the counter's first use: created at it, from 0
         seen = True
         inc = c1 - c0 if c1 >= c0 else c1  # a reset: the new value is the increase
         part = _overlap(prev.t, cur.t, spans)
@@ -146,9 +155,11 @@ def measure(
     spans: Sequence[tuple[float, float]],
     replicas: Mapping[str, Sequence[EngineSample]],
     lim: EngineLimits,
+    prefill: Collection[str] = (),
 ) -> EngineEvidence | None:
     """The evidence over W (`spans`, merged) from each replica's samples (time order).
-    None when W is empty or no replica answered during it."""
+    None when W is empty or no replica answered during it. `prefill`: the prefill peers of
+    disaggregated replicas, whose tokens (about one per request) stay out of the imbalance."""
     window = sum(b - a for a, b in spans)
     if window <= 0.0 or not spans:
         return None
@@ -163,8 +174,9 @@ def measure(
     tail = sum(d for d, r in w.segments if r <= lim.long_tail_running_ratio * w.peak)
     tail = tail if w.peak else 0.0
     preempted, tokens, kv_by = _per_replica(spans, replicas, pieces)
-    mean = sum(tokens.values()) / len(tokens) if tokens else 0.0
-    imbalance = max(tokens.values()) / mean if mean > 0 else None
+    generating = [v for k, v in tokens.items() if k not in prefill]
+    mean = sum(generating) / len(generating) if generating else 0.0
+    imbalance = max(generating) / mean if mean > 0 else None
     share = 1.0 / w.joint if w.joint > 0 else 0.0
     return EngineEvidence(
         window_seconds=window,
@@ -289,7 +301,9 @@ def _per_replica(
         samples = replicas[name]
         inc = _counter_increase(samples, "preempted", spans)
         preempted += inc or 0.0
-        got = _counter_increase(samples, "tokens", spans)
+        got = _counter_increase(samples, "decode_tokens", spans)
+        if got is None:
+            got = _counter_increase(samples, "tokens", spans)
         if got is None:  # SGLang without the counter: integrate gen_throughput
             got = sum(
                 (s.throughput or 0.0) * _overlap(a, b, spans)

@@ -2,10 +2,15 @@
 
 In order, merged (one target per URL):
 
-1. **Ray actors on this node.** verl names each rollout server actor
-   `(vllm|sglang|trtllm)_server_<replica>_<node rank>`; the reward and teacher servers of the
+1. **Ray actors on this node.** verl 0.9.1 names each rollout server actor (ROLLOUT_SERVER):
+   vLLM/SGLang `(vllm|sglang)_server_<replica>_<node rank>` (node rank 0 serves the
+   replica's HTTP API), TRT-LLM `trtllm_server_<replica>` (one server per replica), and with
+   prefill/decode disaggregation `(vllm|sglang)_server_decode_<replica>_<i>` (decode server
+   i, each with an HTTP API of its own) beside the prefill peer `..._server_<replica>_0`
+   (role "prefill": it generates no tokens to speak of, so it is left out of the imbalance);
+   any of them may end in verl's `_<name_suffix>`. The reward and teacher servers of the
    same classes are `..._server_reward_...` / `..._server_teacher_...` and are not rollout
-   replicas. Node rank 0 of each replica serves its HTTP API. The Ray source lists this
+   replicas. The Ray source lists this
    node's ALIVE actors with their worker PID (`RaySource.pid_actors`); the server's
    listening TCP ports come from `/proc/<pid>/fd` and `/proc/<pid>/net/tcp{,6}` (node-local:
    the sidecar must see the actor's processes, as for the GPU roles), and the port that
@@ -52,8 +57,13 @@ from . import http
 from .labels import outside_label
 from .small_file import NOT_REGULAR, TOO_LARGE, SmallFileError, read_small
 
-ROLLOUT_SERVER = re.compile(r"(vllm|sglang|trtllm)_server_(\d+)_(\d+)")
-"""A rollout replica's server actor (verl 0.9.1); reward/teacher servers do not match."""
+ROLLOUT_SERVER = re.compile(
+    r"(?:(?P<engine>vllm|sglang)_server_(?P<decode>decode_)?(?P<replica>\d+)_(?P<rank>\d+)"
+    r"|(?P<trt>trtllm)_server_(?P<trt_replica>\d+))"
+    r"(?:_[A-Za-z0-9][A-Za-z0-9_.-]*)?"
+)
+"""A rollout server actor's name (verl 0.9.1; see rollout_replica). Reward and teacher
+servers (`_server_reward_`, `_server_teacher_`) do not match."""
 MAX_PORTS = 8
 PROBE_RETRY = 30.0  # seconds before a server whose port was not found is probed again
 MAX_FILE_BYTES = 1 << 20
@@ -76,15 +86,31 @@ class Target(NamedTuple):
     name: str  # the replica: the server actor's name, or host:port
     url: str
     engine: str = ""  # vllm / sglang / trtllm when known
+    role: str = ""  # "prefill" / "decode" (prefill/decode disaggregation), "" otherwise
 
 
-def rollout_replica(actor_name: str) -> tuple[str, int, int] | None:
-    """(engine, replica, node rank) of a rollout server actor's name, or None (reward,
-    teacher and every other actor)."""
+class RolloutServer(NamedTuple):
+    engine: str
+    replica: int
+    node_rank: int  # the server's node within its replica: 0 serves the HTTP API
+    role: str  # "decode" (a decode server of a prefill/decode replica) or ""
+
+
+def rollout_replica(actor_name: str) -> RolloutServer | None:
+    """What a rollout server actor's name says, or None (reward, teacher and every other
+    actor). verl 0.9.1: `vllm_rollout/vllm_async_server.py:1365-1371` (`vllm_server_<r>_<n>`),
+    `vllm_rollout/vllm_pd_replica.py:154,185` (prefill `vllm_server_<r>_0`, decode
+    `vllm_server_decode_<r>_<i>`), `sglang_rollout/async_sglang_server.py:839-843`,
+    `sglang_rollout/sglang_pd_replica.py:136,163`, `trtllm_rollout/trtllm_async_server.py:632-636`
+    (`trtllm_server_<r>`); the `_<name_suffix>` of `replica.py:120`."""
     m = ROLLOUT_SERVER.fullmatch(actor_name)
     if m is None:
         return None
-    return m.group(1), int(m.group(2)), int(m.group(3))
+    if m.group("trt"):
+        return RolloutServer("trtllm", int(m.group("trt_replica")), 0, "")
+    if m.group("decode"):  # decode server i of the replica: its own server, its own API
+        return RolloutServer(m.group("engine"), int(m.group("replica")), 0, "decode")
+    return RolloutServer(m.group("engine"), int(m.group("replica")), int(m.group("rank")), "")
 
 
 def _url(target: str) -> str:
@@ -369,10 +395,16 @@ class Targets:
         out = []
         alive = set()
         probes = 0
+        servers = {pid: rollout_replica(getattr(a, "name", "") or "") for pid, a in actors.items()}
+        # a replica with decode servers is disaggregated: its `_server_<r>_0` is the prefill peer
+        disaggregated = {(s.engine, s.replica) for s in servers.values() if s and s.role}
         for pid, actor in actors.items():
-            found = rollout_replica(getattr(actor, "name", "") or "")
-            if found is None or found[2] != 0:
+            found = servers[pid]
+            if found is None or found.node_rank != 0:
                 continue
+            role = found.role
+            if not role and (found.engine, found.replica) in disaggregated:
+                role = "prefill"
             alive.add(pid)
             url, probed = self._ports.get(pid, (None, None))
             now = time.monotonic()
@@ -391,23 +423,29 @@ class Targets:
                 if url is None:
                     errors[PORT_NOT_FOUND] += 1
             if url is not None:
-                out.append(Target(outside_label(actor.name), url, found[0]))
+                out.append(Target(outside_label(actor.name), url, found.engine, role))
         for pid in list(self._ports):
             if pid not in alive:
                 del self._ports[pid]
         return out
 
     def _probe(self, pid: int) -> str | None:
+        """The server's /metrics: the first port answering Prometheus text, else one whose
+        HTTP server has no /metrics route (404: SGLang without enable_metrics), read as a
+        replica without stats rather than as one whose port was not found."""
         probe = http.Client(timeout=self.probe_timeout, max_bytes=1 << 22, accept="text/plain")
+        no_route = None
         for addr, port in listening_ports(pid, self.proc)[:MAX_PORTS]:
             url = f"http://{addr}:{port}/metrics"
             try:
                 body = probe.get(url)
-            except http.HttpFailure:
+            except http.HttpFailure as exc:
+                if exc.status == 404 and no_route is None:
+                    no_route = url
                 continue
             if b"# TYPE " in body or b"# HELP " in body:
                 return url
-        return None
+        return no_route
 
     def forget_ports(self) -> None:
         """Probe every server's port again at the next poll."""

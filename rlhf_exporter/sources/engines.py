@@ -26,7 +26,8 @@ What the bounds drop is counted in `rlhf_exporter_record_errors_total{collector=
 `engine_http_error`, `engine_redirect`, `engine_encoded`, `engine_too_large` is
 `engine_body_too_large`, `engine_bad_http` (the client's reasons, `engine_` first),
 `engine_parse_error`, `engine_no_stats` (a replica that answers without engine series:
-`disable_log_stats=True`), `engine_series_dropped`, `engine_bad_value`,
+vLLM with `disable_log_stats=True`, or no /metrics route at all, HTTP 404: SGLang without
+`enable_metrics`), `engine_series_dropped`, `engine_bad_value`,
 `engine_counter_jump`, `engine_replicas_evicted` (the rings of gone replicas beyond
 `--engine-max-replicas`). Every reason is exported from 0.
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import threading
 import time
 from collections import Counter, deque
@@ -57,6 +59,7 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     # vLLM 0.12 .. 0.33 (vllm/v1/metrics/loggers.py)
     "vllm:num_requests_running": ("running", "sum"),
     "vllm:num_requests_waiting": ("waiting", "sum"),
+    "vllm:num_requests_waiting_by_reason": ("waiting_capacity", "sum"),  # SELECT: capacity
     "vllm:kv_cache_usage_perc": ("kv", "max"),
     "vllm:gpu_cache_usage_perc": ("kv", "max"),  # before vLLM 0.10
     "vllm:num_preemptions_total": ("preempted", "sum"),
@@ -67,21 +70,40 @@ FAMILIES: Mapping[str, tuple[str, str]] = {
     "sglang:token_usage": ("kv", "max"),
     "sglang:num_retracted_requests_total": ("preempted", "sum"),
     "sglang:generation_tokens_total": ("tokens", "sum"),
+    "sglang:realtime_tokens_total": ("decode_tokens", "sum"),  # SELECT: decode
     "sglang:gen_throughput": ("throughput", "sum"),
 }
+SELECT: Mapping[str, tuple[str, str]] = {
+    # vLLM >= 0.2x: the waits for scheduling capacity alone; num_requests_waiting also counts
+    # requests deferred by the LoRA budget or a KV transfer, which no engine room would help
+    "vllm:num_requests_waiting_by_reason": ("reason", "capacity"),
+    # SGLang: decoded tokens, every decode step (generation_tokens_total grows only when a
+    # request finishes, crediting a window with whole requests)
+    "sglang:realtime_tokens_total": ("mode", "decode"),
+}
+"""Families of which only the series with this label value are read."""
+_HOW = {field: how for field, how in FAMILIES.values()}
+PRIORITY_GAUGES = frozenset({"running", "waiting", "waiting_capacity", "kv", "throughput"})
+"""Gauges: with priority scheduling SGLang writes their total under `priority=""`."""
+PER_RANK = "tp_rank"
+"""SGLang's schedulers label their series with their TP rank. Every rank counts each
+retraction (scheduler.py `increment_retracted_reqs`; the gauges come from the stats rank
+only, or from each rank with `enable_metrics_for_all_schedulers`): the ranks of one
+data-parallel group describe the same batch, so a replica's value is the maximum over
+`tp_rank` within each group of its other labels, then combined over the groups."""
 # the lines read: each wanted family's samples; a name must be followed by `{` or a space, so
 # that `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`
 _WANTED: tuple[bytes, ...] = tuple(
     p for name in FAMILIES for p in (name.encode() + b"{", name.encode() + b" ")
 )
-GAUGES = frozenset({"running", "waiting", "throughput"})
-COUNTERS = frozenset({"preempted", "tokens"})
+GAUGES = frozenset({"running", "waiting", "waiting_capacity", "throughput"})
+COUNTERS = frozenset({"preempted", "tokens", "decode_tokens"})
 MAX_SERIES = 256  # default of --engine-max-series: samples read per family and page
 MAX_GAUGE = 1e9  # requests or tokens/s of one series: more is no engine's (engine_bad_value)
 MAX_COUNTER = float(2**53)  # a counter's value: beyond, floats no longer count by one
 # the most a counter may grow per second of one replica; a larger jump is dropped
 # (engine_counter_jump) and the counter goes on from its new value
-MAX_RATE: Mapping[str, float] = {"tokens": 1e7, "preempted": 1e5}
+MAX_RATE: Mapping[str, float] = {"tokens": 1e7, "decode_tokens": 1e7, "preempted": 1e5}
 
 
 _NAMES: tuple[bytes, ...] = tuple(name.encode() for name in FAMILIES)
@@ -195,27 +217,40 @@ def fetch(url: str, timeout: float, max_bytes: int, via: http.Client | None = No
     try:
         return c.get(url, timeout=timeout, max_bytes=max_bytes)
     except http.HttpFailure as exc:
+        if exc.status == 404:  # no /metrics route (SGLang without enable_metrics): no stats
+            raise FetchError(NO_STATS) from None
         raise FetchError(FETCH_REASONS.get(exc.reason, HTTP_ERROR)) from None
     finally:
         if via is None:
             c.close()
 
 
-def _value(line: bytes) -> tuple[bytes, float]:
-    """(name, value) of one sample line `name{labels} value [timestamp]`; ValueError when
-    it is not one."""
+def _value(line: bytes) -> tuple[bytes, bytes, float]:
+    """(name, label text, value) of one sample line `name{labels} value [timestamp]`;
+    ValueError when it is not one. The label text is parsed only where it matters
+    (`labels`)."""
     brace = line.find(b"{")
     if brace >= 0:
         close = line.rfind(b"}")
         if close < brace:
             raise ValueError("unclosed labels")
-        name, rest = line[:brace], line[close + 1 :]
+        name, labels, rest = line[:brace], line[brace + 1 : close], line[close + 1 :]
     else:
         name, _, rest = line.partition(b" ")
+        labels = b""
     words = rest.split()
     if not 1 <= len(words) <= 2 or len(words[0]) > 64:
         raise ValueError("not `value [timestamp]`")
-    return name, float(words[0])
+    return name, labels, float(words[0])
+
+
+_LABEL = re.compile(rb'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def labels(text: bytes) -> dict[str, str]:
+    """The label pairs of a sample's `{...}` text (escapes kept as written: only the
+    values of `priority`, `tp_rank` and SELECT's labels are compared, never shown)."""
+    return {k.decode(): v.decode("utf-8", "replace") for k, v in _LABEL.findall(text)}
 
 
 def _sane(field: str, v: float) -> bool:
@@ -237,25 +272,36 @@ def parse(body: bytes, t: float, max_series: int = MAX_SERIES) -> Read:
     lines, excess = wanted_lines(body, max_series)
     if not lines:
         return Read(EngineSample(t), "", NO_STATS)
-    values: dict[str, float] = {}
+    series: dict[str, list[tuple[bytes, float]]] = {}
     dropped: Counter[str] = Counter()
     if excess:
         dropped[SERIES_DROPPED] = excess
     engine = ""
     for line in lines:
         try:
-            name, v = _value(line)
+            name, text, v = _value(line)
         except ValueError:
             return Read(None, engine, PARSE_ERROR)
-        field, how = FAMILIES[name.decode()]
-        engine = engine or name.split(b":", 1)[0].decode()
+        family = name.decode()
+        field, _how = FAMILIES[family]
+        engine = engine or family.split(":", 1)[0]
         if not _sane(field, v):
             dropped[BAD_VALUE] += 1
             continue
-        if field in values:
-            values[field] = max(values[field], v) if how == "max" else values[field] + v
-        else:
-            values[field] = v
+        pick = SELECT.get(family)
+        if pick is not None and labels(text).get(pick[0]) != pick[1]:
+            continue
+        series.setdefault(field, []).append((text, v))
+    values = {
+        field: combine(
+            [(labels(text), v) for text, v in got] if len(got) > 1 else [({}, got[0][1])],
+            _HOW[field],
+            field in PRIORITY_GAUGES,
+        )
+        for field, got in series.items()
+    }
+    if "waiting_capacity" in values:  # what `queueing` means: waits for capacity
+        values["waiting"] = values.pop("waiting_capacity")
     if "running" not in values:
         return Read(EngineSample(t), engine, NO_STATS, MappingProxyType(dict(dropped)))
     return Read(EngineSample(t, **values), engine, None, MappingProxyType(dict(dropped)))
@@ -296,6 +342,23 @@ class CounterGuard:
 ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engines are read at 1 Hz
 
 
+def combine(series: Sequence[tuple[Mapping[str, str], float]], how: str, gauge: bool) -> float:
+    """One replica's value of one family from its series: summed (`how` "sum": engines of a
+    data-parallel server) or the maximum ("max": KV usage). SGLang's TP ranks count once
+    (PER_RANK); with priority scheduling a gauge's total is the `priority=""` series, beside
+    one series per priority that must not be added to it (metrics_collector.py
+    `_log_gauge_queue_count`; counters are split by priority, never totalled, so they add)."""
+    if len(series) == 1:
+        return series[0][1]
+    if gauge and any(labels.get("priority") for labels, _ in series):
+        series = [(labels, v) for labels, v in series if not labels.get("priority")] or series
+    groups: dict[tuple[tuple[str, str], ...], float] = {}
+    for labels, v in series:
+        key = tuple(sorted((k, x) for k, x in labels.items() if k != PER_RANK))
+        groups[key] = max(groups[key], v) if key in groups else v
+    return max(groups.values()) if how == "max" else sum(groups.values())
+
+
 class EngineSource(PollingSource):
     def __init__(
         self,
@@ -329,6 +392,7 @@ class EngineSource(PollingSource):
         self._rings_lock = threading.Lock()
         self._rings: dict[str, deque[EngineSample]] = {}
         self._engine: dict[str, str] = {}
+        self._prefill: set[str] = set()  # prefill peers of disaggregated replicas
         self._up: dict[str, bool] = {}
         self._last_seen: dict[str, float] = {}
         self._errors: Counter[str] = Counter()
@@ -422,6 +486,8 @@ class EngineSource(PollingSource):
                 guard = self._guards.setdefault(name, CounterGuard())
                 ring.append(guard.check(read.sample, self._errors))
                 self._engine[name] = read.engine or target.engine or self._engine.get(name, "")
+                if target.role == "prefill":
+                    self._prefill.add(name)
                 s = read.sample
                 if (s.running or 0.0) > 0 or (s.waiting or 0.0) > 0:
                     busy = True
@@ -444,6 +510,8 @@ class EngineSource(PollingSource):
         try:
             body = fetch(target.url, self.timeout, self.max_bytes, self._http)
         except FetchError as exc:
+            if exc.reason == NO_STATS:  # it answers, without engine series: alive, no stats
+                return Read(EngineSample(self._clock()), target.engine, NO_STATS)
             return Read(None, target.engine, exc.reason)
         # the reads wait on their sockets in parallel; the pages are parsed one at a time, so
         # that eight big pages do not crowd the scrapes' thread out of the interpreter lock
@@ -474,6 +542,7 @@ class EngineSource(PollingSource):
     def _drop_ring(self, name: str) -> None:
         for d in (self._rings, self._engine, self._last_seen, self._guards):
             d.pop(name, None)
+        self._prefill.discard(name)
 
     def _samples(self) -> Iterable[Sample]:
         # names from outside (a target file, an answer) are cleaned and cut at the source
@@ -506,7 +575,9 @@ class EngineSource(PollingSource):
         return out
 
     def evidence(self, spans: Sequence[tuple[float, float]]) -> EngineEvidence | None:
-        return measure(spans, self.samples_over(spans), self.limits)
+        with self._rings_lock:
+            prefill = set(self._prefill)
+        return measure(spans, self.samples_over(spans), self.limits, prefill)
 
 
 def _address(url: str) -> tuple[str, str, int]:

@@ -7,9 +7,11 @@ Read from the wheels (`pip download --no-deps vllm sglang`, 2026-12-01):
   data-parallel). Counters are declared without `_total`; prometheus_client adds it.
 - SGLang 0.5.23, `sglang/srt/observability/metrics_collector.py`: the scheduler's gauges
   (`SchedulerMetricsCollector`) have the labels `model_name`, `engine_type` ("unified"
-  unless disaggregated), `tp_rank`, `pp_rank`, `moe_ep_rank` (+ `dp_rank` with DP
-  attention); the tokenizer's counters (`TokenizerMetricsCollector`) `model_name`,
-  `engine_type` (+ `is_streaming` on token counters).
+  unless disaggregated), `tp_rank`, `pp_rank`, `moe_ep_rank` (+ `priority` with priority
+  scheduling, + `dp_rank` with data parallelism); the tokenizer's counters
+  (`TokenizerMetricsCollector`) `model_name`, `engine_type` (+ `is_streaming` on token
+  counters). SGLang serves them in prometheus_client's multiprocess mode: a series exists
+  from the first time its labels are used (a counter from its first increment).
 
 Both serve them with prometheus_client's exposition, so the simulated engine does too.
 Each entry: (name as declared, type, HELP, label names).
@@ -29,6 +31,12 @@ VLLM = {
                 "Number of requests in model execution batches.", VLLM_LABELS),
     "waiting": ("vllm:num_requests_waiting", "gauge",
                 "Number of requests waiting to be processed.", VLLM_LABELS),
+    "waiting_by_reason": ("vllm:num_requests_waiting_by_reason", "gauge",
+                          "Number of waiting requests by reason. Reason labels: 'capacity' = "
+                          "waiting for scheduling capacity; 'deferred' = deferred by transient "
+                          "constraints (LoRA budget, KV transfer, blocked status). Sum of all "
+                          "reasons equals vllm:num_requests_waiting.",
+                          (*VLLM_LABELS, "reason")),
     "kv": ("vllm:kv_cache_usage_perc", "gauge",
            "KV-cache usage. 1 means 100 percent usage.", VLLM_LABELS),
     "preempted": ("vllm:num_preemptions", "counter",
@@ -67,6 +75,9 @@ SGLANG = {
                SGLANG_TOKENIZER_LABELS + ("is_streaming",)),
     "used": ("sglang:num_used_tokens", "gauge", "The number of used tokens.",
              SGLANG_SCHED_LABELS),
+    "realtime": ("sglang:realtime_tokens_total", "counter",
+                 "Total number of tokens processed (updated on each log interval). mode: "
+                 "prefill_compute, prefill_cache, decode.", (*SGLANG_SCHED_LABELS, "mode")),
 }  # fmt: skip
 SGLANG_TTFT = (
     "sglang:time_to_first_token_seconds",

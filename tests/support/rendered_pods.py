@@ -29,6 +29,10 @@ SUBSTITUTED: Mapping[str, tuple[str, str]] = {
         "the pod's Ray dashboard (localhost on the head, KubeRay's head Service on a worker) "
         "-> the test's Ray head, or a closed port where the test runs no Ray",
     ),
+    "RLHF_EXPORTER_ENGINE_PROMETHEUS_FILE": (
+        r"/[\w/.-]+\.ya?ml",
+        "verl's rollout.prometheus.file on the engines volume -> the same file in a tmp dir",
+    ),
     "RLHF_EXPORTER_GPU_WINDOWS_FROM": (
         r"http://[\w-]+\.[\w-]+\.svc:\d+",
         "the head sidecar's Service DNS name -> the head process's 127.0.0.1 URL",

@@ -3,7 +3,9 @@
 vLLM and SGLang cannot run here. Each simulated replica is a small HTTP server on a free
 127.0.0.1 port that serves exactly the engines' metric names, types, labels and HELP lines
 (tests/support/engine_metrics.py, read from the wheels), through prometheus_client's own
-exposition as the engines do. What they report follows a scenario: inside each rollout
+exposition as the engines do, and behaves as the engines' own metric code does (first-use
+series, TP ranks, priority totals, tokens at request end: `Replica`; checked against their
+pages by tests/test_engine_sim_fidelity.py). What they report follows a scenario: inside each rollout
 window [a, b) a replica plays its `profile` (segments over the window's fraction u), outside
 it idles. Counters (tokens, preemptions) are the exact integrals of the profile's rates, so
 `truth()` gives the evidence the exporter should find, computed independently of it.
@@ -14,6 +16,7 @@ sample it exactly when it wants, or use wall time for an end-to-end run.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ class Segment(NamedTuple):
     kv: float  # 0-1
     tokens_per_s: float
     preempt_per_s: float = 0.0
+    deferred: float = 0.0  # vLLM: waiting, deferred (LoRA budget, KV transfer), not for room
 
 
 IDLE = Segment(1.0, 0.0, 0.0, 0.02, 0.0, 0.0)
@@ -45,12 +49,31 @@ IDLE = Segment(1.0, 0.0, 0.0, 0.02, 0.0, 0.0)
 
 @dataclass
 class Replica:
+    """One server. Per engine (`dp` of them in one server: vLLM's `engine` label, SGLang's
+    `dp_rank`) it plays `profile`; the server's running/waiting/tokens are `dp` times one
+    engine's. What the real engines do (tests/test_engine_sim_fidelity.py checks it against
+    their own pages, tests/fixtures/engine_pages):
+    - vLLM creates every series at start; `num_requests_waiting` = capacity + deferred waits,
+      beside `num_requests_waiting_by_reason{reason}`;
+    - SGLang creates a series at its first use (the retraction counter at the first
+      retraction, `realtime_tokens_total{mode="decode"}` at the first decoded token,
+      `generation_tokens_total` when the first request finishes); every TP rank counts each
+      retraction (one series per `tp_rank`), the gauges and realtime tokens come from TP
+      rank 0; `generation_tokens_total` grows only when requests finish (`finish_at`:
+      fractions of each window); with priority scheduling each gauge has its total under
+      `priority=""` beside one series per priority."""
+
     kind: str  # "vllm" or "sglang"
     profile: tuple[Segment, ...]
     stats: bool = True  # False: disable_log_stats=True (no engine series at all)
     dies_at: float | None = None  # from this time on the replica does not answer
-    gen_tokens_counter: bool = True  # sglang: False = only gen_throughput (older versions)
+    gen_tokens_counter: bool = True  # sglang: False = no token counters (only gen_throughput)
     name: str = ""
+    tp: int = 1
+    dp: int = 1
+    priority: bool = False  # sglang --enable-priority-scheduling
+    finish_at: tuple[float, ...] = ()  # sglang: when requests finish (window fractions)
+    retract_burst: tuple[float, int] | None = None  # (window fraction, requests) once each
     server: Any = field(default=None, repr=False)
 
     def state(self, t: float, windows: Sequence[tuple[float, float]]) -> Segment:
@@ -64,7 +87,7 @@ class Replica:
         return IDLE
 
     def counters(self, t: float, windows: Sequence[tuple[float, float]]) -> tuple[float, float]:
-        """(generated tokens, preemptions) since the start, at time t (exact)."""
+        """(generated tokens, preemptions) of the whole server since the start, at time t."""
         tokens = preempted = 0.0
         for a, b in windows:
             if t <= a:
@@ -78,7 +101,17 @@ class Replica:
                 lo = seg.until
                 if lo >= 1.0:
                     break
-        return tokens, preempted
+            if self.retract_burst is not None and t >= a + self.retract_burst[0] * (b - a):
+                preempted += self.retract_burst[1] / self.dp
+        # preemptions are whole events (a counter steps by one request at a time)
+        return tokens * self.dp, float(math.floor(preempted * self.dp + 1e-9))
+
+    def finished_tokens(self, t: float, windows: Sequence[tuple[float, float]]) -> float | None:
+        """SGLang's generation_tokens_total at t: the tokens of the requests finished by then
+        (None before the first finishes: the counter does not exist yet)."""
+        done = [a + f * (b - a) for a, b in windows for f in self.finish_at]
+        past = [x for x in done if x <= t]
+        return self.counters(max(past), windows)[0] if past else None
 
     def alive(self, t: float) -> bool:
         return self.dies_at is None or t < self.dies_at
@@ -119,48 +152,99 @@ def page(r: Replica, t: float, windows: Sequence[tuple[float, float]], bulk: boo
     s = r.state(t, windows)
     tokens, preempted = r.counters(t, windows)
     if r.kind == "vllm":
-        d = em.VLLM
-        lv = (MODEL, "0")
-
-        def metric(key: str) -> Any:
-            name, typ, doc, labels = d[key]
-            cls = Gauge if typ == "gauge" else Counter
-            return cls(name, doc, labels, registry=reg).labels(*lv)
-
-        metric("running").set(s.running)
-        metric("waiting").set(s.waiting)
-        metric("kv").set(s.kv)
-        metric("preempted").inc(preempted)
-        metric("tokens").inc(tokens)
-        metric("prompt").inc(tokens / 4)
-        hists = [(em.VLLM_E2E[0], em.VLLM_E2E[1], em.VLLM_E2E[2]), em.VLLM_TTFT]
-        if bulk:
-            hists += [(n, "Histogram.", em.VLLM_E2E[2]) for n in BULK_HISTOGRAMS]
-        for name, doc, buckets in hists:
-            h = Histogram(name, doc, em.VLLM_LABELS, buckets=buckets, registry=reg).labels(*lv)
-            for x in (0.2, 3.0, 45.0):
-                h.observe(x)
+        _vllm(reg, r, s, tokens, preempted, bulk)
     else:
-        d = em.SGLANG
-        sched = (MODEL, "unified", "0", "0", "0")
-
-        def sg(key: str, lv: tuple[str, ...] = sched) -> Any:
-            name, typ, doc, labels = d[key]
-            cls = Gauge if typ == "gauge" else Counter
-            return cls(name, doc, labels, registry=reg).labels(*lv)
-
-        sg("running").set(s.running)
-        sg("waiting").set(s.waiting)
-        sg("kv").set(s.kv)
-        sg("throughput").set(s.tokens_per_s)
-        sg("used").set(s.kv * 100_000)
-        sg("preempted").inc(preempted)
-        if r.gen_tokens_counter:
-            sg("tokens", (MODEL, "unified", "false")).inc(tokens)
-        name, doc, buckets = em.SGLANG_TTFT
-        h = Histogram(name, doc, em.SGLANG_TOKENIZER_LABELS, buckets=buckets, registry=reg)
-        h.labels(MODEL, "unified").observe(0.5)
+        _sglang(reg, r, s, tokens, preempted, r.finished_tokens(t, windows))
     return generate_latest(reg)
+
+
+def _share(events: float, n: int, i: int) -> float:
+    """Engine i's part of a server's whole events, split over n engines."""
+    whole = int(events)
+    return float(whole // n + (1 if i < whole % n else 0))
+
+
+def _vllm(reg: Any, r: Replica, s: Segment, tokens: float, preempted: float, bulk: bool) -> None:
+    d = em.VLLM
+
+    def metric(key: str) -> Any:
+        name, typ, doc, labels = d[key]
+        cls = Gauge if typ == "gauge" else Counter
+        return cls(name, doc, labels, registry=reg)
+
+    running, waiting, by_reason, kv = (
+        metric(k) for k in ("running", "waiting", "waiting_by_reason", "kv")
+    )
+    counters = {k: metric(k) for k in ("preempted", "tokens", "prompt")}
+    hists = [(em.VLLM_E2E[0], em.VLLM_E2E[1], em.VLLM_E2E[2]), em.VLLM_TTFT]
+    if bulk:
+        hists += [(n, "Histogram.", em.VLLM_E2E[2]) for n in BULK_HISTOGRAMS]
+    hs = [Histogram(n, doc, em.VLLM_LABELS, buckets=b, registry=reg) for n, doc, b in hists]
+    for e in range(r.dp):  # each data-parallel engine under its own `engine` label
+        lv = (MODEL, str(e))
+        running.labels(*lv).set(s.running)
+        waiting.labels(*lv).set(s.waiting + s.deferred)
+        by_reason.labels(*lv, "capacity").set(s.waiting)
+        by_reason.labels(*lv, "deferred").set(s.deferred)
+        kv.labels(*lv).set(s.kv)
+        counters["preempted"].labels(*lv).inc(_share(preempted, r.dp, e))
+        counters["tokens"].labels(*lv).inc(tokens / r.dp)
+        counters["prompt"].labels(*lv).inc(tokens / r.dp / 4)
+        for h in hs:
+            for x in (0.2, 3.0, 45.0):
+                h.labels(*lv).observe(x)
+
+
+def _sglang(
+    reg: Any, r: Replica, s: Segment, tokens: float, preempted: float, finished: float | None
+) -> None:
+    d = em.SGLANG
+    extra = ("priority",) if r.priority else ()
+    extra += ("dp_rank",) if r.dp > 1 else ()
+
+    def sg(key: str, more: tuple[str, ...] = ()) -> Any:
+        name, typ, doc, labels = d[key]
+        cls = Gauge if typ == "gauge" else Counter
+        if labels[:2] == ("model_name", "engine_type") and "tp_rank" in labels:
+            labels = (*labels[:5], *extra, *labels[5:])
+        return cls(name, doc, labels, registry=reg)
+
+    gauges = {k: sg(k) for k in ("running", "waiting", "kv", "throughput", "used")}
+    retracted, realtime = sg("preempted"), sg("realtime")
+    for dp in range(r.dp):
+
+        def rank(tp: int, dp: int = dp) -> tuple[str, ...]:
+            out: tuple[str, ...] = (MODEL, "unified", str(tp), "0", "0")
+            out += ("",) if r.priority else ()
+            return out + ((str(dp),) if r.dp > 1 else ())
+
+        values = {
+            "running": s.running,
+            "waiting": s.waiting,
+            "kv": s.kv,
+            "throughput": s.tokens_per_s,
+            "used": s.kv * 100_000,
+        }
+        for key, value in values.items():  # the stats rank (TP rank 0) logs the gauges
+            gauges[key].labels(*rank(0)).set(value)
+            if r.priority and key in ("running", "waiting"):
+                high = int(2 * value) // 3  # priority 0: two thirds, priority 1: the rest
+                for prio, part in (("0", high), ("1", value - high)):
+                    labels = list(rank(0))
+                    labels[5] = prio
+                    gauges[key].labels(*labels).set(part)
+        mine = _share(preempted, r.dp, dp)
+        if mine > 0:  # created at the first retraction, counted by every TP rank
+            for tp in range(r.tp):
+                retracted.labels(*rank(tp)).inc(mine)
+        if r.gen_tokens_counter and tokens > 0:
+            realtime.labels(*rank(0), "decode").inc(tokens / r.dp)
+    if r.gen_tokens_counter and finished is not None:
+        tok = sg("tokens")
+        tok.labels(MODEL, "unified", "false").inc(finished)
+    name, doc, buckets = em.SGLANG_TTFT
+    h = Histogram(name, doc, em.SGLANG_TOKENIZER_LABELS, buckets=buckets, registry=reg)
+    h.labels(MODEL, "unified").observe(0.5)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -249,9 +333,10 @@ class EngineSim:
         alive = [r for r in self.replicas if r.stats]
         running, waiting, kvs = [], [], []
         for t in pts:
-            ss = [r.state(t, self.windows) for r in alive]
-            running.append(sum(s.running for s in ss))
-            waiting.append(sum(s.waiting for s in ss))
+            ss = [(r.state(t, self.windows), r.dp) for r in alive]
+            running.append(sum(s.running * dp for s, dp in ss))
+            waiting.append(sum(s.waiting * dp for s, dp in ss))  # waits for capacity
+            ss = [s for s, _ in ss]
             kvs.append(max((s.kv for s in ss), default=0.0))
         peak = max(running, default=0.0)
         m = len(pts)

@@ -102,6 +102,10 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ACTORS" "value" "true") }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_NVML" "value" (toString $v.sidecar.head.nvml)) }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_GPU_ROLES" "value" (toString (and $v.sidecar.head.nvml $v.sidecar.gpuRoles))) }}
+{{- with $v.sidecar.head.engines }}{{ if .volume }}
+{{- /* verl's rollout.prometheus.file: every rollout replica of the job (docs/engines.md) */}}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_ENGINE_PROMETHEUS_FILE" "value" (printf "%s/%s" (trimSuffix "/" .mountPath) .file)) }}
+{{- end }}{{ end }}
 {{- if and $v.push.tokenSecret.name (not $v.push.enabled) }}
 {{- /* the token also guards the head's GET /api/v1/windows, which the workers read */}}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.push.tokenSecret.name "key" $v.push.tokenSecret.key))) }}
@@ -138,6 +142,9 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $mounts := list }}
 {{- if eq $role "head" }}
 {{- $mounts = append $mounts (dict "name" $v.sidecar.logsVolume "mountPath" $v.sidecar.logsMountPath "readOnly" true) }}
+{{- with $v.sidecar.head.engines.volume }}
+{{- $mounts = append $mounts (dict "name" . "mountPath" $v.sidecar.head.engines.mountPath "readOnly" true) }}
+{{- end }}
 {{- end }}
 {{- include "rlhf-exporter.container" (dict "ctx" $ctx "name" $v.sidecar.name "portName" $v.sidecar.portName "env" $env "push" (eq $role "head") "mounts" $mounts) }}
 {{- end }}

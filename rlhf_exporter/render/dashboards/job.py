@@ -940,7 +940,8 @@ def engine_tokens_per_replica(c: DashboardContext) -> PanelBuilder:
     return time_series(
         "Engines: tokens per replica during W",
         "Tokens each rollout replica generated during the step's rollout window "
-        "(vllm:generation_tokens_total, sglang:generation_tokens_total). One replica far "
+        '(vllm:generation_tokens_total; SGLang: sglang:realtime_tokens_total{mode="decode"}, '
+        "else sglang:generation_tokens_total). One replica far "
         "above the others: replica_imbalance (next panel).",
         [Q(sel("rlhf_engine_replica_generated_tokens"), ENGINE_REPLICA_LEGEND)],
         style.TOKENS,
