@@ -201,8 +201,13 @@ def test_discovery_on_a_real_ray_head_finds_every_rollout_replica_and_no_other(
         )
         targets = Targets(ray=ray_src, probe_timeout=0.5)
         errors: Counter[str] = Counter()
-        found = {t.name: t for t in targets.current(errors)}
+        found: dict[str, engine_targets.Target] = {}
+        polls = 0
+        while set(found) != set(ROLLOUT) and polls < 4:  # at most MAX_PROBES new PIDs a poll
+            found = {t.name: t for t in targets.current(errors)}
+            polls += 1
         assert set(found) == set(ROLLOUT), found
+        assert polls == -(-len(ROLLOUT) // engine_targets.MAX_PROBES)  # each probed once
         for name in ROLLOUT:
             http_port, mute_port = ports[name]
             assert found[name].url.endswith(f":{http_port}/metrics"), (found[name], mute_port)
@@ -278,23 +283,31 @@ def test_sglang_without_enable_metrics_reads_as_no_stats_not_as_a_missing_port()
     srt/utils/common.py `add_prometheus_middleware`, called by verl 0.9.1
     async_sglang_server.py:472-475 when server_args.enable_metrics): its server answers 404.
     That replica answers without stats (engine_no_stats), as vLLM with disable_log_stats."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    import subprocess
+    import sys
     from types import SimpleNamespace
 
-    class NoMetrics(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_error(404)  # what a FastAPI app without the route answers
-
-        def log_message(self, *a) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NoMetrics)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    # the server is a process titled as Ray titles its workers (`ray::...`): discovery probes
+    # only Ray workers' ports
+    code = (
+        "import http.server\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self): self.send_error(404)\n"
+        "    def log_message(self, *a): pass\n"
+        "s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), H)\n"
+        "print(s.server_address[1], flush=True)\n"
+        "s.serve_forever()\n"
+    )
+    proc = subprocess.Popen(
+        ["bash", "-c", 'exec -a "ray::SGLangHttpServer" "$0" -c "$1"', sys.executable, code],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        port = httpd.server_address[1]
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
         ray = SimpleNamespace(
-            pid_actors=lambda: {os.getpid(): SimpleNamespace(name="sglang_server_0_0")}
+            pid_actors=lambda: {proc.pid: SimpleNamespace(name="sglang_server_0_0")}
         )
         targets = Targets(ray=ray, probe_timeout=1.0)
         errors: Counter[str] = Counter()
@@ -305,9 +318,9 @@ def test_sglang_without_enable_metrics_reads_as_no_stats_not_as_a_missing_port()
         snap = source.poll_once()
         source.close()
     finally:
-        httpd.shutdown()
-        httpd.server_close()
+        proc.kill()
+        proc.wait()
     assert snap.record_errors.get("engine_no_stats") == 1
-    assert "engine_http_error" not in snap.record_errors
+    assert not snap.record_errors.get("engine_http_error")  # known reasons are served at 0
     up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
     assert up == {("sglang_server_0_0", "sglang"): 1.0}
