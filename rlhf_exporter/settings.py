@@ -97,6 +97,11 @@ def _token(text: str) -> str:
     return check_token(str(text)) or ""
 
 
+def _ray_token(text: str) -> str:
+    """Ray's token, checked as the push token is (never shown)."""
+    return check_token(str(text), "ray_token") or ""
+
+
 def _log_level(text: str) -> str:
     level = str(text).strip().lower()
     if level not in LEVELS:
@@ -367,6 +372,24 @@ OPTIONS: tuple[Option, ...] = (
         "Ray dashboard URL (default: $RAY_DASHBOARD_ADDRESS, $RAY_ADDRESS, http://127.0.0.1:8265)",
         "ray",
         "URL",
+    ),
+    Option(
+        "ray_token_file",
+        str,
+        None,
+        "file holding the token of a Ray cluster with token authentication (a mounted Secret; "
+        "re-read when it changes), sent as 'Authorization: Bearer' (default: $RAY_AUTH_TOKEN_PATH)",
+        "ray",
+        "FILE",
+    ),
+    Option(
+        "ray_token",
+        _ray_token,
+        None,
+        "the Ray cluster's token itself; prefer RLHF_EXPORTER_RAY_TOKEN or --ray-token-file "
+        "(a flag shows in ps) (default: $RAY_AUTH_TOKEN)",
+        "ray",
+        "TOKEN",
     ),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
     Option("ray_timeout", _positive, 5.0, "per-request timeout for Ray's API", "ray", "SECONDS"),

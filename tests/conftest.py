@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from rlhf_exporter.config import load_thresholds
 from tests.support.procs import TRACES
+
+# Ray 2.60 turns token authentication on by itself when ~/.ray/auth_token exists and
+# RAY_AUTH_MODE is unset: every Ray a test starts (heads, drivers, `ray job submit`, verl)
+# runs without it, whatever the machine's home holds. The test that means auth
+# (tests/test_ray_auth.py) starts its head with RAY_AUTH_MODE=token and a token of its own.
+os.environ["RAY_AUTH_MODE"] = "disabled"
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,7 @@ from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .ray_jobs import JobBook
+from .ray_token import RayToken, auth_error
 from .roles import ROLES, RoleMap
 
 log = logging.getLogger(__name__)
@@ -174,8 +175,10 @@ class RaySource(PollingSource):
         node_ips: Iterable[str] | None = None,
         stale_after: float | None = None,
         clock: Clock = time.time,
+        token: RayToken | None = None,
     ):
         super().__init__("ray", interval, stale_after, wall=clock)
+        self.token = token  # sent as `Authorization: Bearer` (Ray's token authentication)
         self.address = address.rstrip("/")
         self.timeout = timeout
         self.actors = actors
@@ -219,11 +222,15 @@ class RaySource(PollingSource):
             roles=RoleMap.from_file(settings.ray_roles),
             node_ips=[node_ip] if node_ip else None,
             clock=context.clock,
+            token=RayToken.resolve(
+                getattr(settings, "ray_token", None), getattr(settings, "ray_token_file", None)
+            ),
         )
 
     def describe(self) -> str:
         mode = "actors" if self.actors else "PIDs only"
-        return f"ray ({self.address}, every {self.interval:g}s, {mode})"
+        auth = f", token from {self.token.where}" if self.token is not None else ""
+        return f"ray ({self.address}, every {self.interval:g}s, {mode}{auth})"
 
     def close(self) -> None:
         self._http.close()
@@ -267,8 +274,13 @@ class RaySource(PollingSource):
         """GET JSON; every failure is a SourceError with a short reason."""
         url = self.address + path
         deadline = time.monotonic() + self.timeout
+        headers = self.token.header() if self.token is not None else None
         try:
-            with self._http.get(url, params=params, timeout=self.timeout, stream=True) as resp:
+            with self._http.get(
+                url, params=params, timeout=self.timeout, stream=True, headers=headers
+            ) as resp:
+                if resp.status_code in (401, 403):
+                    raise auth_error(resp.status_code, path, self.token)
                 if resp.status_code != 200:
                     raise SourceError(
                         f"http_{resp.status_code}", f"GET {path}: HTTP {resp.status_code}"
