@@ -176,10 +176,10 @@ def test_diagnose_html_report(tmp_path):
     assert "<script" not in page and "src=" not in page
 
 
-def test_diagnose_html_of_the_sample_traces(shared_traces, tmp_path):
+def test_diagnose_html_of_the_sample_traces(sample_traces, tmp_path):
     """Real verl logs (every mode of the sample traces): one bar per expected step."""
     logs = sorted(
-        p for p in shared_traces.glob("*.jsonl") if not p.name.endswith(".expected.jsonl")
+        p for p in sample_traces.glob("*.jsonl") if not p.name.endswith(".expected.jsonl")
     )
     out = tmp_path / "traces.html"
     proc = subprocess.run(
