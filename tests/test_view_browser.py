@@ -163,7 +163,7 @@ def test_diagnose_html_in_chromium(tmp_path):
     assert not errors, errors
     el = check_anatomy(dom, offline())
     text = " ".join(el.text)
-    assert "Mostly:" in text and "classified steps" in text
+    assert "Verdict mix, mostly:" in text and "classified steps" in text
     assert next(a["href"] for a in el.find("a", "runbook")).endswith("#rlhfjobregression")
     check_screenshot(out.as_uri(), "diagnose-report.png")
 

@@ -461,6 +461,15 @@ def cannot_show(lines: Sequence[str]) -> str:
     )
 
 
+def move_text(move: int) -> str:
+    """The GPU-move estimate in words: never `+0 GPUs`."""
+    if move == 0:
+        return "keep the split (no GPU to move)"
+    n = abs(move)
+    gpus = f"{n} GPU{'s' if n > 1 else ''}"
+    return f"move {gpus} to the rollout" if move > 0 else f"move {gpus} to the trainer"
+
+
 def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
     """GPU time by step window and role (docs/gpu-windows.md): GPU-seconds, busy share and
     idle GPU-seconds per window group and GPU role since the exporter started; for separate
@@ -489,9 +498,8 @@ def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
             f"{b.trainer_idle:.0%} ({b.starved_idle:.0%} waiting for samples, "
             f"{b.trainer_idle_seconds:,.0f} GPU-seconds), rollout idle {b.rollout_idle:.0%} "
             f"({b.overprovisioned_idle:.0%} while the trainer works, "
-            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: move "
-            f"{b.move_to_rollout:+d} GPUs to the rollout (negative: to the trainer; "
-            "assumptions in docs/gpu-windows.md).</p>"
+            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: {move_text(b.move_to_rollout)} "
+            "(assumptions in docs/gpu-windows.md).</p>"
         )
     return out
 
@@ -630,7 +638,6 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
             )
             + "</p>"
         )
-        parts.append(cannot_show(f.cannot_show))
         if not f.runs:
             parts.append('<p class="empty">No classified steps (no usable timing_s/step).</p>')
         if f.earlier[0]:
@@ -650,13 +657,22 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
             ) or next(iter(s["regressions"]), None)
             parts.append(
                 f"<h3>Run {s['run']}</h3>"
+                + (
+                    f'<p class="headline"><b>{escape(s["headline"])}</b></p>'
+                    if s.get("headline")
+                    else ""
+                )
+                + episodes_list(
+                    [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
+                    "the whole run",
+                )
                 + verdict_box(
                     dom.get("verdict"),
                     dom.get("reason"),
                     "regression" if regressed else None,
                     regressed,
                     links,
-                    what="Mostly",
+                    what="Verdict mix, mostly",
                     advice=dom.get("look_at"),
                 )
                 + _summary_html(s)
@@ -668,10 +684,6 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                     else ""
                 )
                 + charts(run.points, "all")
-                + episodes_list(
-                    [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
-                    "the whole run",
-                )
                 + (
                     f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
                     + (f" ({escape(last.reason)})" if last.reason else "")
@@ -680,6 +692,7 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                     else ""
                 )
             )
+        parts.append(cannot_show(f.cannot_show))  # after the answer, never above it
     parts.append(
         f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
         f"{escape(links.runbook_base)}</a></p>"
