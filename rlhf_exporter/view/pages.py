@@ -47,7 +47,7 @@ svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{fon
 svg .run{stroke:#444;stroke-dasharray:3 3}
 .up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
-.empty{color:#777;font-style:italic}td.name{max-width:24em;overflow-wrap:anywhere}
+.empty{color:#777;font-style:italic}td.name{min-width:9em;max-width:24em;overflow-wrap:anywhere}
 h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
 """
 
@@ -257,7 +257,16 @@ def charts(points: Sequence[StepPoint], which: str = "last") -> str:
 def job_name(project: str, experiment: str) -> str:
     """A job's name as HTML: each part escaped and bidi-isolated (`<bdi>`), so a U+202E in
     one part cannot reorder the other or the text around it."""
-    return f"<bdi>{escape(project)}</bdi> / <bdi>{escape(experiment)}</bdi>"
+    return f"<bdi>{_breakable(project)}</bdi> / <bdi>{_breakable(experiment)}</bdi>"
+
+
+def _breakable(name: str) -> str:
+    """A name escaped, with a line-break opportunity (`<wbr>`) after each `_`, `.` and `/`:
+    a long name wraps at its separators, not character by character."""
+    out = escape(name)
+    for sep in ("_", ".", "/"):
+        out = out.replace(sep, sep + "<wbr>")
+    return out
 
 
 def job_path(project: str, experiment: str) -> str:
