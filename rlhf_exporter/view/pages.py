@@ -9,12 +9,13 @@ from immutable state and never waits on a source.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 from ..diagnosis.episodes import balanced_look_at, episodes
@@ -58,11 +59,36 @@ class Links:
     rules do) and the docs and dashboards next to them."""
 
     runbook_base: str
+    docs_base: str | None = None  # None: next to the runbooks (repo_base + "docs/")
+    dashboards_base: str | None = None  # None: repo_base + "grafana/"
+
+    @classmethod
+    def served(cls) -> Links:
+        """The exporter's own copies (`serve` answers /runbooks, /docs/, /grafana/)."""
+        return cls("/runbooks", "/docs/", "/docs/#dashboards")
+
+    @classmethod
+    def of(cls, runbook_url: str, fallback: Links | None = None) -> Links:
+        """A user's runbook URL wins; an unset one, or the default's reserved `.invalid`
+        host (RFC 2606: it never resolves), is `fallback` (default: the served copies)."""
+        if clickable(runbook_url):
+            return cls(runbook_url)
+        return fallback if fallback is not None else cls.served()
 
     @property
     def repo_base(self) -> str:  # .../blob/main/docs/runbooks.md -> .../blob/main/
         head, sep, _ = self.runbook_base.rpartition("/docs/")
         return head + "/" if sep else self.runbook_base.rsplit("/", 1)[0] + "/"
+
+    @property
+    def docs(self) -> str:
+        return self.docs_base if self.docs_base is not None else self.repo_base + "docs/"
+
+    @property
+    def dashboards(self) -> str:
+        if self.dashboards_base is not None:
+            return self.dashboards_base
+        return self.repo_base + "grafana/"
 
     def runbook(self, verdict: str | None, change: str | None = None) -> tuple[str, str]:
         """(url, alert name) of the runbook section for a verdict (a regression first)."""
@@ -70,8 +96,14 @@ class Links:
             return runbook_url(self.runbook_base, REGRESSION_ALERT), REGRESSION_ALERT
         alert = BOUND_ALERTS.get(verdict or "")
         if alert is None:
-            return self.runbook_base, "runbooks"
+            return self.runbook_base or "#runbooks", "runbooks"
         return runbook_url(self.runbook_base, alert), alert
+
+
+def clickable(url: str) -> bool:
+    """Whether a URL leads somewhere a person can open: set, and not a `.invalid` host."""
+    host = (urlsplit(url).hostname or "") if url else ""
+    return bool(host) and not (host == "invalid" or host.endswith(".invalid"))
 
 
 def _page(title: str, body: str, refresh: int | None = None) -> str:
@@ -357,7 +389,7 @@ def facts_section(facts: Facts, links: Links) -> str:
         "    static_configs:\n"
         f"      - targets: ['{host}']"
     )
-    docs, dashboards = links.repo_base + "docs/", links.repo_base + "grafana/"
+    docs, dashboards = links.docs, links.dashboards
     return (
         "<h2>This exporter</h2>"
         f"<p>rlhf-exporter {escape(facts.version)}. Scrape URL: "
@@ -561,6 +593,13 @@ def job_page(
     return _page(f"{name} - rlhf-exporter", body, refresh=10)
 
 
+def doc_page(html: str) -> str:
+    """A shipped doc or runbook (`/runbooks`, `/docs/...`) in the view's style."""
+    title = re.search(r"<h1[^>]*>(.*?)</h1>", html)
+    name = re.sub(r"<[^>]+>", "", title.group(1)) if title else "rlhf-exporter docs"
+    return _page(f"{name} - rlhf-exporter", html)
+
+
 def not_found_page(project: str, experiment: str) -> str:
     return _page(
         "no such job",
@@ -702,8 +741,27 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                 )
             )
         parts.append(cannot_show(f.cannot_show))  # after the answer, never above it
-    parts.append(
-        f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
-        f"{escape(links.runbook_base)}</a></p>"
-    )
+    if links.runbook_base:
+        parts.append(
+            f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
+            f"{escape(links.runbook_base)}</a></p>"
+        )
+    else:  # no runbook URL of the user's: the sections this report links, embedded
+        parts.append(embedded_runbooks("".join(parts)))
     return _page("rlhf-exporter diagnose report", "".join(parts))
+
+
+def embedded_runbooks(html: str) -> str:
+    """The runbook sections an HTML fragment links as `#<alert>`, for a report that must
+    work offline (a file attached to a bug)."""
+    from .docs_pages import runbook_sections
+
+    wanted = sorted(set(re.findall(r'href="#(rlhf[a-z]+)"', html)))
+    sections = runbook_sections(wanted)
+    if not sections:
+        return ""
+    return (
+        '<h2 id="runbooks">Runbooks (the sections this report links; all of them: '
+        "<code>rlhf-exporter serve</code>, /runbooks)</h2>"
+        f'<div class="runbooks">{sections}</div>'
+    )
