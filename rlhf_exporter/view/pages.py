@@ -443,16 +443,17 @@ def index_page(
         if verdict:
             advice = look_at(verdict, reason) or history_advice(history, verdict) or ""
         found = job_episodes(job)
-        if found:  # the latest change episode, told in words
-            latest = escape(found[-1].summary())
-            change_text += f' <span class="muted episode">{latest}</span>'
+        if found:  # the latest change episode: its first clause (the whole one on hover)
+            whole = found[-1].summary()
+            latest = escape(whole.split("; ", 1)[0])
+            change_text += f' <span class="muted episode" title="{escape(whole)}">{latest}</span>'
         rows.append(
             f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
             f"{job_name(job['project'], job['experiment'])}</a></td>"
             f"<td>{tag} {escape(reason or '')}{_engine_note(job)}</td><td>{change_text}</td>"
             f"<td>{draw.sparkline(history)}</td>"
             f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
-            f'<td>{escape(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
+            f'<td>{_breakable(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
         )
     table = (
         "<table><tr><th>job</th><th>verdict</th><th>change</th><th>step time and verdicts "
