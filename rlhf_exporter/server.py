@@ -54,8 +54,8 @@ from .metrics.exposition import Exposition
 from .metrics.snapshot import SnapshotFn
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
-from .view import Facts, Links, index_page, job_page
-from .view.pages import not_found_page
+from .view import Facts, Links, docs_pages, index_page, job_page
+from .view.pages import doc_page, not_found_page
 from .windows_api import WindowsApi
 
 log = logging.getLogger(__name__)
@@ -169,7 +169,7 @@ def _with_host(page: bytes, host: str | None) -> bytes:
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
     base = f"http://{host}" if host else ""
     facts = Facts.of(__version__, base, endpoints.sources_text, endpoints.demo, endpoints.alerts)
-    return facts, Links(endpoints.alerts.get("runbook_url", ""))
+    return facts, Links.of(endpoints.alerts.get("runbook_url", ""))  # else the served copies
 
 
 def landing_page(endpoints: Endpoints, host: str | None = None) -> bytes:
@@ -302,10 +302,32 @@ class Handler(BaseHTTPRequestHandler):
                 self.headers.get("Authorization"), self.client_address[0]
             )
             self._send(status, body, "application/json", _auth_headers(status))
+        elif path == "/runbooks" or path.startswith(("/docs", "/grafana/")):
+            self._docs(path)
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:
-            self._text(404, "not found: try /, /metrics, /healthz, /readyz\n")
+            self._text(404, "not found: try /, /metrics, /healthz, /readyz, /docs/\n")
+
+    def _docs(self, path: str) -> None:
+        """The shipped runbooks, docs and dashboards (rlhf_exporter/view/docs_pages.py)."""
+        if path.startswith("/grafana/"):
+            body = docs_pages.dashboard(path[len("/grafana/") :])
+            if body is None:
+                self._text(404, "no such dashboard: see /docs/\n")
+            else:
+                self._send(200, body, "application/json")
+            return
+        if path in ("/docs", "/docs/"):
+            html = docs_pages.docs_index()
+        else:
+            name = "runbooks" if path == "/runbooks" else path[len("/docs/") :].removesuffix(".md")
+            found = docs_pages.doc_html(name) if docs_pages.valid_name(name) else None
+            if found is None:
+                self._text(404, "no such doc: see /docs/\n")
+                return
+            html = '<p><a href="/">All jobs</a> · <a href="/docs/">Docs</a></p>' + found
+        self._send(200, doc_page(html).encode(), "text/html; charset=utf-8")
 
     do_HEAD = do_GET
 

@@ -97,6 +97,11 @@ def _token(text: str) -> str:
     return check_token(str(text)) or ""
 
 
+def _ray_token(text: str) -> str:
+    """Ray's token, checked as the push token is (never shown)."""
+    return check_token(str(text), "ray_token") or ""
+
+
 def _log_level(text: str) -> str:
     level = str(text).strip().lower()
     if level not in LEVELS:
@@ -368,6 +373,24 @@ OPTIONS: tuple[Option, ...] = (
         "ray",
         "URL",
     ),
+    Option(
+        "ray_token_file",
+        str,
+        None,
+        "file holding the token of a Ray cluster with token authentication (a mounted Secret; "
+        "re-read when it changes), sent as 'Authorization: Bearer' (default: $RAY_AUTH_TOKEN_PATH)",
+        "ray",
+        "FILE",
+    ),
+    Option(
+        "ray_token",
+        _ray_token,
+        None,
+        "the Ray cluster's token itself; prefer RLHF_EXPORTER_RAY_TOKEN or --ray-token-file "
+        "(a flag shows in ps) (default: $RAY_AUTH_TOKEN)",
+        "ray",
+        "TOKEN",
+    ),
     Option("ray_interval", _positive, 15.0, "seconds between Ray polls", "ray", "SECONDS"),
     Option(
         "ray_timeout",
@@ -632,6 +655,8 @@ class Settings:
     page_cache_bytes: int
     ray: bool
     ray_address: str | None
+    ray_token_file: str | None
+    ray_token: str | None
     ray_interval: float
     ray_timeout: float
     ray_actors: bool

@@ -13,8 +13,8 @@
 # - .venv/ (python3 -m venv), with this checkout and its `test` extra (pyproject.toml: pytest,
 #   Ray, Helm's engine, the Grafana SDK, ruff, mypy, ...): about 900 MB, a few minutes once.
 # - verl==0.9.1 without its dependencies: its generated configuration is test data.
-# Then ruff, ruff format --check and mypy (SKIP_LINT=1 skips them), then pytest: the whole
-# suite takes about 10-15 minutes on 2 cores.
+# Then ruff, ruff format --check and mypy (SKIP_LINT=1 skips them), then pytest (the whole
+# suite's time is stated once, in README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -70,7 +70,11 @@ def test_every_trace_names_its_episodes(path):
     assert sorted((e["kind"], e["group"], e["first_step"], e["last_step"]) for e in got) == want
     for e in got:
         text = e["summary"]
-        steps = f"steps {e['first_step']}-{e['last_step']}"
+        steps = (
+            f"step {e['first_step']}"  # a one-step episode
+            if e["first_step"] == e["last_step"]
+            else f"steps {e['first_step']}-{e['last_step']}"
+        )
         one = e["first_step"] == e["last_step"] and f"at step {e['first_step']};" in text
         assert steps in text or f"from step {e['first_step']}" in text or one, text
         assert "step time" in text and "%" in text, text
@@ -137,7 +141,7 @@ def test_a_regression_that_recovers_says_at_which_step():
     assert e.ended == RECOVERED_AT and e.ended_at == 11
     assert "recovered at step 11" in describe(e)
     assert "update 30.0 -> 60.0 s per million tokens (+100%)" in describe(e)
-    assert "step time 70 -> 100 s (+43%)" in describe(e)
+    assert "the steps slowed: step time rose 70 -> 100 s (+43%)" in describe(e)
 
 
 def test_an_episode_at_the_end_of_a_run_is_ongoing():
@@ -166,8 +170,8 @@ def test_the_summary_tells_every_episode_and_what_to_look_at():
         check=True,
     )
     out = r.stdout
-    assert "episode 1:   rollout slower for the same work at steps 18-23" in out
-    assert "episode 2:   update slower for the same work at steps 34-39" in out
+    assert "episode 1:   rollout costlier per token at steps 18-23" in out
+    assert "episode 2:   update costlier per token at steps 34-39" in out
     assert out.count("      look at:   what changed at step") == 2
     # a mostly balanced run: the runner-up windows and what to check in each
     assert "look at:     no window dominates; the largest are rollout" in out
@@ -221,8 +225,8 @@ def test_index_and_job_view_tell_the_episodes(tmp_path):
         for page in (exp.get("/").text, exp.get("/jobs/proj/slow").text):
             # the job keeps its last 60 steps: both episodes are in them
             assert page.count('<li class="episode">') == 2, page
-            assert "rollout slower for the same work at steps 18-23" in page
-            assert "update slower for the same work at steps 34-39" in page
+            assert "rollout costlier per token at steps 18-23" in page
+            assert "update costlier per token at steps 34-39" in page
             assert page.count("<b>Look at:</b> what changed at step") == 2
         job = exp.get("/jobs/proj/slow").text
         last = json.loads(

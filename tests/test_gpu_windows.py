@@ -574,7 +574,7 @@ def test_job_view_shows_who_waits_on_whom():
     }
     html = gpu_windows_section((counters, 900.0), TH.document["balance"])
     assert "<td>update</td><td>trainer</td><td>1,800</td><td>95%</td><td>90</td>" in html
-    assert "trainer_starved" in html and "move +2 GPUs to the rollout" in html
+    assert "trainer_starved" in html and "move 2 GPUs to the rollout" in html
     assert gpu_windows_section(None, TH.document["balance"]) == ""
 
 

@@ -1037,3 +1037,35 @@ def test_exporter_absent_is_left_out_of_sidecar_mode_only():
     )
     standalone = yaml.safe_load(STANDALONE_VALUES.read_text())
     assert "RLHFExporterAbsent" in names(standalone)
+
+
+def test_a_ray_token_secret_reaches_every_container_that_reads_ray(example_chart):
+    """Issue 38: a Ray cluster with token authentication; the chart's `ray.tokenSecret` is
+    sent by every exporter that reads Ray's dashboard (standalone, head and, with gpuRoles,
+    worker sidecars), and by none that does not."""
+    secret = {"name": "ray-auth", "key": "auth_token"}
+    standalone = {
+        **STANDALONE,
+        "standalone": {**STANDALONE["standalone"], "rayAddress": "http://h:8265"},
+    }
+    deploy = only(render({**standalone, "ray": {"tokenSecret": secret}}), "Deployment")
+    ctr = container(deploy["spec"]["template"]["spec"], "exporter")
+    conf, env = serve_settings(ctr)
+    assert conf.ray and conf.ray_token == "a-secret-token"
+    ref = next(e for e in ctr["env"] if e["name"] == "RLHF_EXPORTER_RAY_TOKEN")
+    assert ref["valueFrom"]["secretKeyRef"] == secret
+    conf, env = serve_settings(container(
+        only(render(standalone), "Deployment")["spec"]["template"]["spec"], "exporter"
+    ))  # fmt: skip
+    assert conf.ray and conf.ray_token is None  # no Secret: no token
+    no_ray = only(render({**STANDALONE, "ray": {"tokenSecret": secret}}), "Deployment")
+    conf, env = serve_settings(container(no_ray["spec"]["template"]["spec"], "exporter"))
+    assert not conf.ray and "RLHF_EXPORTER_RAY_TOKEN" not in env
+    cluster = {"ray.io/cluster": "c"}
+    for roles, reads in ((False, {"head"}), (True, {"head", "worker-gpu"})):
+        values = example_values(ray={"tokenSecret": secret}, sidecar={"gpuRoles": roles})
+        rayjob = rayjob_of(render(values, chart=example_chart, namespace="ray-jobs"))
+        for name, template in ray_pod_templates(rayjob).items():
+            conf, env = serve_settings(container(template["spec"], "rlhf-exporter"), cluster)
+            assert conf.ray == (name in reads), name
+            assert (conf.ray_token == "a-secret-token") == (name in reads), name

@@ -118,3 +118,43 @@ def test_an_https_runbook_url_is_accepted(tmp_path):
     f = tmp_path / "th.yaml"
     f.write_text("alerts:\n  runbook_url: https://wiki.example.org/rlhf/runbooks#x\n")
     assert load_thresholds(f).alerts["runbook_url"] == "https://wiki.example.org/rlhf/runbooks#x"
+
+
+@pytest.mark.skipif(not browser.available(), reason="chromium-headless-shell is not installed")
+def test_job_names_wrap_at_their_separators_not_character_by_character(tmp_path):
+    """Issue 38: `dem o / grpo - simu lated`. In Chromium at a narrow width, beside the long
+    change episodes of a regressed job, every line break in a name falls after a space or a
+    separator, and no line of a name is a single character."""
+    import json
+    import re
+
+    from rlhf_exporter.demo.simulator import DEMO_PLAN, records
+
+    job = Job("demo", "grpo-simulated", TH)
+    job.feed(list(records(DEMO_PLAN, seed=1)), 1.0)
+    long = summary("my_team.research", "grpo_qwen2.5-7b_lr1e-6_kl0.001_seed42")
+    facts = Facts("test", "http://127.0.0.1:9", "verl")
+    page = index_page([job.summary(), long], [], facts, Links("https://example.org/r.md"))
+    probe = (
+        "<script>addEventListener('load',()=>{const out=[];"
+        "for(const td of document.querySelectorAll('tr.job td.name')){"
+        "const w=document.createTreeWalker(td,NodeFilter.SHOW_TEXT);let top=null,prev='',line='',lines=[];"
+        "for(let n=w.nextNode();n;n=w.nextNode()){for(let i=0;i<n.length;i++){"
+        "const r=document.createRange();r.setStart(n,i);r.setEnd(n,i+1);const b=r.getClientRects()[0];"
+        "const c=n.data[i];if(b&&top!==null&&b.top>top+2){lines.push(line);out.push(prev+'|'+c);line='';}"
+        "if(b){top=b.top;}line+=c;prev=c;}}lines.push(line);out.push('#'+JSON.stringify(lines));}"
+        "document.title=JSON.stringify(out)})</script>"
+    )
+    f = tmp_path / "names.html"
+    f.write_text(page.replace("</body>", probe + "</body>"))
+    proc = browser._run(f.as_uri(), "--dump-dom", "--window-size=760,900")
+    assert proc.returncode == 0 and not browser.console_errors(proc.stderr), proc.stderr[-2000:]
+    title = re.search(r"<title>(.*?)</title>", proc.stdout, re.S).group(1)
+    found = json.loads(title.replace("&quot;", '"').replace("&amp;", "&"))
+    breaks = [b for b in found if not b.startswith("#")]
+    lines = [ln for b in found if b.startswith("#") for ln in json.loads(b[1:])]
+    assert any(len(json.loads(b[1:])) > 1 for b in found if b.startswith("#")), found  # wraps
+    for b in breaks:
+        before, after = b.split("|")
+        assert before in " _./-" or after == " ", (b, lines)
+    assert all(len(ln.strip()) > 1 for ln in lines), lines

@@ -166,3 +166,24 @@ def test_render_without_the_dashboards_extra_renders_the_rest_and_says_what_is_m
     assert check.returncode == 1 and hint in check.stderr
     named = run("dashboards", "--root", str(tmp_path))
     assert named.returncode == 1 and hint in named.stderr
+
+
+def test_help_lines_are_short_and_known_error_reasons_exist():
+    """Issue 38: every HELP line served is under 200 characters (docs keep the whole help);
+    each known error reason served at 0 is one a source really counts."""
+    from pathlib import Path
+
+    from rlhf_exporter.metrics.catalog import CATALOG, HELP_MAX, KNOWN_ERRORS
+    from rlhf_exporter.sources import push, ray, ray_token, verl_files, verl_reader
+
+    for m in CATALOG:
+        assert len(m.summary) < HELP_MAX and m.summary.endswith((".", "…")), m.name
+        assert m.help.startswith(m.summary.rstrip(".…")), m.name
+    code = "".join(
+        Path(mod.__file__).read_text() for mod in (push, ray, ray_token, verl_files, verl_reader)
+    )
+    for collector, by_metric in KNOWN_ERRORS.items():
+        for metric, reasons in by_metric.items():
+            for reason in reasons:
+                shown = f'"{reason}"' in code or (reason.startswith("http_") and "http_{" in code)
+                assert shown, (collector, metric, reason)

@@ -67,7 +67,7 @@ def test_sample_traces_written_line_by_line(tmp_path, sample_traces, thresholds)
             final = expected[-1]
             if final["scored_verdict"]:
                 assert exp.value("rlhf_bottleneck", verdict=final["verdict"], **labels) == 1.0, name
-        assert exp.value("rlhf_exporter_record_errors_total", collector="verl") is None
+        assert exp.value("rlhf_exporter_record_errors_total", collector="verl") == 0  # known: at 0
         assert 'rlhf_exporter_jobs{collector="verl"}' in text
 
 
@@ -109,7 +109,7 @@ def test_labels_and_counters(demo_exporter):
     assert exp.value("rlhf_exporter_jobs", collector="verl") == 1
     assert exp.value("rlhf_exporter_collector_up", collector="verl") == 1
     # the half-written line is neither a record nor an error
-    assert exp.value("rlhf_exporter_record_errors_total", collector="verl") is None
+    assert exp.value("rlhf_exporter_record_errors_total", collector="verl") == 0  # known: at 0
 
 
 def test_promtool_check_metrics_is_clean(demo_exporter):

@@ -1,5 +1,5 @@
 """Sample verl logs against their expected diagnosis: the ones vendored in
-tests/fixtures/traces (every clone) and all of ../shared/traces (where it exists).
+tests/fixtures/traces, the same in every clone.
 
 Where a `scored_*` flag is true the label must match; where it is false the step sits on a
 threshold and either answer is acceptable. Shares always match to 4 decimals.
@@ -99,7 +99,7 @@ def test_vendored_traces_match_their_expected_diagnosis(thresholds):
         "agent_loop_preempted_unreported_v0",
         *V4_TRACES,
     } <= names
-    assert check_against_expected(VENDORED, thresholds) >= 410
+    assert check_against_expected(VENDORED, thresholds) >= 500
 
 
 def test_vendored_traces_stream_agrees_with_diagnose(thresholds):
@@ -107,7 +107,7 @@ def test_vendored_traces_stream_agrees_with_diagnose(thresholds):
 
 
 def test_vendored_traces_match_their_expected_diagnosis_through_serve(thresholds):
-    assert check_against_expected(VENDORED, thresholds, served) >= 410
+    assert check_against_expected(VENDORED, thresholds, served) >= 500
 
 
 def test_v4_traces_show_what_v4_changed(thresholds):
@@ -182,15 +182,3 @@ def test_v3_traces_show_what_v3_changed(thresholds):
     assert all(d["verdict"] == "rollout" for d in remax)
     unreported = labels("agent_loop_preempted_unreported_v0")
     assert not any(d["reason"] == "preemption" for d in unreported)
-
-
-def test_every_shared_trace_matches_its_expected_diagnosis(shared_traces, thresholds):
-    assert check_against_expected(shared_traces, thresholds) >= 500
-
-
-def test_the_sidecar_stream_agrees_with_diagnose_on_every_shared_trace(shared_traces, thresholds):
-    check_stream_agrees(shared_traces, thresholds)
-
-
-def test_every_shared_trace_matches_its_expected_diagnosis_through_serve(shared_traces, thresholds):
-    assert check_against_expected(shared_traces, thresholds, served) >= 500

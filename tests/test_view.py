@@ -170,16 +170,16 @@ def test_diagnose_html_report(tmp_path):
     offline = diagnosed(seed=2)
     el = Elements(page)
     assert [int(b["data-step"]) for b in el.find("g", "bar")] == [d.step for d in offline]
-    assert "Mostly: sync-bound: weight_sync" in page
+    assert "Verdict mix, mostly: sync-bound: weight_sync" in page
     # a regression links its runbook next to the verdict's
     assert "Runbook: RLHFJobRegression" in page and "Runbook: RLHFJobSyncBound" in page
     assert "<script" not in page and "src=" not in page
 
 
-def test_diagnose_html_of_the_sample_traces(shared_traces, tmp_path):
+def test_diagnose_html_of_the_sample_traces(sample_traces, tmp_path):
     """Real verl logs (every mode of the sample traces): one bar per expected step."""
     logs = sorted(
-        p for p in shared_traces.glob("*.jsonl") if not p.name.endswith(".expected.jsonl")
+        p for p in sample_traces.glob("*.jsonl") if not p.name.endswith(".expected.jsonl")
     )
     out = tmp_path / "traces.html"
     proc = subprocess.run(
@@ -387,3 +387,42 @@ def test_a_not_reported_value_is_no_evidence_on_the_job_page():
         "logprob/compute_bound",
         "logprob/low_mfu",
     ]
+
+
+def test_the_report_answers_first_and_says_what_it_cannot_show_after(tmp_path):
+    """Issue 38: per run, the headline (throughput change, episodes, verdict mix) and the
+    episodes come before the verdict box; what the log cannot show comes after the answer."""
+    log = ROOT / "tests" / "fixtures" / "traces" / "regression_after_slowdown_v1.jsonl"
+    out = tmp_path / "report.html"
+    subprocess.run(
+        exporter_cmd("diagnose", "--summary", str(log), "--html", str(out)),
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    page = out.read_text()
+    headline = page.index('class="headline"')
+    assert "Throughput fell 742 -&gt; 455 tokens/GPU-s (-39%)" in page[headline:]
+    assert headline < page.index("Change episodes") < page.index("Verdict mix, mostly: balanced")
+    assert page.index("Verdict mix, mostly") < page.index("cannot show")
+
+
+def test_the_gpu_move_estimate_never_says_plus_zero():
+    assert pages.move_text(0) == "keep the split (no GPU to move)"
+    assert pages.move_text(1) == "move 1 GPU to the rollout"
+    assert pages.move_text(-3) == "move 3 GPUs to the trainer"
+
+
+def test_the_table_folds_a_look_at_that_repeats_the_row_above():
+    diagnosed_steps = diagnosed(seed=2)
+    table = Table(None)
+    table.header()
+    rows = [table.row(d, Style(False)) for d in diagnosed_steps]
+    advice = [r.rstrip().rsplit("  ", 1)[-1] for r in rows]
+    assert (
+        advice.count(pages.look_at(diagnosed_steps[0].verdict, diagnosed_steps[0].reason))
+        < len(rows) / 3
+    )
+    said = [pages.look_at(d.verdict, d.reason) for d in diagnosed_steps]
+    for step, before, now, text in zip(diagnosed_steps[1:], said, said[1:], advice[1:]):
+        assert (text == '"') == (bool(now) and now == before), (step.step, text)

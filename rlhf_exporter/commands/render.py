@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from ..config import load_thresholds
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 missing.append(exc)
 
     if args.check:
-        status = check(root, files(), explicit_root=args.root is not None)
+        status = check(root, files(), explicit_root=args.root is not None, missing=missing)
     else:
         status = write_all(root, files())
     for exc in missing:
@@ -97,11 +97,22 @@ def outside_checkout(root: Path, checking: bool) -> str:
     )
 
 
-def check(root: Path, files: Iterable[Mapping[str, str]], explicit_root: bool) -> int:
+def check(
+    root: Path,
+    files: Iterable[Mapping[str, str]],
+    explicit_root: bool,
+    missing: Sequence[MissingExtra] = (),
+) -> int:
+    """Compare the generated files; "up to date" only when every target was compared (one
+    whose extra is missing was not: `missing` fills while `files` is consumed)."""
     bad = [rel for target in files for rel in stale(root, target)]
-    if not bad:
+    if not bad and not missing:
         print("all generated files are up to date")
         return 0
+    if not bad:
+        names = ", ".join(exc.target for exc in missing)
+        print(f"NOT checked: {names} (a missing extra, below); the other generated files match")
+        return 1
     if explicit_root and not is_checkout(root):
         print(f"rlhf-exporter render: note: {root} is not a source checkout", file=sys.stderr)
     print("stale (run `rlhf-exporter render`):\n  " + "\n  ".join(bad), file=sys.stderr)

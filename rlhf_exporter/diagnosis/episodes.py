@@ -48,7 +48,7 @@ GROUP_CHECKS: Mapping[str, str] = {
     "trainer and the rollout engines",
     "other": "driver work outside the timers: data loading, serialization, the controller's node",
 }
-"""Where to look when a group got slower for the same work."""
+"""Where to look when a group got costlier per unit of work."""
 
 
 class Level(NamedTuple):
@@ -246,18 +246,36 @@ def _recovered(
     return None
 
 
+HELD = 0.05  # a step time or throughput within ±5 % "held"; a cost within it is "as costly"
+
+
 def _pct(new: float | None, old: float | None) -> str:
     if new is None or old is None or old <= 0:
         return ""
     return f" ({(new - old) / old:+.0%})".replace("+-", "-")
 
 
-def _change(name: str, old: float | None, new: float | None, fmt: str, unit: str = "") -> str:
+def _ratio(old: float | None, new: float | None) -> float | None:
+    return None if old is None or new is None or old <= 0 else new / old - 1
+
+
+def moved(ratio: float | None, up: str = "rose", down: str = "fell", same: str = "held") -> str:
+    """The word for a change: `up` above +HELD, `down` below -HELD, else `same`."""
+    if ratio is None or abs(ratio) < HELD:
+        return same
+    return up if ratio > 0 else down
+
+
+def _change(
+    name: str, old: float | None, new: float | None, fmt: str, unit: str = "", verb: bool = True
+) -> str:
+    """`name rose 100 -> 133 s (+32%)`: the verb always agrees with the numbers' sign."""
     if new is None:
         return ""
     if old is None:
         return f"{name} {new:{fmt}}{unit}"
-    return f"{name} {old:{fmt}} -> {new:{fmt}}{unit}{_pct(new, old)}"
+    said = f" {moved(_ratio(old, new))}" if verb else ""
+    return f"{name}{said} {old:{fmt}} -> {new:{fmt}}{unit}{_pct(new, old)}"
 
 
 def _steps(e: Episode) -> str:
@@ -279,18 +297,53 @@ def _ending(e: Episode) -> str:
     return f"ongoing at step {e.last} (the run's last)"
 
 
-def describe(e: Episode) -> str:
-    """One sentence: what, when, how much, how it ended."""
+def _regression(e: Episode) -> str:
+    """What got costlier per unit of work, then what the steps did (the step time and the
+    throughput), each in words that agree with its numbers: a costlier window whose steps
+    still got faster (a smaller workload, other windows faster) says so."""
     b, d = e.before, e.during
-    if e.kind == REGRESSION:
-        parts = [
-            f"{e.group} slower for the same work at {_steps(e)}",
-            _change(f"{e.group}", b and b.cost, d.cost, ".1f", " s per million tokens"),
+    cost = _ratio(b and b.cost, d.cost)
+    if cost is not None:
+        head = (
+            f"{e.group} {moved(cost, 'costlier', 'cheaper', 'about as costly')} per token at "
+            f"{_steps(e)}: "
+            + _change(e.group or "", b and b.cost, d.cost, ".1f", " s per million tokens", False)
+        )
+    else:
+        head = f"{e.group} costs more than its work explains at {_steps(e)}"
+    step = _ratio(b and b.step_seconds, d.step_seconds)
+    thr = _ratio(b and b.throughput, d.throughput)
+    numbers = ", ".join(
+        p
+        for p in (
             _change("step time", b and b.step_seconds, d.step_seconds, ".0f", " s"),
             _change(e.throughput_unit, b and b.throughput, d.throughput, ".0f"),
-            _ending(e),
-        ]
-        return "; ".join(p for p in parts if p)
+        )
+        if p
+    )
+    tokens = _ratio(b and b.tokens, d.tokens)
+    smaller = (
+        f"{-tokens:.0%} fewer tokens per step" if tokens is not None and tokens <= -HELD else ""
+    )
+    if step is None:
+        effect = numbers
+    elif step >= HELD:
+        effect = f"the steps slowed: {numbers}"
+    elif thr is not None and thr <= -HELD:
+        steps = "the steps got faster" if step <= -HELD else "the step time held"
+        effect = f"{steps} but throughput fell: {numbers}" + (f" ({smaller})" if smaller else "")
+    else:
+        steps = "yet the steps got faster" if step <= -HELD else "yet the step time held"
+        by = f"a smaller workload ({smaller})" if smaller else "other windows getting faster"
+        effect = f"{steps}: {numbers}, the costlier {e.group} hidden by {by}"
+    return "; ".join(p for p in (head, effect, _ending(e)) if p)
+
+
+def describe(e: Episode) -> str:
+    """One sentence: what, when, how much, what the steps did, how it ended."""
+    b, d = e.before, e.during
+    if e.kind == REGRESSION:
+        return _regression(e)
     grew: list[str] = []
     for name, old, new in (
         ("responses", b and b.response_length, d.response_length),
@@ -346,3 +399,55 @@ def balanced_look_at(mean_shares: Mapping[str, float], checks: Mapping[str, str]
         return ""
     parts = [f"{g} ({s:.0%}): {checks.get(g) or GROUP_CHECKS.get(g, g)}" for g, s in top]
     return "no window dominates; the largest are " + "; ".join(parts)
+
+
+def headline(
+    points: Sequence[StepPoint],
+    found: Sequence[Episode],
+    verdicts: Mapping[str, int],
+) -> str:
+    """A run in one sentence, the answer first: how its throughput changed from its first to
+    its last steps (medians of WINDOW steps), its regressions and how they ended, then the
+    verdict mix."""
+    parts: list[str] = []
+    if len(points) >= 2 * WINDOW:
+        unit = (
+            "tokens/GPU-s"
+            if all(p.tokens_per_gpu_second is not None for p in points)
+            else "tokens/s"
+        )
+        first = _med(_throughput(p) for p in points[:WINDOW])
+        last = _med(_throughput(p) for p in points[-WINDOW:])
+        if first is not None and last is not None:
+            parts.append(
+                f"throughput {moved(_ratio(first, last))} {first:.0f} -> {last:.0f} {unit}"
+                f"{_pct(last, first)} from the first {WINDOW} steps to the last {WINDOW}"
+            )
+    regressions = [e for e in found if e.kind == REGRESSION]
+    if regressions:
+        open_ = sum(e.ended in (ABSORBED, ONGOING) for e in regressions)
+        n = len(regressions)
+        told = f"{n} regression{'s' if n > 1 else ''}"
+        if open_:
+            told += (
+                (", none recovered" if open_ == n else f", {open_} never recovered")
+                if n > 1
+                else ", never recovered"
+            )
+        told += ": " + ", ".join(f"{e.group} ({_steps(e)})" for e in regressions)
+        parts.append(told)
+    shifts = [e for e in found if e.kind == WORKLOAD_SHIFT]
+    if shifts:
+        parts.append(
+            "workload shift at "
+            + ", ".join(f"step {e.first}" for e in shifts)
+            + " (not a regression)"
+        )
+    total = sum(verdicts.values())
+    if total:
+        mix = sorted(verdicts.items(), key=lambda kv: -kv[1])
+        parts.append(
+            "verdicts: " + ", ".join(f"{v} {n / total:.0%}" for v, n in mix if n / total >= 0.05)
+        )
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:]

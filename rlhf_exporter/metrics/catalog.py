@@ -26,6 +26,23 @@ class Metric:
     labels: tuple[str, ...] = ()
     section: str = ""
 
+    @property
+    def summary(self) -> str:
+        """The HELP line /metrics serves: the help itself when short, else its first
+        sentence (under HELP_MAX characters); docs/metrics.md keeps the whole help."""
+        if len(self.help) < HELP_MAX:
+            return self.help
+        for stop in (". ", ": ", "; ", ", ", " ("):
+            cut = self.help.rfind(stop, 0, HELP_MAX - 1)
+            while cut > 40 and self.help.count("(", 0, cut) != self.help.count(")", 0, cut):
+                cut = self.help.rfind(stop, 0, cut)  # never inside parentheses
+            if cut > 40:
+                return self.help[:cut].rstrip(",;:") + "."
+        return self.help[: HELP_MAX - 2].rstrip() + "…"
+
+
+HELP_MAX = 200  # characters of a HELP line at most (a tooltip, not a manual)
+
 
 def _section(title: str, *metrics: Metric) -> list[Metric]:
     return [Metric(m.name, m.type, m.help, m.labels, title) for m in metrics]
@@ -59,6 +76,7 @@ VERL = _section(
     _job(
         "rlhf_job_finished",
         GAUGE,
+        'Deprecated, removed in the next release: use rlhf_job_state{state="finished"}. '
         "1 while rlhf_job_state is finished: Ray's Jobs API says SUCCEEDED or STOPPED, or the "
         "job reached its total steps, logged rlhf_job_finished=1 or has a .finished file; a "
         "finished job is not a stalled one.",
@@ -587,3 +605,49 @@ EXPORTER = _section(
 CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + GPU_HEALTH + WINDOW_GPU + ENGINE + EXPORTER)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)
+
+KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    # collector -> metric -> reasons served at 0 from the start, so that increase() and
+    # rate() see the first one (a counter that appears at 1 is missed); other reasons still
+    # appear when they first happen
+    "ray": {
+        "rlhf_exporter_collector_errors_total": (
+            "timeout",
+            "connection",
+            "http_401",
+            "http_403",
+            "http_500",
+            "bad_response",
+            "invalid_json",
+            "token_file",
+        ),
+    },
+    "verl": {
+        "rlhf_exporter_collector_errors_total": (
+            "root_missing",
+            "root_not_a_directory",
+            "root_permission_denied",
+            "file_missing",
+        ),
+        "rlhf_exporter_record_errors_total": (
+            "invalid_json",
+            "too_long",
+            "not_object",
+            "bad_step",
+            "bad_data",
+            "incomplete_line",
+            "file_missing",
+            "file_deleted",
+            "permission_denied",
+        ),
+    },
+    "push": {
+        "rlhf_exporter_record_errors_total": (
+            "unauthorized",
+            "too_large",
+            "invalid_json",
+            "bad_schema",
+            "too_many_jobs",
+        ),
+    },
+}

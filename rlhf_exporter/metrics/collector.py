@@ -16,16 +16,16 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.core import Metric as Family
 
 from .. import __version__
-from .catalog import BY_NAME, COUNTER, Metric
+from .catalog import BY_NAME, COUNTER, KNOWN_ERRORS, Metric
 from .snapshot import Sample, Snapshot
 
 
 def new_family(metric: Metric) -> Family:
     if metric.type == COUNTER:
         return CounterMetricFamily(
-            metric.name.removesuffix("_total"), metric.help, labels=metric.labels
+            metric.name.removesuffix("_total"), metric.summary, labels=metric.labels
         )
-    return GaugeMetricFamily(metric.name, metric.help, labels=metric.labels)
+    return GaugeMetricFamily(metric.name, metric.summary, labels=metric.labels)
 
 
 def health_samples(snap: Snapshot) -> tuple[Sample, ...]:
@@ -39,12 +39,18 @@ def health_samples(snap: Snapshot) -> tuple[Sample, ...]:
         out.append(
             Sample("rlhf_exporter_collector_last_success_timestamp_seconds", c, snap.last_success)
         )
-    for reason, n in snap.errors.items():
-        out.append(Sample("rlhf_exporter_collector_errors_total", (snap.collector, reason), n))
-    if snap.records is not None:
-        out.append(Sample("rlhf_exporter_records_total", c, snap.records))
-    for reason, n in snap.record_errors.items():
-        out.append(Sample("rlhf_exporter_record_errors_total", (snap.collector, reason), n))
+    known = KNOWN_ERRORS.get(snap.collector, {})
+    for name, counts in (
+        ("rlhf_exporter_collector_errors_total", snap.errors),
+        ("rlhf_exporter_record_errors_total", snap.record_errors),
+    ):
+        if name == "rlhf_exporter_record_errors_total" and snap.records is not None:
+            out.append(Sample("rlhf_exporter_records_total", c, snap.records))
+        for reason in known.get(name, ()):  # known reasons start at 0 (increase() sees a 1st)
+            if reason not in counts:
+                out.append(Sample(name, (snap.collector, reason), 0.0))
+        for reason, n in counts.items():
+            out.append(Sample(name, (snap.collector, reason), n))
     return tuple(out)
 
 

@@ -29,6 +29,16 @@ Migration notes:
   job's labels instead. The recording rule `instance:rlhf_gpu_busy:ratio_rate30m` (an
   exporter's GPUs) is replaced by `project_experiment:rlhf_gpu_busy:ratio_rate30m` (a job's
   GPUs on every node).
+- Issue 38: `rlhf_job_finished` is deprecated: it repeats
+  `rlhf_job_state{state="finished"}`, which every rule and dashboard uses. It is still served
+  in this release and will be removed in the next; query
+  `rlhf_job_state{state="finished"} == 1` instead. The known reasons of
+  `rlhf_exporter_collector_errors_total` and `rlhf_exporter_record_errors_total` (the Ray and
+  verl collectors', push's) are served at 0 from the start, so `increase()` sees the first
+  error. A HELP line is the help's first sentence (under 200 characters); this page keeps the
+  whole text. Two label names on purpose: `verdict` (the `rlhf_bottleneck*` families) is a
+  step's verdict, which may be `balanced` or `unknown`; `group` is a window group
+  (`rollout` ... `other`), the unit the time is counted in.
 """
 
 

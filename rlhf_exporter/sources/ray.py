@@ -57,6 +57,7 @@ from . import http
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .labels import outside_label
 from .ray_jobs import JobBook
+from .ray_token import RayToken, auth_error
 from .roles import ROLES, RoleMap
 
 log = logging.getLogger(__name__)
@@ -178,8 +179,10 @@ class RaySource(PollingSource):
         node_ips: Iterable[str] | None = None,
         stale_after: float | None = None,
         clock: Clock = time.time,
+        token: RayToken | None = None,
     ):
         super().__init__("ray", interval, stale_after, wall=clock)
+        self.token = token  # sent as `Authorization: Bearer` (Ray's token authentication)
         self.address = address.rstrip("/")
         self.timeout = timeout
         self.actors = actors
@@ -223,11 +226,13 @@ class RaySource(PollingSource):
             roles=RoleMap.from_file(settings.ray_roles),
             node_ips=[node_ip] if node_ip else None,
             clock=context.clock,
+            token=RayToken.resolve(settings.ray_token, settings.ray_token_file),
         )
 
     def describe(self) -> str:
         mode = "actors" if self.actors else "PIDs only"
-        return f"ray ({self.address}, every {self.interval:g}s, {mode})"
+        auth = f", token from {self.token.where}" if self.token is not None else ""
+        return f"ray ({self.address}, every {self.interval:g}s, {mode}{auth})"
 
     def close(self) -> None:
         self._http.close()
@@ -266,9 +271,12 @@ class RaySource(PollingSource):
         at most MAX_BODY bytes), or `too_many_elements` (an answer that would become more
         than MAX_CONTAINERS objects and lists, or MAX_ITEMS values), or `invalid_json`."""
         url = self.address + path + (("?" + urlencode(params)) if params else "")
+        headers = self.token.header() if self.token is not None else None
         try:
-            raw = self._http.get(url)
+            raw = self._http.get(url, headers=headers)
         except http.HttpFailure as exc:
+            if exc.status in (401, 403):
+                raise auth_error(exc.status, path, self.token) from None
             raise SourceError(exc.reason, str(exc)) from None
         if too_many_elements(raw):
             raise SourceError(

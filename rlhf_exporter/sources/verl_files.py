@@ -31,7 +31,10 @@
 - A `--verl-root` that is missing, not a directory or unreadable (a mis-mounted volume)
   makes the collector down (`rlhf_exporter_collector_up{collector="verl"} 0`), its reason
   counted once per occurrence in `rlhf_exporter_collector_errors_total`; jobs read from the
-  other roots and files are still exported.
+  other roots and files are still exported. So does a `--verl-file` that is missing, deleted,
+  unreadable or not a file (`file_missing`, ...): `/` shows the collector down with the
+  reason, until the file can be read (a sidecar started long before verl creates its file
+  is down until then, and RLHFExporterCollectorDown fires after 5 minutes of it).
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ ROOT_MISSING = "root_missing"
 ROOT_NOT_A_DIRECTORY = "root_not_a_directory"
 ROOT_PERMISSION_DENIED = "root_permission_denied"
 READ_FAILED = "read_failed"
+# a configured --verl-file with one of these problems makes the collector down (its reason)
+FILE_DOWN = frozenset({FILE_MISSING, FILE_DELETED, PERMISSION_DENIED, NOT_A_FILE})
 DUPLICATE_JOB = "duplicate_job"
 TOO_MANY_FILES = "too_many_files"
 INTERNAL_ERROR = "internal_error"
@@ -548,6 +553,11 @@ class VerlFileSource(PollingSource, JobMaker):
             self._rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
             self._summaries = tuple(summaries)
         down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
+        if down is None:  # a configured --verl-file that cannot be read: down, with its reason
+            configured = (self._watched.get(path) for path, _, _ in self.files)
+            down = next(
+                (c.problem for c in configured if c is not None and c.problem in FILE_DOWN), None
+            )
         return PollResult(self._rest, self._records, dict(self._rejected), down, self._parts)
 
     def _job_state(self, w: Watched, now: float, sole: bool) -> None:

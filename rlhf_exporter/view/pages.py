@@ -9,12 +9,13 @@ from immutable state and never waits on a source.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 from ..diagnosis.episodes import balanced_look_at, episodes
@@ -47,7 +48,7 @@ svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{fon
 svg .run{stroke:#444;stroke-dasharray:3 3}
 .up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
-.empty{color:#777;font-style:italic}td.name{max-width:24em;overflow-wrap:anywhere}
+.empty{color:#777;font-style:italic}td.name{min-width:9em;max-width:24em;overflow-wrap:anywhere}
 h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
 """
 
@@ -58,11 +59,36 @@ class Links:
     rules do) and the docs and dashboards next to them."""
 
     runbook_base: str
+    docs_base: str | None = None  # None: next to the runbooks (repo_base + "docs/")
+    dashboards_base: str | None = None  # None: repo_base + "grafana/"
+
+    @classmethod
+    def served(cls) -> Links:
+        """The exporter's own copies (`serve` answers /runbooks, /docs/, /grafana/)."""
+        return cls("/runbooks", "/docs/", "/docs/#dashboards")
+
+    @classmethod
+    def of(cls, runbook_url: str, fallback: Links | None = None) -> Links:
+        """A user's runbook URL wins; an unset one, or the default's reserved `.invalid`
+        host (RFC 2606: it never resolves), is `fallback` (default: the served copies)."""
+        if clickable(runbook_url):
+            return cls(runbook_url)
+        return fallback if fallback is not None else cls.served()
 
     @property
     def repo_base(self) -> str:  # .../blob/main/docs/runbooks.md -> .../blob/main/
         head, sep, _ = self.runbook_base.rpartition("/docs/")
         return head + "/" if sep else self.runbook_base.rsplit("/", 1)[0] + "/"
+
+    @property
+    def docs(self) -> str:
+        return self.docs_base if self.docs_base is not None else self.repo_base + "docs/"
+
+    @property
+    def dashboards(self) -> str:
+        if self.dashboards_base is not None:
+            return self.dashboards_base
+        return self.repo_base + "grafana/"
 
     def runbook(self, verdict: str | None, change: str | None = None) -> tuple[str, str]:
         """(url, alert name) of the runbook section for a verdict (a regression first)."""
@@ -70,8 +96,14 @@ class Links:
             return runbook_url(self.runbook_base, REGRESSION_ALERT), REGRESSION_ALERT
         alert = BOUND_ALERTS.get(verdict or "")
         if alert is None:
-            return self.runbook_base, "runbooks"
+            return self.runbook_base or "#runbooks", "runbooks"
         return runbook_url(self.runbook_base, alert), alert
+
+
+def clickable(url: str) -> bool:
+    """Whether a URL leads somewhere a person can open: set, and not a `.invalid` host."""
+    host = (urlsplit(url).hostname or "") if url else ""
+    return bool(host) and not (host == "invalid" or host.endswith(".invalid"))
 
 
 def _page(title: str, body: str, refresh: int | None = None) -> str:
@@ -257,7 +289,16 @@ def charts(points: Sequence[StepPoint], which: str = "last") -> str:
 def job_name(project: str, experiment: str) -> str:
     """A job's name as HTML: each part escaped and bidi-isolated (`<bdi>`), so a U+202E in
     one part cannot reorder the other or the text around it."""
-    return f"<bdi>{escape(project)}</bdi> / <bdi>{escape(experiment)}</bdi>"
+    return f"<bdi>{_breakable(project)}</bdi> / <bdi>{_breakable(experiment)}</bdi>"
+
+
+def _breakable(name: str) -> str:
+    """A name escaped, with a line-break opportunity (`<wbr>`) after each `_`, `.` and `/`:
+    a long name wraps at its separators, not character by character."""
+    out = escape(name)
+    for sep in ("_", ".", "/"):
+        out = out.replace(sep, sep + "<wbr>")
+    return out
 
 
 def job_path(project: str, experiment: str) -> str:
@@ -348,7 +389,7 @@ def facts_section(facts: Facts, links: Links) -> str:
         "    static_configs:\n"
         f"      - targets: ['{host}']"
     )
-    docs, dashboards = links.repo_base + "docs/", links.repo_base + "grafana/"
+    docs, dashboards = links.docs, links.dashboards
     return (
         "<h2>This exporter</h2>"
         f"<p>rlhf-exporter {escape(facts.version)}. Scrape URL: "
@@ -402,16 +443,17 @@ def index_page(
         if verdict:
             advice = look_at(verdict, reason) or history_advice(history, verdict) or ""
         found = job_episodes(job)
-        if found:  # the latest change episode, told in words
-            latest = escape(found[-1].summary())
-            change_text += f' <span class="muted episode">{latest}</span>'
+        if found:  # the latest change episode: its first clause (the whole one on hover)
+            whole = found[-1].summary()
+            latest = escape(whole.split("; ", 1)[0])
+            change_text += f' <span class="muted episode" title="{escape(whole)}">{latest}</span>'
         rows.append(
             f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
             f"{job_name(job['project'], job['experiment'])}</a></td>"
             f"<td>{tag} {escape(reason or '')}{_engine_note(job)}</td><td>{change_text}</td>"
             f"<td>{draw.sparkline(history)}</td>"
             f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
-            f'<td>{escape(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
+            f'<td>{_breakable(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
         )
     table = (
         "<table><tr><th>job</th><th>verdict</th><th>change</th><th>step time and verdicts "
@@ -461,6 +503,15 @@ def cannot_show(lines: Sequence[str]) -> str:
     )
 
 
+def move_text(move: int) -> str:
+    """The GPU-move estimate in words: never `+0 GPUs`."""
+    if move == 0:
+        return "keep the split (no GPU to move)"
+    n = abs(move)
+    gpus = f"{n} GPU{'s' if n > 1 else ''}"
+    return f"move {gpus} to the rollout" if move > 0 else f"move {gpus} to the trainer"
+
+
 def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
     """GPU time by step window and role (docs/gpu-windows.md): GPU-seconds, busy share and
     idle GPU-seconds per window group and GPU role since the exporter started; for separate
@@ -489,9 +540,8 @@ def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
             f"{b.trainer_idle:.0%} ({b.starved_idle:.0%} waiting for samples, "
             f"{b.trainer_idle_seconds:,.0f} GPU-seconds), rollout idle {b.rollout_idle:.0%} "
             f"({b.overprovisioned_idle:.0%} while the trainer works, "
-            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: move "
-            f"{b.move_to_rollout:+d} GPUs to the rollout (negative: to the trainer; "
-            "assumptions in docs/gpu-windows.md).</p>"
+            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: {move_text(b.move_to_rollout)} "
+            "(assumptions in docs/gpu-windows.md).</p>"
         )
     return out
 
@@ -542,6 +592,13 @@ def job_page(
         + facts_section(facts, links)
     )
     return _page(f"{name} - rlhf-exporter", body, refresh=10)
+
+
+def doc_page(html: str) -> str:
+    """A shipped doc or runbook (`/runbooks`, `/docs/...`) in the view's style."""
+    title = re.search(r"<h1[^>]*>(.*?)</h1>", html)
+    name = re.sub(r"<[^>]+>", "", title.group(1)) if title else "rlhf-exporter docs"
+    return _page(f"{name} - rlhf-exporter", html)
 
 
 def not_found_page(project: str, experiment: str) -> str:
@@ -617,13 +674,18 @@ def _run_html(run: ReportRun, links: Links) -> str:
     ) or next(iter(s["regressions"]), None)
     return (
         f"<h3>Run {s['run']}</h3>"
+        + (f'<p class="headline"><b>{escape(s["headline"])}</b></p>' if s.get("headline") else "")
+        + episodes_list(
+            [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
+            "the whole run",
+        )
         + verdict_box(
             dom.get("verdict"),
             dom.get("reason"),
             "regression" if regressed else None,
             regressed,
             links,
-            what="Mostly",
+            what="Verdict mix, mostly",
             advice=dom.get("look_at"),
         )
         + _summary_html(s)
@@ -635,10 +697,6 @@ def _run_html(run: ReportRun, links: Links) -> str:
             else ""
         )
         + charts(run.points, "all")
-        + episodes_list(
-            [(e["summary"], e["look_at"]) for e in s.get("episodes", ())],
-            "the whole run",
-        )
         + (
             f"<p class=muted>Last step {last.step}: {escape(last.verdict)}"
             + (f" ({escape(last.reason)})" if last.reason else "")
@@ -675,7 +733,6 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
             )
             + "</p>"
         )
-        parts.append(cannot_show(f.cannot_show))
         if not f.runs:
             parts.append('<p class="empty">No classified steps (no usable timing_s/step).</p>')
         if f.earlier[0]:
@@ -684,8 +741,28 @@ def report_page(files: Sequence[ReportFile], links: Links, version: str) -> str:
                 f"drawn: the last {len(f.runs)} runs are.</p>"
             )
         parts += [_run_html(run, links) for run in f.runs]
-    parts.append(
-        f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
-        f"{escape(links.runbook_base)}</a></p>"
-    )
+        parts.append(cannot_show(f.cannot_show))  # after the answer, never above it
+    if links.runbook_base:
+        parts.append(
+            f'<p class=muted>Runbooks: <a href="{escape(links.runbook_base)}">'
+            f"{escape(links.runbook_base)}</a></p>"
+        )
+    else:  # no runbook URL of the user's: the sections this report links, embedded
+        parts.append(embedded_runbooks("".join(parts)))
     return _page("rlhf-exporter diagnose report", "".join(parts))
+
+
+def embedded_runbooks(html: str) -> str:
+    """The runbook sections an HTML fragment links as `#<alert>`, for a report that must
+    work offline (a file attached to a bug)."""
+    from .docs_pages import runbook_sections
+
+    wanted = sorted(set(re.findall(r'href="#(rlhf[a-z]+)"', html)))
+    sections = runbook_sections(wanted)
+    if not sections:
+        return ""
+    return (
+        '<h2 id="runbooks">Runbooks (the sections this report links; all of them: '
+        "<code>rlhf-exporter serve</code>, /runbooks)</h2>"
+        f'<div class="runbooks">{sections}</div>'
+    )

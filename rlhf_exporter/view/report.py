@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 
 from ..diagnosis import BALANCED, GROUPS, StepDiagnosis
 from ..diagnosis.advice import LOOK_AT, SIDECAR_NOTE, look_at
-from ..diagnosis.episodes import Episode, balanced_look_at, episodes
+from ..diagnosis.episodes import Episode, balanced_look_at, episodes, headline
 from ..diagnosis.history import StepPoint, point
 
 MAX_EPISODE_STEPS = 100_000
@@ -76,6 +76,10 @@ class RunSummary:
             self._episodes = episodes(self.points)
         return self._episodes
 
+    def headline(self) -> str:
+        """The run in one sentence: the throughput change, the episodes, the verdict mix."""
+        return headline(self.points, self.episodes(), self.verdicts)
+
     def look_at(self) -> str:
         """Where to look for the run as a whole: the dominant verdict's advice, or for a
         mostly balanced run the two largest windows and what to check in each."""
@@ -90,6 +94,7 @@ class RunSummary:
         dominant = self.dominant
         return {
             "run": self.run,
+            "headline": self.headline(),
             "steps": self.steps,
             "first_step": self.first_step,
             "last_step": self.last_step,
@@ -194,6 +199,7 @@ COLUMNS = (
     Column("look", "look at next", max(map(len, LOOK_AT.values())), 20),
 )
 GAP = 2
+SAME = '"'  # a look-at cell that repeats the row above's (a ditto mark)
 LOOK_WANTED = 45  # room "look at next" wants (or half the width, when wider) before others stay
 # How a narrow table makes room for "look at next", least useful first, until it has
 # LOOK_WANTED columns: ("shrink", column) abbreviates to its minimum; ("drop", column) removes
@@ -260,6 +266,7 @@ class Table:
         self.width = width
         self.columns = [c for c in COLUMNS if c.name in widths]
         self.widths = widths
+        self._last_advice: str | None = None  # the row above's, folded when repeated
 
     def _cell_lines(self, c: Column, text: str, last: bool) -> list[str]:
         w = self.widths[c.name]
@@ -292,12 +299,17 @@ class Table:
         return "\n".join([first, *(indent + m for m in more)])
 
     def header(self) -> list[str]:
+        self._last_advice = None
         head = self._line({c.name: c.header for c in COLUMNS})
         return [head, "-" * len(head)]
 
     def row(self, d: StepDiagnosis, style: Style) -> str:
         """One step: a line, or more when "look at next" wraps."""
         advice = look_at(d.verdict, d.reason)
+        if advice and advice == self._last_advice:
+            advice = SAME  # the same advice as the row above, folded
+        else:
+            self._last_advice = advice
         if "change" not in self.widths and d.change.change != "none":
             advice = f"[{self._change(d)}] {advice}".rstrip()
         cells = {
@@ -358,6 +370,7 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
             f"{s.step_seconds / s.steps:.1f} s per step on average"
         )
     ]
+    lines.append(f"    answer:      {s.headline()}")
     dominant = s.dominant
     assert dominant is not None  # s.steps > 0
     verdict, reason = dominant

@@ -410,7 +410,8 @@ class HtmlWriter:
     def write(self) -> None:
         from .. import __version__
 
-        page = report_page(self.files, Links(self.runbook_base), __version__)
+        # the user's runbook URL wins; else the report embeds the sections it links
+        page = report_page(self.files, Links.of(self.runbook_base, Links("")), __version__)
         write_atomically(self.path, page.encode("utf-8"))
 
 

@@ -14,8 +14,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
-TRACES = SHARED / "traces"
+TRACES = REPO / "tests" / "fixtures" / "traces"  # the sample verl logs, vendored
 
 
 def free_port() -> int:

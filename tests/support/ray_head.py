@@ -8,6 +8,11 @@
         classes = verl_actor_classes()              # actor classes named as verl names them
         pid = ray.get(classes["WorkerDict"].remote().pid.remote())
 
+Every head runs with `RAY_AUTH_MODE=disabled` unless it is given a `token` (then
+`RAY_AUTH_MODE=token` and `RAY_AUTH_TOKEN`): Ray 2.60 turns token authentication on by itself
+when `~/.ray/auth_token` exists and `RAY_AUTH_MODE` is unset, and a test's head must not
+depend on what a machine's home holds. The driver of `connected_head` is told the same mode.
+
 `ray stop` would stop every Ray process of every user on the machine (other engineers'
 heads included), so `stop()` ends exactly the processes of this head: `ray start` runs in a
 new session, every daemon and worker it spawns stays in that session, and stop() signals
@@ -40,6 +45,13 @@ def ray_binary() -> str:
     if path is None:
         pytest.skip("ray is not installed (pip install -e '.[test]')")
     return path
+
+
+def auth_env(token: str | None) -> dict[str, str]:
+    """Ray's authentication variables for a head or driver: off, or on with `token`."""
+    if token is None:
+        return {"RAY_AUTH_MODE": "disabled"}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token}
 
 
 def _owned_pids(sid: int, marker: bytes) -> list[int]:
@@ -77,7 +89,9 @@ class RayHead:
         num_cpus: int = 2,
         dashboard_port: int | None = None,
         timeout: float = 90.0,
+        token: str | None = None,
     ):
+        self.token = token  # token authentication on, with this token
         self.tag = tag or uuid.uuid4().hex[:6]
         self.temp_dir = Path(f"/tmp/rlhf-ray-{self.tag}")
         self.gcs_port = free_port()
@@ -121,7 +135,10 @@ class RayHead:
             f"--max-worker-port={worker_base + 400}",
             *[f"{k}={v}" for k, v in ports.items()],
         ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(token)}
+        if token is None:
+            env.pop("RAY_AUTH_TOKEN", None)
+            env.pop("RAY_AUTH_TOKEN_PATH", None)
         with open(self.log_path, "wb") as log:
             starter = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -136,9 +153,18 @@ class RayHead:
             self.stop()
             raise
 
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
     def _ready(self) -> bool:
-        version = requests.get(self.dashboard_url + "/api/version", timeout=2)
-        nodes = requests.get(self.dashboard_url + "/api/v0/nodes", timeout=5)
+        h = self.headers()
+        version = requests.get(self.dashboard_url + "/api/version", timeout=2, headers=h)
+        nodes = requests.get(self.dashboard_url + "/api/v0/nodes", timeout=5, headers=h)
+        if version.status_code in (401, 403):  # say so at once instead of waiting 90 s
+            raise RuntimeError(
+                f"Ray dashboard {self.dashboard_url} answers HTTP {version.status_code}: token "
+                "authentication is on although this head was started without a token"
+            )
         return version.ok and nodes.ok and bool(nodes.json()["data"]["result"]["result"])
 
     def log(self) -> str:
@@ -180,6 +206,7 @@ def connected_head(namespace: str, grace: float = 10.0, **kwargs: Any) -> Iterat
     import ray
 
     head = RayHead(**kwargs)
+    os.environ.update(auth_env(head.token))  # read by ray.init in this process
     try:
         ray.init(
             address=head.gcs_address,

@@ -182,6 +182,12 @@ settings as env entries), push (whether this container serves the push endpoint)
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_LOG_FORMAT" "value" $v.logFormat) }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_LOG_LEVEL" "value" $v.logLevel) }}
 {{- $env = concat $env .env }}
+{{- $ray := false }}
+{{- range .env }}{{ if and (eq .name "RLHF_EXPORTER_RAY") (eq (toString .value) "true") }}{{ $ray = true }}{{ end }}{{ end }}
+{{- if and $ray $v.ray.tokenSecret.name }}
+{{- /* Ray's token authentication: the cluster's token, sent as `Authorization: Bearer` */}}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_TOKEN" "valueFrom" (dict "secretKeyRef" (dict "name" $v.ray.tokenSecret.name "key" $v.ray.tokenSecret.key))) }}
+{{- end }}
 {{- $push := and .push $v.push.enabled }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_PUSH" "value" (toString $push)) }}
 {{- if and $push (not $v.push.tokenSecret.name) }}
