@@ -610,17 +610,8 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
     # collector -> metric -> reasons served at 0 from the start, so that increase() and
     # rate() see the first one (a counter that appears at 1 is missed); other reasons still
     # appear when they first happen
-    "ray": {
-        "rlhf_exporter_collector_errors_total": (
-            "timeout",
-            "connection",
-            "http_401",
-            "http_403",
-            "http_500",
-            "bad_response",
-            "invalid_json",
-            "token_file",
-        ),
+    "ray": {  # the HTTP client's reasons and its own the Ray source serves at 0 itself
+        "rlhf_exporter_collector_errors_total": ("http_401", "http_403", "token_file"),
     },
     "verl": {
         "rlhf_exporter_collector_errors_total": (
