@@ -77,6 +77,7 @@ class RayHead:
         num_cpus: int = 2,
         dashboard_port: int | None = None,
         timeout: float = 90.0,
+        env: dict[str, str] | None = None,
     ):
         self.tag = tag or uuid.uuid4().hex[:6]
         self.temp_dir = Path(f"/tmp/rlhf-ray-{self.tag}")
@@ -121,7 +122,7 @@ class RayHead:
             f"--max-worker-port={worker_base + 400}",
             *[f"{k}={v}" for k, v in ports.items()],
         ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         with open(self.log_path, "wb") as log:
             starter = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
