@@ -19,6 +19,7 @@ from urllib.parse import quote
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 from ..diagnosis.episodes import balanced_look_at, episodes
 from ..diagnosis.history import StepPoint
+from ..diagnosis.stall import StallLimit
 from ..diagnosis.thresholds import seconds
 from ..metrics.snapshot import Snapshot
 from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
@@ -281,13 +282,9 @@ def attention(job: Mapping[str, Any], stalled: bool = False) -> tuple:
 
 
 def stalled_for(job: Mapping[str, Any], now: float, factor: float, minimum: float) -> float | None:
-    """Seconds without a new step, when that is past the stall alert's deadline
-    (max(factor x the last step's duration, minimum)); else None."""
-    last = job.get("last_step_time")
-    if last is None:
-        return None
-    age = now - last
-    return age if age > max(factor * (job.get("step_seconds") or 0.0), minimum) else None
+    """Seconds without a new step, when that is past the stall alert's limit (the rule's:
+    diagnosis/stall.py, from the job's baseline step time and between-steps work); else None."""
+    return StallLimit(factor, minimum).job_stalled_for(job, now)
 
 
 # -- the sidecar's pages -----------------------------------------------------------------
