@@ -46,7 +46,8 @@ Endpoints:
   /readyz             200 once a source has collected once (503 before)
   /                   the job view: every job (who needs attention first), sources' health,
                       how to scrape; /jobs/<project>/<experiment> one job's step anatomy;
-                      /api/v1/jobs as JSON
+                      /api/v1/jobs as JSON; /api/v1/jobs/<project>/<experiment>/stacks a
+                      stalled job's stacks and where each role waits (issue 39)
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
                       400 bad JSON/schema, 401 bad token, 409 job read from a file
@@ -180,6 +181,14 @@ class Sidecar:
                 windows.engines = self.engines
                 self.engines.set_active(lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)))
                 self.sources.append(self.engines)
+        self.stacks = None  # issue 39: a stalled job's stacks through Ray's dashboard
+        if ray is not None:
+            from ..sources.stacks import build as build_stacks
+
+            job_sources = [s for s in (self.verl, self.push) if s is not None]
+            self.stacks = build_stacks(settings, ray, [s.jobs for s in job_sources], context)
+            if self.stacks is not None:
+                self.sources.append(self.stacks)
         self.endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
@@ -192,6 +201,7 @@ class Sidecar:
             window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
             pages=PageCache(max_bytes=settings.page_cache_bytes),
+            stacks_of=self.stacks.round_of if self.stacks is not None else None,
         )
         self.server = make_server(
             settings.listen,

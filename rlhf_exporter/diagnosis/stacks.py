@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 WHERE: tuple[str, ...] = (
     "checkpoint_save",  # a frame named *save_checkpoint*, or torch.save
@@ -46,6 +47,80 @@ WHERE: tuple[str, ...] = (
     "unknown",  # idle in code no rule names, or no stack
 )
 """The fixed vocabulary, most telling first (`rlhf_job_stalled_in{where}`)."""
+
+MEANING: dict[str, tuple[str, str]] = {
+    "checkpoint_save": (
+        "saving a checkpoint (a frame named like verl's `_save_checkpoint`, or `torch.save`)",
+        "the checkpoint storage is slow, full or hung (an NFS or object-store mount): check its "
+        "free space and throughput; a save slower than the longest seen this run is what paged",
+    ),
+    "collective": (
+        "in a `torch.distributed` collective (NCCL, gloo): `all_reduce`, `barrier`, ...",
+        "a peer rank is missing: dead, elsewhere (another collective, a Python error), or its "
+        "GPU is lost. The role's odd process out ('1 of N in ...') is the suspect; check the GPU "
+        "alerts and the ranks' logs (NCCL_DEBUG=INFO). It ends only at the NCCL timeout",
+    ),
+    "engine_generate": (
+        "in a vLLM / SGLang `generate` call",
+        "the rollout engine does not finish requests: its engine core is wedged or died; check "
+        "the engine's log and its /metrics (running and waiting requests)",
+    ),
+    "engine_step": (
+        "in the engine core's step (scheduler, model forward)",
+        "a forward that does not return: a GPU hang or a tensor-parallel collective inside the "
+        "engine; check the GPU alerts and the engine's log",
+    ),
+    "ray_get": (
+        "in `ray.get`: waiting for another task's result",
+        "not where it hangs, but who waits: the role it waits on is listed first (the "
+        "process's task and caller are named); follow it",
+    ),
+    "ray_wait": ("in `ray.wait`: waiting for other tasks", "as ray_get: follow the awaited role"),
+    "network": (
+        "in a socket or HTTP read or connect",
+        "a remote service (a reward model server, a sandbox, an API) does not answer: check "
+        "it and its client's timeout",
+    ),
+    "io_read": (
+        "in a file or pipe read",
+        "data loading from a slow or hung filesystem (NFS, FUSE), or a pipe nobody writes: "
+        "check the mount",
+    ),
+    "io_write": (
+        "in a file or pipe write",
+        "a full or hung filesystem, or a pipe nobody reads (a logger's consumer died)",
+    ),
+    "lock": (
+        "waiting on a lock, condition, event or queue",
+        "another thread of the same process holds it or never signals: a deadlock or a "
+        "producer that died; the full stack's other threads tell which",
+    ),
+    "sleep": (
+        "in `time.sleep` / `asyncio.sleep`",
+        "a polling loop waiting for something that does not come (a retry, a file, a peer): "
+        "the function named says what",
+    ),
+    "event_loop": (
+        "an asyncio loop with nothing ready (an async actor: verl's servers and agent loops)",
+        "its coroutines wait, and py-spy shows no coroutine's stack: read the roles it serves "
+        "and its log",
+    ),
+    "no_task": (
+        "a Ray worker between tasks",
+        "idle, not hanging: it waits for work that someone upstream does not send",
+    ),
+    "running": (
+        "on CPU in the code named",
+        "busy: a livelock, a busy wait or a very slow step; compare the next round's stacks "
+        "(taken again every stacks_every) to see whether it moves",
+    ),
+    "unknown": (
+        "idle in the code named, which no rule names (or no stack)",
+        "usually a C call seen without native frames: the function named is where it waits; "
+        "keep stacks_native on",
+    ),
+}
+"""What each `where` means and what to do (docs/runbooks.md#where-it-hangs)."""
 
 RANK = {w: i for i, w in enumerate(WHERE)}
 WAITING = frozenset({"ray_get", "ray_wait", "event_loop", "no_task", "unknown"})
@@ -416,3 +491,72 @@ def fold(seen: Iterable[Seen]) -> tuple[RoleFold, ...]:
 def answer(folds: Sequence[RoleFold]) -> str:
     """The short answer: each role's text, most telling role first."""
     return "; ".join(f.text(max_groups=2) for f in folds) if folds else ""
+
+
+# -- one stack round of a stalled job (what the job view and the API show) -----------------
+
+
+@dataclass(frozen=True)
+class ProcessStack:
+    role: str
+    label: str  # "vLLMHttpServer vllm_server_0_0", "driver raysubmit_..."
+    pid: int
+    node_id: str
+    wait: Wait | None
+    error: str = ""  # why there is no stack (a reason of rlhf_job_stacks_unread)
+    message: str = ""  # Ray's or py-spy's words (short), when there is no stack
+    text: str = ""  # the stack kept (bounded)
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class StackRound:
+    """One stack round of a stalled job: what the job view and the API show."""
+
+    project: str
+    experiment: str
+    taken_at: float  # wall time
+    stalled_for: float  # seconds without a step when taken
+    last_step_time: float
+    processes: tuple[ProcessStack, ...]
+    folds: tuple[RoleFold, ...]
+    why: str = ""  # one sentence when no stack could be read (sources/stacks.py WHY)
+    seconds: float = 0.0  # how long the round took
+
+    @property
+    def answer(self) -> str:
+        return answer(self.folds)
+
+    def unread(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.processes:
+            if p.wait is None:
+                out[p.error] = out.get(p.error, 0) + 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "project": self.project,
+            "experiment": self.experiment,
+            "taken_at": self.taken_at,
+            "stalled_for_seconds": self.stalled_for,
+            "last_step_time": self.last_step_time,
+            "answer": self.answer,
+            "why": self.why,
+            "seconds": self.seconds,
+            "roles": [
+                {"role": f.role, "where": f.where, "text": f.text(), "processes": f.total,
+                 "groups": [{"where": g.where, "detail": g.detail, "count": g.count,
+                             "processes": list(g.labels)} for g in f.groups],
+                 "unread": dict(f.unread)}
+                for f in self.folds
+            ],
+            "processes": [
+                {"role": p.role, "label": p.label, "pid": p.pid, "node_id": p.node_id,
+                 "where": p.wait.where if p.wait else None,
+                 "detail": p.wait.detail if p.wait else "", "task": p.wait.task if p.wait else "",
+                 "error": p.error, "message": p.message, "stack": p.text,
+                 "truncated": p.truncated}
+                for p in self.processes
+            ],
+        }  # fmt: skip
