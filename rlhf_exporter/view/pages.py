@@ -155,11 +155,16 @@ def hangs_panel(found: Any, runbook: str) -> str:
         f"<details><summary>{escape(p.role)}: {escape(p.label)} (pid {p.pid}): "
         + (escape(f"{p.wait.where} {p.wait.detail}") if p.wait else escape(f"unread: {p.error}"))
         + "</summary>"
-        + (f"<pre>{escape(p.text)}</pre>" if p.text else f"<p>{escape(p.message)}</p>")
+        + (f"<pre>{escape(p.text)}</pre>" if p.text else _unread_words(p.message, found.why))
         + "</details>"
         for p in found.processes
     )
     return head + (table if found.folds else "") + stacks + "</div>"
+
+
+def _unread_words(message: str, why: str) -> str:
+    """A process's own words on why it has no stack, unless the panel said them already."""
+    return f"<p>{escape(message)}</p>" if message and message not in why else ""
 
 
 def engine_box(engine: Mapping[str, Any] | None) -> str:
