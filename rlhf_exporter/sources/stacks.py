@@ -291,8 +291,10 @@ class StackSource(PollingSource):
 
 
 def _message(body: str) -> str:
-    """Ray's or py-spy's words, short: the first line that says something."""
-    for line in body.splitlines():
+    """Ray's or py-spy's words, short: py-spy's first line on stderr when Ray quotes it,
+    else the first line that says something."""
+    _, mark, stderr = body.partition("=== stderr ===")
+    for line in (stderr if mark else body).splitlines():
         line = line.strip()
         if line and not line.startswith(("===", "Failed to execute")):
             return line[:300]

@@ -39,6 +39,9 @@ class RayStateApi:
         self.pending: dict[str, int] = {}
         self.jobs: dict[str, dict] = {}  # submission_id -> Jobs API entry
         self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
+        # GET /worker/traceback (issue 39): pid -> (status, text); None: no such endpoint
+        self.stacks: dict[int, tuple[int, str]] | None = None
+        self.stack_requests: list[dict[str, str]] = []
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
 
@@ -182,6 +185,17 @@ class RayStateApi:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if url.path == "/worker/traceback" and api.stacks is not None:
+                    query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                    api.stack_requests.append(query)
+                    status, text = api.stacks.get(int(query.get("pid", "0")), (500, "no pid"))
+                    raw = text.encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 body = api._answer(url.path, parse_qs(url.query))
                 data = json.dumps(body).encode() if body is not None else b"not found"
                 self.send_response(200 if body is not None else 404)
