@@ -4,7 +4,7 @@ Starts its own head (127.0.0.1, free ports, own temp dir, RAY_DASHBOARD_ENABLE_P
 stopped at the end) with this process as the driver of 16 actors named and classed like
 verl's (a TaskRunner, 8 WorkerDict, 4 vLLMHttpServer, 2 AgentLoopWorker, 1 RewardLoopWorker),
 each blocked in a task (a sleep), plus one more actor that ticks every millisecond and
-records the longest gap between its ticks (how long a dump pauses its target). Then, over
+records the longest gap between its ticks (in a thread) (how long a dump pauses its target). Then, over
 --rounds rounds each:
   (1) one stack round (the stacks source's `_round`: 17 GET /worker/traceback, each a py-spy
       dump on the node) with the C frames (native=1, the default) and without;
@@ -44,18 +44,27 @@ def actors():
             time.sleep(3600)
 
     class Ticker:
-        def __init__(self) -> None:
-            self.gap = 0.0
+        """Ticks every millisecond in a thread; `gap()` is the longest pause seen."""
 
-        def tick(self, seconds: float) -> float:
-            last = end = time.perf_counter()
-            end += seconds
-            while last < end:
+        def __init__(self) -> None:
+            self.longest = 0.0
+            import threading
+
+            threading.Thread(target=self._tick, daemon=True).start()
+
+        def _tick(self) -> None:
+            last = time.perf_counter()
+            while True:
                 time.sleep(0.001)
                 now = time.perf_counter()
-                self.gap = max(self.gap, now - last)
+                self.longest = max(self.longest, now - last)
                 last = now
-            return self.gap
+
+        def gap(self, reset: bool = False) -> float:
+            out = self.longest
+            if reset:
+                self.longest = 0.0
+            return out
 
     made = []
     for name, n in SHAPE.items():
@@ -64,7 +73,8 @@ def actors():
             actor = cls.options(name=f"{name.lower()}_{i}", max_concurrency=2).remote()
             actor.wait.remote()
             made.append(actor)
-    ticker = ray.remote(num_cpus=0)(type("RewardComputeWorker", (Ticker,), {})).remote()
+    cls = ray.remote(num_cpus=0)(type("RewardComputeWorker", (Ticker,), {}))
+    ticker = cls.options(max_concurrency=2).remote()
     return made, ticker
 
 
@@ -83,17 +93,19 @@ def main() -> int:
         import ray
 
         made, ticker = actors()
-        ray.get(ticker.tick.remote(0.1))
+        ray.get(ticker.gap.remote())
         ray_source = RaySource(head.dashboard_url, timeout=10)
         job = {"project": "b", "experiment": "e", "state": "running",
                "last_step_time": time.time() - 3600}  # fmt: skip
         results: dict[str, list[float]] = {"native": [], "python": [], "poll": []}
         kept: dict[str, list[int]] = {"native": [], "python": []}
+        pauses: dict[str, float] = {"native": 0.0, "python": 0.0}
         # warm up: every actor's worker exists and runs its task
         time.sleep(3)
         ray_source.poll_once()
         n = len(ray_source.job_processes("b", "e", sole=True))
-        pending = ticker.tick.remote(60.0 * args.rounds)
+        time.sleep(1)
+        quiet = ray.get(ticker.gap.remote(reset=True))  # its longest pause without dumps
         for _ in range(args.rounds):
             started = time.perf_counter()
             ray_source.poll_once()
@@ -105,14 +117,14 @@ def main() -> int:
                 found = src._round(("b", "e"), job["last_step_time"], 3600.0, True)
                 results[kind].append(time.perf_counter() - started)
                 kept[kind].append(sum(len(p.text) for p in found.processes))
+                paused = ray.get(ticker.gap.remote(reset=True))
+                pauses[kind] = max(pauses[kind], paused)
                 bad = [p.error for p in found.processes if p.wait is None]
                 assert not bad, bad
                 src.close()
-        ray.cancel(pending, force=True)
-        gap = ray.get(ticker.tick.remote(0.05))
         ray_source.close()
     med = {k: statistics.median(v) for k, v in results.items()}
-    print(f"processes read per round: {n} (16 actors, their driver, the ticking actor)")
+    print(f"processes read per round: {n} (the 16 actors and the ticking one)")
     print(f"{'':24}{'native=1':>12}{'native=0':>12}{'Ray poll':>12}")
     print(f"{'median seconds':24}{med['native']:>12.3f}{med['python']:>12.3f}{med['poll']:>12.3f}")
     per = {k: med[k] / n * 1000 for k in ("native", "python")}
@@ -121,7 +133,12 @@ def main() -> int:
           f"{med['python'] / med['poll']:>12.1f}")  # fmt: skip
     print(f"{'KiB kept per round':24}{statistics.median(kept['native']) / 1024:>12.1f}"
           f"{statistics.median(kept['python']) / 1024:>12.1f}")  # fmt: skip
-    print(f"longest pause of the ticking actor over all rounds: {gap * 1000:.1f} ms")
+    print(f"{'longest pause, ms':24}{pauses['native'] * 1000:>12.1f}"
+          f"{pauses['python'] * 1000:>12.1f}   (of the ticking actor while its stack was "
+          f"taken; {quiet * 1000:.1f} ms in a second without)")  # fmt: skip
+    print(
+        f"load average: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} cores"
+    )
     del made
     return 0
 
