@@ -32,6 +32,7 @@ def wait_of(rel: str) -> stacks.Wait:
         ("plain/queue.txt", "lock", "Queue.get in <module> (queue_scene.py:2)"),
         ("plain/event.txt", "lock", "Event.wait in <module> (event_scene.py:2)"),
         ("plain/asyncio.txt", "event_loop", "BaseEventLoop.run_forever in <module>"),
+        ("plain/asyncio.native.txt", "event_loop", "BaseEventLoop.run_forever in <module>"),
         ("plain/busy.txt", "running", "spin (busy_scene.py:4)"),
         # ... but a C call made by user code reads as that code, idle: unknown
         ("plain/sleep.txt", "unknown", "wait_a_while (sleep_scene.py:3)"),
@@ -71,6 +72,8 @@ R = "ray/{hang}/{actor}{native}.txt"
          "all_reduce in worker_class.<locals>.WorkerDict.update_actor (", "WorkerDict.update_actor"),
         ("collective", "TaskRunner-task_runner", "ray_get", "ray.get in TaskRunner.run (",
          "TaskRunner.run"),
+        # the job's driver script (not a Ray worker): its main thread, not Ray's threads
+        ("rollout_lock", "driver-main", "ray_get", "ray.get in main (verl_shaped_job.py:", ""),
         # between tasks: a Ray worker's main loop, with or without its C frames
         ("rollout_lock", "WorkerDict-1d9ec0", "no_task", "", ""),
         ("step", "vLLMHttpServer-vllm_server_0_0", "no_task", "", ""),
@@ -101,7 +104,7 @@ def test_a_wait_in_c_needs_the_native_frames(hang, actor, native_where, plain_de
 
 
 def seen(hang: str, native: str = ".native") -> list[stacks.Seen]:
-    roles = {"TaskRunner": "driver", "WorkerDict": "trainer", "vLLMHttpServer": "rollout",
+    roles = {"driver": "driver", "TaskRunner": "driver", "WorkerDict": "trainer", "vLLMHttpServer": "rollout",
              "AgentLoopWorker": "agent_loop", "RewardLoopWorker": "reward"}  # fmt: skip
     out = []
     for path in sorted((FIXTURES / "ray" / hang).glob(f"*{native}.txt")):
@@ -188,3 +191,26 @@ def test_shaped_noise_is_classified_in_the_vocabulary(lines):
     assert wait.where in stacks.WHERE
     folds = stacks.fold([stacks.Seen("trainer", "w", wait)])
     assert folds[0].where in stacks.WHERE
+
+
+def test_what_a_ray_get_awaits_is_named_from_rays_running_tasks():
+    """(worker pid, task id, parent task id, name) as Ray's tasks API gives them (measured on
+    the verl-shaped job hung on its rollout lock: the driver's root is f's + the job id)."""
+    root = "f" * 40 + "02000000"
+    tasks = [
+        (30230, "e0", root, "TaskRunner.run"),
+        (30635, "06", "e0", "AgentLoopWorker.generate_sequences"),
+        (30229, "b9", "06", "vLLMHttpServer.generate"),
+    ]
+    named = stacks.awaited(tasks, driver_pids=[30001])
+    assert named == {
+        30001: ("TaskRunner.run",),
+        30230: ("AgentLoopWorker.generate_sequences",),
+        30635: ("vLLMHttpServer.generate",),
+    }
+    wait = wait_of("ray/rollout_lock/TaskRunner-task_runner.native.txt")
+    assert stacks.on(wait, named[30230]).detail.endswith(
+        "(verl_shaped_job.py:154) on AgentLoopWorker.generate_sequences"
+    )
+    lock = wait_of("ray/rollout_lock/vLLMHttpServer-vllm_server_0_0.native.txt")
+    assert stacks.on(lock, ("x",)) == lock  # only a ray.get / ray.wait is named so

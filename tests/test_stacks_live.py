@@ -199,6 +199,11 @@ def test_each_hang_is_named_with_its_role_and_wait_and_gone_once_the_job_steps(
     assert found["answer"].startswith(f"{role}: "), found["answer"]  # the hang first
     for other, other_where in others.items():
         assert by_role[other]["where"] == other_where, by_role[other]
+    if hang.startswith("rollout"):  # each ray.get names what it waits on (Ray's tasks)
+        details = {g["detail"] for r in found["roles"] for g in r["groups"]}
+        assert any(d.endswith(" on vLLMHttpServer.generate") for d in details), details
+        assert any(d.endswith(" on AgentLoopWorker.generate_sequences") for d in details)
+        assert any(d.endswith(" on TaskRunner.run") for d in details), details  # the driver
     assert by_role["driver"]["processes"] == 2  # the entrypoint's driver and the TaskRunner
     assert len(found["processes"]) == 7 and found["why"] == ""
     if hang == "collective":  # the rank that entered the all_reduce, and the missing peer

@@ -71,6 +71,14 @@ def test_a_round_when_stalled_again_every_and_forgotten_once_it_steps():
     jobs = [job(clock.now - 30)]  # 30 s without a step: under the 60 s limit
     with RayStateApi() as api:
         api.stacks = {101: (200, LOCKED), 102: (200, WAITING)}
+        api.tasks = [  # the job's RUNNING tasks: the TaskRunner's run awaits the generate
+            {"worker_pid": 102, "task_id": "t1", "parent_task_id": "f" * 40 + "02000000",
+             "name": "TaskRunner.run", "state": "RUNNING", "job_id": "02000000"},
+            {"worker_pid": 101, "task_id": "t2", "parent_task_id": "t1",
+             "name": "vLLMHttpServer.generate", "state": "RUNNING", "job_id": "02000000"},
+            {"worker_pid": 909, "task_id": "t3", "parent_task_id": "t1",
+             "name": "OtherJob.run", "state": "RUNNING", "job_id": "03000000"},
+        ]  # fmt: skip
         ray = cluster(api, [101, 102], ["vLLMHttpServer", "TaskRunner"])
         src = source(api, ray, jobs, clock, every=300.0)
         src.poll_once()
@@ -79,6 +87,11 @@ def test_a_round_when_stalled_again_every_and_forgotten_once_it_steps():
         src.poll_once()
         found = src.round_of("p", "e")
         assert found is not None and found.answer.startswith("rollout: lock")
+        runner = next(p for p in found.processes if p.pid == 102)
+        assert runner.wait is not None and runner.wait.detail.startswith(
+            "ray.get in TaskRunner.run"
+        )
+        assert runner.wait.detail.endswith(" on vLLMHttpServer.generate")  # not OtherJob's
         assert len(api.stack_requests) == 2
         assert {q["native"] for q in api.stack_requests} == {"1"}
         rollout = next(q for q in api.stack_requests if q["pid"] == "101")

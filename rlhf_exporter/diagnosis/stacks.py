@@ -17,8 +17,9 @@ the C frames under them, which alone tell a `time.sleep`, a socket `recv` or a l
 acquire from plain user code (without them those read as the user's function, `idle`).
 
 Which thread speaks for a process: the threads running a Ray task (an `actor_method_executor`
-or `function_executor` frame); else those running an asyncio loop (an async actor: its
-coroutines' awaits are on no thread's stack, so it reads `event_loop`); else the main thread.
+or `function_executor` frame); else the main thread when it says something (a job's driver
+script); else those running an asyncio loop (an async actor: its coroutines' awaits are on
+no thread's stack, so it reads `event_loop`); else the main thread.
 Among several, the one whose `where` ranks first in `WHERE`.
 """
 
@@ -302,9 +303,7 @@ def _frame_where(frame: Frame) -> str | None:
             return "io_write"
         if func in _LOCK_NATIVE:
             return "lock"
-        if func in ("epoll_wait", "select_epoll_poll_impl"):
-            return "event_loop"
-        return None
+        return None  # an epoll alone is no asyncio loop: gRPC's threads wait in one too
     if "save_checkpoint" in short or (short == "save" and _in(frame, "torch/serialization.py")):
         return "checkpoint_save"
     if _in(frame, "torch/distributed/") and short in COLLECTIVES:
@@ -395,11 +394,11 @@ def _speakers(process: Process) -> list[Thread]:
     running = [t for t in process.threads if any(_short(f.func) in _EXECUTORS for f in t.frames)]
     if running:
         return running
-    loops = [t for t in process.threads if classify_thread(t).where == "event_loop"]
-    if loops:
-        return loops
     main = [t for t in process.threads if t.name == "MainThread" or t.tid == process.pid]
-    return main or list(process.threads[:1])
+    if main and classify_thread(main[0]).where not in ("no_task", "unknown"):
+        return main  # a driver's script, or a process that is no Ray worker
+    loops = [t for t in process.threads if classify_thread(t).where == "event_loop"]
+    return loops or main or list(process.threads[:1])
 
 
 def classify(processes: Sequence[Process]) -> Wait:
@@ -412,6 +411,34 @@ def classify(processes: Sequence[Process]) -> Wait:
     title = process.command
     task = title[5:].split(" ", 1)[0] if title.startswith("ray::") else ""
     return replace(wait, task=task if "." in task else "")
+
+
+def awaited(
+    tasks: Iterable[tuple[int, str, str, str]], driver_pids: Iterable[int] = ()
+) -> dict[int, tuple[str, ...]]:
+    """pid -> the names of the running Ray tasks it waits on, from Ray's RUNNING tasks
+    (worker pid, task id, parent task id, name): a task's children are what its `ray.get`
+    awaits. A driver runs no task: its children are the tasks whose parent is the job's
+    root (a task id of f's, then the job id)."""
+    by_pid: dict[int, str] = {}
+    children: dict[str, set[str]] = {}
+    roots: set[str] = set()
+    for pid, task, parent, name in tasks:
+        by_pid.setdefault(pid, task)
+        children.setdefault(parent, set()).add(name[:120])
+        if parent.startswith("ffffffff"):
+            roots.add(name[:120])
+    out = {pid: tuple(sorted(children.get(task, ())))[:3] for pid, task in by_pid.items()}
+    for pid in driver_pids:
+        out[pid] = tuple(sorted(roots))[:3]
+    return {pid: names for pid, names in out.items() if names}
+
+
+def on(wait: Wait, names: Sequence[str]) -> Wait:
+    """A ray_get / ray_wait named with what it waits on."""
+    if wait.where not in ("ray_get", "ray_wait") or not names:
+        return wait
+    return replace(wait, detail=f"{wait.detail} on {', '.join(names)}"[:240])
 
 
 # -- folded across a role's processes ------------------------------------------------------

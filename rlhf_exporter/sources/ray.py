@@ -270,12 +270,16 @@ class RaySource(PollingSource):
     ) -> tuple[JobProcess, ...]:
         """The live processes of the verl job (project, experiment) as of the last poll: its
         driver first, then its ALIVE actors by role (tied as `job_fact` ties it)."""
-        tied, newest = self._job_ids
-        job_id = tied.get((project, experiment)) or (newest if sole else "")
+        job_id = self.ray_job_id(project, experiment, sole)
         if not job_id:
             return ()
         driver = self._drivers.get(job_id)
         return ((driver,) if driver else ()) + self._job_procs.get(job_id, ())
+
+    def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
+        """The Ray job id of the verl job ('' when untied), as `job_processes` ties it."""
+        tied, newest = self._job_ids
+        return tied.get((project, experiment)) or (newest if sole else "")
 
     def tell(self, *sources: Any) -> None:
         """Give the verl and push sources what Ray says about their jobs (their `lifecycle`;

@@ -29,9 +29,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+import orjson
 import requests
 
 from ..diagnosis import stacks
@@ -68,6 +70,8 @@ WHY: Mapping[str, str] = MappingProxyType(
 """Why a process's stack is missing: the panel's words, once per round."""
 CLUSTER_WIDE = frozenset({"profiling_disabled", "no_endpoint", "unauthorized", "unreachable"})
 OUTCOMES = ("ok", *WHY, "jobs_over_limit")
+MAX_TASKS = 2000  # RUNNING tasks of a job read to name what a ray.get waits on
+TASKS_BYTES = 4 << 20  # bytes of that answer read at most (a truncated one is not used)
 SUBPROCESS_ROLES = frozenset({"rollout"})  # a vLLM / SGLang server's engine runs in a child
 
 
@@ -211,6 +215,8 @@ class StackSource(PollingSource):
             if got.error in CLUSTER_WIDE:
                 stop = got.error
             taken.append(got)
+        if any(p.wait is not None and p.wait.where in ("ray_get", "ray_wait") for p in taken):
+            taken = self._name_awaited(key, sole, taken)
         seen = [stacks.Seen(p.role, p.label, p.wait, p.error) for p in taken]
         why = ""
         if not procs:
@@ -224,6 +230,35 @@ class StackSource(PollingSource):
             key[0], key[1], self._clock(), stalled, last, tuple(taken), stacks.fold(seen), why,
             time.monotonic() - started,
         )  # fmt: skip
+
+    def _name_awaited(
+        self, key: tuple[str, str], sole: bool, taken: list[ProcessStack]
+    ) -> list[ProcessStack]:
+        """What each process in ray.get waits on: the job's RUNNING tasks from Ray's state
+        API (one request; a task's children are what it awaits). Without an answer the waits
+        stay as the stacks say."""
+        job_id = self.ray.ray_job_id(*key, sole=sole)
+        params = [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "RUNNING"),
+                  ("filter_keys", "job_id"), ("filter_predicates", "="), ("filter_values", job_id),
+                  ("detail", "1"), ("limit", str(MAX_TASKS))]  # fmt: skip
+        status, body, truncated, error = self._fetch("/api/v0/tasks", params, TASKS_BYTES)
+        tasks: list[tuple[int, str, str, str]] | None = None
+        if status == 200:
+            try:
+                rows = orjson.loads(body)["data"]["result"]["result"]
+                tasks = [(int(r["worker_pid"]), str(r["task_id"]), str(r["parent_task_id"]),
+                          str(r["name"])) for r in rows]  # fmt: skip
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                tasks = None
+        if not tasks or truncated:
+            self._warn_once(f"tasks {status} {error}", "Ray's tasks of %s/%s unread (HTTP %s%s): "
+                            "ray.get waits are not named", key[0], key[1], status, error)  # fmt: skip
+            return taken
+        drivers = [p.pid for p in taken if p.label.startswith("driver ")]
+        names = stacks.awaited(tasks, drivers)
+        return [
+            replace(p, wait=stacks.on(p.wait, names.get(p.pid, ()))) if p.wait else p for p in taken
+        ]
 
     def _read(self, proc: JobProcess, label: str) -> ProcessStack:
         params = {
@@ -247,8 +282,11 @@ class StackSource(PollingSource):
         wait = stacks.classify(stacks.parse(text))
         return ProcessStack(*base, wait, text=text, truncated=truncated)
 
-    def _fetch(self, path: str, params: Mapping[str, str]) -> tuple[int, str, bool, str]:
+    def _fetch(
+        self, path: str, params: Any, max_bytes: int | None = None
+    ) -> tuple[int, str, bool, str]:
         """The one HTTP call: (status, body text up to max_bytes, truncated, error key)."""
+        cap = self.max_bytes if max_bytes is None else max_bytes
         headers = dict(self._headers()) if self._headers else {}
         deadline = time.monotonic() + self.timeout
         try:
@@ -258,12 +296,12 @@ class StackSource(PollingSource):
                 for chunk in resp.iter_content(1 << 14):
                     chunks.append(chunk)
                     size += len(chunk)
-                    if size >= self.max_bytes:
-                        truncated = size > self.max_bytes
+                    if size >= cap:
+                        truncated = size > cap
                         break
                     if time.monotonic() > deadline:
                         return 0, "", False, "timeout"
-                body = b"".join(chunks)[: self.max_bytes].decode("utf-8", "replace")
+                body = b"".join(chunks)[:cap].decode("utf-8", "replace")
                 return resp.status_code, body, truncated, ""
         except requests.Timeout:
             return 0, "", False, "timeout"

@@ -42,6 +42,7 @@ class RayStateApi:
         # GET /worker/traceback (issue 39): pid -> (status, text); None: no such endpoint
         self.stacks: dict[int, tuple[int, str]] | None = None
         self.stack_requests: list[dict[str, str]] = []
+        self.tasks: list[dict] | None = None  # GET /api/v0/tasks rows; None: 404
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
 
@@ -151,6 +152,11 @@ class RayStateApi:
                     "result": {"node_id_to_summary": {"cluster": {"summary": summary}}},
                 }
             )
+        if path == "/api/v0/tasks" and self.tasks is not None:
+            filters = dict(zip(query.get("filter_keys", []), query.get("filter_values", [])))
+            picked = [t for t in self.tasks if all(t.get(k) == v for k, v in filters.items())]
+            return _envelope({"total": len(self.tasks), "num_after_truncation": len(picked),
+                              "num_filtered": len(picked), "result": picked})  # fmt: skip
         if path == "/api/v0/actors":
             picked = [r for r in rows if r["state"] == state]
             return _envelope(
