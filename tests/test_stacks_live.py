@@ -247,8 +247,13 @@ def test_without_py_spy_or_ptrace_the_panel_says_why_and_the_page_fires(live, ho
     cluster.use(how)
     try:
         control.write_text("rollout_lock")
-        found = wait_until(lambda: stacks_of(exporter, "e1"), 60, 0.5, what="a stack round")
-        assert all(p["error"] == reason and p["where"] is None for p in found["processes"])
+
+        def unread() -> dict | None:
+            found = stacks_of(exporter, "e1")
+            return found if found and {p["error"] for p in found["processes"]} == {reason} else None
+
+        found = wait_until(unread, 60, 0.5, what=f"a round unread for {reason}")
+        assert all(p["where"] is None for p in found["processes"])
         assert words in found["why"] and found["roles"] and found["answer"].count("unread") >= 1
         view = requests.get(f"{exporter.url}/jobs/{PROJECT}/e1", timeout=5).text
         assert view.count(escape(found["why"])) == 1  # said once
@@ -259,6 +264,7 @@ def test_without_py_spy_or_ptrace_the_panel_says_why_and_the_page_fires(live, ho
     finally:
         cluster.use("real")
         release(log, control)
+        wait_until(lambda: stacks_of(exporter, "e1") is None, 30, 0.3, what="stacks forgotten")
 
 
 def test_a_head_without_profiling_says_how_to_turn_it_on_once(tmp_path):
