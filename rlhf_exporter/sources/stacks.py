@@ -278,8 +278,8 @@ class StackSource(PollingSource):
             self._reads[why] += 1
             return ProcessStack(*base, None, why, _message(body))
         self._reads["ok"] += 1
-        text = keep_frames(body, self.max_frames)
-        wait = stacks.classify(stacks.parse(text))
+        wait = stacks.classify(stacks.parse(body))  # the whole answer read (max_bytes)
+        text = keep_frames(body, self.max_frames)  # what is kept and shown
         return ProcessStack(*base, wait, text=text, truncated=truncated)
 
     def _fetch(
