@@ -3,8 +3,8 @@
     .venv/bin/python bench/fleet.py [--jobs 100 300 1000] [--interval 15] [--seconds 60]
 
 For each N: N verl JSONL files (30 steps of history each), then every job appends one
-realistic record (about 60 keys) every 60 s, staggered evenly over the minute. A scraper GETs
-/metrics every `--interval` seconds the way Prometheus does (gzip; text 0.0.4, then
+realistic record (about 60 keys) about every 60 s at its own random moments (issue 37).
+A scraper GETs /metrics every `--interval` seconds the way Prometheus does (gzip; text 0.0.4, then
 OpenMetrics: an HA pair of Prometheus servers of two kinds) for `--seconds` seconds. The same
 scraper then scrapes a bare `prometheus_client` registry (in its own process, `start_http_server`) holding the very same
 series, for the same time. Printed side by side, the table of issue 14:
@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import heapq
 import http.client
 import json
 import os
+import random
 import re
 import statistics
 import subprocess
@@ -141,15 +143,17 @@ class Jobs:
         return shown.encode(), record["step"], at
 
     def run(self, stop: threading.Event, t0: float) -> None:
-        """Job i writes at t0 + (i / n + k) * PERIOD, k = 0, 1, ..."""
-        k = 0
-        while not stop.is_set():
-            for i in range(self.n):
-                at = t0 + (i / self.n + k) * PERIOD
-                if stop.wait(max(0.0, at - time.time())):
-                    return
-                self.write(i)
-            k += 1
+        """Each job writes at its own random moments (issue 37: never in label order): first
+        at t0 + U(0, PERIOD), then PERIOD x U(0.9, 1.1) after its previous record."""
+        rng = random.Random(37)
+        heap = [(t0 + rng.uniform(0, PERIOD), i) for i in range(self.n)]
+        heapq.heapify(heap)
+        while heap:
+            at, i = heap[0]
+            if stop.wait(max(0.0, at - time.time())):
+                return
+            heapq.heapreplace(heap, (at + PERIOD * rng.uniform(0.9, 1.1), i))
+            self.write(i)
 
 
 def get(port: int, accept: str) -> tuple[float, bytes]:

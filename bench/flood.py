@@ -19,8 +19,9 @@ each following `--jobs` verl jobs that step every `--step-every` seconds (30). T
 new invented `Accept` version each, gzip or not) and a hostile head (`--gpu-windows-from`,
 read every 0.2 s) answering in turn with 30 invented groups, a 3 MB label, a redirect
 (with the token), a trickle of a byte every 0.5 s, an answer over 4 MiB and a valid one.
-Both are scraped by a plain Prometheus-like scraper (one request a second... as fast as
-`--scrape-every`) throughout; RSS is sampled every second. Prints RSS (max), scrape p50/p99,
+Both are scraped as Prometheus scrapes (its Accept header, gzip) every `--scrape-every`
+seconds (1; issue 37: also run it with 15 and a longer `--seconds`), in turn, the order
+alternating; the jobs step at random moments. RSS is sampled every second. Prints RSS (max), scrape p50/p99,
 series and the attacked/clean ratios; checks that every job is still exported and the head's
 failures were counted. Goals: RSS < 150 MB, scrape p99 < 50 ms.
 """
@@ -53,10 +54,17 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def scrape(port: int) -> tuple[float, int]:
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+
+
+def scrape(port: int, as_prometheus: bool = False) -> tuple[float, int]:
+    """One GET /metrics: uncompressed text, or as Prometheus asks (its Accept, gzip)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     t0 = time.perf_counter()
-    conn.request("GET", "/metrics")
+    headers = {"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"} if as_prometheus else {}
+    conn.request("GET", "/metrics", headers=headers)
     body = conn.getresponse().read()
     dt = time.perf_counter() - t0
     conn.close()
@@ -111,7 +119,9 @@ def main() -> int:
     ap.add_argument("--hostile", action="store_true", help="issue 26's surfaces instead")
     ap.add_argument("--jobs", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=60.0)
-    ap.add_argument("--scrape-every", type=float, default=0.2)
+    ap.add_argument(
+        "--scrape-every", type=float, default=1.0, help="--hostile: seconds between scrapes"
+    )
     ap.add_argument("--step-every", type=float, default=30.0, help="seconds between a job's steps")
     args = ap.parse_args()
     if args.hostile:
@@ -287,16 +297,26 @@ def negotiation_flood(port: int, stop, counts: dict, seed: int) -> None:
 
 
 def write_steps(roots: list, jobs: int, stop, every: float) -> None:
-    """Every job gets a step every `every` seconds (spread), in every root."""
+    """Every job gets a step about every `every` seconds at its own random moments (issue
+    37: a random first moment, then `every` x U(0.9, 1.1) after each step; never in label
+    order), the same step in every root."""
+    import heapq
+    import random
+
     plan = list(records([(REGIMES["balanced"], 100_000)], seed=3))
-    i = 1
-    while not stop.wait(every / max(jobs, 1)):
-        j = i % jobs
-        line = encode(plan[min(i // jobs + 1, len(plan) - 1)])
+    rng = random.Random(37)
+    now = time.monotonic()
+    heap = [(now + rng.uniform(0, every), j, 1) for j in range(jobs)]
+    heapq.heapify(heap)
+    while heap:
+        at, j, k = heap[0]
+        if stop.wait(max(0.0, at - time.monotonic())):
+            return
+        heapq.heapreplace(heap, (at + every * rng.uniform(0.9, 1.1), j, k + 1))
+        line = encode(plan[min(k + 2, len(plan) - 1)])
         for root in roots:
             with open(root / f"p{j}" / "e.jsonl", "ab") as f:
                 f.write(line)
-        i += 1
 
 
 def hostile(args: argparse.Namespace) -> int:
@@ -343,9 +363,12 @@ def hostile(args: argparse.Namespace) -> int:
             rss: dict = {"clean": [], "attacked": []}
             end = time.monotonic() + args.seconds
             next_rss = 0.0
+            tick = 0
             while time.monotonic() < end:
-                for name, exp in (("clean", clean), ("attacked", attacked)):
-                    times[name].append(scrape(exp.port)[0])
+                pair = (("clean", clean), ("attacked", attacked))
+                for name, exp in pair if tick % 2 == 0 else pair[::-1]:  # neither always first
+                    times[name].append(scrape(exp.port, as_prometheus=True)[0])
+                tick += 1
                 if time.monotonic() >= next_rss:
                     next_rss = time.monotonic() + 1.0
                     for name, exp in (("clean", clean), ("attacked", attacked)):

@@ -105,13 +105,18 @@ def test_push_publishes_each_job_as_its_own_tuple(th):
     assert steps == {("p", "e0"): 2.0, ("p", "e1"): 3.0, ("p", "e2"): 2.0}
 
 
-def test_a_new_step_encodes_only_the_families_it_changed():
+@pytest.mark.parametrize("direct", [False, True], ids=["prometheus_client", "direct"])
+def test_a_new_step_encodes_only_the_families_it_changed(direct, monkeypatch):
     """A job's new tuple whose families mostly hold the same values (new Sample objects, equal
-    values) re-encodes the changed families only; the body stays what a from-scratch render
-    gives, in both formats."""
+    values) re-encodes the changed families only through prometheus_client, and that job
+    only when the lines are written directly (issue 37: writing a job costs less than hashing
+    its families); the body stays what a from-scratch render gives, in both formats."""
     from prometheus_client.exposition import choose_encoder
 
+    from rlhf_exporter.metrics import exposition as mod
     from rlhf_exporter.metrics.exposition import encode as encode_families
+
+    monkeypatch.setattr(mod, "_DIRECT", [direct])
     from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
     def part(project: str, step: int) -> tuple[Sample, ...]:
@@ -134,6 +139,10 @@ def test_a_new_step_encodes_only_the_families_it_changed():
         encoder, ctype = choose_encoder(accept)
         eof = b"# EOF\n" if "openmetrics" in ctype else b""
         assert body == encode_families(encoder, families(snaps)) + eof
+    if direct:  # job a's 4 samples, once for both formats (they share sample lines)
+        assert ex.stats["samples_encoded"] - encoded == 4
+        assert ex.stats["direct_fragments"] >= 2 and ex.stats["family_hits"] == hits == 0
+        return
     # rlhf_step of a, once: text and OpenMetrics write the same sample lines (shared)
     assert ex.stats["samples_encoded"] - encoded == 1
     assert ex.stats["family_hits"] - hits == 2  # a's rlhf_run and group seconds

@@ -110,6 +110,10 @@ class Watched:
     backlog: bool = True  # its first read has not reached the end yet: not exported until it has
     rejected_seen: Counter = field(default_factory=Counter)  # reader.rejected already counted
     logged: set = field(default_factory=set)  # line problems already logged
+    spath: str = field(init=False)  # the path as str: a poll stats every file (issue 37)
+
+    def __post_init__(self) -> None:
+        self.spath = str(self.path)
 
 
 def labels_from_path(path: Path) -> tuple[str, str]:
@@ -400,7 +404,7 @@ class VerlFileSource(PollingSource, JobMaker):
     def _read(self, w: Watched, budget: int, now: float) -> int:
         """Read what is new in one file; returns the bytes read."""
         try:
-            st = os.stat(w.path)
+            st = os.stat(w.spath)
         except FileNotFoundError:
             if w.identity is not None:
                 self._file_problem(

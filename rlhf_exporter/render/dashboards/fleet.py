@@ -468,8 +468,8 @@ def change_per_job(c: Context) -> PanelBuilder:
             Q(
                 worst(
                     change_code(),
-                    f"sum by ({BY_JOB}) (increase("
-                    f"{sel('rlhf_change_steps_total', match('kind', CHANGED))}[{RANGE}] @ end()))",
+                    f"sum by ({BY_JOB}) (sum_over_time("
+                    f"{sel(c.rules.change_steps_fleet, match('kind', CHANGED))}[{RANGE}] @ end()))",
                 ),
                 JOB_LEGEND,
             )
@@ -485,8 +485,9 @@ def regressed_steps_per_job(c: Context) -> PanelBuilder:
         time_series(
             f"Regressed steps in the last {rules.window}, per job and group",
             f"Steps of each job that were a regression of a group over the last {rules.window} (the "
-            f"recording rule of the regression alert): the {TOP} jobs and groups with the most at "
-            "any time of the range, only while they have one."
+            f"recording rule of the regression alert): the {TOP} jobs and groups with the most "
+            f"regressed steps in the range (a recording rule every {rules.fleet_interval}), only "
+            "while they have one."
             + said(
                 alerts,
                 " At {regression_min_steps} (dashed line) for {regression_for} the regression "
@@ -496,7 +497,8 @@ def regressed_steps_per_job(c: Context) -> PanelBuilder:
                 Q(
                     worst(
                         f"{sel(rules.regressions)} > 0",
-                        f"max_over_time({sel(rules.regressions)}[{RANGE}] @ end()) > 0",
+                        f"sum by ({BY_JOB}, group) (sum_over_time("
+                        f"{sel(rules.regression_steps_fleet)}[{RANGE}] @ end())) > 0",
                         by=f"{BY_JOB}, group",
                     ),
                     JOB_LEGEND + " {{group}}",
@@ -515,10 +517,11 @@ def regressed_steps_per_group(c: Context) -> PanelBuilder:
         bar_gauge(
             "Regressed steps per group in the time range",
             "Steps of all selected jobs diagnosed as a regression of each group during the time "
-            "range: which window gets slower per token across the fleet.",
+            "range: which window gets slower per token across the fleet (a recording rule "
+            f"every {c.rules.fleet_interval}).",
             [
                 Q(
-                    f"sum by (group) (increase({sel('rlhf_regression_steps_total')}[{RANGE}]))",
+                    f"sum by (group) (sum_over_time({sel(c.rules.regression_steps_fleet)}[{RANGE}]))",
                     "{{group}}",
                     instant=True,
                 )

@@ -244,6 +244,17 @@ class Context:
         return f"project_experiment_verdict:rlhf_bottleneck_steps:increase{self.fleet_interval}"
 
     @property
+    def regression_steps_fleet(self) -> str:
+        """Steps diagnosed a regression of each group over the fleet interval (the values tile
+        the time: the fleet's regression panels sum them instead of raw counters, issue 37)."""
+        return f"project_experiment_group:rlhf_regression_steps:increase{self.fleet_interval}"
+
+    @property
+    def change_steps_fleet(self) -> str:
+        """Steps per change kind but `none` over the fleet interval (tiles the time)."""
+        return f"project_experiment_kind:rlhf_change_steps:increase{self.fleet_interval}"
+
+    @property
     def tokens_vs_best(self) -> str:
         """Tokens per second of step time over the window, over the best baseline: the fleet's
         "Tokens per second ÷ baseline", one recorded series per job."""

@@ -50,8 +50,9 @@ def job_gpus_expr() -> str:
 
 
 def fleet_records(ctx: Context) -> list[dict[str, str]]:
-    """The fleet dashboard's steps per verdict and GPU time, one record per job and verdict
-    or group every `alerts.fleet_interval`, over that interval: consecutive values tile the
+    """The fleet dashboard's steps per verdict, regressed and changed steps (issue 37) and GPU
+    time, one record per job and verdict, group or kind every `alerts.fleet_interval`, over
+    that interval: consecutive values tile the
     time, so a panel sums them over its range (`sum_over_time`) instead of reading every
     raw sample of the range."""
     f = ctx.fleet_interval
@@ -59,6 +60,14 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
         {
             "record": ctx.verdict_steps_fleet,
             "expr": f"increase(rlhf_bottleneck_steps_total[{f}])",
+        },
+        {
+            "record": ctx.regression_steps_fleet,
+            "expr": f"increase(rlhf_regression_steps_total[{f}])",
+        },
+        {
+            "record": ctx.change_steps_fleet,
+            "expr": f'increase(rlhf_change_steps_total{{kind!="none"}}[{f}])',
         },
         {"record": JOB_GPUS, "expr": job_gpus_expr()},
         {
