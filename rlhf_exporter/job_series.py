@@ -315,6 +315,12 @@ class JobSeries:
             "regressed": d.change.regressed if d else None,
             "step_seconds": d.windows.step_seconds if d else None,
             "last_step_time": self.last_step_time,
+            # what the stall limit reads (diagnosis/stall.py), as rlhf_baseline_step_duration_
+            # seconds and rlhf_between_steps_max_seconds export them
+            "baseline_step_seconds": (
+                d.change.baseline.busy_seconds if d and d.change.baseline is not None else None
+            ),
+            "between_steps_max": self.between_steps_max,
             "finished": self.finished,
             "state": self.state,
             "state_signal": self.state_signal,

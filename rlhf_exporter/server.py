@@ -12,7 +12,8 @@
   a broken source is `rlhf_exporter_collector_up 0` instead.
 - `GET /`: the job view (rlhf_exporter/view/): every job, who needs attention first, with
   sparklines, the sources' health and how to scrape; `GET /jobs/<project>/<experiment>` one
-  job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON.
+  job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON;
+  `GET /api/v1/jobs/<project>/<experiment>/stacks` a stalled job's stacks (issue 39).
 - `POST /api/v1/records`: verl records for jobs that cannot share a file (see
   rlhf_exporter/sources/push.py for the body and the answers).
 
@@ -49,6 +50,7 @@ from urllib.parse import unquote
 import orjson
 
 from . import __version__
+from .diagnosis.stacks import StackRound
 from .join.board import WindowJoiner
 from .metrics.exposition import Exposition
 from .metrics.snapshot import SnapshotFn
@@ -80,6 +82,8 @@ class Endpoints:
     # the NVML source's WindowJoiner: GPU time by window in the job view
     window_view: WindowJoiner | None = None
     balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
+    # a stalled job's last stack round (sources/stacks.py), None when stacks are off
+    stacks_of: Callable[[str, str], StackRound | None] | None = None
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -99,7 +103,40 @@ class Endpoints:
         out: list[dict[str, Any]] = []
         for fn in self.jobs_fns:
             out.extend(fn())
+        if self.stacks_of is not None:  # the job view's "where it hangs"
+            stacks_of = self.stacks_of
+            out = [_with_stacks(j, stacks_of(j["project"], j["experiment"])) for j in out]
         return sorted(out, key=lambda j: (j["project"], j["experiment"]))
+
+    def stacks_json(self, path: str) -> tuple[int, dict[str, Any]]:
+        """`GET /api/v1/jobs/<project>/<experiment>/stacks`: the job's last stack round."""
+        parts = path[len(JOBS_API) :].split("/")
+        if len(parts) != 3 or parts[2] != "stacks":
+            return 404, {"error": "not found: /api/v1/jobs/<project>/<experiment>/stacks"}
+        project, experiment = (unquote(p) for p in parts[:2])
+        job = next((j for j in self.jobs() if (j["project"], j["experiment"]) ==
+                    (project, experiment)), None)  # fmt: skip
+        if job is None:
+            return 404, {"error": f"no job {project}/{experiment}"}
+        found = job.get("stacks")
+        note = (
+            "stacks are off (--no-stacks, or Ray's actors are not read)"
+            if self.stacks_of is None
+            else "no stack round: the job is not stalled (stacks are taken past its stall "
+            "limit and forgotten once it steps)"
+        )
+        out: dict[str, Any] = {"project": project, "experiment": experiment}
+        out["round"] = found.to_json() if isinstance(found, StackRound) else None
+        if out["round"] is None:
+            out["note"] = note
+        return 200, out
+
+
+JOBS_API = "/api/v1/jobs/"
+
+
+def _with_stacks(job: dict[str, Any], found: StackRound | None) -> dict[str, Any]:
+    return {**job, "stacks": found} if found is not None else job
 
 
 PAGE_CACHE_BYTES = 32 << 20  # bytes of rendered pages kept (page_cache_bytes)
@@ -294,9 +331,12 @@ class Handler(BaseHTTPRequestHandler):
             self._send(status, _with_host(page, host), "text/html; charset=utf-8")
         elif path == "/api/v1/jobs":  # the view's step history and episodes stay out of the JSON
             jobs = [
-                {k: v for k, v in j.items() if k not in ("history", "episodes")} for j in ep.jobs()
+                {k: v for k, v in j.items() if k not in ("history", "episodes", "stacks")}
+                for j in ep.jobs()
             ]
             self._json(200, {"jobs": jobs})
+        elif path.startswith(JOBS_API):  # read-only, exposed as the job view is
+            self._json(*ep.stacks_json(path))
         elif path == "/api/v1/windows" and ep.windows_api is not None:
             status, body = ep.windows_api.handle(
                 self.headers.get("Authorization"), self.client_address[0]

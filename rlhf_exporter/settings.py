@@ -424,6 +424,77 @@ OPTIONS: tuple[Option, ...] = (
         "ray",
         "IP",
     ),
+    # stacks of a stalled job (issue 39; sources/stacks.py, docs/runbooks.md#rlhfjobstalled)
+    Option(
+        "stacks",
+        _bool,
+        True,
+        "when a job has not stepped for its stall limit, take the Python stack of each of its Ray actor processes through Ray's dashboard (py-spy; the head needs RAY_DASHBOARD_ENABLE_PROFILING=1, each Ray container py-spy and SYS_PTRACE) and say where each role waits",
+        "stacks",
+    ),
+    Option(
+        "stacks_interval",
+        _positive,
+        15.0,
+        "seconds between stall checks (a stalled job's stacks come within one of these after its stall limit)",
+        "stacks",
+        "SECONDS",
+    ),
+    Option(
+        "stacks_every",
+        _positive,
+        300.0,
+        "a stalled job's stacks are taken again at most this often while the stall lasts",
+        "stacks",
+        "SECONDS",
+    ),
+    Option(
+        "stacks_timeout",
+        _positive,
+        10.0,
+        "deadline of one stack request (Ray runs py-spy dump on the process's node)",
+        "stacks",
+        "SECONDS",
+    ),
+    Option(
+        "stacks_max_processes",
+        _count,
+        64,
+        "processes of one job whose stacks are taken per round (the rest are counted, not read)",
+        "stacks",
+        "N",
+    ),
+    Option(
+        "stacks_max_jobs",
+        _count,
+        8,
+        "stalled jobs whose stacks are kept at once (more stalled jobs are counted, not read)",
+        "stacks",
+        "N",
+    ),
+    Option(
+        "stacks_max_frames",
+        _count,
+        48,
+        "frames kept per thread of a stack (innermost first)",
+        "stacks",
+        "N",
+    ),
+    Option(
+        "stacks_max_bytes",
+        _size,
+        64 << 10,
+        "bytes of one process's stack read and kept at most",
+        "stacks",
+        "BYTES",
+    ),
+    Option(
+        "stacks_native",
+        _bool,
+        True,
+        "ask for the C frames too (py-spy --native): they tell a sleep, a lock or a socket read in the job's own code; without them those read as unknown",
+        "stacks",
+    ),
     # nvml
     Option("nvml", _bool, True, "sample GPUs through NVML", "nvml"),
     Option("nvml_interval", _positive, 1.0, "seconds between NVML samples", "nvml", "SECONDS"),
@@ -569,6 +640,7 @@ GROUP_TITLES = {
     "ray": "Ray actors",
     "nvml": "GPUs (NVML)",
     "engines": "rollout engines (vLLM, SGLang)",
+    "stacks": "stacks of a stalled job (through Ray's dashboard)",
 }
 
 
@@ -663,6 +735,15 @@ class Settings:
     ray_per_class: bool
     ray_roles: str | None
     ray_node_ip: str | None
+    stacks: bool
+    stacks_interval: float
+    stacks_every: float
+    stacks_timeout: float
+    stacks_max_processes: int
+    stacks_max_jobs: int
+    stacks_max_frames: int
+    stacks_max_bytes: int
+    stacks_native: bool
     nvml: bool
     nvml_interval: float
     gpu_roles: bool | None

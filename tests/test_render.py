@@ -135,6 +135,8 @@ def test_catalog_names_follow_prometheus_conventions():
         "rlhf_engine_waiting_requests_mean",
         "rlhf_engine_preemptions",
         "rlhf_engine_up",
+        "rlhf_job_stalled_in",  # processes of a role in a wait (issue 39)
+        "rlhf_job_stacks_unread",  # processes whose stack was not read
     }, unitless
 
 

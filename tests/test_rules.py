@@ -1150,6 +1150,10 @@ def test_promtool_a_moved_bottleneck_names_both(tmp_path, thresholds):
 
 
 JOB_DASHBOARD_URL = "http://grafana.example.com/d/rlhf-job/rlhf-job?var-project=p&var-experiment=e"
+NO_STACKS_YET = (  # RLHFJobStalled's where_it_hangs without stacks (issue 39)
+    "no stacks yet (taken through Ray's dashboard once the job passes its stall limit: see "
+    "the job view)"
+)
 
 
 def test_promtool_annotations(tmp_path):
@@ -1234,8 +1238,9 @@ def test_promtool_annotations(tmp_path):
             "seen by e:9 (last seen, if that exporter is down or gone). "
             "An NCCL hang ends in ActorDiedError only after "
             "the NCCL timeout (verl 0.8+: PyTorch's default; verl 0.6-0.7: "
-            "actor_rollout_ref.nccl_timeout, 600 s)."
+            "actor_rollout_ref.nccl_timeout, 600 s). Where it hangs: " + NO_STACKS_YET + "."
         ),
+        "where_it_hangs": NO_STACKS_YET,
         "runbook_url": base + "rlhfjobstalled",
         "dashboard_url": JOB_DASHBOARD_URL,
     }

@@ -53,7 +53,8 @@ Endpoints:
   /readyz             200 once a source has collected once (503 before)
   /                   the job view: every job (who needs attention first), sources' health,
                       how to scrape; /jobs/<project>/<experiment> one job's step anatomy;
-                      /api/v1/jobs as JSON
+                      /api/v1/jobs as JSON; /api/v1/jobs/<project>/<experiment>/stacks a
+                      stalled job's stacks and where each role waits (issue 39)
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
                       400 bad JSON/schema, 401 bad token, 409 job read from a file
@@ -165,6 +166,19 @@ class Sidecar:
 
             self.demo_devices = DemoDevices.for_job(self.demo, context)
         self.ray = ray_source
+        self.stacks = None  # issue 39: a stalled job's stacks through Ray's dashboard
+        if ray is not None:
+            from ..sources.stacks import build as build_stacks
+
+            job_sources = [s for s in (self.verl, self.push) if s is not None]
+            token = ray.token  # the Ray token, for Ray's dashboard's stacks too
+            self.stacks = build_stacks(
+                settings,
+                ray,
+                [s.jobs for s in job_sources],
+                context,
+                headers=token.header if token is not None else None,
+            )
         self.sources: list[Source] = [
             s
             for s in (
@@ -175,6 +189,7 @@ class Sidecar:
                 remote,
                 self.demo_devices,
                 self.engines,
+                self.stacks,
             )
             if s is not None
         ]
@@ -201,6 +216,7 @@ class Sidecar:
             window_view=getattr(self.demo_devices or self.nvml, "joiner", None),
             balance_limits=self.th.document.get("balance", {}),
             pages=PageCache(max_bytes=settings.page_cache_bytes),
+            stacks_of=self.stacks.round_of if self.stacks is not None else None,
         )
 
     def _demo_job(self, settings: Settings) -> DemoJob | None:

@@ -300,6 +300,39 @@ RAY = _section(
     ),
 )
 
+STACKS = _section(
+    "Stacks of a stalled job",
+    _job(
+        "rlhf_job_stalled_in",
+        GAUGE,
+        "Processes of a stalled job's role that wait in `where`, from the Python stacks of its "
+        "last stack round (taken through Ray's dashboard when the job passes its stall limit, "
+        "again every stacks_every while the stall lasts; gone once it steps). `where` is a "
+        "fixed vocabulary (docs/runbooks.md#where-it-hangs): checkpoint_save, collective, "
+        "engine_generate, engine_step, ray_get, ray_wait, network, io_read, io_write, lock, "
+        "sleep, event_loop, no_task, running, unknown.",
+        "role",
+        "where",
+    ),
+    _job(
+        "rlhf_job_stacks_unread",
+        GAUGE,
+        "Processes of a stalled job whose stack its last stack round could not read, by "
+        "reason (profiling_disabled, no_endpoint, unauthorized, no_py_spy, no_permission, "
+        "no_process, no_agent, timeout, unreachable, http_error, not_read: over "
+        "stacks_max_processes, no_processes: Ray lists none for the job).",
+        "reason",
+    ),
+    Metric(
+        "rlhf_exporter_stack_reads_total",
+        COUNTER,
+        "Stack requests to Ray's dashboard by outcome (ok, or why not as in "
+        "rlhf_job_stacks_unread), and processes or jobs left unread by a bound (not_read, "
+        "jobs_over_limit).",
+        ("outcome",),
+    ),
+)
+
 
 def _gpu(name: str, type_: str, help_: str, *extra: str) -> Metric:
     """A per-GPU series: the GPU, its extra labels, then the job its node serves (empty when
@@ -602,7 +635,9 @@ EXPORTER = _section(
     ),
 )
 
-CATALOG: tuple[Metric, ...] = tuple(VERL + RAY + GPU + GPU_HEALTH + WINDOW_GPU + ENGINE + EXPORTER)
+CATALOG: tuple[Metric, ...] = tuple(
+    VERL + RAY + STACKS + GPU + GPU_HEALTH + WINDOW_GPU + ENGINE + EXPORTER
+)
 BY_NAME: Mapping[str, Metric] = {m.name: m for m in CATALOG}
 NAMES = frozenset(BY_NAME)
 

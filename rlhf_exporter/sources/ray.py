@@ -44,7 +44,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
 import orjson
@@ -97,6 +97,20 @@ _CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason e
     ("runtime_env_failed_context", "RUNTIME_ENV_FAILED"),
     ("actor_unschedulable_context", "UNSCHEDULABLE"),
 )
+
+
+class JobProcess(NamedTuple):
+    """A live process of a Ray job: an ALIVE actor's worker, or the job's driver (what the
+    stacks source asks Ray's dashboard for the stack of: issue 39)."""
+
+    role: str
+    class_name: str
+    name: str  # the actor's name ('' when unnamed), or the submission id of a driver
+    pid: int
+    node_id: str
+
+
+MAX_JOB_PROCESSES = 4096  # live processes remembered per Ray job (the stacks source reads few)
 
 
 def resolve_address(setting: str | None, environ: Mapping[str, str] | None = None) -> str:
@@ -207,6 +221,10 @@ class RaySource(PollingSource):
         self._facts: tuple[Mapping[tuple[str, str], RayFact], RayFact | None] = ({}, None)
         self.facts_version = 0  # grows whenever the facts change
         self._warned: set[str] = set()
+        # read by the stacks source from its thread: replaced whole, never mutated
+        self._job_ids: tuple[Mapping[tuple[str, str], str], str] = ({}, "")
+        self._job_procs: Mapping[str, tuple[JobProcess, ...]] = MappingProxyType({})
+        self._drivers: Mapping[str, JobProcess] = MappingProxyType({})
         # read by the NVML source from its own thread: replaced whole, never mutated
         self._pids: Mapping[int, ActorProcess] = MappingProxyType({})
         self._pids_at: float | None = None
@@ -260,6 +278,22 @@ class RaySource(PollingSource):
         """The port the verl and push sources read their jobs' states from (`job_fact`,
         `facts_version`); None on a GPU worker's source, which reads PIDs only (no jobs)."""
         return self if self.actors else None
+
+    def job_processes(
+        self, project: str, experiment: str, sole: bool = False
+    ) -> tuple[JobProcess, ...]:
+        """The live processes of the verl job (project, experiment) as of the last poll: its
+        driver first, then its ALIVE actors by role (tied as `job_fact` ties it)."""
+        job_id = self.ray_job_id(project, experiment, sole)
+        if not job_id:
+            return ()
+        driver = self._drivers.get(job_id)
+        return ((driver,) if driver else ()) + self._job_procs.get(job_id, ())
+
+    def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
+        """The Ray job id of the verl job ('' when untied), as `job_processes` ties it."""
+        tied, newest = self._job_ids
+        return tied.get((project, experiment)) or (newest if sole else "")
 
     def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
         return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}
@@ -434,6 +468,7 @@ class RaySource(PollingSource):
             self._count_deaths(rows)
             self._dead_counts = dead_counts
         self._publish_pids((r for r in live_rows if r.get("state") == "ALIVE"), local_nodes)
+        self._publish_job_processes(live_rows)
 
         for (name, state), n in by_class.items():
             if state in LISTED:
@@ -471,6 +506,27 @@ class RaySource(PollingSource):
         ]
         return samples
 
+    def _publish_job_processes(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        by_job: dict[str, list[JobProcess]] = {}
+        for row in rows:
+            pid, node, job = _int(row.get("pid")), row.get("node_id"), row.get("job_id")
+            name = str(row.get("class_name") or "")
+            if row.get("state") != "ALIVE" or pid <= 0 or not isinstance(node, str):
+                continue
+            if not isinstance(job, str) or name == "JobSupervisor":  # Ray's own actor
+                continue
+            kept = by_job.setdefault(job, [])
+            if len(kept) < MAX_JOB_PROCESSES:
+                actor = _actor_name(row)
+                kept.append(JobProcess(self.roles.role(name, actor), name, actor, pid, node))
+        order = {role: i for i, role in enumerate(ROLES)}
+        self._job_procs = MappingProxyType(
+            {
+                job: tuple(sorted(procs, key=lambda p: (order.get(p.role, 99), p.name, p.pid)))
+                for job, procs in by_job.items()
+            }
+        )
+
     def _count_restarts(self, rows: list[Mapping[str, Any]]) -> None:
         poll = self._polls
         for row in rows:
@@ -503,6 +559,8 @@ class RaySource(PollingSource):
             return [Sample("rlhf_ray_jobs", (s,), float(n))
                     for s, n in sorted(self._jobs_by_status.items())]  # fmt: skip
         self._jobs_by_status = self._book.update(entries)
+        self._job_ids = self._book.job_ids()
+        self._drivers = MappingProxyType(_drivers(entries))
         facts = self._book.facts()
         if facts != self._facts:
             self._facts = facts
@@ -553,6 +611,23 @@ def too_many_elements(raw: bytes) -> bool:
         if containers > MAX_CONTAINERS or items > MAX_ITEMS:
             return True
     return False
+
+
+def _drivers(entries: Iterable[Any]) -> dict[str, JobProcess]:
+    """Each running Jobs API entry's driver process (`driver_info.pid` on
+    `driver_node_id`), by Ray job id."""
+    out: dict[str, JobProcess] = {}
+    for entry in itertools.islice(entries, 10_000):
+        if not isinstance(entry, Mapping) or entry.get("status") != "RUNNING":
+            continue
+        info, node, job = entry.get("driver_info"), entry.get("driver_node_id"), entry.get("job_id")
+        if not isinstance(info, Mapping) or not isinstance(job, str):
+            continue
+        pid = _int(info.get("pid"))
+        if pid > 0 and isinstance(node, str) and node:
+            ident = str(entry.get("submission_id") or job)[:128]
+            out[job] = JobProcess("driver", "driver", ident, pid, node)
+    return out
 
 
 def _truncated(inner: Mapping[str, Any]) -> bool:

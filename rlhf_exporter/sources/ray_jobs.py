@@ -162,6 +162,12 @@ class JobBook:
         reason = self._failures.get(job_id, "") if job_id else ""
         return fact._replace(failure=reason) if reason else fact
 
+    def job_ids(self) -> tuple[dict[tuple[str, str], str], str]:
+        """(the Ray job id of each tied job, the newest untied entry's ('' when none)): the
+        actors of a verl job are those whose `job_id` is its driver's."""
+        tied = {k: j for k, (_, j) in self._tied.items() if j}
+        return tied, self._newest[1] if self._newest is not None else ""
+
     def facts(self) -> tuple[dict[tuple[str, str], RayFact], RayFact | None]:
         """(tied facts by (project, experiment), the newest entry's fact for a sole job)."""
         tied = {k: self._with_failure(f, j) for k, (f, j) in self._tied.items()}

@@ -20,6 +20,8 @@ from urllib.parse import quote, urlsplit
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 from ..diagnosis.episodes import balanced_look_at, episodes
 from ..diagnosis.history import StepPoint
+from ..diagnosis.stacks import StackRound
+from ..diagnosis.stall import StallLimit
 from ..diagnosis.thresholds import seconds
 from ..metrics.snapshot import Snapshot
 from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
@@ -50,6 +52,8 @@ svg .run{stroke:#444;stroke-dasharray:3 3}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
 .empty{color:#777;font-style:italic}td.name{min-width:9em;max-width:24em;overflow-wrap:anywhere}
 h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
+.hangs{border-left:8px solid #c4162a;padding:.5em 1em;background:#fbf1f1;margin:.6em 0}
+.hangs pre{max-height:24em;font-size:.85em}.hangs details{margin:.2em 0}
 """
 
 
@@ -147,6 +151,52 @@ def engine_short(engine: Mapping[str, Any] | None) -> str:
     if engine.get("imbalance") is not None:
         parts.append(f"imbalance {engine['imbalance']:.2f}")
     return "engines: " + ", ".join(parts)
+
+
+WHERE_ANCHOR = "Where-it-hangs"  # docs/runbooks.md's section on each `where`
+
+
+def hangs_line(found: Any) -> str:
+    """`/`'s one line under a stalled job: where it hangs (or why that is not known)."""
+    if not isinstance(found, StackRound):
+        return ""
+    text = found.answer or found.why
+    return f' <span class="hangs-line">where it hangs: {escape(text[:300])}</span>' if text else ""
+
+
+def hangs_panel(found: Any, runbook: str) -> str:
+    """The job view's "where it hangs": each role's wait, folded, then every stack."""
+    if not isinstance(found, StackRound):
+        return ""
+    age = time.time() - found.taken_at
+    head = (
+        f'<div class="hangs"><b>Where it hangs</b> <span class="muted">(stacks taken '
+        f"{_duration(max(0.0, age))} ago, {_duration(found.stalled_for)} into the stall, "
+        f"{len(found.processes)} processes in {found.seconds:.1f} s; what each "
+        f'<code>where</code> means: <a href="{escape(runbook)}">runbook</a>)</span>'
+    )
+    if found.why:
+        head += f"<p>{escape(found.why)}</p>"
+    rows = "".join(
+        f"<tr><td>{escape(f.role)}</td><td>{_tag(f.where, BAD)}</td>"
+        f"<td>{escape(f.text())}</td></tr>"
+        for f in found.folds
+    )
+    table = f"<table><tr><th>role</th><th>where</th><th>processes</th></tr>{rows}</table>"
+    stacks = "".join(
+        f"<details><summary>{escape(p.role)}: {escape(p.label)} (pid {p.pid}): "
+        + (escape(f"{p.wait.where} {p.wait.detail}") if p.wait else escape(f"unread: {p.error}"))
+        + "</summary>"
+        + (f"<pre>{escape(p.text)}</pre>" if p.text else _unread_words(p.message, found.why))
+        + "</details>"
+        for p in found.processes
+    )
+    return head + (table if found.folds else "") + stacks + "</div>"
+
+
+def _unread_words(message: str, why: str) -> str:
+    """A process's own words on why it has no stack, unless the panel said them already."""
+    return f"<p>{escape(message)}</p>" if message and message not in why else ""
 
 
 def engine_box(engine: Mapping[str, Any] | None) -> str:
@@ -322,13 +372,9 @@ def attention(job: Mapping[str, Any], stalled: bool = False) -> tuple[int, str, 
 
 
 def stalled_for(job: Mapping[str, Any], now: float, factor: float, minimum: float) -> float | None:
-    """Seconds without a new step, when that is past the stall alert's deadline
-    (max(factor x the last step's duration, minimum)); else None."""
-    last = job.get("last_step_time")
-    if last is None:
-        return None
-    age = now - last
-    return age if age > max(factor * (job.get("step_seconds") or 0.0), minimum) else None
+    """Seconds without a new step, when that is past the stall alert's limit (the rule's:
+    diagnosis/stall.py, from the job's baseline step time and between-steps work); else None."""
+    return StallLimit(factor, minimum).job_stalled_for(job, now)
 
 
 # -- the sidecar's pages -----------------------------------------------------------------
@@ -438,6 +484,7 @@ def index_page(
         stall = stalls[id(job)]
         if stall is not None:
             change_text = _tag(f"stalled {_duration(stall)}", BAD) + " " + change_text
+            change_text += hangs_line(job.get("stacks"))
         url, _ = links.runbook(verdict, change)
         advice = ""
         if verdict:
@@ -574,6 +621,7 @@ def job_page(
         + f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
         + f"<p class=muted>{escape(meta)}</p>"
         + stalled_html
+        + hangs_panel(job.get("stacks"), runbook_url(links.runbook_base, WHERE_ANCHOR))
         + verdict_box(
             job.get("verdict"),
             job.get("reason"),

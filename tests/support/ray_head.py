@@ -90,6 +90,7 @@ class RayHead:
         dashboard_port: int | None = None,
         timeout: float = 90.0,
         token: str | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.token = token  # token authentication on, with this token
         self.tag = tag or uuid.uuid4().hex[:6]
@@ -135,7 +136,7 @@ class RayHead:
             f"--max-worker-port={worker_base + 400}",
             *[f"{k}={v}" for k, v in ports.items()],
         ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(token)}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(token), **(env or {})}
         if token is None:
             env.pop("RAY_AUTH_TOKEN", None)
             env.pop("RAY_AUTH_TOKEN_PATH", None)

@@ -44,6 +44,10 @@ class RayStateApi:
         # path -> (status, headers, body) answered verbatim: a hostile head's answers
         self.hostile: dict[str, tuple[int, dict[str, str], bytes]] = {}
         self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
+        # GET /worker/traceback (issue 39): pid -> (status, text); None: no such endpoint
+        self.stacks: dict[int, tuple[int, str]] | None = None
+        self.stack_requests: list[dict[str, str]] = []
+        self.tasks: list[dict] | None = None  # GET /api/v0/tasks rows; None: 404
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
 
@@ -156,6 +160,11 @@ class RayStateApi:
                     "result": {"node_id_to_summary": {"cluster": {"summary": summary}}},
                 }
             )
+        if path == "/api/v0/tasks" and self.tasks is not None:
+            filters = dict(zip(query.get("filter_keys", []), query.get("filter_values", [])))
+            picked = [t for t in self.tasks if all(t.get(k) == v for k, v in filters.items())]
+            return _envelope({"total": len(self.tasks), "num_after_truncation": len(picked),
+                              "num_filtered": len(picked), "result": picked})  # fmt: skip
         if path == "/api/v0/actors":
             picked = [r for r in rows if r["state"] == state]
             return _envelope(
@@ -190,6 +199,17 @@ class RayStateApi:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                if url.path == "/worker/traceback" and api.stacks is not None:
+                    query = {k: v[0] for k, v in parse_qs(url.query).items()}
+                    api.stack_requests.append(query)
+                    status, text = api.stacks.get(int(query.get("pid", "0")), (500, "no pid"))
+                    raw = text.encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/plain; charset=utf-8")
+                    self.send_header("Content-Length", str(len(raw)))
+                    self.end_headers()
+                    self.wfile.write(raw)
+                    return
                 if url.path in api.hostile:
                     status, headers, raw = api.hostile[url.path]
                     self.send_response(status)

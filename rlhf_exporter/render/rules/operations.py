@@ -20,7 +20,26 @@ from .model import (
     _num,
     _tq,
     duration,
+    query_first,
 )
+
+
+def where_it_hangs() -> str:
+    """Each role's wait from the job's last stack round (`rlhf_job_stalled_in`, issue 39), or
+    why there are none: the page fires the same either way."""
+    unread = query_first(
+        f"max by (reason) (rlhf_job_stacks_unread{{{JOB_MATCH}}})",
+        "no stacks ({{ range $i, $s := . }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }}"
+        "{{ end }}): see the job view",
+        default="no stacks yet (taken through Ray's dashboard once the job passes its stall "
+        "limit: see the job view)",
+    )
+    return query_first(
+        f"max by (role, where) (rlhf_job_stalled_in{{{JOB_MATCH}}})",
+        "{{ range $i, $s := sortByLabel `role` . }}{{ if $i }}; {{ end }}{{ $s.Labels.role }}: "
+        "{{ $s.Value }} in {{ $s.Labels.where }}{{ end }}",
+        default=unread,
+    )
 
 
 def stalled(ctx: Context) -> Alert:
@@ -59,8 +78,10 @@ def stalled(ctx: Context) -> Alert:
             + f", {stall_min}) + its longest validation and checkpoint seen), seen by "
             "{{ $labels.instance }} (last seen, if that exporter is down or gone). "
             "An NCCL hang ends in ActorDiedError only after the NCCL timeout (verl 0.8+: "
-            "PyTorch's default; verl 0.6-0.7: actor_rollout_ref.nccl_timeout, 600 s)."
+            "PyTorch's default; verl 0.6-0.7: actor_rollout_ref.nccl_timeout, 600 s). "
+            "Where it hangs: " + where_it_hangs() + "."
         ),
+        annotations={"where_it_hangs": where_it_hangs()},
         runbook=Runbook(
             meaning=(
                 f"No new step of the job arrived for longer than max({_num(f_)} x the job's "
@@ -85,8 +106,11 @@ def stalled(ctx: Context) -> Alert:
                 "Confirm it did not finish: its driver's last lines, and `ray job status` "
                 "(or `rlhf_job_state`). A job that finished without saying so: put "
                 "`<experiment>.finished` beside its log (fleet) or let its RayJob end.",
-                "Take a stack (`ray stack`, or py-spy dump on the driver and one worker) for "
-                "the owners: it tells a hung collective from a slow data wait.",
+                "Read where it hangs: the `where_it_hangs` annotation, the exporter's job "
+                "view (`/jobs/<project>/<experiment>`: each role's wait and every stack) or "
+                "`GET /api/v1/jobs/<project>/<experiment>/stacks`; what each `where` means: "
+                "[Where it hangs](#where-it-hangs). Without stacks (the panel says why), take "
+                "one by hand: `ray stack`, or py-spy dump on the driver and one worker.",
                 "Stop the job to free the GPUs (`ray job stop <id>` or delete the RayJob).",
                 "Resubmit with `trainer.resume_mode=auto`: it restarts from the last "
                 "checkpoint (`trainer.save_freq`).",

@@ -6,6 +6,7 @@ from typing import Any
 
 import yaml
 
+from ...diagnosis.stacks import MEANING, WHERE
 from . import decision, gpuhealth, gpuwindows, operations
 from .decision import STEADY_STATE
 from .model import Context, anchor
@@ -134,7 +135,45 @@ def runbooks_markdown(r: Context) -> str:
         if rb.cannot_show:
             out += ["", "**What the log cannot show.**", ""]
             out += [f"- {c}" for c in rb.cannot_show]
-    return "\n".join(out + ["", *RESTARTS]) + "\n"
+    return "\n".join(out + ["", *where_it_hangs(), "", *RESTARTS]) + "\n"
+
+
+def where_it_hangs() -> list[str]:
+    """The section RLHFJobStalled's annotation and the job view's panel point to (issue 39)."""
+    out = [
+        "## Where it hangs",
+        "",
+        "When a job passes its stall limit, the exporter takes the Python stack of each of its "
+        "Ray processes (driver, TaskRunner, trainer workers, rollout servers, agent-loop and "
+        "reward workers) through Ray's dashboard (`GET /worker/traceback`, py-spy on the "
+        "process's node), again every `stacks_every` (5 min) while the stall lasts, and forgets "
+        "them once the job steps. Each process gets one `where`; each role's processes are "
+        "folded (`2 of 2 in collective (all_reduce ...)`) and shown on the exporter's `/` and "
+        "job view (with the full stacks), in `GET /api/v1/jobs/<project>/<experiment>/stacks`, "
+        "as `rlhf_job_stalled_in{role, where}`, and in RLHFJobStalled's `where_it_hangs` "
+        "annotation. Roles in `ray_get`, `ray_wait`, `event_loop` or `no_task` wait on others "
+        "(and `unknown` says little); the roles in any other `where` come first: that is "
+        "usually the hang.",
+        "",
+        "| where | what the stack shows | what it usually means, what to do |",
+        "|---|---|---|",
+    ]
+    out += [f"| `{w}` | {MEANING[w][0]} | {MEANING[w][1]} |" for w in WHERE]
+    out += [
+        "",
+        "**When there are no stacks** (the panel says why, once; the page fires all the same): "
+        "Ray 2.60's dashboard serves stacks only with `RAY_DASHBOARD_ENABLE_PROFILING=1` on the "
+        "Ray head (else 403, `profiling_disabled`); py-spy must be installed where Ray's agent "
+        "runs, the Ray container of each node (`ray[default]` brings it; `no_py_spy`); py-spy "
+        "must be allowed to ptrace the job's processes: as root in the Ray container, or with "
+        "the `SYS_PTRACE` capability on the Ray containers (head and workers: the agent runs "
+        "py-spy there, not in the exporter's sidecar; `no_permission`); a Ray with token "
+        "authentication needs the exporter's Ray token (`unauthorized`). "
+        "`rlhf_job_stacks_unread{reason}` counts the processes not read and "
+        "`rlhf_exporter_stack_reads_total{outcome}` every read. Taking a stack pauses the "
+        "process for the dump (milliseconds: `bench/stacks.py`).",
+    ]
+    return out
 
 
 RESTARTS = (  # what queries show across an exporter restart (issue 12)

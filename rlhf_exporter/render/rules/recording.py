@@ -10,6 +10,7 @@ window ends where the window begins).
 from __future__ import annotations
 
 from ...diagnosis import CHANGES, VERDICTS
+from ...diagnosis.stall import StallLimit
 from .model import JOB_KEY, NODES, Context, _num
 
 # The one-hot verdict gauge as one number per job, recorded once per evaluation: a fleet
@@ -211,8 +212,8 @@ def stall_limit(ctx: Context) -> str:
     """Seconds a job may go without a step: max(stall_factor x its baseline step time,
     stall_min) (stall_min alone before a baseline), plus the longest validation and
     checkpoint seen in its run (they run between two records, outside timing_s/step)."""
-    factor = ctx.a["stall_factor"] * ctx.scale
-    floor = _num(ctx.secs("stall_min"))
+    limit = StallLimit.of(ctx.a, ctx.scale)  # the exporter's own readers use the same
+    factor, floor = limit.factor, _num(limit.minimum)
     last = "rlhf_last_step_timestamp_seconds"
     return (
         f"(\n  clamp_min({_num(factor)} * rlhf_baseline_step_duration_seconds, {floor})\n"
