@@ -101,6 +101,12 @@ class Job:
     steps: int = 3
     overrides: tuple[str, ...] = ()
     submission_id: str = ""
+    # 4 prompts x N samples of up to RESPONSE tokens, at most MAX_SEQS at once in vLLM: the
+    # rollout lasts ~1 s (16 x 16 tokens took < 0.15 s, shorter than any engine read) and
+    # requests wait in vLLM's queue (16 requests, 8 slots)
+    N = 4
+    RESPONSE = 64
+    MAX_SEQS = 8
 
     def args(self, data: Path) -> list[str]:
         model, train, test = data / "model", data / "data/train.parquet", data / "data/test.parquet"
@@ -110,7 +116,7 @@ class Job:
             f"data.val_files={test}",
             "data.train_batch_size=4",
             "data.max_prompt_length=64",
-            "data.max_response_length=16",
+            f"data.max_response_length={self.RESPONSE}",
             "data.dataloader_num_workers=0",
             "data.filter_overlong_prompts=False",
             "data.truncation=error",
@@ -131,13 +137,13 @@ class Job:
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.name=vllm",
             "actor_rollout_ref.rollout.mode=async",
-            "actor_rollout_ref.rollout.n=2",
+            f"actor_rollout_ref.rollout.n={self.N}",
             "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.enforce_eager=True",
             "actor_rollout_ref.rollout.free_cache_engine=False",
             "+actor_rollout_ref.rollout.enable_sleep_mode=False",
-            "actor_rollout_ref.rollout.max_num_seqs=8",
+            f"actor_rollout_ref.rollout.max_num_seqs={self.MAX_SEQS}",
             "actor_rollout_ref.rollout.max_model_len=128",
             "actor_rollout_ref.rollout.max_num_batched_tokens=512",
             "actor_rollout_ref.rollout.agent.num_workers=1",
@@ -286,10 +292,15 @@ class Cluster:
         return None
 
 
+# added to the rendered environment, not substituted: a tiny CPU job's rollout window lasts
+# ~0.2 s, so the chart's 1 s engine interval would see none of it (docs/engines.md)
+ADDED = {"RLHF_EXPORTER_ENGINE_INTERVAL": "0.1"}
+
+
 def head_sidecar(workdir: Path, cluster: Cluster) -> Any:
     """`rlhf-exporter serve` with exactly the environment the example chart renders for its
     head pod's sidecar, with only what cannot exist here substituted (the listen port, the
-    logs mount -> the cluster's log root, the Ray dashboard -> this head's)."""
+    logs mount -> the cluster's log root, the Ray dashboard -> this head's) and ADDED."""
     import shutil
 
     import yaml
@@ -317,7 +328,8 @@ def head_sidecar(workdir: Path, cluster: Cluster) -> Any:
         RLHF_EXPORTER_VERL_ROOT=str(cluster.log_root),
         RLHF_EXPORTER_RAY_ADDRESS=cluster.url,
     )
-    env["PYTHONPATH"] = str(REPO)
+    assert not set(ADDED) & set(env), "the chart sets it now: substitute it instead"
+    env = {**env, **ADDED, "PYTHONPATH": str(REPO)}
     exp = Exporter(workdir / "sidecar", defaults=False, ready=True, env=env, timeout=60)
     exp.env = env  # type: ignore[attr-defined]
     exp.values = yaml.safe_dump(side)  # type: ignore[attr-defined]
