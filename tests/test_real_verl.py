@@ -161,6 +161,10 @@ def _save(run: SimpleNamespace, out: Path) -> None:
         for s in run.rec.engine_lines:
             f.write(json.dumps(s) + "\n")
     harness.write_json(out / "expected.json", run.expected)
+    harness.write_json(
+        out / "measured.json",
+        {"seconds": round(run.t_end - run.t0, 1), "peak_pss_mib": round(run.rec.peak_pss_mib)},
+    )
 
 
 def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleNamespace:

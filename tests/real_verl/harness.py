@@ -100,6 +100,7 @@ class Job:
     use_v1: bool = True
     steps: int = 3
     overrides: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)  # added to the job's runtime env
     submission_id: str = ""
     # 4 prompts x N samples of up to RESPONSE tokens, at most MAX_SEQS at once in vLLM: the
     # rollout lasts ~1 s (16 x 16 tokens took < 0.15 s, shorter than any engine read) and
@@ -201,8 +202,11 @@ class Cluster:
     def submit(self, job: Job) -> str:
         """`ray job submit --no-wait`, verl's main_ppo as the entrypoint; returns its id."""
         job.submission_id = f"{job.experiment}-{int(time.time())}"
-        runtime_env = {"env_vars": {**JOB_ENV, "VERL_FILE_LOGGER_ROOT": str(self.log_root)}}
-        entry = [python(), "-m", "verl.trainer.main_ppo", *job.args(self.data)]
+        env_vars = {**JOB_ENV, "VERL_FILE_LOGGER_ROOT": str(self.log_root), **job.env}
+        runtime_env = {"env_vars": env_vars}
+        # Hydra writes its outputs/ under the job's working directory (the head's): here
+        hydra = f"hydra.run.dir={self.workdir / 'hydra' / job.experiment}"
+        entry = [python(), "-m", "verl.trainer.main_ppo", *job.args(self.data), hydra]
         cmd = [
             str(VENV / "bin" / "ray"),
             "job",
@@ -351,6 +355,7 @@ class Recorder:
     engine_lines: list[dict[str, Any]] = field(default_factory=list)
     pages: list[str] = field(default_factory=list)
     ray_answers: list[dict[str, Any]] = field(default_factory=list)
+    peak_pss_mib: float = 0.0  # the head's processes together (the job's included), at most
 
     def start(self) -> Recorder:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -382,6 +387,7 @@ class Recorder:
                 except (requests.RequestException, ValueError) as exc:
                     snap[path] = {"error": str(exc)}
             self.ray_answers.append(snap)
+            self.peak_pss_mib = max(self.peak_pss_mib, pss_mib(self.cluster.head.pids()))
 
     def _engine(self) -> None:
         url = None
@@ -409,6 +415,21 @@ _WANTED = re.compile(
 )
 
 
+def pss_mib(pids: Iterable[int]) -> float:
+    """The processes' proportional set size together (MiB), from /proc/<pid>/smaps_rollup."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1])
+                        break
+        except (OSError, ValueError):
+            continue
+    return total / 1024
+
+
 def signal_pid(pid: int, sig: signal.Signals) -> None:
     try:
         os.kill(pid, sig)
@@ -429,3 +450,33 @@ def env_summary() -> Mapping[str, str]:
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tests.real_verl.harness regenerate`: the real-verl tests with
+    REAL_VERL_WRITE_FIXTURES=1, which rewrite tests/fixtures/real_verl/ from the real runs."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m tests.real_verl.harness", description=main.__doc__)
+    ap.add_argument("command", choices=["regenerate"])
+    ap.parse_args(argv)
+    why = unavailable()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
+    env = {**os.environ, "REAL_VERL_WRITE_FIXTURES": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/test_real_verl.py",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    return subprocess.run(cmd, cwd=REPO, env=env).returncode
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

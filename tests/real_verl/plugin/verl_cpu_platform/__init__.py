@@ -168,3 +168,37 @@ if os.environ.get("VERL_CPU_PATCH_REF") == "1":
             super().__init__(pin_memory=False)
 
     _tfsdp.CPUOffloadPolicy = _NoPinCPUOffloadPolicy
+
+
+# --- PROBE (only with VERL_CPU_PROBE_V1=1; not a shim): times the untimed parts of a V1 step
+# (verl/trainer/ppo/v1/trainer_base.py: `prepare_step` -> first dataloader fetch, first
+# TransferQueue put, the batch's dispatch to the agent loops; `_balance_batch`), printed as
+# `PROBE <function> <seconds>` in the driver's log. How tests/real_verl/README.md found where
+# V1's first step spends its untimed seconds.
+if os.environ.get("VERL_CPU_PROBE_V1") == "1":
+    import threading as _threading
+    import time as _time
+
+    def _wrap(cls, name):
+        orig = getattr(cls, name)
+
+        def timed(self, *a, **k):
+            t = _time.perf_counter()
+            try:
+                return orig(self, *a, **k)
+            finally:
+                print(f"PROBE {name} {_time.perf_counter() - t:.3f}", flush=True)
+
+        setattr(cls, name, timed)
+
+    def _patch_when_imported():
+        for _ in range(20 * 600):
+            mod = _sys.modules.get("verl.trainer.ppo.v1.trainer_base")
+            if mod is not None and hasattr(mod, "PPOTrainer"):
+                for fn in ("prepare_step", "_next_train_batch", "_submit_batch_to_rollout",
+                           "_balance_batch", "_reissue_inflight_prompts", "on_train_begin"):  # fmt: skip
+                    _wrap(mod.PPOTrainer, fn)
+                return
+            _time.sleep(0.05)
+
+    _threading.Thread(target=_patch_when_imported, daemon=True).start()
