@@ -147,6 +147,28 @@ def _actor_rows(rec: harness.Recorder) -> dict[str, dict]:
     return out
 
 
+def key_inventory(records: list) -> dict[str, list[str]]:
+    """Every key the real records hold, by what the project makes of it: `timers` (windows
+    it knows), `agent_loop` (per-sample statistics), `unknown_timers` (the canary), `other`
+    (metrics it passes by: losses, lengths, perf/*)."""
+    known = known_timers(load_thresholds())
+    out: dict[str, set[str]] = {
+        "timers": set(),
+        "agent_loop": set(),
+        "unknown_timers": set(),
+        "other": set(),
+    }
+    for key in {k for r in records for k in r.data}:
+        name = timer_name(key)
+        if name is not None:
+            out["timers" if name in known else "unknown_timers"].add(key)
+        elif key.startswith("timing_s/"):
+            out["agent_loop"].add(key)
+        else:
+            out["other"].add(key)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def _save(run: SimpleNamespace, out: Path) -> None:
     """The run's evidence, as the fast suite replays it."""
     out.mkdir(parents=True, exist_ok=True)
@@ -161,6 +183,7 @@ def _save(run: SimpleNamespace, out: Path) -> None:
         for s in run.rec.engine_lines:
             f.write(json.dumps(s) + "\n")
     harness.write_json(out / "expected.json", run.expected)
+    harness.write_json(out / "keys.json", key_inventory(run.records))
     harness.write_json(
         out / "measured.json",
         {"seconds": round(run.t_end - run.t0, 1), "peak_pss_mib": round(run.rec.peak_pss_mib)},
@@ -274,6 +297,12 @@ def test_every_step_diagnosed_as_diagnose_does(which, request):
     for verdict in set(verdicts) | {"rollout", "balanced", "other"}:
         got = _value(run, "rlhf_bottleneck_steps_total", verdict=verdict, **lab) or 0.0
         assert got == verdicts[verdict], (verdict, got, verdicts)
+    reasons = Counter((d.verdict, d.reason) for d in run.diagnoses if d.reason)
+    for (verdict, reason), count in reasons.items():
+        got = _value(
+            run, "rlhf_bottleneck_reason_steps_total", verdict=verdict, reason=reason, **lab
+        )
+        assert got == count, (verdict, reason, got)
     last = run.diagnoses[-1]
     assert _value(run, "rlhf_bottleneck", verdict=last.verdict, **lab) == 1.0
 
