@@ -38,6 +38,7 @@ import requests
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser
+from rlhf_exporter.diagnosis.engines import ENGINE_REASONS
 from rlhf_exporter.diagnosis.windows import timer_name
 from rlhf_exporter.jobs import known_timers
 from rlhf_exporter.render import rules as rules_mod
@@ -227,6 +228,14 @@ def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleN
             for a in run.actors.values()
         },
         "versions": harness.env_summary(),
+        # what the sidecar said (engine evidence may refine a rollout step's reason)
+        "sidecar_reasons": {
+            f"{dict(k)['verdict']}/{dict(k)['reason']}": v
+            for (n, k), v in run.samples.items()
+            if n == "rlhf_bottleneck_reason_steps_total"
+            and dict(k).get("experiment") == job.experiment
+            and v
+        },
     }
     _save(run, stack.tmp / job.experiment / "fixture")
     if WRITE_FIXTURES:
@@ -297,12 +306,21 @@ def test_every_step_diagnosed_as_diagnose_does(which, request):
     for verdict in set(verdicts) | {"rollout", "balanced", "other"}:
         got = _value(run, "rlhf_bottleneck_steps_total", verdict=verdict, **lab) or 0.0
         assert got == verdicts[verdict], (verdict, got, verdicts)
+    # reasons: diagnose's, except where the sidecar's engine evidence refined a `rollout`
+    # step's reason (docs/engines.md): diagnose never sees engines
     reasons = Counter((d.verdict, d.reason) for d in run.diagnoses if d.reason)
-    for (verdict, reason), count in reasons.items():
-        got = _value(
-            run, "rlhf_bottleneck_reason_steps_total", verdict=verdict, reason=reason, **lab
-        )
-        assert got == count, (verdict, reason, got)
+    served = {
+        (dict(key)["verdict"], dict(key)["reason"]): v
+        for (n, key), v in run.samples.items()
+        if n == "rlhf_bottleneck_reason_steps_total" and set(lab.items()) <= key and v
+    }
+    for verdict in {v for v, _ in reasons} | {v for v, _ in served}:
+        mine = {r: c for (v, r), c in served.items() if v == verdict}
+        theirs = {r: c for (v, r), c in reasons.items() if v == verdict}
+        assert sum(mine.values()) == sum(theirs.values()), (verdict, mine, theirs)
+        for r, c in mine.items():
+            refined = verdict == "rollout" and r in ENGINE_REASONS
+            assert c <= theirs.get(r, 0) or refined, (verdict, mine, theirs)
     last = run.diagnoses[-1]
     assert _value(run, "rlhf_bottleneck", verdict=last.verdict, **lab) == 1.0
 

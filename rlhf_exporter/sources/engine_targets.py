@@ -10,7 +10,9 @@ In order, merged (one target per URL):
    listening TCP ports come from `/proc/<pid>/fd` and `/proc/<pid>/net/tcp{,6}` (node-local:
    the sidecar must see the actor's processes, as for the GPU roles), and the port that
    answers `GET /metrics` with Prometheus text is kept for that PID (a server whose port is
-   not found yet, still loading its model, is probed again after PROBE_RETRY seconds).
+   not found yet, still loading its model, is probed again after 1, 2, 4, ... seconds, at
+   most PROBE_RETRY apart: a real vLLM server listens tens of seconds after its actor is
+   ALIVE, and a fixed 30 s retry missed a short job's whole rollout, issue 32).
 2. **verl's Prometheus config** (`actor_rollout_ref.rollout.prometheus.enable=True` writes
    `rollout.prometheus.file`, by default /tmp/ray/session_latest/metrics/prometheus/prometheus.yml,
    on every node): the `rollout` scrape job's static targets, every replica of the job
@@ -36,7 +38,10 @@ from typing import Any, NamedTuple
 ROLLOUT_SERVER = re.compile(r"(vllm|sglang|trtllm)_server_(\d+)_(\d+)")
 """A rollout replica's server actor (verl 0.9.1); reward/teacher servers do not match."""
 MAX_PORTS = 8
-PROBE_RETRY = 30.0  # seconds before a server whose port was not found is probed again
+PROBE_RETRY = (
+    30.0  # at most this many seconds before a server whose port was not found is probed again
+)
+PROBE_FIRST_RETRY = 1.0  # ... the first retry; each later one waits twice as long
 MAX_FILE_BYTES = 1 << 20
 PORT_NOT_FOUND = "engine_port_not_found"
 BAD_TARGET_FILE = "engine_bad_target_file"
@@ -154,8 +159,9 @@ class Targets:
         self.probe_timeout = probe_timeout
         self.proc = proc
         self._files: dict[str, tuple[float, list[Target]]] = {}  # path -> (mtime, targets)
-        # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic)
-        self._ports: dict[int, tuple[str | None, float]] = {}
+        # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic;
+        # how many probes found none)
+        self._ports: dict[int, tuple[str | None, float, int]] = {}
 
     def describe(self) -> str:
         parts = []
@@ -210,12 +216,13 @@ class Targets:
             if found is None or found[2] != 0:
                 continue
             alive.add(pid)
-            url, probed = self._ports.get(pid, (None, None))
+            url, probed, misses = self._ports.get(pid, (None, None, 0))
             now = time.monotonic()
-            if url is None and (probed is None or now - probed >= PROBE_RETRY):
+            wait = min(PROBE_RETRY, PROBE_FIRST_RETRY * 2 ** max(0, misses - 1))
+            if url is None and (probed is None or now - probed >= wait):
                 # a server found before its HTTP server listens (vLLM loads the model first)
                 url = self._probe(pid)
-                self._ports[pid] = (url, now)
+                self._ports[pid] = (url, now, 0 if url else misses + 1)
                 if url is None:
                     errors[PORT_NOT_FOUND] += 1
             if url is not None:
