@@ -20,8 +20,9 @@ def _command_modules(argv: list[str]):
     """
     chosen = next((a for a in argv if not a.startswith("-")), None)
     here = Path(commands.__file__).parent
-    if chosen and (here / f"{chosen}.py").is_file():
-        names = [chosen]
+    module = chosen.replace("-", "_") if chosen else None  # verl-drift: commands/verl_drift.py
+    if module and (here / f"{module}.py").is_file():
+        names = [module]
     else:
         names = sorted(p.stem for p in here.glob("*.py") if not p.name.startswith("_"))
     modules = [import_module(f"{commands.__name__}.{name}") for name in names]

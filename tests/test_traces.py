@@ -15,6 +15,7 @@ import pytest
 from rlhf_exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
 from rlhf_exporter.jobs import Job
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.view.report import step_json
 
 VENDORED = Path(__file__).parent / "fixtures" / "traces"
 
@@ -80,9 +81,13 @@ def check_stream_agrees(folder, thresholds) -> None:
         assert stream == batch, path.name
 
 
+V4_TRACES = {"dapo_filter_groups_v06sync", "fork_unnamed_nested_gen_v1", "spin_online_dpo_v06"}
+
+
 def test_vendored_traces_match_their_expected_diagnosis(thresholds):
-    # the three traces that show decision table v2, fully-async's two records a step, and the
-    # three that show v3 (verl 0.6's sync rollout, REMAX's gen_max, -1 preemptions)
+    # the three traces that show decision table v2, fully-async's two records a step, the
+    # three that show v3 (verl 0.6's sync rollout, REMAX's gen_max, -1 preemptions) and the
+    # three that show v4 (DAPO's n batches, a fork's unnamed timer nested in gen, SPIN)
     names = {p.stem for p in traces(VENDORED)}
     assert {
         "checkpoint_outside_one_step_off",
@@ -92,8 +97,9 @@ def test_vendored_traces_match_their_expected_diagnosis(thresholds):
         "v06_sync_weight_load_regression",
         "remax_gen_max_v071",
         "agent_loop_preempted_unreported_v0",
+        *V4_TRACES,
     } <= names
-    assert check_against_expected(VENDORED, thresholds) >= 270
+    assert check_against_expected(VENDORED, thresholds) >= 410
 
 
 def test_vendored_traces_stream_agrees_with_diagnose(thresholds):
@@ -101,7 +107,43 @@ def test_vendored_traces_stream_agrees_with_diagnose(thresholds):
 
 
 def test_vendored_traces_match_their_expected_diagnosis_through_serve(thresholds):
-    assert check_against_expected(VENDORED, thresholds, served) >= 270
+    assert check_against_expected(VENDORED, thresholds, served) >= 410
+
+
+def test_v4_traces_show_what_v4_changed(thresholds):
+    def labels(name):
+        return [
+            d.to_json()
+            for d in BatchDiagnoser(thresholds).diagnose(read(VENDORED / f"{name}.jsonl"))
+        ]
+
+    dapo = labels("dapo_filter_groups_v06sync")
+    raw = [r.data for r in read(VENDORED / "dapo_filter_groups_v06sync.jsonl")]
+    assert {d.get("train/num_gen_batches") for d in raw if "timing_s/step" in d} >= {1, 2, 3, 4}
+    assert all(d["verdict"] == "rollout" for d in dapo)  # v3: `sync` or `balanced` with n > 1
+    assert {d["regressed"] for d in dapo if d["change"] == "regression"} == {"rollout", "sync"}
+    assert any(d["change"] == "workload_shift" for d in dapo if d["step"] >= 30)
+    fork = labels("fork_unnamed_nested_gen_v1")
+    assert not any(d["regressed"] == "other" for d in fork)  # v3 counted my_dedup twice
+    assert any(d["change"] == "workload_shift" for d in fork if d["step"] >= 30)
+    spin = labels("spin_online_dpo_v06")
+    assert all((d["verdict"], d["reason"]) == ("logprob", "mfu_unknown") for d in spin)
+    assert any(d["regressed"] == "logprob" for d in spin if d["step"] >= 28)
+
+
+def test_the_unnamed_timer_stays_a_phase_with_its_own_seconds(thresholds):
+    records = read(VENDORED / "fork_unnamed_nested_gen_v1.jsonl")
+    job = Job("traces", "fork", thresholds)
+    job.feed(records)
+    raw = next(r.data["timing_s/my_dedup"] for r in reversed(records) if "timing_s/step" in r.data)
+    assert job.last is not None and job.last.timers["my_dedup"] == raw
+    assert job.last.windows.counted.get("my_dedup", 0.0) < raw  # clipped in `other`
+    assert job.last.windows.unnamed == ("my_dedup",)
+    phases = {
+        s.labels[-1]: s.value for s in job.samples() if s.name == "rlhf_phase_duration_seconds"
+    }
+    assert phases["my_dedup"] == raw  # rlhf_phase_duration_seconds{phase="my_dedup"}
+    assert step_json(job.last)["unnamed_timers"] == {"my_dedup": round(raw, 6)}  # diagnose
 
 
 def test_v2_traces_show_what_v2_changed(thresholds):

@@ -23,12 +23,13 @@ COST_GROUPS = tuple(g for g in GROUPS if g != "checkpoint")
 """Groups that can regress; also the tie order for `regressed`."""
 
 TOKENS, LONGEST_RESPONSE, TOKEN_LENGTH, STEP = "tokens", "longest_response", "token_length", "step"
+BATCH_TOKENS, BATCHES = "batch_tokens", "batches"  # v4: DAPO's n generation batches
 MEASURES: Mapping[str, tuple[str, ...]] = {
-    "rollout": (TOKENS, LONGEST_RESPONSE),  # generation waits for the longest sample
-    "reward": (TOKENS,),
+    "rollout": (TOKENS, LONGEST_RESPONSE, BATCH_TOKENS),  # generation waits for the longest sample
+    "reward": (TOKENS, BATCH_TOKENS),  # DAPO generates and scores n batches, keeps one's tokens
     "logprob": (TOKENS, TOKEN_LENGTH),  # per-token cost grows with sequence length
     "update": (TOKENS, TOKEN_LENGTH),
-    "sync": (STEP,),  # weight sync moves the model, not tokens
+    "sync": (STEP, BATCHES),  # weight sync moves the model, not tokens (0.6: once per batch)
     "other": (TOKENS,),
 }
 """The work measures of each group (§4). A group's time is explained when it grew no faster
@@ -39,6 +40,8 @@ MEASURE_MEANING: Mapping[str, str] = {
     LONGEST_RESPONSE: "Lmax = response_length/max",
     TOKEN_LENGTH: "K x L, L = prompt_length/mean + response_length/mean",
     STEP: "1 (seconds per step)",
+    BATCH_TOKENS: "n × K, n = DAPO's generation batches",
+    BATCHES: "n (DAPO's generation batches; verl 0.6 loads the weights once per batch)",
 }
 
 
@@ -55,9 +58,12 @@ _GROUP_PAIRS: Mapping[str, tuple[tuple[int, str], ...]] = {
 _TOKEN_PAIR = {g: PAIRS.index((g, TOKENS)) for g in COST_GROUPS}
 
 
-def work_of(tokens: float, data: Mapping[str, Any]) -> dict[str, float | None]:
-    """The work measures of a step whose K is `tokens` (> 0); None where one is unusable
-    (an input missing, or a value that is not > 0)."""
+def work_of(
+    tokens: float, data: Mapping[str, Any], batches: float | None = None
+) -> dict[str, float | None]:
+    """The work measures of a step whose K is `tokens` (> 0) and whose DAPO generation
+    batches are `batches` (n, when usable); None where one is unusable (an input missing, or
+    a value that is not > 0)."""
     longest = num(data.get("response_length/max"))
     prompt = num(data.get("prompt_length/mean"))
     response = num(data.get("response_length/mean"))
@@ -69,6 +75,8 @@ def work_of(tokens: float, data: Mapping[str, Any]) -> dict[str, float | None]:
         LONGEST_RESPONSE: longest or None,
         TOKEN_LENGTH: token_length or None,
         STEP: 1.0,
+        BATCH_TOKENS: None if not batches else tokens * batches,
+        BATCHES: batches or None,
     }
 
 
@@ -115,17 +123,22 @@ class Baseline:
         return len(self._steps)
 
     def judge(
-        self, windows: Windows, tokens: float | None, data: Mapping[str, Any] | None = None
+        self,
+        windows: Windows,
+        tokens: float | None,
+        data: Mapping[str, Any] | None = None,
+        batches: float | None = None,
     ) -> Change:
         """Compare the step with the baseline, then add it to the baseline.
 
-        `data` is the step's record data, for the work measures other than K.
+        `data` is the step's record data, for the work measures other than K; `batches` is
+        DAPO's n generation batches, when usable (the n measures, v4).
         """
         busy = windows.busy_seconds
         if tokens is None or busy <= 0:
             return Change(NONE, None, None, None)
         seconds = windows.group_seconds
-        work = work_of(tokens, data or {})
+        work = work_of(tokens, data or {}, batches)
         step = _Step(
             busy,
             tokens / busy,

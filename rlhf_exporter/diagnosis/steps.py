@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 from .change import Baseline, Change
 from .thresholds import Thresholds
-from .values import positive
+from .values import num, positive
 from .verdict import Verdict, decide
 from .windows import Windows, separated_trainer, split, timers
 
@@ -68,10 +68,12 @@ def classify(
     if step_seconds is None:
         return None
     all_timers = timers(data)
-    windows = split(step_seconds, all_timers, th, separated_trainer(all_timers, data, th))
+    batches = num(data.get(th.generation_batches_key))  # DAPO's n (v4)
+    separated = separated_trainer(all_timers, data, th)
+    windows = split(step_seconds, all_timers, th, separated, batches)
     verdict: Verdict = decide(windows, data, th)
     tokens = positive(data.get(TOKENS_KEY))
-    change = baseline.judge(windows, tokens, data)
+    change = baseline.judge(windows, tokens, data, batches)
     return StepDiagnosis(
         run,
         step,

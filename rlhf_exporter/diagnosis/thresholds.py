@@ -84,7 +84,7 @@ def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[st
         where = path.rstrip(".") or "the file"
         raise ThresholdsError(f"{where}: expected a mapping of keys, got {_kind(override)}")
     merged = dict(defaults)
-    free_form = path in ("groups.", "nested_timers.", "split_timers.")  # user-chosen keys
+    free_form = path in ("groups.", "nested_timers.", "split_timers.", "regrouped_timers.")
     for key, value in override.items():
         where = f"{path}{key}"
         if key not in defaults and not free_form:
@@ -94,7 +94,7 @@ def merge(defaults: Mapping[str, Any], override: Any, path: str = "") -> dict[st
         if key not in defaults:
             if path == "groups.":
                 raise ThresholdsError(f"{where}: unknown group; groups are {', '.join(GROUPS)}")
-            want = "list" if path == "split_timers." else "string"
+            want = "list" if path in ("split_timers.", "regrouped_timers.") else "string"
             merged[key] = _check_leaf(where, value, want)
             continue
         base = defaults[key]
@@ -160,6 +160,8 @@ class Thresholds:
     ignored_timers: frozenset[str]
     nested_timers: Mapping[str, str]
     split_timers: Mapping[str, tuple[str, str]]  # inner -> (outer, rest window)
+    regrouped_timers: Mapping[str, tuple[str, str]]  # timer -> (marker timer, group)
+    generation_batches_key: str  # DAPO's n generation batches (train/num_gen_batches)
     alerts: Mapping[str, Any]
     document: Mapping[str, Any]  # the merged document, for renderers
 
@@ -202,6 +204,7 @@ class Thresholds:
                     f"other than '{inner}' and each other, got {list(pair)!r}"
                 )
             split_timers[inner] = (pair[0], pair[1])
+        regrouped_timers = _regrouped(doc["regrouped_timers"])
         v, r, ck = doc["verdict"], doc["reason"], doc["checkpoint"]
         return cls(
             min_share=float(v["min_share"]),
@@ -229,6 +232,23 @@ class Thresholds:
             ignored_timers=frozenset(doc["ignored_timers"]),
             nested_timers=MappingProxyType(dict(doc["nested_timers"])),
             split_timers=MappingProxyType(split_timers),
+            regrouped_timers=MappingProxyType(regrouped_timers),
+            generation_batches_key=doc["generation_batches_key"],
             alerts=MappingProxyType(dict(doc["alerts"])),
             document=MappingProxyType(doc),
         )
+
+
+def _regrouped(doc: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """`regrouped_timers`: timer -> (marker timer, group); `timer: []` turns one off."""
+    out: dict[str, tuple[str, str]] = {}
+    for timer, pair in doc.items():
+        if not pair:
+            continue
+        if len(pair) != 2 or pair[1] not in GROUPS or pair[0] == timer:
+            raise ThresholdsError(
+                f"regrouped_timers.{timer}: expected [marker timer, group] (or [] for none), "
+                f"a timer other than '{timer}' and one of {', '.join(GROUPS)}, got {list(pair)!r}"
+            )
+        out[timer] = (pair[0], pair[1])
+    return out

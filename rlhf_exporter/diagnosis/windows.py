@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from .thresholds import GROUPS, Thresholds
@@ -10,6 +11,7 @@ from .values import _INF, AGENT_LOOP, TIMER_PREFIX
 
 _PREFIX_LEN = len(TIMER_PREFIX)
 _ZERO = dict.fromkeys(GROUPS, 0.0)
+_NO_GROUPS: Mapping[str, str] = MappingProxyType({})
 MEMO_SIZE = 256
 """Entries each memo below keeps. A job writes the same keys step after step, so a few
 shapes cover a fleet; a flood of shapes only costs a recomputation."""
@@ -24,6 +26,8 @@ class Windows(NamedTuple):
     untimed_seconds: float  # R
     shares: Mapping[str, float]  # every group, unrounded
     checkpoint_seconds: float = 0.0  # save_checkpoint when it ran inside the step (§2), else 0
+    timer_groups: Mapping[str, str] = _NO_GROUPS  # the group each counted timer counted in
+    unnamed: tuple[str, ...] = ()  # timers the thresholds do not name (clipped into `other`)
 
     @property
     def busy_seconds(self) -> float:
@@ -115,24 +119,37 @@ def separated_trainer(
 
 
 def split(
-    step_seconds: float, all_timers: Mapping[str, float], th: Thresholds, separated: bool = False
+    step_seconds: float,
+    all_timers: Mapping[str, float],
+    th: Thresholds,
+    separated: bool = False,
+    batches: float | None = None,
 ) -> Windows:
     """Group the counted timers of one step whose `timing_s/step` is `step_seconds` (> 0).
 
     `separated`: the step carries a separated trainer's marker (`separated_trainer()`).
+    `batches`: DAPO's n generation batches (`generation_batches_key`), when usable.
+    Timers the thresholds do not name count in `other` only up to the time the named ones
+    left untimed (v4): `clip_unnamed`.
     """
     if th.split_timers:
-        all_timers = split_inner(all_timers, th)
+        all_timers = split_inner(all_timers, th, batches)
     counted: dict[str, float] = {}
+    groups: dict[str, str] = {}
     group_seconds = _ZERO.copy()
-    total = 0.0  # C: every counted timer but the checkpoint
+    total = 0.0  # C: every named counted timer but the checkpoint
     checkpoint: tuple[float, str] | None = None
+    unnamed: list[tuple[str, float]] = []
     for name, group in _plan(tuple(all_timers), th):
         value = all_timers[name]
+        if group is None:
+            unnamed.append((name, value))
+            continue
         if name == th.checkpoint_timer:
             checkpoint = (value, group)
             continue
         counted[name] = value
+        groups[name] = group
         group_seconds[group] += value
         total += value
     checkpoint_seconds = 0.0
@@ -141,23 +158,55 @@ def split(
     ):
         checkpoint_seconds, group = checkpoint
         counted[th.checkpoint_timer] = checkpoint_seconds
+        groups[th.checkpoint_timer] = group
         group_seconds[group] += checkpoint_seconds
         total += checkpoint_seconds
+    if unnamed:  # N = total now
+        clipped = clip_unnamed(unnamed, step_seconds - total)
+        counted.update(clipped)
+        groups.update(dict.fromkeys(clipped, "other"))
+        clipped_seconds = sum(clipped.values())
+        group_seconds["other"] += clipped_seconds
+        total += clipped_seconds
     untimed = step_seconds - total
     if untimed < 0.0:
         untimed = 0.0
     group_seconds["other"] += untimed
     scale = 1.0 / (step_seconds if step_seconds > total else total)
     shares = {g: t * scale for g, t in group_seconds.items()}
-    return Windows(step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds)
+    names = tuple(name for name, _ in unnamed)
+    return Windows(
+        step_seconds, counted, group_seconds, untimed, shares, checkpoint_seconds, groups, names
+    )
 
 
-def split_inner(all_timers: Mapping[str, float], th: Thresholds) -> Mapping[str, float]:
+def clip_unnamed(unnamed: list[tuple[str, float]], room: float) -> dict[str, float]:
+    """§2 (v4): the timers no threshold names, clipped to `room` = S − N (the time the named
+    timers left untimed). They count U′ = min(U, max(0, room)) seconds in all, each its share
+    of U′ (none is a window when U′ = 0). The log cannot say whether such a timer ran
+    beside the others inside `step` (then it is unchanged), after `step`, or nested in
+    another timer (then it cannot push `other` past the untimed time)."""
+    whole = 0.0
+    for _, value in unnamed:
+        whole += value
+    if whole <= room:
+        return dict(unnamed)
+    if room <= 0.0:
+        return {}
+    scale = room / whole
+    return {name: value * scale for name, value in unnamed}
+
+
+def split_inner(
+    all_timers: Mapping[str, float], th: Thresholds, batches: float | None = None
+) -> Mapping[str, float]:
     """§2 `split_timers`: an inner timer logged from inside an outer one splits it.
 
     When the inner is usable and <= the outer, the outer is replaced by the inner and a rest
     window (outer - inner); when it is larger, or the outer is absent, the inner is dropped.
     verl 0.6's sync rollout: `generate_sequences` inside `gen`, the rest its weight load.
+    With DAPO's n > 1 generation `batches` the outer adds up over the n batches while the
+    inner keeps the last one: the inner part is min(outer, n x inner) (v4).
     Returns `all_timers` itself when no inner timer is present.
     """
     out: dict[str, float] | None = None
@@ -170,6 +219,8 @@ def split_inner(all_timers: Mapping[str, float], th: Thresholds) -> Mapping[str,
         del out[inner]
         whole = out.get(outer)
         if whole is not None and seconds <= whole:
+            if batches is not None and batches > 1.0:
+                seconds = min(whole, batches * seconds)
             del out[outer]
             out[inner] = seconds
             out[rest] = whole - seconds
@@ -192,24 +243,53 @@ def _checkpoint_inside(
     )
 
 
-_PLANS: dict[tuple[tuple[str, ...], Thresholds], tuple[tuple[str, str], ...]] = {}
+_PLANS: dict[tuple[tuple[str, ...], Thresholds], tuple[tuple[str, str | None], ...]] = {}
 
 
-def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str], ...]:
-    """(timer, group) for the timers that may count, given which timers the step has.
+def _plan(names: tuple[str, ...], th: Thresholds) -> tuple[tuple[str, str | None], ...]:
+    """(timer, group) for the timers that may count, given which timers the step has; the
+    group is None for a timer the thresholds do not name (clipped, `clip_unnamed`).
 
-    Not windows: ignored timers, and a nested timer whose outer timer is present. The
-    checkpoint timer is in the plan; `split` decides whether it ran inside the step.
-    Memoized by (names, thresholds): a job logs the same timers step after step.
+    Not windows: ignored timers, and a nested timer whose outer timer is present. A
+    regrouped timer takes its other group when its marker timer is present (PRIME's `adv`
+    with `verify`). The checkpoint timer is in the plan; `split` decides whether it ran
+    inside the step. Memoized by (names, thresholds): a job logs the same timers step after
+    step.
     """
     key = (names, th)
     plan = _recall(_PLANS, key)
     if plan is None:
         ignored, nested, groups = th.ignored_timers, th.nested_timers, th.timer_groups
+        present = set(names)
+        regrouped = {
+            timer: group
+            for timer, (marker, group) in th.regrouped_timers.items()
+            if marker in present
+        }
         plan = tuple(
-            (name, groups.get(name, "other"))
+            (name, regrouped.get(name) or groups.get(name) or _unnamed(name, th))
             for name in names
-            if name not in ignored and not (name in nested and nested[name] in names)
+            if name not in ignored and not (name in nested and nested[name] in present)
         )
         _remember(_PLANS, key, plan)
     return plan
+
+
+def _unnamed(name: str, th: Thresholds) -> str | None:
+    """`other` for a timer the thresholds name outside `groups` (a nested timer whose outer
+    is absent, a split's rest window), None for one they do not name at all."""
+    if name in th.nested_timers or name in th.split_timers:
+        return "other"
+    return None
+
+
+def named_timers(th: Thresholds) -> frozenset[str]:
+    """Every timer the thresholds name: grouped, ignored, nested (inner and outer), split
+    (inner, outer and rest) and regrouped (timer and marker). Any other is clipped."""
+    names = set(th.timer_groups) | th.ignored_timers
+    names |= set(th.nested_timers) | set(th.nested_timers.values())
+    for inner, (outer, rest) in th.split_timers.items():
+        names |= {inner, outer, rest}
+    for timer, (marker, _group) in th.regrouped_timers.items():
+        names |= {timer, marker}
+    return frozenset(names)

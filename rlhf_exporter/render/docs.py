@@ -91,9 +91,20 @@ def decision_table_markdown(th: Thresholds) -> str:
     for g in GROUPS:
         timers = ", ".join(f"`{t}`" for t in doc["groups"].get(g, []))
         if g == "other":
-            timers += ", every timer not named here, and the untimed remainder R"
+            timers += ", every timer not named in this table, **clipped** (below), and the untimed remainder R"
         out.append(f"| `{g}` | {timers} | {VERDICT_MEANING[g]} |")
     out += [
+        "",
+        "The groups name verl's core timers (0.6.1 to 0.9.1) and those of verl's recipes (DAPO,",
+        "PRIME, SPIN, GKD, atropos, the 0.6 one-step-off recipe, rllm's trainers on verl;",
+        " ".join(
+            ["docs/verl-support.md)."]
+            + [
+                f"`{t}` counts in `{grp}` when the step has a `{m}` timer (`regrouped_timers`)."
+                for t, (m, grp) in doc["regrouped_timers"].items()
+                if m
+            ]
+        ),
         "",
         "Not windows of the step: " + ", ".join(f"`{t}`" for t in doc["ignored_timers"]) + ".",
         "Nested timers (only the outer one counts when both are present): "
@@ -110,14 +121,30 @@ def decision_table_markdown(th: Thresholds) -> str:
         + ". verl 0.6's sync rollout (its default `rollout.mode`) logs the generation alone as"
         " `generate_sequences` inside `gen`, which also loads the new weights (0.6 has no"
         " `update_weights` timer): the rest is 0.6's weight sync.",
+        f"With DAPO's dynamic sampling the step logs n generation batches (`{doc['generation_batches_key']}`,"
+        " `generation_batches_key`): the outer timer adds up over the n batches while the inner one"
+        " keeps the last, so when n > 1 the inner part is min(outer, n × inner) (an estimate: it"
+        " assumes equal batches) and the rest is the rest window.",
         "`timing_s/timing_s/<timer>` (fully-async) counts as `<timer>`; `timing_s/agent_loop/...` keys",
         "are per-sample statistics, never windows.",
+        "",
+        "**A timer named nowhere above is clipped.** Forks, recipes and the next verl release add",
+        "timers that may run inside `step`, after it, or nested in another timer; the log cannot",
+        "say which. Let N = Σ of the named counted timers (`save_checkpoint` included when it is a",
+        "window of the step) and U = Σ of the unnamed ones: they count in `other` for",
+        "U′ = min(U, max(0, S − N)) seconds (each its share of U′), so one that ran beside the",
+        "others inside `step` counts whole, and one that ran after `step` or inside another timer",
+        "cannot push `other` past the time the step left untimed. They stay visible as phases",
+        "(`rlhf_phase_duration_seconds`, `diagnose`'s evidence) with their own seconds.",
+        "`rlhf-exporter verl-drift` lists the timers a verl release or a log has that this table",
+        "does not name (docs/verl-support.md).",
         "",
         "### Where `save_checkpoint` ran",
         "",
         "verl saves inside `step` in the legacy trainer since 0.7.1 and in the V1 trainer, and after",
         "`step` in verl 0.6 and in the separated trainers (one-step-off, fully-async, separation).",
-        f"Let C = Σ of the counted timers other than `{ck['timer']}`. `{ck['timer']}` is a window of",
+        f"Let C = Σ of the named counted timers other than `{ck['timer']}` (the clipped unnamed ones are",
+        f"left out). `{ck['timer']}` is a window of",
         "the step (group `checkpoint`) only when all three hold, and is ignored like `step` otherwise:",
         "",
         "1. the step has " + ", ".join(f"a `{t}`" for t in ck["inside_needs"]) + " timer"
@@ -130,8 +157,10 @@ def decision_table_markdown(th: Thresholds) -> str:
         "",
         "A timer counts as present only when its value is usable; the key prefix needs the key alone.",
         "",
-        "R = max(0, S − Σ counted timers), the time the driver spent outside any timer, is part of",
-        "`other`. share(g) = T(g) / max(S, Σ counted timers), where S is `timing_s/step`.",
+        "R = max(0, S − N − U′), the time the driver spent outside any timer, is part of",
+        "`other`. share(g) = T(g) / max(S, Σ counted timers), where S is `timing_s/step` and the",
+        "counted timers hold U′ for the unnamed ones. `other`'s reason reads R: the clipped",
+        "unnamed time is timed driver work (`driver_compute`).",
         "",
         "## Verdict",
         "",
@@ -192,7 +221,10 @@ def decision_table_markdown(th: Thresholds) -> str:
         "|---|---|",
         *(f"| `{g}` | {'; '.join(MEASURE_MEANING[m] for m in ms)} |" for g, ms in MEASURES.items()),
         "",
-        "A measure is usable in a step when all its inputs are usable and it is > 0.",
+        "A measure is usable in a step when all its inputs are usable and it is > 0. n is DAPO's",
+        f"generation batches (`{doc['generation_batches_key']}`): a step that needed more batches did",
+        "more rollout and reward work (K counts only the kept tokens), and on verl 0.6's sync rollout",
+        "loaded the weights once per batch; a trainer that logs no n is judged without these measures.",
         f"The **baseline** is the last **{c['baseline_steps']}** (`change.baseline_steps`) earlier",
         "steps of the same run that had S, K and S' > 0: the median S', the median K/S', and for",
         "each group and measure the median cost over the baseline steps where the measure was",

@@ -117,6 +117,8 @@ def step_json(d: StepDiagnosis) -> dict[str, Any]:
     out["untimed_seconds"] = round(d.windows.untimed_seconds, 6)
     out["tokens"] = d.tokens
     out["evidence"] = dict(d.evidence)
+    if d.windows.unnamed:  # v4: their own seconds (`other` counts them clipped)
+        out["unnamed_timers"] = {n: round(d.timers[n], 6) for n in d.windows.unnamed}
     out["look_at"] = look_at(d.verdict, d.reason) or None
     if d.change.excess:
         out["excess_seconds"] = {g: round(x, 6) for g, x in d.change.excess.items()}
