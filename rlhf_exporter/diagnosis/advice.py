@@ -38,7 +38,8 @@ REASON_MEANING: Mapping[str, str] = {
     "weight_sync": "pushing weights to the rollout engines",
     "reward_model": "the reward model",
     "checkpoint": "checkpoint saving",
-    "untimed": "time outside any timer: data movement, batching, serialization",
+    "untimed": "time outside any timer: data movement, batching, serialization (on a V1 job's "
+    "first step: waiting for its agent loop workers to start, a warm-up)",
     "driver_compute": "timed driver work such as adv",
 }
 

@@ -130,6 +130,14 @@ def _overlap(a: float, b: float, spans: Sequence[tuple[float, float]]) -> float:
     return sum(max(0.0, min(b, e) - max(a, s)) for s, e in spans)
 
 
+def _span_start(t: float, spans: Sequence[tuple[float, float]]) -> float | None:
+    """The start of the span of W that holds instant t (its end included), or None."""
+    for s, e in spans:
+        if s < t <= e:
+            return s
+    return None
+
+
 def _counter_increase(
     samples: Sequence[EngineSample], field: str, spans: Sequence[tuple[float, float]]
 ) -> float | None:
@@ -208,15 +216,19 @@ def _pieces(
     gap: float,
 ) -> Pieces:
     """Each sample stands for the time since the one before (at most `gap` seconds)."""
-    lo, hi = spans[0][0], spans[-1][1]
     pieces: Pieces = {}
     for name, samples in replicas.items():
         own = []
         prev_t: float | None = None
         for s in samples:
-            if prev_t is not None and s.t > prev_t:
-                a = max(prev_t, s.t - gap)
-                if s.t > lo and a < hi and _overlap(a, s.t, spans) > 0.0:
+            # a gauge read at s.t says how the engine was at s.t: it stands for the time
+            # since the replica's previous read only inside the span of W holding s.t. A read
+            # after W ended (or between two of its spans) says nothing about W: a 0.2 s
+            # rollout between two reads 1 s apart is uncovered, not "0 running" (issue 32)
+            start = _span_start(s.t, spans)
+            if prev_t is not None and s.t > prev_t and start is not None:
+                a = max(prev_t, s.t - gap, start)
+                if a < s.t:
                     own.append((a, s.t, s))
             prev_t = s.t
         if own:

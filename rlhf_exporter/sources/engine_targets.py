@@ -15,7 +15,9 @@ In order, merged (one target per URL):
    listening TCP ports come from `/proc/<pid>/fd` and `/proc/<pid>/net/tcp{,6}` (node-local:
    the sidecar must see the actor's processes, as for the GPU roles), and the port that
    answers `GET /metrics` with Prometheus text is kept for that PID (a server whose port is
-   not found yet, still loading its model, is probed again after PROBE_RETRY seconds).
+   not found yet, still loading its model, is probed again after 1, 2, 4, ... seconds, at
+   most PROBE_RETRY apart: a real vLLM server listens tens of seconds after its actor is
+   ALIVE, and a fixed 30 s retry missed a short job's whole rollout, issue 32).
 2. **verl's Prometheus config** (`actor_rollout_ref.rollout.prometheus.enable=True` writes
    `rollout.prometheus.file`, by default /tmp/ray/session_latest/metrics/prometheus/prometheus.yml,
    on every node): the `rollout` scrape job's static targets, every replica of the job
@@ -65,7 +67,10 @@ ROLLOUT_SERVER = re.compile(
 """A rollout server actor's name (verl 0.9.1; see rollout_replica). Reward and teacher
 servers (`_server_reward_`, `_server_teacher_`) do not match."""
 MAX_PORTS = 8
-PROBE_RETRY = 30.0  # seconds before a server whose port was not found is probed again
+PROBE_RETRY = (
+    30.0  # at most this many seconds before a server whose port was not found is probed again
+)
+PROBE_FIRST_RETRY = 1.0  # ... the first retry; each later one waits twice as long
 MAX_FILE_BYTES = 1 << 20
 MAX_PROBES = 4  # PIDs whose ports are probed per poll (the others wait for the next poll)
 MAX_NODES = 200_000  # YAML nodes in one target list
@@ -314,8 +319,9 @@ class Targets:
         self.proc = proc
         self.reread = reread
         self._files: dict[str, _File] = {}  # path -> what was read last
-        # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic)
-        self._ports: dict[int, tuple[str | None, float]] = {}
+        # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic;
+        # how many probes found none)
+        self._ports: dict[int, tuple[str | None, float, int]] = {}
 
     def describe(self) -> str:
         parts = []
@@ -406,20 +412,21 @@ class Targets:
             if not role and (found.engine, found.replica) in disaggregated:
                 role = "prefill"
             alive.add(pid)
-            url, probed = self._ports.get(pid, (None, None))
+            url, probed, misses = self._ports.get(pid, (None, None, 0))
             now = time.monotonic()
-            if url is None and (probed is None or now - probed >= PROBE_RETRY):
+            wait = min(PROBE_RETRY, PROBE_FIRST_RETRY * 2 ** max(0, misses - 1))
+            if url is None and (probed is None or now - probed >= wait):
                 if probes >= MAX_PROBES:
                     continue  # probed at a later poll
                 probes += 1
                 # a server found before its HTTP server listens (vLLM loads the model first)
                 if not _ray_worker(pid, self.proc):
                     # a PID the answer names that is no Ray worker: never probed
-                    self._ports[pid] = (None, now)
+                    self._ports[pid] = (None, now, misses + 1)
                     errors[NOT_RAY_WORKER] += 1
                     continue
                 url = self._probe(pid)
-                self._ports[pid] = (url, now)
+                self._ports[pid] = (url, now, 0 if url else misses + 1)
                 if url is None:
                     errors[PORT_NOT_FOUND] += 1
             if url is not None:

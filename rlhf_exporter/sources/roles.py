@@ -60,8 +60,14 @@ DEFAULT_NAME_RULES: tuple[tuple[str, str], ...] = (
 )
 
 DEFAULT_RULES: tuple[tuple[str, str], ...] = (
-    # the driver: main_ppo's TaskRunner (V1: TaskRunnerV1), one-step-off's and fully-async's
-    ("driver", r"TaskRunner(V\d+)?|OneStepTaskRunner|FullyAsyncTaskRunner"),
+    # the driver: main_ppo's TaskRunner (V1: TaskRunnerV1), one-step-off's and fully-async's;
+    # with V1, the TransferQueue that holds the driver's batches (its controller and storage
+    # units, made by `tq.init()` in verl/trainer/main_ppo.py:149; seen in real V1 runs)
+    (
+        "driver",
+        r"TaskRunner(V\d+)?|OneStepTaskRunner|FullyAsyncTaskRunner"
+        r"|TransferQueueController|SimpleStorageUnit",
+    ),
     # training workers: the colocated fused worker, split workers, fully-async trainer
     (
         "trainer",

@@ -90,9 +90,16 @@ class RayHead:
         dashboard_port: int | None = None,
         timeout: float = 90.0,
         token: str | None = None,
+        ray: str | None = None,
+        num_gpus: int | None = None,
+        object_store_memory: int = 100_000_000,
         env: dict[str, str] | None = None,
     ):
-        self.token = token  # token authentication on, with this token
+        """`token`: token authentication on, with this token; `ray`: another environment's
+        `ray` binary (its Python runs the head's workers and jobs, e.g. .venv-verl's);
+        `num_gpus`: logical GPUs to advertise; `env`: added to the head's environment (every
+        daemon, worker and job inherits it)."""
+        self.token = token
         self.tag = tag or uuid.uuid4().hex[:6]
         self.temp_dir = Path(f"/tmp/rlhf-ray-{self.tag}")
         self.gcs_port = free_port()
@@ -120,7 +127,7 @@ class RayHead:
         span = max(1000, ephemeral - 401 - 12000)
         worker_base = 12000 + (os.getpid() * 37 + self.dashboard_port) % span
         args = [
-            ray_binary(),
+            ray or ray_binary(),
             "start",
             "--head",
             "--disable-usage-stats",
@@ -130,19 +137,20 @@ class RayHead:
             f"--dashboard-port={self.dashboard_port}",
             "--include-dashboard=true",
             f"--num-cpus={num_cpus}",
-            "--object-store-memory=100000000",
+            f"--object-store-memory={object_store_memory}",
+            *([f"--num-gpus={num_gpus}"] if num_gpus is not None else []),
             f"--temp-dir={self.temp_dir}",
             f"--min-worker-port={worker_base}",
             f"--max-worker-port={worker_base + 400}",
             *[f"{k}={v}" for k, v in ports.items()],
         ]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(token), **(env or {})}
+        head_env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **auth_env(token), **(env or {})}
         if token is None:
-            env.pop("RAY_AUTH_TOKEN", None)
-            env.pop("RAY_AUTH_TOKEN_PATH", None)
+            head_env.pop("RAY_AUTH_TOKEN", None)
+            head_env.pop("RAY_AUTH_TOKEN_PATH", None)
         with open(self.log_path, "wb") as log:
             starter = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                args, stdout=log, stderr=subprocess.STDOUT, env=head_env, start_new_session=True
             )
         self.sid = starter.pid  # the session every process of this head belongs to
         try:
