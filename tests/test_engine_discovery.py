@@ -345,6 +345,8 @@ def test_a_server_still_loading_is_probed_again_soon(monkeypatch) -> None:
 
     monkeypatch.setattr(engine_targets.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(targets, "_probe", probe)
+    # PID 4242 stands for a Ray worker here (the `ray::` title check has tests of its own)
+    monkeypatch.setattr(engine_targets, "_ray_worker", lambda pid, proc="/proc": True)
     found = []
     errors: Counter[str] = Counter()
     while clock[0] <= 110.0 and not found:

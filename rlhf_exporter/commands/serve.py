@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ..demo.devices import DemoDevices
     from ..demo.job import DemoJob
     from ..sources.ray import RaySource
+    from ..sources.stacks import StackSource
 
 ORDER = 10
 log = logging.getLogger("rlhf_exporter.serve")
@@ -166,19 +167,7 @@ class Sidecar:
 
             self.demo_devices = DemoDevices.for_job(self.demo, context)
         self.ray = ray_source
-        self.stacks = None  # issue 39: a stalled job's stacks through Ray's dashboard
-        if ray is not None:
-            from ..sources.stacks import build as build_stacks
-
-            job_sources = [s for s in (self.verl, self.push) if s is not None]
-            token = ray.token  # the Ray token, for Ray's dashboard's stacks too
-            self.stacks = build_stacks(
-                settings,
-                ray,
-                [s.jobs for s in job_sources],
-                context,
-                headers=token.header if token is not None else None,
-            )
+        self.stacks = self._stacks(settings, ray, context)  # issue 39
         self.sources: list[Source] = [
             s
             for s in (
@@ -199,6 +188,24 @@ class Sidecar:
             self.endpoints,
             max_connections=settings.http_max_connections,
             read_timeout=settings.http_read_timeout,
+        )
+
+    def _stacks(
+        self, settings: Settings, ray: RaySource | None, context: Context
+    ) -> StackSource | None:
+        """A stalled job's stacks through Ray's dashboard (sent the Ray token too)."""
+        if ray is None:
+            return None
+        from ..sources.stacks import build as build_stacks
+
+        job_sources = [s for s in (self.verl, self.push) if s is not None]
+        token = ray.token
+        return build_stacks(
+            settings,
+            ray,
+            [s.jobs for s in job_sources],
+            context,
+            headers=token.header if token is not None else None,
         )
 
     def _endpoints(self, settings: Settings, windows: WindowBoard | None) -> Endpoints:
