@@ -185,9 +185,11 @@ def test_sidecar_runs_as_the_chart_runs_it(image, example_chart, tmp_path):
             ],
         )
         assert side["args"][0] == "serve" and "--listen" not in side["args"]
+        engines = tmp_path / "engines"  # the chart's engines volume: verl's Prometheus file
+        engines.mkdir()
         spec = image.spec(
             side,
-            volumes={"verl-logs": logs},
+            volumes={"verl-logs": logs, "rlhf-engines": engines},
             extra_mounts=[
                 (REPO / "tests", f"{SHIM_ROOT}/tests", True),
                 (scenario, SCENARIO_DIR, True),
@@ -249,7 +251,11 @@ def test_root_is_read_only_and_the_image_holds_its_own_modules(image, example_ch
     logs.mkdir(mode=0o777)
     logs.chmod(0o777)  # writable by 10001 but for the read-only mount
     side = head_sidecar(example_chart)
-    spec = image.spec(side, volumes={"verl-logs": logs}, argv=["python3", "-c", PROBE])
+    engines = logs.parent / "engines"  # the chart's engines volume (read-only, verl's file)
+    engines.mkdir()
+    spec = image.spec(
+        side, volumes={"verl-logs": logs, "rlhf-engines": engines}, argv=["python3", "-c", PROBE]
+    )
     done = ct.run(spec)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
