@@ -630,6 +630,9 @@ def _gpu_queries(run) -> list[tuple[str, str]]:
 
 
 def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
+    # every query is evaluated at the job's end over the whole job: evaluated later (when
+    # the tests before this one took long, CI), the range would slide past the lost GPU's
+    # few samples and its series would be missing
     range_ = f"{int(run.end - run.start) + 1}s"
     queries = _gpu_queries(run)
     assert len(queries) >= 15
@@ -656,7 +659,7 @@ def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
             project=PROJECT,
             experiment=EXPERIMENT,
         )
-        rows = run.prom.query(q)
+        rows = run.prom.query(q, at=run.end)
         if not rows:
             empty.append(f"{where}: {q}")
         for r in rows:
@@ -669,7 +672,8 @@ def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
     # the GPU busy panel shows both workers' GPUs (the lost one's until it was lost)
     (busy,) = [e for w, e in queries if "GPU busy ratio" in w]
     rows = run.prom.query(
-        grafana_vars.substitute(busy, rate_interval=range_, project=PROJECT, experiment=EXPERIMENT)
+        grafana_vars.substitute(busy, rate_interval=range_, project=PROJECT, experiment=EXPERIMENT),
+        at=run.end,
     )
     pods = {r["metric"]["pod"] for r in rows}
     assert pods == {run.started["worker-1"].pod, run.started["worker-2"].pod}
@@ -679,12 +683,13 @@ def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
     for name in sorted(renamed, key=len, reverse=True):
         errors = errors.replace(name, renamed[name])
     (row,) = run.prom.query(
-        grafana_vars.substitute(errors, range_=range_, project=PROJECT, experiment=EXPERIMENT)
+        grafana_vars.substitute(errors, range_=range_, project=PROJECT, experiment=EXPERIMENT),
+        at=run.end,
     )
     assert float(row["value"][1]) == 2
     # another job's selection shows none of these GPUs
     other = grafana_vars.substitute(busy, rate_interval=range_, project=PROJECT, experiment="other")
-    assert run.prom.query(other) == []
+    assert run.prom.query(other, at=run.end) == []
 
 
 def test_worker_with_a_wrong_token_is_down_and_exports_no_windows(run):

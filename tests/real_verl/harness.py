@@ -297,8 +297,11 @@ class Cluster:
 
 
 # added to the rendered environment, not substituted: a tiny CPU job's rollout window lasts
-# ~0.2 s, so the chart's 1 s engine interval would see none of it (docs/engines.md)
-ADDED = {"RLHF_EXPORTER_ENGINE_INTERVAL": "0.1"}
+# ~0.2 s, so the chart's 1 s engine interval would see none of it (docs/engines.md); and its
+# vLLM server lives ~20 s in all, so the chart's 15 s Ray poll (which lists the server's
+# actor, the engine discovery's first step) plus the probe's backoff could find the server
+# after the job's last step (CI, issue 32: the V1 run's engine was never read)
+ADDED = {"RLHF_EXPORTER_ENGINE_INTERVAL": "0.1", "RLHF_EXPORTER_RAY_INTERVAL": "2"}
 
 
 def head_sidecar(workdir: Path, cluster: Cluster) -> Any:

@@ -64,8 +64,10 @@ class Prometheus(Proc):
             lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60, what="prometheus ready"
         )
 
-    def query(self, promql: str) -> list[dict]:
-        r = requests.get(self.url + "/api/v1/query", params={"query": promql}, timeout=10)
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        """An instant query, evaluated now or `at` (epoch seconds)."""
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        r = requests.get(self.url + "/api/v1/query", params=params, timeout=10)
         r.raise_for_status()
         return r.json()["data"]["result"]
 
