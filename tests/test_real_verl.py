@@ -39,6 +39,7 @@ import requests
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.diagnosis.engines import ENGINE_REASONS
+from rlhf_exporter.diagnosis.thresholds import seconds
 from rlhf_exporter.diagnosis.windows import timer_name
 from rlhf_exporter.records import known_timers
 from rlhf_exporter.render import rules as rules_mod
@@ -115,7 +116,12 @@ def stack(tmp_path_factory):
     cluster = side = prom = alerts = None
     try:
         cluster = harness.Cluster(tmp)
-        side = harness.head_sidecar(tmp, cluster)
+        # the sidecar's stall limit (its job view, the stacks of issue 39) time-scaled as
+        # the rules are: stall_min 10m -> 30 s
+        scaled = tmp / "thresholds.yaml"
+        stall_min = th.alerts.get("stall_min", "10m")
+        scaled.write_text(f"alerts:\n  stall_min: {seconds(stall_min) * SCALE:g}s\n")
+        side = harness.head_sidecar(tmp, cluster, {"RLHF_EXPORTER_THRESHOLDS": str(scaled)})
         rule_dir = tmp / "rules"
         rule_dir.mkdir()
         files = []
@@ -243,6 +249,44 @@ def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleN
     return run
 
 
+def _stall_annotation(prom: Prometheus, experiment: str) -> str | None:
+    """The firing RLHFJobStalled's `where_it_hangs` annotation (None: not firing)."""
+    for a in prom.alerts():
+        lab, firing = a["labels"], a["state"] == "firing"
+        if firing and (lab.get("alertname"), lab.get("experiment")) == (
+            "RLHFJobStalled",
+            experiment,
+        ):
+            return a["annotations"].get("where_it_hangs", "")
+    return None
+
+
+def _where_it_hangs(stack, run) -> None:
+    """Issue 39: what the sidecar says of the stopped job once it pages: its stack round
+    (`GET /api/v1/jobs/<p>/hang/stacks`), the `/` page and the page's annotation, kept on
+    `run` and written under the test's tmp dir (hang/stacks.json)."""
+    side, url = stack.side, f"{stack.side.url}/api/v1/jobs/{harness.PROJECT}/hang/stacks"
+
+    def taken():
+        r = requests.get(url, timeout=10)
+        return r.json()["round"] if r.ok else None
+
+    # the stall check runs every stacks_interval (15 s) once past the stall limit
+    run.stacks = side.wait_for(taken, 120, "a stack round of the stalled job")
+    run.front = requests.get(side.url + "/", timeout=10).text
+    # Prometheus may fire from an evaluation before the round ("no stacks yet ...")
+    run.annotation = side.wait_for(
+        lambda: (a := _stall_annotation(stack.prom, "hang")) and not a.startswith("no stacks yet")
+        and a,
+        120,
+        "the page's where_it_hangs names the round",
+    )  # fmt: skip
+    harness.write_json(
+        stack.tmp / "hang" / "stacks.json",
+        {"round": run.stacks, "annotation": run.annotation, "stopped_pid": run.stopped_pid},
+    )
+
+
 def _value(run, name: str, **labels: str) -> float | None:
     want = set(labels.items())
     found = [v for (n, lab), v in run.samples.items() if n == name and want <= lab]
@@ -268,7 +312,7 @@ def hang(stack):
         wait = time.monotonic() + JOB_TIMEOUT
         while not _records(run.log) and time.monotonic() < wait:
             time.sleep(0.5)
-        pid = stack.cluster.pid_of("WorkerDict")
+        pid = run.stopped_pid = stack.cluster.pid_of("WorkerDict")
         harness.signal_pid(pid, signal.SIGSTOP)
         run.stopped_at, run.steps_at_stop = time.time(), len(_records(run.log))
         try:
@@ -276,6 +320,7 @@ def hang(stack):
                 lambda: alerts.firing("RLHFJobStalled", "hang"), 240, "RLHFJobStalled pages"
             )
             run.stalled_at = time.time()
+            _where_it_hangs(stack, run)  # issue 39: the stacks of the stopped job
             time.sleep(20)  # nothing resolves it while the process is stopped
             run.still_stalled = alerts.firing("RLHFJobStalled", "hang", since=time.time() - 1)
             run.steps_while_stopped = len(_records(run.log)) - run.steps_at_stop

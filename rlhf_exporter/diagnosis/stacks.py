@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 WHERE: tuple[str, ...] = (
+    "stopped",  # the process is stopped (state T: SIGSTOP, a debugger): py-spy cannot read it
     "checkpoint_save",  # a frame named *save_checkpoint*, or torch.save
     "collective",  # torch.distributed (gloo, NCCL): all_reduce, barrier, broadcast, ...
     "engine_generate",  # a vLLM / SGLang generate call
@@ -50,6 +51,13 @@ WHERE: tuple[str, ...] = (
 """The fixed vocabulary, most telling first (`rlhf_job_stalled_in{where}`)."""
 
 MEANING: dict[str, tuple[str, str]] = {
+    "stopped": (
+        "no stack: the process is stopped (state T), and Ray's py-spy, which suspends a "
+        "process to read it, refuses a stopped one ('Failed to suspend process')",
+        "nothing runs in it until it gets SIGCONT: a `kill -STOP`, a debugger attached, a "
+        "frozen cgroup. Find who stopped it, or `kill -CONT` the PID named; the roles waiting "
+        "on it are listed after it",
+    ),
     "checkpoint_save": (
         "saving a checkpoint (a frame named like verl's `_save_checkpoint`, or `torch.save`)",
         "the checkpoint storage is slow, full or hung (an NFS or object-store mount): check its "
