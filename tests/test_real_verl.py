@@ -281,10 +281,20 @@ def _where_it_hangs(stack, run) -> None:
         120,
         "the page's where_it_hangs names the round",
     )  # fmt: skip
+    # Ray's unfinished tasks of the job as the stacks source reads them (the evidence of
+    # what the TaskRunner's ray.get awaits)
+    params = [("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FINISHED"),
+              ("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FAILED"),
+              ("detail", "1"), ("limit", "2000")]  # fmt: skip
+    r = requests.get(f"{stack.cluster.url}/api/v0/tasks", params=params, timeout=30)
+    tasks = r.json()["data"]["result"]["result"] if r.ok else r.text
+    keep = ("name", "state", "worker_pid", "task_id", "parent_task_id", "job_id")
+    run.tasks = [{k: t.get(k) for k in keep} for t in tasks] if isinstance(tasks, list) else tasks
     harness.write_json(
         stack.tmp / "hang" / "stacks.json",
-        {"round": run.stacks, "annotation": run.annotation, "stopped_pid": run.stopped_pid},
-    )
+        {"round": run.stacks, "annotation": run.annotation, "stopped_pid": run.stopped_pid,
+         "tasks": run.tasks},
+    )  # fmt: skip
 
 
 def _value(run, name: str, **labels: str) -> float | None:
@@ -449,6 +459,32 @@ def test_hang_pages_stalled_and_nothing_resolves_it(hang):
     assert hang.steps_while_stopped == 0
     assert hang.still_stalled
     assert hang.pages["RLHFJobStalled"] == 1
+
+
+def test_hang_stacks_name_the_stopped_trainer_and_what_the_others_wait_on(hang):
+    """Issue 39 on the real job: once it stalls, the sidecar's stack round (Ray's dashboard
+    with profiling on, py-spy 0.4.3 from the lock on the head's PATH) names the stopped
+    trainer first (py-spy cannot suspend a stopped process: Ray's 500 says so), the
+    TaskRunner in ray.get on the trainer's WorkerDict task (one sent to the stopped worker,
+    never RUNNING), the entrypoint's driver in ray.get on TaskRunner.run, and the vLLM server
+    idle (its engine core waiting for requests): on the API, on `/` and on the page."""
+    found = hang.stacks
+    assert found is not None and found["why"] == "", found
+    roles = {r["role"]: r for r in found["roles"]}
+    assert found["answer"].startswith("trainer: stopped (state T (stopped)"), found["answer"]
+    (stopped,) = [p for p in found["processes"] if p["role"] == "trainer"]
+    assert (stopped["pid"], stopped["where"]) == (hang.stopped_pid, "stopped"), stopped
+    assert "Failed to suspend process" in stopped["stack"]
+    driver = {g["processes"][0].split(" ")[0]: g for g in roles["driver"]["groups"]}
+    assert driver["TaskRunner"]["where"] == "ray_get"
+    assert " on WorkerDict." in driver["TaskRunner"]["detail"], (driver, hang.tasks)
+    assert driver["driver"]["detail"].endswith(" on TaskRunner.run"), driver
+    assert roles["rollout"]["where"] == "no_task", roles["rollout"]
+    server = [g for g in roles["rollout"]["groups"] if g["processes"][0].startswith("vLLM")]
+    assert server and server[0]["detail"].startswith("engine idle, waiting for work: ")
+    assert "where it hangs: trainer: stopped" in hang.front
+    assert "trainer: 1 in stopped" in hang.annotation, hang.annotation
+    assert "driver: 2 in ray_get" in hang.annotation, hang.annotation
 
 
 def test_crash_reads_failed_and_pages_once(hang):

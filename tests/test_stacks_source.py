@@ -36,6 +36,7 @@ NO_PTRACE = (  # profile_manager's message around py-spy's own words
 # Ray 2.60's answer (500) for a SIGSTOPped process: the real verl job's trainer WorkerDict
 # (tests/test_real_verl.py's hang): py-spy cannot suspend a stopped process
 STOPPED = (FIXTURES / "ray/stopped/WorkerDict.native.txt").read_text()
+REAL_RUNNER = (FIXTURES / "ray/stopped/TaskRunner.native.txt").read_text()  # the same job's
 GONE = "Failed to execute ...\nError: Failed to get process executable name. Check that the process is running."
 
 
@@ -180,7 +181,20 @@ def test_a_stopped_process_is_where_it_hangs_and_the_others_follow():
     trainer): `stopped`, listed first, counted in rlhf_job_stalled_in, never `unread`."""
     clock = Clock()
     with RayStateApi() as api:
-        api.stacks = {101: (500, STOPPED), 102: (200, WAITING)}
+        api.stacks = {101: (500, STOPPED), 102: (200, REAL_RUNNER)}
+        # the TaskRunner's call was sent to the stopped worker, which never took it: it is
+        # SUBMITTED_TO_WORKER, not RUNNING; an earlier call of the same task is FINISHED
+        root = "f" * 40 + "02000000"
+        api.tasks = [
+            {"worker_pid": 102, "task_id": "t1", "parent_task_id": root,
+             "name": "TaskRunner.run", "state": "RUNNING", "job_id": "02000000"},
+            {"worker_pid": 101, "task_id": "t2", "parent_task_id": "t1",
+             "name": "WorkerDict.actor_rollout_compute_log_prob",
+             "state": "SUBMITTED_TO_WORKER", "job_id": "02000000"},
+            {"worker_pid": 101, "task_id": "t0", "parent_task_id": "t1",
+             "name": "WorkerDict.actor_rollout_update_actor", "state": "FINISHED",
+             "job_id": "02000000"},
+        ]  # fmt: skip
         ray = cluster(api, [101, 102], ["WorkerDict", "TaskRunner"])
         src = source(api, ray, [job(clock.now - 500)], clock)
         src.poll_once()
@@ -190,6 +204,11 @@ def test_a_stopped_process_is_where_it_hangs_and_the_others_follow():
     assert stopped.wait is not None and stopped.wait.where == "stopped" and stopped.error == ""
     assert "PtraceEvent" in stopped.text and stopped.message == "Error: Failed to get stack traces"
     assert found.answer.startswith("trainer: stopped (state T (stopped)")
+    runner = next(p for p in found.processes if p.pid == 102)
+    assert runner.wait is not None and runner.wait.detail == (
+        "ray.get in RayPPOTrainer._compute_old_log_prob (ray_trainer.py:1304) on "
+        "WorkerDict.actor_rollout_compute_log_prob"
+    )
     assert series(src, "rlhf_job_stalled_in") == {
         ("p", "e", "trainer", "stopped"): 1.0,
         ("p", "e", "driver", "ray_get"): 1.0,

@@ -246,13 +246,17 @@ class StackSource(PollingSource):
     def _name_awaited(
         self, key: tuple[str, str], sole: bool, taken: list[ProcessStack]
     ) -> list[ProcessStack]:
-        """What each process in ray.get waits on: the job's RUNNING tasks from Ray's state
-        API (one request; a task's children are what it awaits). Without an answer the waits
-        stay as the stacks say."""
+        """What each process in ray.get waits on: the job's unfinished tasks from Ray's state
+        API (one request; a task's children are what it awaits). The awaited task need not
+        run: one sent to a stopped or busy worker is SUBMITTED_TO_WORKER (the real verl
+        job's TaskRunner awaits such a WorkerDict task), so a process is tied to the tasks
+        RUNNING on it, and every unfinished task names its parent's wait. Without an answer
+        the waits stay as the stacks say."""
         if self.ray is None:
             return taken
         job_id = self.ray.ray_job_id(*key, sole=sole)
-        params = [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "RUNNING"),
+        params = [("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FINISHED"),
+                  ("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FAILED"),
                   ("filter_keys", "job_id"), ("filter_predicates", "="), ("filter_values", job_id),
                   ("detail", "1"), ("limit", str(MAX_TASKS))]  # fmt: skip
         status, body, truncated, error = self._fetch("/api/v0/tasks", params, TASKS_BYTES)
@@ -260,8 +264,10 @@ class StackSource(PollingSource):
         if status == 200:
             try:
                 rows = orjson.loads(body)["data"]["result"]["result"]
-                tasks = [(int(r["worker_pid"]), str(r["task_id"]), str(r["parent_task_id"]),
-                          str(r["name"])) for r in rows]  # fmt: skip
+                # (pid it runs on, or 0 when not running; task, parent, name)
+                tasks = [(int(r.get("worker_pid") or 0) if r.get("state") == "RUNNING" else 0,
+                          str(r["task_id"]), str(r["parent_task_id"]), str(r["name"]))
+                         for r in rows]  # fmt: skip
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 tasks = None
         if not tasks or truncated:

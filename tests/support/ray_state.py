@@ -162,8 +162,10 @@ class RayStateApi:
                 }
             )
         if path == "/api/v0/tasks" and self.tasks is not None:
-            filters = dict(zip(query.get("filter_keys", []), query.get("filter_values", [])))
-            picked = [t for t in self.tasks if all(t.get(k) == v for k, v in filters.items())]
+            keys, ops = query.get("filter_keys", []), query.get("filter_predicates", [])
+            filters = list(zip(keys, ops, query.get("filter_values", [])))
+            picked = [t for t in self.tasks
+                      if all((t.get(k) == v) == (op == "=") for k, op, v in filters)]  # fmt: skip
             return _envelope({"total": len(self.tasks), "num_after_truncation": len(picked),
                               "num_filtered": len(picked), "result": picked})  # fmt: skip
         if path == "/api/v0/actors":
