@@ -37,6 +37,7 @@ NO_PTRACE = (  # profile_manager's message around py-spy's own words
 # (tests/test_real_verl.py's hang): py-spy cannot suspend a stopped process
 STOPPED = (FIXTURES / "ray/stopped/WorkerDict.native.txt").read_text()
 REAL_RUNNER = (FIXTURES / "ray/stopped/TaskRunner.native.txt").read_text()  # the same job's
+REAL_DRIVER = (FIXTURES / "ray/stopped/driver.native.txt").read_text()
 GONE = "Failed to execute ...\nError: Failed to get process executable name. Check that the process is running."
 
 
@@ -181,7 +182,7 @@ def test_a_stopped_process_is_where_it_hangs_and_the_others_follow():
     trainer): `stopped`, listed first, counted in rlhf_job_stalled_in, never `unread`."""
     clock = Clock()
     with RayStateApi() as api:
-        api.stacks = {101: (500, STOPPED), 102: (200, REAL_RUNNER)}
+        api.stacks = {101: (500, STOPPED), 102: (200, REAL_RUNNER), 103: (200, REAL_DRIVER)}
         # the TaskRunner's call was sent to the stopped worker, which never took it: it is
         # SUBMITTED_TO_WORKER, not RUNNING; an earlier call of the same task is FINISHED
         root = "f" * 40 + "02000000"
@@ -196,10 +197,14 @@ def test_a_stopped_process_is_where_it_hangs_and_the_others_follow():
              "job_id": "02000000"},
         ]  # fmt: skip
         ray = cluster(api, [101, 102], ["WorkerDict", "TaskRunner"])
+        # the entrypoint's driver (Jobs API's driver_info), in ray.get on TaskRunner.run
+        api.jobs["raysubmit_1"] |= {"driver_info": {"pid": "103"}, "driver_node_id": "n1"}
+        ray.poll_once()
         src = source(api, ray, [job(clock.now - 500)], clock)
         src.poll_once()
         found = src.round_of("p", "e")
     assert found is not None and found.why == ""
+    assert sorted(p.pid for p in found.processes) == [101, 102, 103]
     stopped = next(p for p in found.processes if p.pid == 101)
     assert stopped.wait is not None and stopped.wait.where == "stopped" and stopped.error == ""
     assert "PtraceEvent" in stopped.text and stopped.message == "Error: Failed to get stack traces"
@@ -211,8 +216,10 @@ def test_a_stopped_process_is_where_it_hangs_and_the_others_follow():
     )
     assert series(src, "rlhf_job_stalled_in") == {
         ("p", "e", "trainer", "stopped"): 1.0,
-        ("p", "e", "driver", "ray_get"): 1.0,
+        ("p", "e", "driver", "ray_get"): 2.0,  # the TaskRunner's and the driver's: one series
     }
+    names = [(s.name, s.labels) for s in src.snapshot().samples]
+    assert len(names) == len(set(names))  # no series twice (each ray.get has its own detail)
     assert not series(src, "rlhf_job_stacks_unread")
     assert series(src, "rlhf_exporter_stack_reads_total")[("stopped",)] == 1.0
 

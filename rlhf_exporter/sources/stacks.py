@@ -327,8 +327,13 @@ class StackSource(PollingSource):
         for r in rounds:
             j = (r.project, r.experiment)
             for fold in r.folds:
+                # a role's groups differ by detail too (the driver's two ray.get): one
+                # series per (role, where), their processes summed
+                counts: dict[str, int] = {}
                 for g in fold.groups:
-                    yield Sample("rlhf_job_stalled_in", j + (fold.role, g.where), float(g.count))
+                    counts[g.where] = counts.get(g.where, 0) + g.count
+                for where, n in counts.items():
+                    yield Sample("rlhf_job_stalled_in", j + (fold.role, where), float(n))
             unread = r.unread()
             if not r.processes:
                 unread["no_processes"] = 1
