@@ -13,8 +13,11 @@ Ray dashboard; a real Prometheus scrapes it and evaluates the shipped rules, tim
   classes; the rollout server is found by the shipped discovery and its own /metrics agree
   with what it did; the state reads `finished` and nothing pages.
 - `hang`: the trainer's process (verl's colocated WorkerDict) is SIGSTOPped after the first
-  step: RLHFJobStalled pages and stays firing while it is stopped; then it is SIGKILLed (a
-  crash): the state reads `failed` and RLHFJobFailed pages exactly once.
+  step: RLHFJobStalled pages and stays firing while it is stopped, and the sidecar's stack
+  round (issue 39; the head has RAY_DASHBOARD_ENABLE_PROFILING=1 and .venv-verl's py-spy)
+  names the stopped trainer and what the others wait on, on the stacks API, on `/` and in
+  the page's annotation; then it is SIGKILLed (a crash): the state reads `failed` and
+  RLHFJobFailed pages exactly once.
 
 Each run's real log, Ray answers and vLLM pages are written under the test's tmp dir and,
 with REAL_VERL_WRITE_FIXTURES=1, into tests/fixtures/real_verl/ (replayed by

@@ -7,7 +7,8 @@ trainer workers, a vLLMHttpServer, an AgentLoopWorker and a RewardLoopWorker. A 
 reads its log and Ray; a real Prometheus evaluates the repository's rules rendered from the
 same thresholds file (stall_min 4s). The job is hung each way it knows: its rollout server on
 a lock or in a sleep, its TaskRunner saving a checkpoint into a pipe nobody reads, a trainer
-worker in a gloo all_reduce whose peer does not come (with torch installed). Each time the
+worker in a gloo all_reduce whose peer does not come (torch: the heads and jobs run on
+.venv-verl's Python when it is built, as in CI; else the test venv's). Each time the
 folded answer names the role and the wait on `/`, in the job view, in
 `GET /api/v1/jobs/<p>/<e>/stacks`, in `rlhf_job_stalled_in` and in the firing RLHFJobStalled's
 annotation; once the job steps again its stacks are gone and the page resolves.
