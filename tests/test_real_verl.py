@@ -333,10 +333,13 @@ def hang(stack):
                 lambda: alerts.firing("RLHFJobStalled", "hang"), 240, "RLHFJobStalled pages"
             )
             run.stalled_at = time.time()
+            # a step the stopped trainer had already done its part of may still be logged
+            # just after the stop: what must not advance is the log once the job pages
+            run.steps_at_page = len(_records(run.log))
             _where_it_hangs(stack, run)  # issue 39: the stacks of the stopped job
             time.sleep(20)  # nothing resolves it while the process is stopped
             run.still_stalled = alerts.firing("RLHFJobStalled", "hang", since=time.time() - 1)
-            run.steps_while_stopped = len(_records(run.log)) - run.steps_at_stop
+            run.steps_while_stopped = len(_records(run.log)) - run.steps_at_page
         finally:
             harness.signal_pid(pid, signal.SIGKILL)  # the crash (a stopped process dies too)
         run.killed_at = time.time()
