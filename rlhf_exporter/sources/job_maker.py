@@ -8,7 +8,7 @@ from collections import Counter
 
 from ..diagnosis import Thresholds
 from ..jobs import Job
-from ..join.ports import Engines, StepWindows
+from ..join.ports import WALL, Engines, JobClock, StepWindows
 from ..records import Limits
 from .base import Clock
 
@@ -23,6 +23,7 @@ class JobMaker:
     windows: StepWindows | None  # where its jobs post step timelines (the WindowBoard)
     engines: Engines | None  # what its jobs ask for engine evidence
     _rejected: Counter[str]  # what ingestion drops, by reason, shared by all its jobs
+    job_clock: JobClock = WALL  # where its jobs' steps are placed (the demo's: its job clock)
 
     def new_job(self, project: str, experiment: str) -> Job:
         return Job(
@@ -35,4 +36,5 @@ class JobMaker:
             total_steps=self.total_steps,
             windows=self.windows,
             engines=self.engines,
+            job_clock=self.job_clock,
         )

@@ -54,7 +54,7 @@ from typing import Any
 from ..diagnosis import Thresholds
 from ..jobs import Job
 from ..join.names import JobNames
-from ..join.ports import Engines, JobFacts, StepWindows
+from ..join.ports import WALL, Engines, JobClock, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
 from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from_settings
 from ..settings import Settings
@@ -153,9 +153,11 @@ class VerlFileSource(PollingSource, JobMaker):
         engines: Engines | None = None,
         facts: JobFacts | None = None,
         names: JobNames | None = None,
+        job_clock: JobClock = WALL,
     ):
         super().__init__(NAME, interval, wall=clock)
         self.clock = clock
+        self.job_clock = job_clock  # where its jobs place their steps (the demo's job clock)
         self.total_steps = total_steps
         self.windows = windows  # where its jobs post step timelines (the WindowBoard)
         self.engines = engines  # what its jobs ask for engine evidence (the engine source)
@@ -629,6 +631,7 @@ class VerlFileSource(PollingSource, JobMaker):
             engines=context.engines,
             facts=context.facts,
             names=context.names,
+            job_clock=context.job_clock,
         )
 
 
