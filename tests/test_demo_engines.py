@@ -29,6 +29,7 @@ from rlhf_exporter.render.addresses import JOB_PATH
 from rlhf_exporter.render.dashboards import targets
 from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource, parse
+from rlhf_exporter.sources.verl_files import VerlFileSource
 from rlhf_exporter.sources.verl_reader import RecordReader
 from tests.support import grafana_vars
 from tests.support.prometheus import Prometheus
@@ -225,3 +226,19 @@ def test_serve_demo_fills_the_engines_row_and_shows_an_engine_reason_within_a_mi
         if prom is not None:
             prom.terminate()
         exp.terminate()
+
+
+def test_only_the_demo_root_runs_on_the_demo_clock(tmp_path):
+    """`serve --demo --verl-root R`: R's jobs are real ones, placed on the wall clock; only the
+    jobs under the demo's own root are on its job clock."""
+    th = load_thresholds()
+    demo_root, real_root = tmp_path / "demo", tmp_path / "real"
+    clock = DemoClock(th)
+    for root in (demo_root, real_root):
+        (root / "p").mkdir(parents=True)
+        line = encode({"step": 1, "data": {"timing_s/step": 9.0}})
+        (root / "p" / f"{root.name}.jsonl").write_bytes(line)
+    src = VerlFileSource(th, [real_root, demo_root], job_clock=clock, job_clock_roots=[demo_root])
+    src.poll_once()
+    clocks = {p.stem: w.job._job_clock for p, w in src._watched.items()}
+    assert clocks == {"demo": clock, "real": WALL}

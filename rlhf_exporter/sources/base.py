@@ -44,8 +44,8 @@ class Context:
     windows: WindowBoard | None = None
     engines: Engines | None = None  # the engines' evidence over a step's rollout
     names: JobNames | None = None  # which source owns a job's name (a file wins it)
-    # the clock the verl files' jobs place their steps on and the engines stamp their reads
-    # on: the wall's, or the demo job's (rlhf_exporter/demo/clock.py)
+    # the clock the jobs under `extra_roots` place their steps on and the engines stamp their
+    # reads on: the wall's, or the demo job's (rlhf_exporter/demo/clock.py)
     job_clock: JobClock = WALL
 
 

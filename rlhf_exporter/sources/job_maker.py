@@ -23,9 +23,9 @@ class JobMaker:
     windows: StepWindows | None  # where its jobs post step timelines (the WindowBoard)
     engines: Engines | None  # what its jobs ask for engine evidence
     _rejected: Counter[str]  # what ingestion drops, by reason, shared by all its jobs
-    job_clock: JobClock = WALL  # where its jobs' steps are placed (the demo's: its job clock)
 
-    def new_job(self, project: str, experiment: str) -> Job:
+    def new_job(self, project: str, experiment: str, job_clock: JobClock = WALL) -> Job:
+        """`job_clock`: where the job places its steps (the wall's; the demo job's own)."""
         return Job(
             project,
             experiment,
@@ -36,5 +36,5 @@ class JobMaker:
             total_steps=self.total_steps,
             windows=self.windows,
             engines=self.engines,
-            job_clock=self.job_clock,
+            job_clock=job_clock,
         )
