@@ -39,6 +39,13 @@ GPUs in the training windows, both idle in untimed time, colocated ones alternat
 on the demo's own clock at the records' pace and joined like NVML's samples, so the job
 view's "GPU time by step window and role" and "who waits on whom" show each incident within
 a minute of the live demo (tests/test_demo.py plays both at 0.7 s a step).
+
+The simulated rollout engines (rlhf_exporter/demo/engines.py: two vLLM replicas over HTTP,
+read by the real engine source) follow each step's rollout windows on the demo job's clock
+(rlhf_exporter/demo/clock.py): a long tail in the rollout-bound phases (1, 2, 11), the
+engines' `queueing` while the rollout actor is dead or pending (10: the log alone cannot say
+it), `preemption` in the slower generation of 12, steady elsewhere; so the Engines row and
+the engine reasons show within a minute (tests/test_demo_engines.py).
 """
 
 from __future__ import annotations
