@@ -24,6 +24,7 @@ from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
 from ..join.board import WindowBoard
 from ..join.names import JobNames
+from ..join.ports import WALL
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
 from ..settings import Settings
@@ -136,8 +137,7 @@ class Sidecar:
         if gpu_windows or engines_on:
             windows = WindowBoard(keep=settings.gpu_windows_keep)
         context = Context(self.th, clock, tuple(extra_roots), windows=windows, names=JobNames())
-        if self.demo is not None:  # its steps and its engines' reads on the job's own clock
-            context = replace(context, job_clock=self.demo.clock)
+        context = replace(context, job_clock=self.demo.clock if self.demo else WALL)  # demo.clock
         # built in the order of what each needs (Ray, then NVML and the engines that read its
         # actors, then the jobs' sources that read the engines and Ray's facts); exported in
         # the order below
@@ -245,15 +245,17 @@ class Sidecar:
 
     def _engine_settings(self, settings: Settings) -> Settings:
         """The engine source's settings: in the demo, its engines are static targets too,
-        read every demo.engines.INTERVAL (its steps' windows are ~135x compressed)."""
+        read every demo.engines.INTERVAL (its steps' windows are ~135x compressed; every
+        IDLE_INTERVAL while nothing steps)."""
         if self.demo_engines is None:
             return settings
-        from ..demo.engines import INTERVAL
+        from ..demo.engines import IDLE_INTERVAL, INTERVAL
 
         return replace(
             settings,
             engine_target=[*(settings.engine_target or ()), *self.demo_engines.urls],
             engine_interval=min(settings.engine_interval, INTERVAL),
+            engine_idle_interval=min(settings.engine_idle_interval, IDLE_INTERVAL),
         )
 
     def _demo_job(self, settings: Settings) -> DemoJob | None:

@@ -40,6 +40,10 @@ INTERVAL = 0.015
 """Seconds between the demo's engine reads (`--engine-interval` in the demo): at the job
 clock's ~135x, 2 s of job time, within the engines' `max_sample_gap` (3 s), so a rollout
 window is covered (min_coverage 0.8) even in the slowest rollout phase (~200x)."""
+IDLE_INTERVAL = 0.5
+"""Seconds between the demo's engine reads while nothing steps (`--engine-idle-interval` in
+the demo: the stall's pause): the engines are read fast again within half a second of the
+job's next step."""
 DECODE_RATE = 30.0  # tokens per running request per job-clock second
 PREEMPT_RATE = 0.2  # preemptions per job-clock second while the KV cache is full
 MODEL = "demo/simulated-model"  # vLLM's model_name label: says the engine is simulated
