@@ -34,6 +34,8 @@ import argparse
 import json
 import math
 import shutil
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +47,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support import fleet_history, grafana_vars  # noqa: E402
+from tests.support import fleet_hardware, fleet_history, grafana_vars  # noqa: E402
 from tests.support.prometheus import Prometheus  # noqa: E402
 
 SCRAPE = 15
@@ -172,8 +174,9 @@ def run_query(url: str, q: dict, range_s: float, end: float) -> dict:
 
 def backfill_missing(prom: Prometheus, work: Path, data: Path, info: dict) -> bool:
     """Backfill the records of the repository's rules that a kept TSDB (`--workdir`) does not
-    hold yet (rules added since it was built; each must read only series the TSDB holds), in
-    one pass, each group at its own interval. Returns whether any was."""
+    hold yet (rules added since it was built, records of series added since), pass by pass
+    (a record read by another first), each group at its own interval. Returns whether any
+    was."""
     groups = []
     for path in sorted((REPO / "alerts").glob("*.rules.yaml")):
         for group in yaml.safe_load(path.read_text())["groups"]:
@@ -191,16 +194,136 @@ def backfill_missing(prom: Prometheus, work: Path, data: Path, info: dict) -> bo
     rules_file = work / "missing.rules.yaml"
     rules_file.write_text(yaml.safe_dump({"groups": groups}))
     shutil.rmtree(data.parent / "rule-blocks", ignore_errors=True)
-    fleet_history.backfill_rules(prom.url, [rules_file], data, info["start"], info["end"])
+    prom.terminate()
+    fleet_history.backfill_record_levels(
+        [rules_file], work, data, info["start"], info["end"], log=print
+    )
     return True
 
 
-def start_prometheus(work: Path) -> Prometheus:
+def add_hardware(work: Path, data: Path, info: dict) -> None:
+    """A kept TSDB built before the GPU, engine and job-state series (issue 37): the replayed
+    job-state series of the jobs whose state changes, and the lifecycle records (they read
+    the states), are deleted; tests/support/fleet_hardware.py's series are backfilled;
+    backfill_missing then records what reads them."""
+    plans = fleet_hardware.plans(info["jobs"], info["start"], info["end"])
+    changing = "|".join(p.experiment for p in plans if p.transitions())
+    lifecycle = [
+        r["record"]
+        for g in yaml.safe_load((REPO / "alerts" / "recording.rules.yaml").read_text())["groups"]
+        if g["name"] == "rlhf-exporter.lifecycle"
+        for r in g["rules"]
+    ]
+    prom = start_prometheus(work / "prom", admin=True)
+    try:
+        matches = [f'{n}{{experiment=~"{changing}"}}' for n in fleet_hardware.STATE_NAMES]
+        matches += [f'{{__name__="{n}"}}' for n in lifecycle]
+        r = requests.post(
+            prom.url + "/api/v1/admin/tsdb/delete_series", data={"match[]": matches}, timeout=600
+        )
+        r.raise_for_status()
+    finally:
+        prom.terminate()
+    t0 = time.time()
+    n = fleet_history.backfill_hardware(work, data, plans, info["start"], info["end"], log=print)
+    info["hardware"] = n
+    print(f"GPU, engine and job-state series: {n:,} samples, {time.time() - t0:.0f} s")
+
+
+def print_panels(prom: Prometheus, end: float) -> None:
+    """Every dashboard query over 6 h and 24 h (the second of two runs)."""
+    print(
+        "| dashboard | panel | ref | kind | 6 h ms | 6 h samples | 24 h ms | 24 h samples | series |"
+    )
+    print("|---|---|---|---|---:|---:|---:|---:|---:|")
+    worst = {21600: 0.0, 86400: 0.0}
+    for path in sorted((REPO / "grafana").glob("*.json")):
+        for q in panel_queries(path):
+            cells = []
+            for range_s in (21600, 86400):
+                run_query(prom.url, q, range_s, end)  # warm: a running Prometheus's cache
+                r = run_query(prom.url, q, range_s, end)
+                if "error" in r:
+                    cells += [f"error: {r['error']}", "", r["step"]]
+                    continue
+                worst[range_s] = max(worst[range_s], r["wall"])
+                cells += [f"{r['wall'] * 1000:.0f}", f"{r['samples']:,}", r["series"]]
+            step = panel_step(q["width"], 21600, q.get("min_step", SCRAPE))
+            kind = "instant" if q["instant"] else f"range {step} s"
+            print(
+                f"| {q['dashboard']} | {q['panel'][:48]} | {q['ref']} | {kind} | "
+                f"{cells[0]} | {cells[1]} | {cells[3]} | {cells[4]} | {cells[5]} |",
+                flush=True,
+            )
+    print(f"\nslowest query: {worst[21600]:.2f} s over 6 h, {worst[86400]:.2f} s over 24 h")
+
+
+def rule_groups(rev: str | None = None) -> list[dict]:
+    """The rule groups of alerts/*.rules.yaml, of the work tree or of git revision `rev`."""
+    out = []
+    for path in sorted((REPO / "alerts").glob("*.rules.yaml")):
+        if rev is None:
+            text = path.read_text()
+        else:
+            git = ["git", "-C", str(REPO), "show", f"{rev}:alerts/{path.name}"]
+            text = subprocess.run(git, capture_output=True, text=True, check=True).stdout
+        out += yaml.safe_load(text)["groups"]
+    return out
+
+
+def time_group(prom: Prometheus, group: dict, end: float) -> tuple[float, int]:
+    """A group's evaluation cost: its rules' expressions as instant queries at `end`, one after
+    the other as Prometheus runs them (ms, samples)."""
+    ms, samples = 0.0, 0
+    for rule in group["rules"]:
+        q = {"dashboard": "rules", "expr": rule["expr"], "width": 24, "instant": True}
+        r = run_query(prom.url, q, 21600, end)
+        ms += r["wall"] * 1000
+        samples += r.get("samples", 0)
+    return ms, samples
+
+
+def print_rule_groups(prom: Prometheus, end: float, before: str | None, rounds: int = 3) -> None:
+    """Each rule group's evaluation as a share of its interval (median of `rounds`); with
+    `before` (a git revision), that revision's groups too, interleaved group by group in the
+    same rounds."""
+    sets = {"after": rule_groups()}
+    if before:
+        sets["before"] = rule_groups(before)
+    times: dict[tuple[str, str], list[float]] = {}
+    samples: dict[tuple[str, str], int] = {}
+    for _ in range(rounds):
+        for which, groups in sets.items():
+            for group in groups:
+                ms, n = time_group(prom, group, end)
+                times.setdefault((which, group["name"]), []).append(ms)
+                samples[which, group["name"]] = n
+    print(
+        "\n| rule group | interval | rules | evaluation ms (instant, at the end; median of "
+        f"{rounds}) | % of its interval | samples |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for which in sorted(sets, reverse=True):  # before, then after
+        for group in sets[which]:
+            interval = seconds_of(group.get("interval", f"{SCRAPE}s"))
+            ms = statistics.median(times[which, group["name"]])
+            tag = f" ({which})" if before else ""
+            print(
+                f"| {group['name']}{tag} | {interval} s | {len(group['rules'])} | {ms:.0f} | "
+                f"{ms / 10 / interval:.1f} | {samples[which, group['name']]:,} |"
+            )
+
+
+def start_prometheus(work: Path, admin: bool = False) -> Prometheus:
     return Prometheus(
         work,
         [],
         scrape_interval="15s",
-        extra_args=["--storage.tsdb.retention.time=30d", "--query.timeout=5m"],
+        extra_args=[
+            "--storage.tsdb.retention.time=30d",
+            "--query.timeout=5m",
+            *(["--web.enable-admin-api"] if admin else []),
+        ],
     )
 
 
@@ -211,6 +334,14 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--hours", type=int, default=12, help="history, a multiple of 2")
     ap.add_argument("--workdir", type=Path, help="keep the TSDB here (reused when present)")
+    ap.add_argument(
+        "--rules-before",
+        metavar="REV",
+        help="also time the rule groups of this git revision, interleaved (before/after)",
+    )
+    ap.add_argument(
+        "--only", choices=("panels", "rules"), help="time only the panels or only the rule groups"
+    )
     args = ap.parse_args()
     work = args.workdir or Path(tempfile.mkdtemp(prefix="dashboard-cost-"))
     data = work / "prom" / "data"  # tests.support.prometheus.Prometheus(work / "prom") reads it
@@ -221,13 +352,17 @@ def main() -> int:
         start = end - args.hours * 3600
         total = fleet_history.build(work, data, args.jobs, args.hours, end, log=print)
         meta.write_text(
-            json.dumps({"start": start, "end": end, "samples": total, "jobs": args.jobs})
+            json.dumps(
+                {"start": start, "end": end, "samples": total, "jobs": args.jobs, "hardware": 1}
+            )
         )
     info = json.loads(meta.read_text())
+    if "hardware" not in info:  # a kept TSDB from before the GPU, engine and state series
+        add_hardware(work, data, info)
+        meta.write_text(json.dumps(info))
     end = info["end"] - SCRAPE
     prom = start_prometheus(work / "prom")
     if backfill_missing(prom, work, data, info):  # a kept TSDB, records added since
-        prom.terminate()
         prom = start_prometheus(work / "prom")
     try:
         head = prom.query(f"count(rlhf_step @ {end})")
@@ -239,57 +374,10 @@ def main() -> int:
             f"setup {time.time() - t0:.0f} s\n",
             flush=True,
         )
-        print(
-            "| dashboard | panel | ref | kind | 6 h ms | 6 h samples | 24 h ms | 24 h samples | series |"
-        )
-        print("|---|---|---|---|---:|---:|---:|---:|---:|")
-        worst = {21600: 0.0, 86400: 0.0}
-        for path in sorted((REPO / "grafana").glob("*.json")):
-            for q in panel_queries(path):
-                cells = []
-                for range_s in (21600, 86400):
-                    run_query(prom.url, q, range_s, end)  # warm: a running Prometheus's cache
-                    r = run_query(prom.url, q, range_s, end)
-                    if "error" in r:
-                        cells += [f"error: {r['error']}", "", r["step"]]
-                        continue
-                    worst[range_s] = max(worst[range_s], r["wall"])
-                    cells += [f"{r['wall'] * 1000:.0f}", f"{r['samples']:,}", r["series"]]
-                step = panel_step(q["width"], 21600, q.get("min_step", SCRAPE))
-                kind = "instant" if q["instant"] else f"range {step} s"
-                print(
-                    f"| {q['dashboard']} | {q['panel'][:48]} | {q['ref']} | {kind} | "
-                    f"{cells[0]} | {cells[1]} | {cells[3]} | {cells[4]} | {cells[5]} |",
-                    flush=True,
-                )
-        print(f"\nslowest query: {worst[21600]:.2f} s over 6 h, {worst[86400]:.2f} s over 24 h")
-        print(
-            "\n| rule group | interval | rules | evaluation ms (instant, at the end) | "
-            "% of its interval | samples |"
-        )
-        print("|---|---:|---:|---:|---:|---:|")
-        for path in sorted((REPO / "alerts").glob("*.rules.yaml")):
-            for group in yaml.safe_load(path.read_text())["groups"]:
-                interval = seconds_of(group.get("interval", f"{SCRAPE}s"))
-                ms, samples = 0.0, 0
-                for rule in group["rules"]:
-                    r = run_query(
-                        prom.url,
-                        {
-                            "dashboard": "rules",
-                            "expr": rule["expr"],
-                            "width": 24,
-                            "instant": True,
-                        },
-                        21600,
-                        end,
-                    )
-                    ms += r["wall"] * 1000
-                    samples += r.get("samples", 0)
-                print(
-                    f"| {group['name']} | {interval} s | {len(group['rules'])} | {ms:.0f} | "
-                    f"{ms / 10 / interval:.1f} | {samples:,} |"
-                )
+        if args.only != "rules":
+            print_panels(prom, end)
+        if args.only != "panels":
+            print_rule_groups(prom, end, args.rules_before)
     finally:
         prom.terminate()
         if args.workdir is None:

@@ -28,6 +28,7 @@ import yaml
 
 from rlhf_exporter.sources.verl_files import VerlFileSource
 
+from . import fleet_hardware
 from .simday import JOB, SCRAPE, STALE, Day, FileSink, TraceJob, rule_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,11 +104,14 @@ def write_openmetrics(
     end: float,
     window: tuple[float, float] | None = None,
     detailed: int = 10,
+    own_states: frozenset[int] = frozenset(),
 ) -> int:
     """Write `jobs` jobs' series, the last scrape at `end` (epoch seconds); only the samples
     in `window` ([from, to) epoch seconds) when given. Jobs from `detailed` on carry only
     the series a rule or the fleet dashboard reads (the job dashboard shows one job: ten
-    jobs with every series are enough to time it). Returns the number of samples written."""
+    jobs with every series are enough to time it); jobs in `own_states` no job-state series
+    (tests/support/fleet_hardware.py writes their state changes). Returns the number of
+    samples written."""
     start = end - (tpl.scrapes - 1) * SCRAPE
     stamps = [round(start + k * SCRAPE, 3) for k in range(tpl.scrapes)]
     lo, hi = window or (-math.inf, math.inf)
@@ -140,6 +144,8 @@ def write_openmetrics(
             for name, lab, (body, n), in_fleet in per_template[template]:
                 if i >= detailed and not in_fleet:
                     continue
+                if i in own_states and name in fleet_hardware.STATE_NAMES:
+                    continue
                 own = {**lab, "project": project, "experiment": experiment, "instance": instance}
                 f.write(body.replace(MARK, f"{name}{{{_labels(own)}}}"))
                 samples += n
@@ -167,6 +173,39 @@ def backfill(openmetrics: Path, data: Path, promtool: str | None = None, block: 
         capture_output=True,
         timeout=7200,
     )
+
+
+def backfill_hardware(
+    work: Path,
+    data: Path,
+    plans: list[fleet_hardware.JobPlan],
+    start: float,
+    end: float,
+    log: Callable[..., None] = lambda *a, **k: None,
+) -> int:
+    """tests/support/fleet_hardware.py's series for [start, end) into `data`, one aligned 2 h
+    window at a time (the next window is written while promtool reads the last). Returns the
+    samples written."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0, total = time.time(), 0
+    with ThreadPoolExecutor(1) as pool:
+        running = None
+        for k, lo in enumerate(range(int(start), int(end), BLOCK)):
+            path = work / f"hardware-{k % 2}.om"  # promtool reads the other one meanwhile
+            total += fleet_hardware.write_openmetrics(path, plans, start, (lo, lo + BLOCK))
+            if running is not None:
+                running.result()
+            running = pool.submit(_backfill_and_remove, path, data)
+            log(f"hardware window {lo}: {total:,} samples so far, {time.time() - t0:.0f} s")
+        if running is not None:
+            running.result()
+    return total
+
+
+def _backfill_and_remove(path: Path, data: Path) -> None:
+    backfill(path, data)
+    path.unlink()
 
 
 def backfill_rules(
@@ -255,16 +294,18 @@ def build(
     """The whole history into the TSDB directory `data`: raw series for [end - hours, end)
     one 2 h window at a time, then the recording rules, pass by pass. Returns the raw
     samples written."""
-    from .prometheus import Prometheus
-
     t0 = time.time()
     start = end - hours * 3600
     tpl = templates(work / "templates", hours)
     log(f"templates: {len(tpl.series)} series, {time.time() - t0:.0f} s", flush=True)
-    total = 0
+    plans = fleet_hardware.plans(jobs, start, end)
+    own = frozenset(p.index for p in plans if p.transitions())
+    total = backfill_hardware(work, data, plans, start, end, log)
     for lo in range(start, end, BLOCK):
         path = work / "window.om"
-        n = write_openmetrics(path, tpl, jobs, end - SCRAPE, window=(lo, lo + BLOCK))
+        n = write_openmetrics(
+            path, tpl, jobs, end - SCRAPE, window=(lo, lo + BLOCK), own_states=own
+        )
         size = path.stat().st_size
         backfill(path, data)
         path.unlink()
@@ -274,6 +315,23 @@ def build(
             flush=True,
         )
     rule_files = sorted((ROOT / "alerts").glob("*.rules.yaml"))
+    backfill_record_levels(rule_files, work, data, start, end, log)
+    return total
+
+
+def backfill_record_levels(
+    rule_files: list[Path],
+    work: Path,
+    data: Path,
+    start: float,
+    end: float,
+    log: Callable[..., None] = lambda *a, **k: None,
+) -> None:
+    """The records of `rule_files` over [start, end], pass by pass (`record_levels`), each
+    pass through a Prometheus serving what the passes before wrote."""
+    from .prometheus import Prometheus
+
+    t0 = time.time()
     for k, groups in enumerate(record_levels(rule_files)):
         prom = Prometheus(
             data.parent, [], scrape_interval="15s", extra_args=["--storage.tsdb.retention.time=30d"]
@@ -285,4 +343,3 @@ def build(
         finally:
             prom.terminate()
         log(f"rules pass {k}: {time.time() - t0:.0f} s", flush=True)
-    return total

@@ -48,20 +48,31 @@ def gpu_errors(c: DashboardContext) -> PanelBuilder:
     ).min(0)
 
 
+def _flag(names: tuple[str, ...], label: str) -> str:
+    """1 where any GPU of the node and role has one of `names` at 1, as one series `label`."""
+    either = "\nor ".join(sel(n) for n in names)
+    return f'label_replace(max by (instance, gpu_role) (\n{either}\n), "repair", "{label}", "", "")'
+
+
 def memory_repairs(c: DashboardContext) -> PanelBuilder:
+    # per node and role, not per GPU: an 8-GPU node would draw 32 series (issue 37's history)
     return time_series(
         "Memory repairs: remapped rows, retired pages",
-        "Rows remapped (A100 and later) or pages retired (older GPUs) per GPU, and whether a "
-        "repair waits for a GPU reset (pending: 1) or failed (failed: 1, the GPU needs service).",
+        "Rows remapped (A100 and later) or pages retired (older GPUs), summed over the GPUs "
+        "of each node and GPU role, and whether any of them waits for a GPU reset to finish "
+        "a repair (pending: 1) or has a repair that failed (failed: 1, the GPU needs "
+        "service). Per GPU: rlhf_gpu_remapped_rows.",
         [
-            Q(
-                f"{sel('rlhf_gpu_remapped_rows')}\nor {sel('rlhf_gpu_retired_pages')}",
-                NODE_GPU + " {{__name__}} {{cause}}",
+            Q(  # the causes tell them apart: correctable, uncorrectable rows; pages by ECC kind
+                f"sum by (instance, gpu_role, cause) ({sel('rlhf_gpu_remapped_rows')})\n"
+                f"or sum by (instance, gpu_role, cause) ({sel('rlhf_gpu_retired_pages')})",
+                "{{instance}} {{gpu_role}} {{cause}}",
             ),
             Q(
-                f"{sel('rlhf_gpu_row_remap_pending')}\nor {sel('rlhf_gpu_retired_pages_pending')}"
-                f"\nor {sel('rlhf_gpu_row_remap_failed')}",
-                NODE_GPU + " {{__name__}}",
+                _flag(("rlhf_gpu_row_remap_pending", "rlhf_gpu_retired_pages_pending"), "pending")
+                + "\nor "
+                + _flag(("rlhf_gpu_row_remap_failed",), "failed"),
+                "{{instance}} {{gpu_role}} {{repair}}",
             ),
         ],
         style.PLAIN,

@@ -89,6 +89,7 @@ def _ratio(numerator: str, label: str, floor: str = "> 0") -> str:
 
 
 def window_records(ctx: Context) -> list[dict[str, str]]:
+    """The window's shares, rates and codes (group `rlhf-exporter.recording`)."""
     w = ctx.window
     return [
         {"record": ctx.share, "expr": _ratio(f"increase(rlhf_group_seconds_total[{w}])", "group")},
@@ -96,19 +97,44 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
             "record": ctx.verdicts,
             "expr": _ratio(f"increase(rlhf_bottleneck_steps_total[{w}])", "verdict"),
         },
+        {"record": ctx.step_rate, "expr": f"rate(rlhf_steps_total[{w}])"},
+        {
+            "record": ctx.tokens_rate,
+            "expr": f"rate(rlhf_tokens_total[{w}])\n/ (rate(rlhf_step_seconds_total[{w}]) > 0)",
+        },
+        {"record": VERDICT_CODE, "expr": verdict_code_expr()},
+        {"record": CHANGE_CODE, "expr": change_code_expr()},
+    ]
+
+
+def reason_records(ctx: Context) -> list[dict[str, str]]:
+    """The window's reasons per verdict and the dominant one (group
+    `rlhf-exporter.recording.reasons`: the costliest ratio, read by the next rule)."""
+    w = ctx.window
+    return [
         {
             "record": ctx.reasons,
             "expr": _ratio(f"increase(rlhf_bottleneck_reason_steps_total[{w}])", "reason"),
         },
-        {"record": ctx.step_rate, "expr": f"rate(rlhf_steps_total[{w}])"},
+        {  # the dominant reason of each verdict (ties keep every tied reason)
+            "record": ctx.top_reasons,
+            "expr": (
+                f"{ctx.reasons}\n== ignoring (reason) group_left ()\n"
+                f"max without (reason) ({ctx.reasons})"
+            ),
+        },
+    ]
+
+
+def change_gpu_records(ctx: Context) -> list[dict[str, str]]:
+    """The window's regressions, changes and GPU busy ratios (group
+    `rlhf-exporter.recording.changes`)."""
+    w = ctx.window
+    return [
         {"record": ctx.regressions, "expr": f"increase(rlhf_regression_steps_total[{w}])"},
         {
             "record": ctx.changes,
             "expr": _ratio(f"increase(rlhf_change_steps_total[{w}])", "kind"),
-        },
-        {
-            "record": ctx.tokens_rate,
-            "expr": f"rate(rlhf_tokens_total[{w}])\n/ (rate(rlhf_step_seconds_total[{w}]) > 0)",
         },
         {"record": ctx.gpu_busy, "expr": f"rate(rlhf_gpu_busy_seconds_total[{w}])"},
         {
@@ -119,23 +145,15 @@ def window_records(ctx: Context) -> list[dict[str, str]]:
                 f'  rate(rlhf_gpu_busy_seconds_total{{project!=""}}[{w}])\n)'
             ),
         },
-        {"record": VERDICT_CODE, "expr": verdict_code_expr()},
-        {"record": CHANGE_CODE, "expr": change_code_expr()},
     ]
 
 
 def evidence_records(ctx: Context) -> list[dict[str, str]]:
-    """What the bound alerts' annotations show, one series per job (and verdict)."""
+    """What the bound alerts' annotations show, one series per job (the dominant reason is
+    `reason_records`')."""
     w = ctx.window
     gen = 'rlhf_agent_loop_seconds{part="generate_sequences",stat="%s"}'
     return [
-        {  # the dominant reason of each verdict (ties keep every tied reason)
-            "record": ctx.top_reasons,
-            "expr": (
-                f"{ctx.reasons}\n== ignoring (reason) group_left ()\n"
-                f"max without (reason) ({ctx.reasons})"
-            ),
-        },
         {  # the untimed remainder's part of the `other` window
             "record": ctx.untimed,
             "expr": (
@@ -286,6 +304,7 @@ def recording(ctx: Context) -> list[dict[str, str]]:
     """Every record, in file order (the window and evidence group, the lifecycle group, the
     reference group, then the fleet group)."""
     return (
-        window_records(ctx) + evidence_records(ctx) + lifecycle_records(ctx)
+        window_records(ctx) + reason_records(ctx) + change_gpu_records(ctx)
+        + evidence_records(ctx) + lifecycle_records(ctx)
         + reference_records(ctx) + fleet_records(ctx)
     )  # fmt: skip
