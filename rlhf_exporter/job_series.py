@@ -5,7 +5,7 @@ is cached until the job changes, so a scrape with nothing new costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .diagnosis import (
@@ -22,6 +22,7 @@ from .diagnosis.advice import missing_evidence
 from .diagnosis.engines import EngineEvidence
 from .diagnosis.episodes import Episode, episodes
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
+from .job_history import StepHistory
 from .lifecycle import STATES
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
@@ -36,6 +37,8 @@ from .records import (
 
 GIB = float(1 << 30)  # verl's *_memory_*_gb are torch bytes / 2**30
 
+# every job's (verdict, reason) counter keys: one set of tuples, not one per job (issue 37)
+REASON_KEYS = tuple((v, r) for v in VERDICTS for r in REASONS[v])
 RESPONSE_STATS = ("mean", "max", "min")
 AGENT_PARTS = ("generate_sequences", "tool_calls", "compute_score")
 AGENT_STATS = ("min", "max", "mean")
@@ -135,8 +138,8 @@ class JobSeries:
     experiment: str
     _th: Thresholds
     _samples: tuple[Sample, ...] | None
-    _history: tuple[history.StepPoint, ...]
-    _episodes: tuple[tuple[history.StepPoint, ...], tuple[Episode, ...]]
+    _history: StepHistory
+    _episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]]
     _extra: dict[tuple[str, tuple[str, ...]], float]
     _evidence_seen: set[str]
     _engine_windows: dict[str, int]
