@@ -588,6 +588,8 @@ class Exposition:
         """Forget the family lines no current fragment holds, once they are an eighth of the
         cache (their keys hold replaced samples alive: at 1,000 jobs each stale family is
         a few KB)."""
+        if not self._family_lines:  # the direct lines use no family cache: nothing to prune
+            return
         live = sum(len(f.families) * len(f.lines) for f in frags)  # per format
         if len(self._family_lines) <= live + live // 8 + 1024:
             return
