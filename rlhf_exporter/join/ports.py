@@ -11,6 +11,9 @@
   the verl and push sources for their jobs' states (the Ray source).
 - `ActorPids`: Ray's actors by worker PID on this node (the NVML source's GPU roles, the
   engine source's discovery of rollout servers).
+- `JobClock`: the clock a job's step windows and its engines' reads are placed on: the wall
+  clock (`WALL`), or the demo job's clock (rlhf_exporter/demo/clock.py), which runs at the
+  pace its records describe.
 """
 
 from __future__ import annotations
@@ -27,6 +30,24 @@ Labels = tuple[str, str]
 
 Span = tuple[float, float]
 """A stretch of wall time, (start, end) in seconds."""
+
+
+class JobClock(Protocol):
+    """Where a wall-clock instant falls on the clock a job's steps are placed on: the
+    placer anchors each record's arrival there, and the engine source stamps its reads
+    there, so a step's rollout window and the engines' samples are on one clock."""
+
+    def at(self, wall: float) -> float: ...
+
+
+class WallClock:
+    """The wall clock itself: every real job's (the default)."""
+
+    def at(self, wall: float) -> float:
+        return wall
+
+
+WALL = WallClock()
 
 
 class StepWindows(Protocol):
