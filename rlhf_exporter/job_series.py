@@ -5,8 +5,8 @@ is cached until the job changes, so a scrape with nothing new costs nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, overload
 
 from .diagnosis import (
     CHANGES,
@@ -22,6 +22,7 @@ from .diagnosis.advice import missing_evidence
 from .diagnosis.engines import EngineEvidence
 from .diagnosis.episodes import Episode, episodes
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
+from .job_history import StepHistory
 from .lifecycle import STATES
 from .metrics.catalog import BY_NAME
 from .metrics.snapshot import Sample
@@ -36,6 +37,8 @@ from .records import (
 
 GIB = float(1 << 30)  # verl's *_memory_*_gb are torch bytes / 2**30
 
+# every job's (verdict, reason) counter keys: one set of tuples, not one per job (issue 37)
+REASON_KEYS = tuple((v, r) for v in VERDICTS for r in REASONS[v])
 RESPONSE_STATS = ("mean", "max", "min")
 AGENT_PARTS = ("generate_sequences", "tool_calls", "compute_score")
 AGENT_STATS = ("min", "max", "mean")
@@ -135,8 +138,8 @@ class JobSeries:
     experiment: str
     _th: Thresholds
     _samples: tuple[Sample, ...] | None
-    _history: tuple[history.StepPoint, ...]
-    _episodes: tuple[tuple[history.StepPoint, ...], tuple[Episode, ...]]
+    _history: StepHistory
+    _episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]]
     _extra: dict[tuple[str, tuple[str, ...]], float]
     _evidence_seen: set[str]
     _engine_windows: dict[str, int]
@@ -289,13 +292,16 @@ class JobSeries:
             yield Sample("rlhf_baseline_step_duration_seconds", j, base.busy_seconds)
             yield Sample("rlhf_baseline_tokens_per_second", j, base.tokens_per_second)
 
-    def episodes(self) -> tuple[Episode, ...]:
+    def episodes(self, kept: Sequence[history.StepPoint] | None = None) -> tuple[Episode, ...]:
         """The change episodes of the kept steps (rlhf_exporter/diagnosis/episodes.py),
-        computed once per new step, when a page first asks."""
-        kept = self._history  # replaced whole by the source's thread: read once
+        computed once per new step, when a page first asks (`kept`: of that history)."""
+        if kept is None:
+            kept = self._history  # replaced whole by the source's thread: read once
         cached = self._episodes
         if cached[0] is not kept:
-            cached = self._episodes = (kept, tuple(episodes(kept)))
+            cached = (kept, tuple(episodes(kept)))
+            if kept is self._history:
+                self._episodes = cached
         return cached[1]
 
     def summary(self) -> dict[str, Any]:
@@ -307,7 +313,9 @@ class JobSeries:
             "step": self.step,
             "run": self.run,
             "history": self._history,  # StepPoints (the job view; not in /api/v1/jobs)
-            "episodes": self.episodes(),  # Episodes of the history (the job view)
+            # Episodes of the history (the job view), computed when a page first reads them:
+            # a summary is built at every step, a page is drawn far less often (issue 37)
+            "episodes": LazyEpisodes(self, self._history),
             "steps": self.steps,
             "verdict": d.verdict if d else None,
             "reason": d.reason if d else None,
@@ -329,6 +337,39 @@ class JobSeries:
         if self.engine is not None:  # a sidecar without engines: the summary as before
             out["engine"] = _engine_summary(self.engine, self.engine_step)
         return out
+
+
+class LazyEpisodes(Sequence[Episode]):
+    """A job's change episodes of one history, computed on first use (see `summary`)."""
+
+    __slots__ = ("_job", "_kept")
+
+    def __init__(self, job: JobSeries, kept: Sequence[history.StepPoint]):
+        self._job, self._kept = job, kept
+
+    def _all(self) -> tuple[Episode, ...]:
+        return self._job.episodes(self._kept)
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    @overload
+    def __getitem__(self, i: int) -> Episode: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Episode, ...]: ...
+    def __getitem__(self, i: int | slice) -> Episode | tuple[Episode, ...]:
+        return self._all()[i]
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyEpisodes):
+            other = other._all()
+        return self._all() == other
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
 
 
 def _engine_summary(ev: EngineEvidence, step: int | None) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from .diagnosis import (
     CHANGES,
     COST_GROUPS,
     GROUPS,
-    REASONS,
     VERDICTS,
     Record,
     StepDiagnosis,
@@ -35,7 +34,8 @@ from .diagnosis.engines import EngineEvidence, refine, rollout_spans
 from .diagnosis.episodes import Episode
 from .diagnosis.timeline import Placer, Timeline
 from .diagnosis.values import TIMER_PREFIX, num
-from .job_series import JobSeries, extra_values
+from .job_history import StepHistory
+from .job_series import REASON_KEYS, JobSeries, extra_values
 from .join.ports import WALL, Engines, JobClock, StepWindows
 from .lifecycle import ENDED_STATUSES, LOST, UNKNOWN, RayFact, end_outgrown, job_state
 from .metrics.snapshot import Sample
@@ -110,14 +110,14 @@ class Job(JobSeries):
         self.tokens = 0.0
         self.group_seconds = dict.fromkeys(GROUPS, 0.0)
         self.verdict_steps = dict.fromkeys(VERDICTS, 0)
-        self.reason_steps = {(v, r): 0 for v in VERDICTS for r in REASONS[v]}
+        self.reason_steps = dict.fromkeys(REASON_KEYS, 0)  # keys shared by every job
         self.change_steps = dict.fromkeys(CHANGES, 0)
         self.regression_steps = dict.fromkeys(COST_GROUPS, 0)
         self._extra: dict[tuple[str, tuple[str, ...]], float] = {}
         self._samples: tuple[Sample, ...] | None = None
-        self._history: tuple[history.StepPoint, ...] = ()  # the last steps, for the job view
+        self._history = StepHistory()  # the last steps, for the job view (packed)
         # the change episodes of `_history`, computed when first shown after a step
-        self._episodes: tuple[tuple[history.StepPoint, ...], tuple[Episode, ...]] = ((), ())
+        self._episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]] = ((), ())
         # engine evidence (diagnosis/engines.py): the last measured rollout window's
         self.engine: EngineEvidence | None = None
         self.engine_step: int | None = None
@@ -371,7 +371,5 @@ class Job(JobSeries):
         tpgs = self._extra.get(("rlhf_throughput_tokens_per_gpu_second", ()))
         response = self._extra.get(("rlhf_response_length_tokens", ("mean",)))
         longest = self._extra.get(("rlhf_response_length_tokens", ("max",)))
-        # replaced whole, never changed in place: a page being drawn keeps a consistent tuple
-        self._history = (*self._history, history.point(d, tpgs, response, longest))[
-            -history.HISTORY_STEPS :
-        ]
+        # replaced whole, never changed in place: a page being drawn keeps a consistent history
+        self._history = self._history.appended(history.point(d, tpgs, response, longest))

@@ -103,11 +103,21 @@ def clean_label(text: str) -> tuple[str, str | None]:
     return text, reason
 
 
+_KNOWN: dict[int, tuple[Thresholds, frozenset[str]]] = {}  # id(th) -> (th, its timers)
+
+
 def known_timers(th: Thresholds) -> frozenset[str]:
     """Timer names the thresholds know (exported as `phase` without counting against the
-    per-job cap on unknown timers)."""
+    per-job cap on unknown timers). One set per thresholds object, shared by its jobs."""
+    hit = _KNOWN.get(id(th))
+    if hit is not None and hit[0] is th:
+        return hit[1]
     nested = set(th.nested_timers) | set(th.nested_timers.values())
-    return frozenset(th.timer_groups) | th.ignored_timers | nested | {"step"}
+    known = frozenset(th.timer_groups) | th.ignored_timers | nested | {"step"}
+    if len(_KNOWN) >= 8:  # a few thresholds objects per process (tests make more)
+        _KNOWN.clear()
+    _KNOWN[id(th)] = (th, known)
+    return known
 
 
 class RecordCleaner:
