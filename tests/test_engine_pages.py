@@ -11,7 +11,7 @@ case here failed:
   retraction: 12 read for 6;
 - sglang_counters_once_per_stage (sglang_pp2_ep_retractions): every pipeline stage runs the
   same scheduler loop, and with expert parallelism each TP rank has its own moe_ep_rank:
-  retractions read 8 times over, running requests and tokens twice;
+  retractions read 4 times over (24 for 6), decoded tokens twice;
 - sglang_gauges_priority_total (sglang_priority): the total under priority="" beside each
   priority's series: running/waiting read double;
 - sglang_tokens_realtime (sglang_window_edges): generation_tokens_total grows when requests
