@@ -36,7 +36,7 @@ from .diagnosis.episodes import Episode
 from .diagnosis.timeline import Placer, Timeline
 from .diagnosis.values import TIMER_PREFIX, num
 from .job_series import JobSeries, extra_values
-from .join.ports import Engines, StepWindows
+from .join.ports import WALL, Engines, JobClock, StepWindows
 from .lifecycle import ENDED_STATUSES, LOST, UNKNOWN, RayFact, end_outgrown, job_state
 from .metrics.snapshot import Sample
 from .records import DEFAULT_LIMITS, INTERNAL_ERROR, Limits, RecordCleaner, clean_label
@@ -64,6 +64,7 @@ class Job(JobSeries):
         total_steps: int | None = None,
         windows: StepWindows | None = None,
         engines: Engines | None = None,
+        job_clock: JobClock = WALL,
     ):
         # what ingestion drops is counted here (a source passes its record_errors counter)
         self.rejected: Counter[str] = Counter() if rejected is None else rejected
@@ -86,6 +87,7 @@ class Job(JobSeries):
         # the engine source: a step's rollout window joins the engines' samples through it
         self._engines = engines if windows is not None else None
         self._placer = Placer(th)  # places steps in time (fully-async: shifted sub-steps)
+        self._job_clock = job_clock  # the clock the placer anchors arrivals on (join/ports.py)
         self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
@@ -284,11 +286,12 @@ class Job(JobSeries):
             self.records += n
             self._samples = None
         if anchor is not None and self._windows is not None:
+            arrival = self._job_clock.at(self._arrival)  # the wall's, but for the demo job
             if post is None:  # fully-async's empty trainer record (verl 0.8.0)
-                self._placer.empty(self._arrival, anchor.step)
+                self._placer.empty(arrival, anchor.step)
             else:
                 timelines = self._placer.place(
-                    post.step, post.windows, post.timers, anchor.data, self._arrival
+                    post.step, post.windows, post.timers, anchor.data, arrival
                 )
                 if engines is not None and pending is not None and pending is post and timelines:
                     pending = self._with_engines(pending, timelines, engines)

@@ -273,7 +273,8 @@ def test_serve_demo_runs_no_real_collector(tmp_path):
             for name, labels in parse_samples(text)
             if name == "rlhf_exporter_collector_up"
         }
-        assert collectors == {"verl", "push", "demo"}
+        # the engines collector is the real engine source, reading the demo's simulated vLLMs
+        assert collectors == {"verl", "push", "demo", "engines"}
         page = exp.get("/").text
         assert 'data-up="0"' not in page and "Demo data" in page
 

@@ -85,6 +85,88 @@ def test_an_error_answer_is_not_read_on() -> None:
     assert server.cut == 1  # the error body was not read on while it trickled
 
 
+def _framings(status: bytes, body: bytes):
+    """The same answer sized, chunked (in 1000-byte chunks) and delimited by the close."""
+
+    def sized(conn: Conn) -> None:
+        conn.request()
+        conn.send(b"HTTP/1.1 %s\r\nContent-Length: %d\r\n\r\n" % (status, len(body)) + body)
+
+    def chunked(conn: Conn) -> None:
+        conn.request()
+        conn.send(b"HTTP/1.1 %s\r\nTransfer-Encoding: chunked\r\n\r\n" % status)
+        for i in range(0, len(body), 1000):
+            part = body[i : i + 1000]
+            conn.send(b"%x\r\n" % len(part) + part + b"\r\n")
+        conn.send(b"0\r\n\r\n")
+
+    def until_close(conn: Conn) -> None:
+        conn.request()
+        conn.send(b"HTTP/1.0 %s\r\n\r\n" % status + body)
+
+    return [sized, chunked, until_close]
+
+
+@pytest.mark.parametrize("framing", range(3), ids=["sized", "chunked", "until_close"])
+def test_error_bytes_returns_a_refusals_words_cut_at_its_bound(framing: int) -> None:
+    """Ray's dashboard says why it serves no stack in the body of a 403/500 (the stacks
+    source tells them apart by it): with `error_bytes` the answer is returned, its body cut
+    at the bound; without it the same answer is an http_error, its body unread."""
+    words = b"Profiling is disabled: set RAY_DASHBOARD_ENABLE_PROFILING=1. "
+    long = words * 200  # 12 KB
+    with (
+        RawServer(_framings(b"403 Forbidden", words)[framing]) as short_one,
+        RawServer(_framings(b"500 Internal Server Error", long)[framing]) as long_one,
+    ):
+        c = http.Client(timeout=2.0, max_bytes=1 << 20)
+        got = c.request(short_one.url + "/worker/traceback", error_bytes=4096)
+        assert (got.status, got.body, got.truncated) == (403, words, False)
+        got = c.request(long_one.url + "/worker/traceback", error_bytes=1000)
+        assert (got.status, got.body, got.truncated) == (500, long[:1000], True)
+        with pytest.raises(http.HttpFailure) as info:
+            c.request(short_one.url + "/worker/traceback")
+        assert info.value.reason == http.HTTP_ERROR and info.value.status == 403
+        assert words not in str(info.value).encode()
+
+
+def test_error_bytes_reads_no_more_than_its_bound_and_follows_no_redirect() -> None:
+    def trickled(conn: Conn) -> None:  # an error body that never ends
+        conn.request()
+        conn.send(b"HTTP/1.1 500 Oops\r\nContent-Length: 100000\r\n\r\n" + b"e" * 100)
+        conn.trickle(b"e" * 200, every=0.02)
+
+    def moved(conn: Conn) -> None:
+        conn.request()
+        conn.send(answer(b"elsewhere", "302 Found", {"Location": "http://192.0.2.1/"}))
+
+    with RawServer(trickled) as server, RawServer(moved) as other:
+        c = http.Client(timeout=2.0, max_bytes=1 << 20)
+        got = c.request(server.url, error_bytes=100)
+        server.wait_done()
+        assert (got.status, got.body, got.truncated) == (500, b"e" * 100, True)
+        assert server.cut == 1  # hung up at the bound, not read on to the deadline
+        with pytest.raises(http.HttpFailure) as info:
+            c.request(other.url, error_bytes=100)
+        assert info.value.reason == http.REDIRECT
+
+
+@pytest.mark.parametrize("framing", range(3), ids=["sized", "chunked", "until_close"])
+def test_truncate_keeps_the_head_of_a_long_answer(framing: int) -> None:
+    body = bytes(range(256)) * 40  # 10 KB
+    with (
+        RawServer(_framings(b"200 OK", body)[framing]) as server,
+        RawServer(_framings(b"200 OK", body[:500])[framing]) as small,
+    ):
+        c = http.Client(timeout=2.0, max_bytes=4000)
+        got = c.request(server.url, truncate=True)
+        assert (got.status, got.body, got.truncated) == (200, body[:4000], True)
+        got = c.request(small.url, truncate=True)
+        assert (got.body, got.truncated) == (body[:500], False)
+        with pytest.raises(http.HttpFailure) as info:
+            c.request(server.url)
+        assert info.value.reason == http.TOO_LARGE
+
+
 def test_an_encoded_answer_is_refused_and_never_decoded() -> None:
     bomb = gzip.compress(b"{}," * (1 << 20))  # 3 MiB of JSON in a few KB
 

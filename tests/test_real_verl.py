@@ -13,8 +13,11 @@ Ray dashboard; a real Prometheus scrapes it and evaluates the shipped rules, tim
   classes; the rollout server is found by the shipped discovery and its own /metrics agree
   with what it did; the state reads `finished` and nothing pages.
 - `hang`: the trainer's process (verl's colocated WorkerDict) is SIGSTOPped after the first
-  step: RLHFJobStalled pages and stays firing while it is stopped; then it is SIGKILLed (a
-  crash): the state reads `failed` and RLHFJobFailed pages exactly once.
+  step: RLHFJobStalled pages and stays firing while it is stopped, and the sidecar's stack
+  round (issue 39; the head has RAY_DASHBOARD_ENABLE_PROFILING=1 and .venv-verl's py-spy)
+  names the stopped trainer and what the others wait on, on the stacks API, on `/` and in
+  the page's annotation; then it is SIGKILLed (a crash): the state reads `failed` and
+  RLHFJobFailed pages exactly once.
 
 Each run's real log, Ray answers and vLLM pages are written under the test's tmp dir and,
 with REAL_VERL_WRITE_FIXTURES=1, into tests/fixtures/real_verl/ (replayed by
@@ -39,6 +42,7 @@ import requests
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.diagnosis.engines import ENGINE_REASONS
+from rlhf_exporter.diagnosis.thresholds import seconds
 from rlhf_exporter.diagnosis.windows import timer_name
 from rlhf_exporter.records import known_timers
 from rlhf_exporter.render import rules as rules_mod
@@ -115,7 +119,12 @@ def stack(tmp_path_factory):
     cluster = side = prom = alerts = None
     try:
         cluster = harness.Cluster(tmp)
-        side = harness.head_sidecar(tmp, cluster)
+        # the sidecar's stall limit (its job view, the stacks of issue 39) time-scaled as
+        # the rules are: stall_min 10m -> 30 s
+        scaled = tmp / "thresholds.yaml"
+        stall_min = th.alerts.get("stall_min", "10m")
+        scaled.write_text(f"alerts:\n  stall_min: {seconds(stall_min) * SCALE:g}s\n")
+        side = harness.head_sidecar(tmp, cluster, {"RLHF_EXPORTER_THRESHOLDS": str(scaled)})
         rule_dir = tmp / "rules"
         rule_dir.mkdir()
         files = []
@@ -243,6 +252,54 @@ def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleN
     return run
 
 
+def _stall_annotation(prom: Prometheus, experiment: str) -> str | None:
+    """The firing RLHFJobStalled's `where_it_hangs` annotation (None: not firing)."""
+    for a in prom.alerts():
+        lab, firing = a["labels"], a["state"] == "firing"
+        if firing and (lab.get("alertname"), lab.get("experiment")) == (
+            "RLHFJobStalled",
+            experiment,
+        ):
+            return a["annotations"].get("where_it_hangs", "")
+    return None
+
+
+def _where_it_hangs(stack, run) -> None:
+    """Issue 39: what the sidecar says of the stopped job once it pages: its stack round
+    (`GET /api/v1/jobs/<p>/hang/stacks`), the `/` page and the page's annotation, kept on
+    `run` and written under the test's tmp dir (hang/stacks.json)."""
+    side, url = stack.side, f"{stack.side.url}/api/v1/jobs/{harness.PROJECT}/hang/stacks"
+
+    def taken():
+        r = requests.get(url, timeout=10)
+        return r.json()["round"] if r.ok else None
+
+    # the stall check runs every stacks_interval (15 s) once past the stall limit
+    run.stacks = side.wait_for(taken, 120, "a stack round of the stalled job")
+    run.front = requests.get(side.url + "/", timeout=10).text
+    # Prometheus may fire from an evaluation before the round ("no stacks yet ...")
+    run.annotation = side.wait_for(
+        lambda: (a := _stall_annotation(stack.prom, "hang")) and not a.startswith("no stacks yet")
+        and a,
+        120,
+        "the page's where_it_hangs names the round",
+    )  # fmt: skip
+    # Ray's unfinished tasks of the job as the stacks source reads them (the evidence of
+    # what the TaskRunner's ray.get awaits)
+    params = [("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FINISHED"),
+              ("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FAILED"),
+              ("detail", "1"), ("limit", "2000")]  # fmt: skip
+    r = requests.get(f"{stack.cluster.url}/api/v0/tasks", params=params, timeout=30)
+    tasks = r.json()["data"]["result"]["result"] if r.ok else r.text
+    keep = ("name", "state", "worker_pid", "task_id", "parent_task_id", "job_id")
+    run.tasks = [{k: t.get(k) for k in keep} for t in tasks] if isinstance(tasks, list) else tasks
+    harness.write_json(
+        stack.tmp / "hang" / "stacks.json",
+        {"round": run.stacks, "annotation": run.annotation, "stopped_pid": run.stopped_pid,
+         "tasks": run.tasks},
+    )  # fmt: skip
+
+
 def _value(run, name: str, **labels: str) -> float | None:
     want = set(labels.items())
     found = [v for (n, lab), v in run.samples.items() if n == name and want <= lab]
@@ -268,7 +325,7 @@ def hang(stack):
         wait = time.monotonic() + JOB_TIMEOUT
         while not _records(run.log) and time.monotonic() < wait:
             time.sleep(0.5)
-        pid = stack.cluster.pid_of("WorkerDict")
+        pid = run.stopped_pid = stack.cluster.pid_of("WorkerDict")
         harness.signal_pid(pid, signal.SIGSTOP)
         run.stopped_at, run.steps_at_stop = time.time(), len(_records(run.log))
         try:
@@ -276,9 +333,13 @@ def hang(stack):
                 lambda: alerts.firing("RLHFJobStalled", "hang"), 240, "RLHFJobStalled pages"
             )
             run.stalled_at = time.time()
+            # a step the stopped trainer had already done its part of may still be logged
+            # just after the stop: what must not advance is the log once the job pages
+            run.steps_at_page = len(_records(run.log))
+            _where_it_hangs(stack, run)  # issue 39: the stacks of the stopped job
             time.sleep(20)  # nothing resolves it while the process is stopped
             run.still_stalled = alerts.firing("RLHFJobStalled", "hang", since=time.time() - 1)
-            run.steps_while_stopped = len(_records(run.log)) - run.steps_at_stop
+            run.steps_while_stopped = len(_records(run.log)) - run.steps_at_page
         finally:
             harness.signal_pid(pid, signal.SIGKILL)  # the crash (a stopped process dies too)
         run.killed_at = time.time()
@@ -404,6 +465,32 @@ def test_hang_pages_stalled_and_nothing_resolves_it(hang):
     assert hang.steps_while_stopped == 0
     assert hang.still_stalled
     assert hang.pages["RLHFJobStalled"] == 1
+
+
+def test_hang_stacks_name_the_stopped_trainer_and_what_the_others_wait_on(hang):
+    """Issue 39 on the real job: once it stalls, the sidecar's stack round (Ray's dashboard
+    with profiling on, py-spy 0.4.3 from the lock on the head's PATH) names the stopped
+    trainer first (py-spy cannot suspend a stopped process: Ray's 500 says so), the
+    TaskRunner in ray.get on the trainer's WorkerDict task (one sent to the stopped worker,
+    never RUNNING), the entrypoint's driver in ray.get on TaskRunner.run, and the vLLM server
+    idle (its engine core waiting for requests): on the API, on `/` and on the page."""
+    found = hang.stacks
+    assert found is not None and found["why"] == "", found
+    roles = {r["role"]: r for r in found["roles"]}
+    assert found["answer"].startswith("trainer: stopped (state T (stopped)"), found["answer"]
+    (stopped,) = [p for p in found["processes"] if p["role"] == "trainer"]
+    assert (stopped["pid"], stopped["where"]) == (hang.stopped_pid, "stopped"), stopped
+    assert "Failed to suspend process" in stopped["stack"]
+    driver = {g["processes"][0].split(" ")[0]: g for g in roles["driver"]["groups"]}
+    assert driver["TaskRunner"]["where"] == "ray_get"
+    assert " on WorkerDict." in driver["TaskRunner"]["detail"], (driver, hang.tasks)
+    assert driver["driver"]["detail"].endswith(" on TaskRunner.run"), driver
+    assert roles["rollout"]["where"] == "no_task", roles["rollout"]
+    server = [g for g in roles["rollout"]["groups"] if g["processes"][0].startswith("vLLM")]
+    assert server and server[0]["detail"].startswith("engine idle, waiting for work: ")
+    assert "where it hangs: trainer: stopped" in hang.front
+    assert "trainer: 1 in stopped" in hang.annotation, hang.annotation
+    assert "driver: 2 in ray_get" in hang.annotation, hang.annotation
 
 
 def test_crash_reads_failed_and_pages_once(hang):

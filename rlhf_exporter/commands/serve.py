@@ -24,6 +24,7 @@ from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
 from ..join.board import WindowBoard
 from ..join.names import JobNames
+from ..join.ports import WALL
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
 from ..settings import Settings
@@ -34,6 +35,7 @@ from ..windows_api import WindowsApi
 
 if TYPE_CHECKING:
     from ..demo.devices import DemoDevices
+    from ..demo.engines import DemoEngines
     from ..demo.job import DemoJob
     from ..sources.ray import RaySource
     from ..sources.stacks import StackSource
@@ -109,6 +111,9 @@ class Sidecar:
         try:
             self._build(settings, clock)
         except BaseException:  # a failed start (port taken, bad setting) leaves no temp dir
+            engines = getattr(self, "demo_engines", None)
+            if engines is not None:
+                engines.close()  # nor a bound engine port
             if self.tempdir is not None:
                 shutil.rmtree(self.tempdir, ignore_errors=True)
             raise
@@ -125,11 +130,14 @@ class Sidecar:
         gpu_windows = bool(
             (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows
         )
-        engines_on = _engines_wanted(settings)
+        # the demo's simulated vLLM engines, read by the real engine source (demo/engines.py)
+        self.demo_engines = self._demo_engines(settings)
+        engines_on = _engines_wanted(settings) or self.demo_engines is not None
         windows = None
         if gpu_windows or engines_on:
             windows = WindowBoard(keep=settings.gpu_windows_keep)
         context = Context(self.th, clock, tuple(extra_roots), windows=windows, names=JobNames())
+        context = replace(context, job_clock=self.demo.clock if self.demo else WALL)  # demo.clock
         # built in the order of what each needs (Ray, then NVML and the engines that read its
         # actors, then the jobs' sources that read the engines and Ray's facts); exported in
         # the order below
@@ -146,11 +154,12 @@ class Sidecar:
         )
         self.engines = None
         found_by_ray = ray is not None and settings.ray_actors
-        if engines_on and windows is not None and (found_by_ray or _engine_targets(settings)):
+        targets = found_by_ray or _engine_targets(settings) or self.demo_engines is not None
+        if engines_on and windows is not None and targets:
             # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
             from ..sources.engines import EngineSource
 
-            self.engines = EngineSource.from_settings(settings, context)
+            self.engines = EngineSource.from_settings(self._engine_settings(settings), context)
             context = replace(context, engines=self.engines)
         self.verl = VerlFileSource.from_settings(settings, context)
         self.push = None
@@ -226,6 +235,29 @@ class Sidecar:
             stacks_of=self.stacks.round_of if self.stacks is not None else None,
         )
 
+    def _demo_engines(self, settings: Settings) -> DemoEngines | None:
+        """`serve --demo`: its simulated vLLM replicas on 127.0.0.1 (unless --no-engines)."""
+        if self.demo is None or not settings.engines:
+            return None
+        from ..demo.engines import DemoEngines
+
+        return DemoEngines(self.demo.clock)
+
+    def _engine_settings(self, settings: Settings) -> Settings:
+        """The engine source's settings: in the demo, its engines are static targets too,
+        read every demo.engines.INTERVAL (its steps' windows are ~135x compressed; every
+        IDLE_INTERVAL while nothing steps)."""
+        if self.demo_engines is None:
+            return settings
+        from ..demo.engines import IDLE_INTERVAL, INTERVAL
+
+        return replace(
+            settings,
+            engine_target=[*(settings.engine_target or ()), *self.demo_engines.urls],
+            engine_interval=min(settings.engine_interval, INTERVAL),
+            engine_idle_interval=min(settings.engine_idle_interval, IDLE_INTERVAL),
+        )
+
     def _demo_job(self, settings: Settings) -> DemoJob | None:
         """`serve --demo`: the simulated job, writing its log in a temp dir of its own."""
         if not settings.demo:
@@ -240,7 +272,10 @@ class Sidecar:
             )
         self.tempdir = Path(tempfile.mkdtemp(prefix="rlhf-exporter-demo-"))
         return DemoJob(
-            self.tempdir, step_seconds=settings.demo_step_seconds, scenario_name=scenario
+            self.tempdir,
+            step_seconds=settings.demo_step_seconds,
+            scenario_name=scenario,
+            th=self.th,
         )
 
     def _optional(
@@ -270,6 +305,8 @@ class Sidecar:
     def start(self) -> None:
         if self.demo is not None:
             self.demo.start()
+        if self.demo_engines is not None:
+            self.demo_engines.start()
         for source in self.sources:
             source.start()
         self._thread = threading.Thread(
@@ -293,6 +330,8 @@ class Sidecar:
             t.start()
         for t in stoppers:
             t.join(3.0)
+        if self.demo_engines is not None:
+            self.demo_engines.stop()
         if self.tempdir is not None:
             shutil.rmtree(self.tempdir, ignore_errors=True)
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..diagnosis.thresholds import Thresholds
+from .clock import DemoClock
 from .scenario import ActorLife, Phase, play, scenario
 from .simulator import encode
 
@@ -36,6 +38,7 @@ class DemoJob:
         project: str = PROJECT,
         experiment: str = EXPERIMENT,
         scenario_name: str = "all",
+        th: Thresholds | None = None,
     ):
         self.root = Path(root)
         self.project, self.experiment = project, experiment
@@ -50,6 +53,13 @@ class DemoJob:
         # the simulated GPUs play the step's windows (rlhf_exporter/demo/devices.py)
         self.upcoming: deque[tuple[float, dict[str, Any]]] = deque(maxlen=16)
         self.written = 0  # records written, all loops
+        if th is None:
+            from ..config import load_thresholds
+
+            th = load_thresholds()
+        # the job's clock, at its records' pace: its step windows and the engines' reads are
+        # placed on it (rlhf_exporter/demo/clock.py)
+        self.clock = DemoClock(th)
         self.loops = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,17 +97,22 @@ class DemoJob:
             else:
                 yield (1.0 if record["step"] else 0.0), record
 
-    def schedule(self, due: float, record: dict[str, Any]) -> None:
-        """The step whose record is written at wall time `due` runs now (its players call
-        this before they wait: the thread below, and tests/test_demo_alerts.py)."""
+    def schedule(self, due: float, record: dict[str, Any], start: float | None = None) -> None:
+        """The step whose record is written at wall time `due` runs now, from `start` (its
+        players call this before they wait: the thread below, and tests/test_demo_alerts.py);
+        the job clock runs it from `start` (one step's time before `due` unless given)."""
         self.upcoming.append((due, record))
+        self.clock.step(
+            due - self.step_seconds if start is None else start, due, self.phase, record
+        )
 
     def _one_run(self, seed: int) -> None:
         # "wb" truncates, as verl does on every (re)start; buffering=0: one write per record
         with open(self.path, "wb", buffering=0) as f:
             for wait, record in self.timeline(seed):
                 if record is not None:
-                    self.schedule(time.time() + wait * self.step_seconds, record)
+                    now = time.time()
+                    self.schedule(now + wait * self.step_seconds, record, start=now)
                 if wait and self._stop.wait(wait * self.step_seconds):
                     return
                 if record is not None:

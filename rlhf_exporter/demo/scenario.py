@@ -39,6 +39,13 @@ GPUs in the training windows, both idle in untimed time, colocated ones alternat
 on the demo's own clock at the records' pace and joined like NVML's samples, so the job
 view's "GPU time by step window and role" and "who waits on whom" show each incident within
 a minute of the live demo (tests/test_demo.py plays both at 0.7 s a step).
+
+The simulated rollout engines (rlhf_exporter/demo/engines.py: two vLLM replicas over HTTP,
+read by the real engine source) follow each step's rollout windows on the demo job's clock
+(rlhf_exporter/demo/clock.py): a long tail in the rollout-bound phases (1, 2, 11), the
+engines' `queueing` while the rollout actor is dead or pending (10: the log alone cannot say
+it), `preemption` in the slower generation of 12, steady elsewhere; so the Engines row and
+the engine reasons show within a minute (tests/test_demo_engines.py).
 """
 
 from __future__ import annotations
@@ -55,6 +62,10 @@ ROLLOUT_ALIVE, ROLLOUT_RESTARTING, ROLLOUT_RESTARTED = "alive", "restarting", "r
 ROLLOUT_PENDING = "pending"  # its replacement waits for resources (PENDING_CREATION)
 
 
+LONG_TAIL, PREEMPTION, QUEUEING, STEADY_ENGINES = "long_tail", "preemption", "queueing", "steady"
+ENGINE_BEHAVIOURS = (LONG_TAIL, PREEMPTION, QUEUEING, STEADY_ENGINES)
+
+
 @dataclass(frozen=True)
 class Phase:
     name: str
@@ -68,6 +79,17 @@ class Phase:
     rollout_waits: bool = False  # separated: rollout GPUs idle outside `rollout` windows
     pause: float = 0.0  # no record for this many steps' time after the phase's steps
     extra: Mapping[str, float] = field(default_factory=dict)  # added to every step's data
+    # what the simulated rollout engines do in the step's rollout windows
+    # (rlhf_exporter/demo/engines.py): "" follows the regime (a long tail where its
+    # agent-loop spread says so, else steady), or one of ENGINE_BEHAVIOURS
+    engine: str = ""
+
+    @property
+    def engines(self) -> str:
+        """What the simulated engines do in this phase's rollout windows."""
+        if self.engine:
+            return self.engine
+        return LONG_TAIL if self.regime.gen_tail >= 2.0 else STEADY_ENGINES
 
 
 STEADY = REGIMES["rollout_long_tail"]
@@ -98,13 +120,28 @@ INCIDENTS: dict[str, list[Phase]] = {
         Phase("long validation (240 s of testing)", STEADY, 1, pause=2, extra=VALIDATION)
     ],
     "actor_restart": [
-        Phase("rollout actor died: restarting", STEADY, 6, rollout=ROLLOUT_RESTARTING),
+        # one engine fewer: the requests queue for the others (the engines' `queueing`)
+        Phase(
+            "rollout actor died: restarting", STEADY, 6, rollout=ROLLOUT_RESTARTING, engine=QUEUEING
+        ),
         # longer than alerts.pending_for (30 min) at the demo test's 4 simulated min a step
-        Phase("its replacement waits for resources", STEADY, 9, rollout=ROLLOUT_PENDING),
+        Phase(
+            "its replacement waits for resources",
+            STEADY,
+            9,
+            rollout=ROLLOUT_PENDING,
+            engine=QUEUEING,
+        ),
         Phase("rollout actor restarted", STEADY, 6, rollout=ROLLOUT_RESTARTED),
     ],
     "bottleneck_moves": [
-        Phase("the bottleneck moves: rollout, slower generation", ROLLOUT_SLOW, 14),
+        # slower generation: the KV cache is full, the engines preempt (`preemption`)
+        Phase(
+            "the bottleneck moves: rollout, slower generation",
+            ROLLOUT_SLOW,
+            14,
+            engine=PREEMPTION,
+        ),
         Phase("the bottleneck moves: a colocated reward model", REWARD, 14),
         Phase("the bottleneck moves: log-prob inference, low MFU", LOGPROB, 14),
         Phase("the bottleneck moves: driver overhead, untimed", OTHER, 14),

@@ -6,6 +6,7 @@ Shown by `diagnose`, the landing page and the runbooks; written once, here.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from .values import TIMER_PREFIX, num
@@ -210,6 +211,19 @@ _SPELLINGS: tuple[tuple[str, str], ...] = tuple(
 )
 
 
+_UNSEEN: dict[frozenset[str], tuple[tuple[str, str], ...]] = {}
+
+
+def _unseen_spellings(seen: AbstractSet[str]) -> tuple[tuple[str, str], ...]:
+    """_SPELLINGS less the keys in `seen` (memoized: a log shows its keys within its first
+    records, so a run meets a handful of `seen` sets; at most 2^len(EVIDENCE_KEYS))."""
+    key = frozenset(seen) & EVIDENCE_KEYS
+    spellings = _UNSEEN.get(key)
+    if spellings is None:
+        spellings = _UNSEEN[key] = tuple(s for s in _SPELLINGS if s[0] not in key)
+    return spellings
+
+
 def reported(key: str, value: Any) -> bool:
     """Whether `value`, logged under evidence key `key`, is evidence: a usable number other
     than verl's "not reported" value for that key."""
@@ -217,12 +231,13 @@ def reported(key: str, value: Any) -> bool:
     return x is not None and x != NOT_REPORTED.get(key)
 
 
-def shown_evidence(data: Mapping[str, Any]) -> frozenset[str]:
+def shown_evidence(data: Mapping[str, Any], seen: AbstractSet[str] = frozenset()) -> frozenset[str]:
     """The EVIDENCE_KEYS that one record's data reports (agent-loop keys in either spelling,
     the prefixed one winning, as the decision table reads them). A key whose value is missing
-    or verl's "not reported" value is not shown: it must not silence missing_evidence()."""
+    or verl's "not reported" value is not shown: it must not silence missing_evidence().
+    Keys in `seen` (already shown by earlier records) are not looked at again."""
     out = []
-    for key, plain in _SPELLINGS:
+    for key, plain in _unseen_spellings(seen):
         if key in data:
             if reported(key, data[key]):
                 out.append(key)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from .thresholds import GROUPS, Thresholds
 from .values import num
@@ -97,12 +97,12 @@ class Change(NamedTuple):
     excess: Mapping[str, float] | None = None  # regressed group -> seconds no measure explains
 
 
-class _Step(NamedTuple):
-    """What the baseline keeps of one usable step."""
-
-    busy_seconds: float  # S'
-    tokens_per_second: float  # K / S'
-    costs: tuple[float | None, ...]  # cost per PAIRS entry; None where the measure is unusable
+_Row = tuple[float | None, ...]
+"""What the baseline keeps of one usable step: S', K/S', then the cost per PAIRS entry
+(None where the measure is unusable)."""
+_BUSY, _TPS, _COST0 = 0, 1, 2  # where each field sits in a _Row and in Baseline._sorted
+_POINT_COSTS = tuple((g, _COST0 + i) for g, i in _TOKEN_PAIR.items())
+_REGRESSIBLE = tuple((g, tuple((_COST0 + i, m) for i, m in _GROUP_PAIRS[g])) for g in COST_GROUPS)
 
 
 class Baseline:
@@ -115,10 +115,11 @@ class Baseline:
 
     def __init__(self, th: Thresholds):
         self._th = th
-        self._steps: deque[_Step] = deque(maxlen=th.baseline_steps)
-        self._busy: list[float] = []
-        self._tps: list[float] = []
-        self._costs: list[list[float]] = [[] for _ in PAIRS]
+        self._steps: deque[_Row] = deque(maxlen=th.baseline_steps)
+        self._sorted: list[list[float]] = [[] for _ in range(_COST0 + len(PAIRS))]
+        self._busy = self._sorted[_BUSY]
+        self._tps = self._sorted[_TPS]
+        self._costs = self._sorted[_COST0:]  # the same lists
 
     def __len__(self) -> int:
         return len(self._steps)
@@ -135,30 +136,35 @@ class Baseline:
         `data` is the step's record data, for the work measures other than K; `batches` is
         DAPO's n generation batches, when usable (the n measures, v4).
         """
-        busy = windows.busy_seconds
+        busy = windows.step_seconds - windows.checkpoint_seconds  # S' (busy_seconds)
         if tokens is None or busy <= 0:
             return Change(NONE, None, None, None)
         seconds = windows.group_seconds
         work = work_of(tokens, data or {}, batches)
-        step = _Step(
+        tps = tokens / busy
+        row: _Row = (
             busy,
-            tokens / busy,
-            tuple(None if (m := work[measure]) is None else seconds[g] / m for g, measure in PAIRS),
+            tps,
+            *[None if (m := work[measure]) is None else seconds[g] / m for g, measure in PAIRS],
         )
-        point = Point(busy, step.tokens_per_second, {g: seconds[g] / tokens for g in COST_GROUPS})
-        base = self.medians()
-        excess = None if base is None else self._regressed(seconds, work, busy, base.busy_seconds)
-        self._add(step)
+        point = Point(busy, tps, {g: seconds[g] / tokens for g in COST_GROUPS})
         th = self._th
-        if base is None:
+        if len(self._steps) < th.min_baseline_steps:
+            self._add(row)
             return Change(NONE, None, point, None)
+        mids = self._middles()
+        base_busy, base_tps = mids[_BUSY], mids[_TPS]
+        assert base_busy is not None and base_tps is not None  # every step has S' and K/S'
+        # a K pair's median is never None: K is usable in every step the baseline keeps
+        base = Point(
+            base_busy, base_tps, cast(dict[str, float], {g: mids[i] for g, i in _POINT_COSTS})
+        )
+        excess = self._regressed(seconds, work, busy, base_busy, mids)
+        self._add(row)
         if excess:
             regressed = max(COST_GROUPS, key=lambda g: excess.get(g, -1.0))  # first of ties
             return Change(REGRESSION, regressed, point, base, excess)
-        if (
-            busy >= th.step_time_ratio * base.busy_seconds
-            or step.tokens_per_second <= th.throughput_ratio * base.tokens_per_second
-        ):
+        if busy >= th.step_time_ratio * base_busy or tps <= th.throughput_ratio * base_tps:
             return Change(WORKLOAD_SHIFT, None, point, base)
         return Change(NONE, None, point, base)
 
@@ -176,30 +182,46 @@ class Baseline:
         values = self._costs[PAIRS.index((group, measure))]
         return _middle(values) if len(values) >= self._th.min_baseline_steps else None
 
+    def _middles(self) -> list[float | None]:
+        """The median of every field of a _Row in one pass (S', K/S', then cost() of every
+        PAIRS entry: _middle inlined; None where fewer than `min_baseline_steps` steps had
+        the measure)."""
+        least = self._th.min_baseline_steps
+        return [
+            None
+            if (n := len(s)) < least
+            else s[n >> 1]
+            if n & 1
+            else (s[(n >> 1) - 1] + s[n >> 1]) / 2
+            for s in self._sorted
+        ]
+
     def _regressed(
         self,
         seconds: Mapping[str, float],
         work: Mapping[str, float | None],
         busy: float,
         base_busy: float,
+        mids: list[float | None],
     ) -> dict[str, float]:
-        """Every regressed group (§4) with its excess: the seconds no used measure explains."""
+        """Every regressed group (§4) with its excess: the seconds no used measure explains.
+        `mids`: the baseline's medians (`_middles()`)."""
         th = self._th
         out: dict[str, float] = {}
         significant = th.significant_share * busy
         min_excess = th.min_excess * base_busy
-        for group in COST_GROUPS:
+        cost_ratio = th.cost_ratio
+        for group, pairs in _REGRESSIBLE:
             t = seconds[group]
             if t < significant:
                 continue
             excess: float | None = None
-            for i, measure in _GROUP_PAIRS[group]:
+            for i, measure in pairs:
                 m = work[measure]
-                values = self._costs[i]
-                if m is None or len(values) < th.min_baseline_steps:
+                base = mids[i]
+                if m is None or base is None:
                     continue  # not used: unusable in this step or in too few baseline steps
-                base = _middle(values)
-                if not t / m > th.cost_ratio * base:  # a baseline of 0 counts as exceeded
+                if not t / m > cost_ratio * base:  # a baseline of 0 counts as exceeded
                     excess = None
                     break  # this measure explains the time
                 unexplained = t - base * m
@@ -209,25 +231,19 @@ class Baseline:
                 out[group] = excess
         return out
 
-    def _add(self, step: _Step) -> None:
-        steps = self._steps
-        if len(steps) == steps.maxlen:  # the oldest step leaves the window
-            oldest = steps[0]
-            _remove(self._busy, oldest.busy_seconds)
-            _remove(self._tps, oldest.tokens_per_second)
-            for values, c in zip(self._costs, oldest.costs):
-                if c is not None:
-                    _remove(values, c)
-        steps.append(step)
-        insort(self._busy, step.busy_seconds)
-        insort(self._tps, step.tokens_per_second)
-        for values, c in zip(self._costs, step.costs):
-            if c is not None:
-                insort(values, c)
-
-
-def _remove(values: list[float], x: float) -> None:
-    del values[bisect_left(values, x)]
+    def _add(self, row: _Row) -> None:
+        steps, lists = self._steps, self._sorted
+        if len(steps) == steps.maxlen:  # the oldest step leaves the window as `row` enters
+            for values, old, new in zip(lists, steps[0], row):
+                if old is not None:
+                    del values[bisect_left(values, old)]
+                if new is not None:
+                    insort(values, new)
+        else:
+            for values, new in zip(lists, row):
+                if new is not None:
+                    insort(values, new)
+        steps.append(row)
 
 
 def _middle(s: list[float]) -> float:

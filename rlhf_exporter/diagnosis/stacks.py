@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 WHERE: tuple[str, ...] = (
+    "stopped",  # the process is stopped (state T: SIGSTOP, a debugger): py-spy cannot read it
     "checkpoint_save",  # a frame named *save_checkpoint*, or torch.save
     "collective",  # torch.distributed (gloo, NCCL): all_reduce, barrier, broadcast, ...
     "engine_generate",  # a vLLM / SGLang generate call
@@ -50,6 +51,13 @@ WHERE: tuple[str, ...] = (
 """The fixed vocabulary, most telling first (`rlhf_job_stalled_in{where}`)."""
 
 MEANING: dict[str, tuple[str, str]] = {
+    "stopped": (
+        "no stack: the process is stopped (state T), and Ray's py-spy, which suspends a "
+        "process to read it, refuses a stopped one ('Failed to suspend process')",
+        "nothing runs in it until it gets SIGCONT: a `kill -STOP`, a debugger attached, a "
+        "frozen cgroup. Find who stopped it, or `kill -CONT` the PID named; the roles waiting "
+        "on it are listed after it",
+    ),
     "checkpoint_save": (
         "saving a checkpoint (a frame named like verl's `_save_checkpoint`, or `torch.save`)",
         "the checkpoint storage is slow, full or hung (an NFS or object-store mount): check its "
@@ -262,6 +270,14 @@ ENGINE_STEP = frozenset(
         "collective_rpc",
     }
 )
+ENGINE_IDLE = frozenset({"_process_input_queue", "dequeue"})
+"""vLLM v1 waiting for work: the engine core blocks in `_process_input_queue` only while it
+has no request (core.py: `while not self.has_work()`), its workers in the shared-memory
+queue's `dequeue` for the core's next call (worker_busy_loop). Idle, not stepping."""
+_ENGINE_LOOPS = frozenset({"run_busy_loop", "worker_busy_loop"})  # around idle and steps
+_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+"""Child processes that only serve their parent (a vLLM server's resource tracker waits in
+a pipe `read` for its whole life): never the one that speaks for a server."""
 _ENGINE_FILE = re.compile(r"(?:.*/)?(?:vllm|sglang|tensorrt_llm)/.*")
 _NET_FILES = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "httpx/", "httpcore/")
 _NET_NATIVE = ("recv", "recvfrom", "recvmsg", "sock_recv", "sock_recv_into", "sock_connect",
@@ -351,6 +367,9 @@ def classify_thread(thread: Thread) -> Wait:
     shorts = {_short(f.func) for f in thread.frames if not f.native}
     if "main_loop" in shorts and not shorts & set(_EXECUTORS):
         return Wait("no_task", "", thread.name)  # a Ray worker between tasks
+    idle = _engine_idle(thread)
+    if idle is not None:
+        return Wait("no_task", f"engine idle, waiting for work: {_at(idle)}"[:200], thread.name)
     for i, frame in enumerate(thread.frames):
         where = _frame_where(frame)
         if where == "no_task":
@@ -385,6 +404,25 @@ def classify_thread(thread: Thread) -> Wait:
 _CALLS = {"ray_get": "ray.get", "ray_wait": "ray.wait"}
 
 
+def _engine_idle(thread: Thread) -> Frame | None:
+    """The frame of a vLLM engine core or worker waiting for work (ENGINE_IDLE), when no
+    frame of the thread is in an engine step or generate (the core's `collective_rpc` also
+    waits in a `dequeue`: for its workers' answers, inside a step)."""
+    idle = None
+    for frame in thread.frames:
+        if frame.native or not _ENGINE_FILE.fullmatch(_path(frame)):
+            continue
+        short = _short(frame.func)
+        if short in ENGINE_IDLE and idle is None:
+            idle = frame
+        elif short not in _ENGINE_LOOPS and _frame_where(frame) in ENGINE_WAITS:
+            return None
+    return idle
+
+
+ENGINE_WAITS = frozenset({"engine_step", "engine_generate"})
+
+
 def _at(frame: Frame) -> str:
     return f"{frame.func} ({frame.file.rsplit('/', 1)[-1]})"
 
@@ -404,10 +442,12 @@ def _speakers(process: Process) -> list[Thread]:
 def classify(processes: Sequence[Process]) -> Wait:
     """Where one actor's process waits (with its children, when py-spy read them too: a
     vLLM server's engine core is a child process)."""
-    waits = [(classify_thread(t), p) for p in processes for t in _speakers(p)]
+    served = [p for p in processes if not any(h in p.command for h in _HELPERS)]
+    waits = [(classify_thread(t), p) for p in served or processes for t in _speakers(p)]
     if not waits:
         return Wait("unknown", "no thread in the stack")
-    wait, process = min(waits, key=lambda wp: RANK[wp[0].where])
+    # the most telling wait; among equals, one that says more (an idle engine's frame)
+    wait, process = min(waits, key=lambda wp: (RANK[wp[0].where], not wp[0].detail))
     title = process.command
     task = title[5:].split(" ", 1)[0] if title.startswith("ray::") else ""
     return replace(wait, task=task if "." in task else "")
@@ -416,15 +456,17 @@ def classify(processes: Sequence[Process]) -> Wait:
 def awaited(
     tasks: Iterable[tuple[int, str, str, str]], driver_pids: Iterable[int] = ()
 ) -> dict[int, tuple[str, ...]]:
-    """pid -> the names of the running Ray tasks it waits on, from Ray's RUNNING tasks
-    (worker pid, task id, parent task id, name): a task's children are what its `ray.get`
-    awaits. A driver runs no task: its children are the tasks whose parent is the job's
-    root (a task id of f's, then the job id)."""
+    """pid -> the names of the Ray tasks it waits on, from Ray's unfinished tasks (worker
+    pid: the process it runs on, 0 when it does not run yet; task id, parent task id,
+    name): a task's children are what its `ray.get` awaits. A driver runs no task: its
+    children are the tasks whose parent is the job's root (a task id of f's, then the job
+    id)."""
     by_pid: dict[int, str] = {}
     children: dict[str, set[str]] = {}
     roots: set[str] = set()
     for pid, task, parent, name in tasks:
-        by_pid.setdefault(pid, task)
+        if pid > 0:
+            by_pid.setdefault(pid, task)
         children.setdefault(parent, set()).add(name[:120])
         if parent.startswith("ffffffff"):
             roots.add(name[:120])

@@ -16,7 +16,7 @@ from .change import Baseline, Change
 from .thresholds import Thresholds
 from .values import num, positive
 from .verdict import Verdict, decide
-from .windows import Windows, separated_trainer, split, timers
+from .windows import Windows, split, step_timers
 
 STEP_KEY = "timing_s/step"
 TOKENS_KEY = "perf/total_num_tokens"
@@ -67,9 +67,8 @@ def classify(
     step_seconds = positive(data.get(STEP_KEY))
     if step_seconds is None:
         return None
-    all_timers = timers(data)
+    all_timers, separated = step_timers(data, th)  # separated: windows.separated_trainer()
     batches = num(data.get(th.generation_batches_key))  # DAPO's n (v4)
-    separated = separated_trainer(all_timers, data, th)
     windows = split(step_seconds, all_timers, th, separated, batches)
     verdict: Verdict = decide(windows, data, th)
     tokens = positive(data.get(TOKENS_KEY))

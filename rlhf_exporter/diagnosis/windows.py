@@ -49,8 +49,34 @@ def timer_name(key: str) -> str | None:
     return None if name.startswith(AGENT_LOOP) else name
 
 
-_KEYSETS: dict[tuple[str, ...], tuple[tuple[str, str], ...]] = {}
-"""(key, timer) pairs by key set: a job writes the same keys step after step."""
+class _Shape(NamedTuple):
+    """What a step's key set says, whatever its values: (key, timer) for every timer key,
+    and whether any key starts with a prefix (filled as prefixes are asked about)."""
+
+    pairs: tuple[tuple[str, str], ...]
+    prefixed: dict[str, bool]
+
+
+_KEYSETS: dict[tuple[str, ...], _Shape] = {}
+"""Shapes by key set: a job writes the same keys step after step. Bounded (MEMO_SIZE), least
+recently used first out: a flood of new shapes never evicts a job's shape in use."""
+_NEWEST: list[_Shape | None] = [None]  # the most recently used shape: the memo's last entry
+_PREFIXES_KEPT = 8  # prefixes remembered per shape (the thresholds ask about one)
+
+
+def _shape(keys: tuple[str, ...]) -> _Shape:
+    """The memo's shape of `keys`. A hit on the shape used last (one job stepping) is one
+    lookup; any other hit moves the shape to the memo's end (an LRU, as `_recall`)."""
+    shape = _KEYSETS.get(keys)
+    if shape is None:
+        pairs = tuple((k, n) for k in keys if (n := timer_name(k)) is not None)
+        shape = _Shape(pairs, {})
+        _remember(_KEYSETS, keys, shape)
+    elif shape is not _NEWEST[0]:
+        del _KEYSETS[keys]
+        _KEYSETS[keys] = shape
+    _NEWEST[0] = shape
+    return shape
 
 
 def _recall(memo: dict[Any, Any], key: Any) -> Any:
@@ -71,11 +97,10 @@ def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
 def timers(data: Mapping[str, Any]) -> dict[str, float]:
     """Every usable timer value of a step's data. A timer under both spellings keeps the
     larger value."""
-    keys = tuple(data)
-    pairs = _recall(_KEYSETS, keys)
-    if pairs is None:
-        pairs = tuple((k, n) for k in keys if (n := timer_name(k)) is not None)
-        _remember(_KEYSETS, keys, pairs)
+    return _timers(data, _shape(tuple(data)).pairs)
+
+
+def _timers(data: Mapping[str, Any], pairs: tuple[tuple[str, str], ...]) -> dict[str, float]:
     out: dict[str, float] = {}
     for key, name in pairs:
         x = data[key]
@@ -95,16 +120,17 @@ def timers(data: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
-_PREFIXED: dict[tuple[tuple[str, ...], str], bool] = {}
-
-
 def has_key_prefix(data: Mapping[str, Any], prefix: str) -> bool:
     """Whether any key of `data` starts with `prefix` (memoized by key set)."""
-    memo_key = (tuple(data), prefix)
-    found: bool | None = _recall(_PREFIXED, memo_key)
+    return _has_prefix(_shape(tuple(data)), data, prefix)
+
+
+def _has_prefix(shape: _Shape, data: Mapping[str, Any], prefix: str) -> bool:
+    found = shape.prefixed.get(prefix)
     if found is None:
         found = any(k.startswith(prefix) for k in data)
-        _remember(_PREFIXED, memo_key, found)
+        if len(shape.prefixed) < _PREFIXES_KEPT:
+            shape.prefixed[prefix] = found
     return found
 
 
@@ -116,6 +142,16 @@ def separated_trainer(
     if any(name in all_timers for name in th.separated_timers):
         return True
     return has_key_prefix(data, th.separated_key_prefix)
+
+
+def step_timers(data: Mapping[str, Any], th: Thresholds) -> tuple[dict[str, float], bool]:
+    """`timers(data)` and `separated_trainer()` of them, looking at the key set once."""
+    shape = _shape(tuple(data))
+    all_timers = _timers(data, shape.pairs)
+    separated = not th.separated_timers.isdisjoint(all_timers) or _has_prefix(
+        shape, data, th.separated_key_prefix
+    )
+    return all_timers, separated
 
 
 def split(

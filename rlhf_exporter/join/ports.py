@@ -11,6 +11,11 @@
   the verl and push sources for their jobs' states (the Ray source).
 - `ActorPids`: Ray's actors by worker PID on this node (the NVML source's GPU roles, the
   engine source's discovery of rollout servers).
+- `JobProcesses`: a verl job's live Ray processes and its Ray job id, read by the stacks
+  source for a stalled job's stacks (the Ray source).
+- `JobClock`: the clock a job's step windows and its engines' reads are placed on: the wall
+  clock (`WALL`), or the demo job's clock (rlhf_exporter/demo/clock.py), which runs at the
+  pace its records describe.
 """
 
 from __future__ import annotations
@@ -27,6 +32,24 @@ Labels = tuple[str, str]
 
 Span = tuple[float, float]
 """A stretch of wall time, (start, end) in seconds."""
+
+
+class JobClock(Protocol):
+    """Where a wall-clock instant falls on the clock a job's steps are placed on: the
+    placer anchors each record's arrival there, and the engine source stamps its reads
+    there, so a step's rollout window and the engines' samples are on one clock."""
+
+    def at(self, wall: float) -> float: ...
+
+
+class WallClock:
+    """The wall clock itself: every real job's (the default)."""
+
+    def at(self, wall: float) -> float:
+        return wall
+
+
+WALL = WallClock()
 
 
 class StepWindows(Protocol):
@@ -68,3 +91,29 @@ class ActorPids(Protocol):
     def interval(self) -> float: ...
 
     def pid_actors(self, max_age: float | None = None) -> Mapping[int, ActorProcess]: ...
+
+
+class JobProcess(NamedTuple):
+    """A live process of a Ray job: an ALIVE actor's worker, or the job's driver (what the
+    stacks source asks Ray's dashboard for the stack of: issue 39)."""
+
+    role: str
+    class_name: str
+    name: str  # the actor's name ('' when unnamed), or the submission id of a driver
+    pid: int
+    node_id: str
+
+
+class JobProcesses(Protocol):
+    """What Ray says of a verl job's processes, as of its last poll (tied to the job as
+    `JobFacts.job_fact` ties it; `sole`: the only job watched may take Ray's newest)."""
+
+    def job_processes(
+        self, project: str, experiment: str, sole: bool = False
+    ) -> Sequence[JobProcess]:
+        """Its driver first, then its ALIVE actors by role; () when untied."""
+        ...
+
+    def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
+        """Its Ray job id ('' when untied)."""
+        ...

@@ -308,7 +308,8 @@ STACKS = _section(
         "Processes of a stalled job's role that wait in `where`, from the Python stacks of its "
         "last stack round (taken through Ray's dashboard when the job passes its stall limit, "
         "again every stacks_every while the stall lasts; gone once it steps). `where` is a "
-        "fixed vocabulary (docs/runbooks.md#where-it-hangs): checkpoint_save, collective, "
+        "fixed vocabulary (docs/runbooks.md#where-it-hangs): stopped, checkpoint_save, "
+        "collective, "
         "engine_generate, engine_step, ray_get, ray_wait, network, io_read, io_write, lock, "
         "sleep, event_loop, no_task, running, unknown.",
         "role",
@@ -326,7 +327,8 @@ STACKS = _section(
     Metric(
         "rlhf_exporter_stack_reads_total",
         COUNTER,
-        "Stack requests to Ray's dashboard by outcome (ok, or why not as in "
+        "Stack requests to Ray's dashboard by outcome (ok; stopped: py-spy found the process "
+        "stopped; or why not as in "
         "rlhf_job_stacks_unread), and processes or jobs left unread by a bound (not_read, "
         "jobs_over_limit).",
         ("outcome",),

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 from ..diagnosis import Thresholds
 from ..join.board import WindowBoard
 from ..join.names import JobNames
-from ..join.ports import ActorPids, Engines, JobFacts
+from ..join.ports import WALL, ActorPids, Engines, JobClock, JobFacts
 from ..metrics.snapshot import Sample, Snapshot
 from ..settings import Settings
 
@@ -44,6 +44,9 @@ class Context:
     windows: WindowBoard | None = None
     engines: Engines | None = None  # the engines' evidence over a step's rollout
     names: JobNames | None = None  # which source owns a job's name (a file wins it)
+    # the clock the jobs under `extra_roots` place their steps on and the engines stamp their
+    # reads on: the wall's, or the demo job's (rlhf_exporter/demo/clock.py)
+    job_clock: JobClock = WALL
 
 
 class Source(Protocol):

@@ -46,6 +46,7 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 from ..diagnosis.engines import EngineEvidence, EngineLimits, EngineSample, measure
+from ..join.ports import WALL, JobClock
 from ..metrics.snapshot import Sample
 from ..settings import Settings
 from . import http
@@ -382,6 +383,7 @@ class EngineSource(PollingSource):
         clock: Clock = time.time,
         workers: int = 16,
         max_series: int = MAX_SERIES,
+        job_clock: JobClock = WALL,
     ):
         super().__init__("engines", min(interval, idle_interval), wall=clock)
         self.targets = targets
@@ -393,7 +395,11 @@ class EngineSource(PollingSource):
         self.ring = ring
         self.limits = limits or EngineLimits()
         self._active = active or (lambda: False)
-        self._clock = clock
+        self._clock = clock  # wall time: when a read is due
+        # the reads' timestamps: the clock the jobs place their steps on (join/ports.py), so
+        # a step's rollout window and the samples inside it are on one clock (the wall's, or
+        # the demo job's)
+        self._job_clock = job_clock
         self._workers = max(1, workers)
         self._pool: ThreadPoolExecutor | None = None
         self._rings_lock = threading.Lock()
@@ -420,7 +426,7 @@ class EngineSource(PollingSource):
         board = context.windows
         if not settings.engines or board is None:
             return None
-        clock = context.clock
+        clock, job_clock = context.clock, context.job_clock
         targets = Targets(
             static=settings.engine_target or (),
             file_sd=settings.engine_targets_file,
@@ -438,8 +444,9 @@ class EngineSource(PollingSource):
             ring=settings.engine_ring,
             max_series=settings.engine_max_series,
             limits=EngineLimits.from_document(context.thresholds.document),
-            active=lambda: bool(board.active_jobs(clock() - ENGINE_ACTIVE)),
+            active=lambda: bool(board.active_jobs(job_clock.at(clock()) - ENGINE_ACTIVE)),
             clock=clock,
+            job_clock=job_clock,
         )
 
     def describe(self) -> str:
@@ -498,7 +505,7 @@ class EngineSource(PollingSource):
                 s = read.sample
                 if (s.running or 0.0) > 0 or (s.waiting or 0.0) > 0:
                     busy = True
-            self._forget(now, {t.name for t in found})
+            self._forget(self._stamp(), {t.name for t in found})
         self._http.forget({_address(t.url) for t in found})  # a target gone: its socket too
         self._busy = busy
         self._result = PollResult(tuple(self._samples()), record_errors=dict(self._errors))
@@ -518,12 +525,16 @@ class EngineSource(PollingSource):
             body = fetch(target.url, self.timeout, self.max_bytes, self._http)
         except FetchError as exc:
             if exc.reason == NO_STATS:  # it answers, without engine series: alive, no stats
-                return Read(EngineSample(self._clock()), target.engine, NO_STATS)
+                return Read(EngineSample(self._stamp()), target.engine, NO_STATS)
             return Read(None, target.engine, exc.reason)
         # the reads wait on their sockets in parallel; the pages are parsed one at a time, so
         # that eight big pages do not crowd the scrapes' thread out of the interpreter lock
         with self._parse_lock:
-            return parse(body, self._clock(), self.max_series)
+            return parse(body, self._stamp(), self.max_series)
+
+    def _stamp(self) -> float:
+        """Now, on the jobs' clock: a read's timestamp."""
+        return self._job_clock.at(self._clock())
 
     def _forget(self, now: float, current: set[str]) -> None:
         """A replica no longer a target keeps its ring for as long as the ring spans (its

@@ -18,6 +18,13 @@ head anyone on the cluster can submit jobs to), so one read is bounded in every 
   configured address and another port's answer never becomes this one's;
 - HTTP/1.1 keep-alive on request (`keep_alive=True`, the engines polled every second).
 
+Two options of `request` for a caller that must read what a refusal says or keep the head of
+a long answer (the stacks source, sources/stacks.py: Ray answers 403/500 with its reason in
+the body, and a py-spy dump may run past its cap): `error_bytes=N` returns a non-200 answer
+that is no redirect, its body cut at N bytes, instead of failing with `http_error`; and
+`truncate=True` cuts a 200 body at `max_bytes` (`Answer.truncated`) instead of refusing it
+as `too_large`. Either way no more than the cap is read, within the same deadline.
+
 Every failure is an `HttpFailure` whose `reason` is one of `REASONS`; its message holds no
 byte of the answer. Callers count the reasons (initialised at 0) under their own prefix.
 """
@@ -171,6 +178,7 @@ class Answer(NamedTuple):
     status: int
     headers: Mapping[str, str]  # lower-case names
     body: bytes
+    truncated: bool = False  # cut at the cap (`truncate=True`, or an error body)
 
 
 class Client:
@@ -228,7 +236,12 @@ class Client:
         timeout: float | None = None,
         max_bytes: int | None = None,
         headers: Mapping[str, str] | None = None,
+        error_bytes: int = 0,
+        truncate: bool = False,
     ) -> Answer:
+        """The answer to `GET url`: a 200 one (its body cut at the cap with `truncate`), or
+        with `error_bytes` > 0 any other non-redirect one, its body cut at `error_bytes`;
+        an HttpFailure otherwise."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise HttpFailure(BAD_HTTP, f"not an http(s) URL: {url[:200]!r}")
@@ -254,16 +267,17 @@ class Client:
                 raise HttpFailure(BAD_HTTP, f"{what}: a header with a line break")
             lines.append(f"{name}: {value}")
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+        bounds = _Bounds(cap, error_bytes, truncate)
         kept = self._take(key)
         if kept is not None:
             try:
-                return self._exchange(_Conn(kept, key), raw, deadline, cap, what)
+                return self._exchange(_Conn(kept, key), raw, deadline, bounds, what)
             except HttpFailure as exc:
                 if exc.reason not in (UNREACHABLE, BAD_HTTP) or time.monotonic() >= deadline:
                     raise
                 # the kept connection had gone stale (closed by the server): one fresh try
         sock = self._connect(key, deadline, what)
-        return self._exchange(_Conn(sock, key), raw, deadline, cap, what)
+        return self._exchange(_Conn(sock, key), raw, deadline, bounds, what)
 
     # -- internals ---------------------------------------------------------------------------
     def _take(self, key: tuple[str, str, int]) -> socket.socket | None:
@@ -303,7 +317,9 @@ class Client:
                 raise HttpFailure(UNREACHABLE, f"{what}: TLS: {_os_words(exc)}") from None
         return sock
 
-    def _exchange(self, conn: _Conn, raw: bytes, deadline: float, cap: int, what: str) -> Answer:
+    def _exchange(
+        self, conn: _Conn, raw: bytes, deadline: float, bounds: _Bounds, what: str
+    ) -> Answer:
         keep = False
         try:
             try:
@@ -317,17 +333,23 @@ class Client:
             status, version, headers = _read_head(reader, what)
             if 300 <= status < 400:
                 raise HttpFailure(REDIRECT, f"{what}: HTTP {status}: not followed", status)
-            if status != 200:
+            if status != 200 and bounds.error_bytes <= 0:
                 raise HttpFailure(HTTP_ERROR, f"{what}: HTTP {status}", status)
-            body, delimited = _read_body(reader, headers, cap, what)
+            if status == 200:
+                cap, cut = bounds.cap, bounds.truncate
+            else:
+                cap, cut = bounds.error_bytes, True
+            body, delimited, truncated = _read_body(reader, headers, cap, what, cut)
             keep = (
                 self.keep_alive
+                and status == 200
                 and delimited
+                and not truncated
                 and version == "HTTP/1.1"
                 and "close" not in headers.get("connection", "").lower()
                 and not reader.buf
             )
-            return Answer(status, headers, body)
+            return Answer(status, headers, body, truncated)
         finally:
             if keep:
                 self._put(conn)
@@ -365,10 +387,17 @@ def _read_head(reader: _Reader, what: str) -> tuple[int, str, dict[str, str]]:
     raise HttpFailure(BAD_HTTP, f"{what}: more than {MAX_INTERIM} interim answers")
 
 
+class _Bounds(NamedTuple):
+    cap: int  # a 200 body's bytes at most
+    error_bytes: int  # > 0: another answer's body is returned, cut at this
+    truncate: bool  # a 200 body over the cap is cut, not refused
+
+
 def _read_body(
-    reader: _Reader, headers: Mapping[str, str], cap: int, what: str
-) -> tuple[bytes, bool]:
-    """(the decoded body, whether its end was delimited: the connection may be reused)."""
+    reader: _Reader, headers: Mapping[str, str], cap: int, what: str, cut: bool = False
+) -> tuple[bytes, bool, bool]:
+    """(the decoded body, whether its end was delimited: the connection may be reused,
+    whether it was cut at `cap`). Without `cut`, a body over `cap` is `too_large`."""
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise HttpFailure(ENCODED, f"{what}: Content-Encoding {encoding[:40]!r} refused")
@@ -376,22 +405,28 @@ def _read_body(
     if transfer:
         if transfer != "chunked":
             raise HttpFailure(ENCODED, f"{what}: Transfer-Encoding {transfer[:40]!r} refused")
-        return _chunked(reader, cap, what), True
+        body, whole = _chunked(reader, cap, what, cut)
+        return body, whole, not whole
     length = headers.get("content-length")
     if length is not None:
         if not length.isdigit() or len(length) > 18:
             raise HttpFailure(BAD_HTTP, f"{what}: bad Content-Length")
         n = int(length)
         if n > cap:
+            if cut:
+                return reader.exactly(cap), False, True
             raise HttpFailure(TOO_LARGE, f"{what}: answer of {n} bytes, over {cap}")
-        return reader.exactly(n), True
+        return reader.exactly(n), True, False
     while len(reader.buf) <= cap:  # delimited by the end of the connection
         if not reader.fill():
-            return bytes(reader.buf), False
+            return bytes(reader.buf), False, False
+    if cut:
+        return bytes(reader.buf[:cap]), False, True
     raise HttpFailure(TOO_LARGE, f"{what}: answer over {cap} bytes")
 
 
-def _chunked(reader: _Reader, cap: int, what: str) -> bytes:
+def _chunked(reader: _Reader, cap: int, what: str, cut: bool = False) -> tuple[bytes, bool]:
+    """(the decoded body, whether it was read whole: False when cut at `cap`)."""
     out = bytearray()
     while True:
         size_line = reader.line(MAX_CHUNK_LINE).split(b";", 1)[0].strip()
@@ -404,9 +439,12 @@ def _chunked(reader: _Reader, cap: int, what: str) -> bytes:
         if size == 0:
             for _ in range(64):  # trailers, up to the empty line
                 if not reader.line(MAX_CHUNK_LINE):
-                    return bytes(out)
+                    return bytes(out), True
             raise HttpFailure(BAD_HTTP, f"{what}: too many trailer lines")
         if len(out) + size > cap:
+            if cut:
+                out += reader.exactly(cap - len(out))
+                return bytes(out), False
             raise HttpFailure(TOO_LARGE, f"{what}: answer over {cap} bytes")
         out += reader.exactly(size)
         if reader.line(MAX_CHUNK_LINE):

@@ -8,7 +8,7 @@ from collections import Counter
 
 from ..diagnosis import Thresholds
 from ..jobs import Job
-from ..join.ports import Engines, StepWindows
+from ..join.ports import WALL, Engines, JobClock, StepWindows
 from ..records import Limits
 from .base import Clock
 
@@ -24,7 +24,8 @@ class JobMaker:
     engines: Engines | None  # what its jobs ask for engine evidence
     _rejected: Counter[str]  # what ingestion drops, by reason, shared by all its jobs
 
-    def new_job(self, project: str, experiment: str) -> Job:
+    def new_job(self, project: str, experiment: str, job_clock: JobClock = WALL) -> Job:
+        """`job_clock`: where the job places its steps (the wall's; the demo job's own)."""
         return Job(
             project,
             experiment,
@@ -35,4 +36,5 @@ class JobMaker:
             total_steps=self.total_steps,
             windows=self.windows,
             engines=self.engines,
+            job_clock=job_clock,
         )

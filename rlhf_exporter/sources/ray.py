@@ -44,12 +44,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import urlencode
 
 import orjson
 
-from ..join.ports import ActorProcess, JobFacts
+from ..join.ports import ActorProcess, JobFacts, JobProcess
 from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
 from ..settings import Settings
@@ -97,17 +97,6 @@ _CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason e
     ("runtime_env_failed_context", "RUNTIME_ENV_FAILED"),
     ("actor_unschedulable_context", "UNSCHEDULABLE"),
 )
-
-
-class JobProcess(NamedTuple):
-    """A live process of a Ray job: an ALIVE actor's worker, or the job's driver (what the
-    stacks source asks Ray's dashboard for the stack of: issue 39)."""
-
-    role: str
-    class_name: str
-    name: str  # the actor's name ('' when unnamed), or the submission id of a driver
-    pid: int
-    node_id: str
 
 
 MAX_JOB_PROCESSES = 4096  # live processes remembered per Ray job (the stacks source reads few)

@@ -32,17 +32,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
+from urllib.parse import urlencode
 
 import orjson
-import requests
 
 from ..diagnosis import stacks
 from ..diagnosis.stacks import ProcessStack, StackRound
 from ..diagnosis.stall import StallLimit
+from ..join.ports import JobProcess, JobProcesses
 from ..metrics.snapshot import Sample
 from ..settings import Settings
+from . import http
 from .base import Clock, Context, PollingSource, PollResult
-from .ray import JobProcess, RaySource, resolve_address
+from .ray import RaySource, resolve_address
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +72,17 @@ WHY: Mapping[str, str] = MappingProxyType(
 )
 """Why a process's stack is missing: the panel's words, once per round."""
 CLUSTER_WIDE = frozenset({"profiling_disabled", "no_endpoint", "unauthorized", "unreachable"})
-OUTCOMES = ("ok", *WHY, "jobs_over_limit")
+OUTCOMES = ("ok", "stopped", *WHY, "jobs_over_limit")  # stopped: where="stopped", no stack
+STOPPED = "state T (stopped): py-spy cannot suspend it to read its stack"
 MAX_TASKS = 2000  # RUNNING tasks of a job read to name what a ray.get waits on
 TASKS_BYTES = 4 << 20  # bytes of that answer read at most (a truncated one is not used)
+ERROR_BYTES = 16 << 10  # of a refusal's body read at most (Ray's words and py-spy's stderr)
 SUBPROCESS_ROLES = frozenset({"rollout"})  # a vLLM / SGLang server's engine runs in a child
 
 
 def read_error(status: int, body: str) -> str:
     """A WHY key from Ray's answer that is not a stack (Ray 2.60's wording, reporter_head.py
-    and profile_manager.py)."""
+    and profile_manager.py), or "stopped": py-spy found the process stopped."""
     low = body.lower()
     if status == 403 and "profiling is disabled" in low:
         return "profiling_disabled"
@@ -88,6 +92,12 @@ def read_error(status: int, body: str) -> str:
         return "no_endpoint"
     if "py-spy is not installed" in low:
         return "no_py_spy"
+    # py-spy 0.4 on a SIGSTOPped process: "Failed to suspend process ... unexpected waitpid
+    # result PtraceEvent(Pid(N), SIGSTOP, 128)": its ptrace attach finds it already stopped
+    # (told apart before "ptrace" below: no capability would help). The refusal is the
+    # answer: nothing runs in a stopped process (SIGSTOP, a debugger) until SIGCONT
+    if "failed to suspend process" in low and "sigstop" in low and "permission" not in low:
+        return "stopped"
     if "permission" in low or "operation not permitted" in low or "ptrace" in low:
         return "no_permission"
     if "check that the process is running" in low or "no such process" in low:
@@ -117,7 +127,7 @@ class StackSource(PollingSource):
     def __init__(
         self,
         address: str,
-        ray: Any,
+        ray: JobProcesses | None,
         jobs_fns: Sequence[Callable[[], Iterable[Mapping[str, Any]]]],
         limit: StallLimit,
         *,
@@ -148,7 +158,8 @@ class StackSource(PollingSource):
         self.native = native
         self._headers = headers
         self._clock = clock
-        self._http = requests.Session()
+        # Ray's refusals are told apart by their body (read_error): read up to ERROR_BYTES
+        self._http = http.Client(timeout=timeout, max_bytes=max_bytes)
         self._reads = dict.fromkeys(OUTCOMES, 0)
         self._warned: set[str] = set()
         # read by the HTTP thread: replaced whole
@@ -198,7 +209,7 @@ class StackSource(PollingSource):
 
     def _round(self, key: tuple[str, str], last: float, stalled: float, sole: bool) -> StackRound:
         started = time.monotonic()
-        procs: Sequence[JobProcess] = self.ray.job_processes(*key, sole=sole) if self.ray else ()
+        procs = self.ray.job_processes(*key, sole=sole) if self.ray is not None else ()
         taken: list[ProcessStack] = []
         stop = ""  # a cluster-wide reason: the rest of the round is not asked
         for i, proc in enumerate(procs):
@@ -235,11 +246,17 @@ class StackSource(PollingSource):
     def _name_awaited(
         self, key: tuple[str, str], sole: bool, taken: list[ProcessStack]
     ) -> list[ProcessStack]:
-        """What each process in ray.get waits on: the job's RUNNING tasks from Ray's state
-        API (one request; a task's children are what it awaits). Without an answer the waits
-        stay as the stacks say."""
+        """What each process in ray.get waits on: the job's unfinished tasks from Ray's state
+        API (one request; a task's children are what it awaits). The awaited task need not
+        run: one sent to a stopped or busy worker is SUBMITTED_TO_WORKER (the real verl
+        job's TaskRunner awaits such a WorkerDict task), so a process is tied to the tasks
+        RUNNING on it, and every unfinished task names its parent's wait. Without an answer
+        the waits stay as the stacks say."""
+        if self.ray is None:
+            return taken
         job_id = self.ray.ray_job_id(*key, sole=sole)
-        params = [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", "RUNNING"),
+        params = [("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FINISHED"),
+                  ("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FAILED"),
                   ("filter_keys", "job_id"), ("filter_predicates", "="), ("filter_values", job_id),
                   ("detail", "1"), ("limit", str(MAX_TASKS))]  # fmt: skip
         status, body, truncated, error = self._fetch("/api/v0/tasks", params, TASKS_BYTES)
@@ -247,8 +264,10 @@ class StackSource(PollingSource):
         if status == 200:
             try:
                 rows = orjson.loads(body)["data"]["result"]["result"]
-                tasks = [(int(r["worker_pid"]), str(r["task_id"]), str(r["parent_task_id"]),
-                          str(r["name"])) for r in rows]  # fmt: skip
+                # (pid it runs on, or 0 when not running; task, parent, name)
+                tasks = [(int(r.get("worker_pid") or 0) if r.get("state") == "RUNNING" else 0,
+                          str(r["task_id"]), str(r["parent_task_id"]), str(r["name"]))
+                         for r in rows]  # fmt: skip
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
                 tasks = None
         if not tasks or truncated:
@@ -277,6 +296,9 @@ class StackSource(PollingSource):
         if status != 200:
             why = read_error(status, body)
             self._reads[why] += 1
+            if why == "stopped":  # where it hangs, said by py-spy's refusal (Ray's words kept)
+                wait = stacks.Wait("stopped", STOPPED)
+                return ProcessStack(*base, wait, message=_message(body), text=body)
             return ProcessStack(*base, None, why, _message(body))
         self._reads["ok"] += 1
         wait = stacks.classify(stacks.parse(body))  # the whole answer read (max_bytes)
@@ -284,37 +306,34 @@ class StackSource(PollingSource):
         return ProcessStack(*base, wait, text=text, truncated=truncated)
 
     def _fetch(
-        self, path: str, params: Any, max_bytes: int | None = None
-    ) -> tuple[int, str, bool, str]:
-        """The one HTTP call: (status, body text up to max_bytes, truncated, error key)."""
-        cap = self.max_bytes if max_bytes is None else max_bytes
+        self, path: str, params: Mapping[str, str] | Sequence[tuple[str, str]],
+        max_bytes: int | None = None,
+    ) -> tuple[int, str, bool, str]:  # fmt: skip
+        """The one HTTP call, on the shared client (sources/http.py; the Ray token sent as
+        the Ray source sends it): (status, body text up to max_bytes, or a refusal's up to
+        ERROR_BYTES, truncated, error key: a WHY key, "" when Ray answered)."""
         headers = dict(self._headers()) if self._headers else {}
-        deadline = time.monotonic() + self.timeout
+        url = f"{self.address}{path}?{urlencode(params)}"
         try:
-            with self._http.get(self.address + path, params=params, headers=headers,
-                                timeout=self.timeout, stream=True) as resp:  # fmt: skip
-                chunks, size, truncated = [], 0, False
-                for chunk in resp.iter_content(1 << 14):
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size >= cap:
-                        truncated = size > cap
-                        break
-                    if time.monotonic() > deadline:
-                        return 0, "", False, "timeout"
-                body = b"".join(chunks)[:cap].decode("utf-8", "replace")
-                return resp.status_code, body, truncated, ""
-        except requests.Timeout:
-            return 0, "", False, "timeout"
-        except requests.RequestException as exc:
-            return 0, str(exc)[:200], False, "unreachable"
+            got = self._http.request(
+                url, max_bytes=max_bytes, headers=headers, error_bytes=ERROR_BYTES, truncate=True
+            )
+        except http.HttpFailure as exc:
+            error = exc.reason if exc.reason in (http.TIMEOUT, http.UNREACHABLE) else "http_error"
+            return exc.status or 0, str(exc)[:200], False, error
+        return got.status, got.body.decode("utf-8", "replace"), got.truncated, ""
 
     def _samples(self, rounds: Iterable[StackRound]) -> Iterable[Sample]:
         for r in rounds:
             j = (r.project, r.experiment)
             for fold in r.folds:
+                # a role's groups differ by detail too (the driver's two ray.get): one
+                # series per (role, where), their processes summed
+                counts: dict[str, int] = {}
                 for g in fold.groups:
-                    yield Sample("rlhf_job_stalled_in", j + (fold.role, g.where), float(g.count))
+                    counts[g.where] = counts.get(g.where, 0) + g.count
+                for where, n in counts.items():
+                    yield Sample("rlhf_job_stalled_in", j + (fold.role, where), float(n))
             unread = r.unread()
             if not r.processes:
                 unread["no_processes"] = 1

@@ -54,7 +54,7 @@ from typing import Any
 from ..diagnosis import Thresholds
 from ..jobs import Job
 from ..join.names import JobNames
-from ..join.ports import Engines, JobFacts, StepWindows
+from ..join.ports import WALL, Engines, JobClock, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
 from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from_settings
 from ..settings import Settings
@@ -153,9 +153,15 @@ class VerlFileSource(PollingSource, JobMaker):
         engines: Engines | None = None,
         facts: JobFacts | None = None,
         names: JobNames | None = None,
+        job_clock: JobClock = WALL,
+        job_clock_roots: Sequence[str | Path] = (),
     ):
         super().__init__(NAME, interval, wall=clock)
         self.clock = clock
+        # the jobs under `job_clock_roots` (the demo's root) place their steps on `job_clock`
+        # (the demo job's clock), every other job on the wall clock
+        self.job_clock = job_clock
+        self.job_clock_roots = [Path(r) for r in job_clock_roots]
         self.total_steps = total_steps
         self.windows = windows  # where its jobs post step timelines (the WindowBoard)
         self.engines = engines  # what its jobs ask for engine evidence (the engine source)
@@ -288,6 +294,11 @@ class VerlFileSource(PollingSource, JobMaker):
                 extra={"path": _shown(root), "reason": reason},
             )
 
+    def _job_clock_of(self, path: Path) -> JobClock:
+        if any(path.is_relative_to(root) for root in self.job_clock_roots):
+            return self.job_clock
+        return WALL
+
     def _watch(self, path: Path, project: str, experiment: str) -> None:
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
@@ -351,7 +362,7 @@ class VerlFileSource(PollingSource, JobMaker):
             path,
             project,
             experiment,
-            self.new_job(project, experiment),
+            self.new_job(project, experiment, self._job_clock_of(path)),
             RecordReader(self.max_line),
         )
         log.info(
@@ -629,6 +640,8 @@ class VerlFileSource(PollingSource, JobMaker):
             engines=context.engines,
             facts=context.facts,
             names=context.names,
+            job_clock=context.job_clock,
+            job_clock_roots=context.extra_roots,
         )
 
 

@@ -58,7 +58,15 @@ JOB_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_NUM_THREADS": "1",  # 2 shared cores: one thread per process
 }
-HEAD_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_DEDUP_LOGS": "0"}
+HEAD_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_DEDUP_LOGS": "0",
+    # the stall's stacks (issue 39): Ray's /worker/traceback answers 403 without it, and its
+    # agent runs the `py-spy` it finds on PATH (.venv-verl's, from the lock, as ray[default]
+    # brings it into a Ray image)
+    "RAY_DASHBOARD_ENABLE_PROFILING": "1",
+    "PATH": f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+}
 
 
 def unavailable() -> str | None:
@@ -304,10 +312,11 @@ class Cluster:
 ADDED = {"RLHF_EXPORTER_ENGINE_INTERVAL": "0.1", "RLHF_EXPORTER_RAY_INTERVAL": "2"}
 
 
-def head_sidecar(workdir: Path, cluster: Cluster) -> Any:
+def head_sidecar(workdir: Path, cluster: Cluster, added: Mapping[str, str] | None = None) -> Any:
     """`rlhf-exporter serve` with exactly the environment the example chart renders for its
     head pod's sidecar, with only what cannot exist here substituted (the listen port, the
-    logs mount -> the cluster's log root, the Ray dashboard -> this head's) and ADDED."""
+    logs mount -> the cluster's log root, the Ray dashboard -> this head's), ADDED and
+    `added` (the test's own: e.g. its time-scaled thresholds)."""
     import shutil
 
     import yaml
@@ -335,8 +344,9 @@ def head_sidecar(workdir: Path, cluster: Cluster) -> Any:
         RLHF_EXPORTER_VERL_ROOT=str(cluster.log_root),
         RLHF_EXPORTER_RAY_ADDRESS=cluster.url,
     )
-    assert not set(ADDED) & set(env), "the chart sets it now: substitute it instead"
-    env = {**env, **ADDED, "PYTHONPATH": str(REPO)}
+    more = {**ADDED, **(added or {})}
+    assert not set(more) & set(env), "the chart sets it now: substitute it instead"
+    env = {**env, **more, "PYTHONPATH": str(REPO)}
     exp = Exporter(workdir / "sidecar", defaults=False, ready=True, env=env, timeout=60)
     exp.env = env  # type: ignore[attr-defined]
     exp.values = yaml.safe_dump(side)  # type: ignore[attr-defined]

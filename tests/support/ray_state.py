@@ -47,6 +47,7 @@ class RayStateApi:
         # GET /worker/traceback (issue 39): pid -> (status, text); None: no such endpoint
         self.stacks: dict[int, tuple[int, str]] | None = None
         self.stack_requests: list[dict[str, str]] = []
+        self.authorization: list[tuple[str, str]] = []  # (path, Authorization) of every GET
         self.tasks: list[dict] | None = None  # GET /api/v0/tasks rows; None: 404
         self._lock = threading.Lock()
         self._server: http.server.ThreadingHTTPServer | None = None
@@ -161,8 +162,10 @@ class RayStateApi:
                 }
             )
         if path == "/api/v0/tasks" and self.tasks is not None:
-            filters = dict(zip(query.get("filter_keys", []), query.get("filter_values", [])))
-            picked = [t for t in self.tasks if all(t.get(k) == v for k, v in filters.items())]
+            keys, ops = query.get("filter_keys", []), query.get("filter_predicates", [])
+            filters = list(zip(keys, ops, query.get("filter_values", [])))
+            picked = [t for t in self.tasks
+                      if all((t.get(k) == v) == (op == "=") for k, op, v in filters)]  # fmt: skip
             return _envelope({"total": len(self.tasks), "num_after_truncation": len(picked),
                               "num_filtered": len(picked), "result": picked})  # fmt: skip
         if path == "/api/v0/actors":
@@ -199,6 +202,7 @@ class RayStateApi:
 
             def do_GET(self) -> None:
                 url = urlsplit(self.path)
+                api.authorization.append((url.path, self.headers.get("Authorization", "")))
                 if url.path == "/worker/traceback" and api.stacks is not None:
                     query = {k: v[0] for k, v in parse_qs(url.query).items()}
                     api.stack_requests.append(query)
