@@ -104,7 +104,8 @@ class AuthGuard:
         self._lock = threading.Lock()
         self._clients: OrderedDict[str, _Bucket] = OrderedDict()
         self._all = _Bucket(2 * rate_total, clock())
-        self.failures: Counter[str] = Counter()
+        # both reasons from 0, so that increase() sees the first refusal
+        self.failures: Counter[str] = Counter(dict.fromkeys((UNAUTHORIZED, THROTTLED), 0))
         self._samples: tuple[Sample, ...] = ()  # the same tuple while nothing is counted
 
     @property

@@ -19,12 +19,13 @@ from .diagnosis import (
     history,
 )
 from .diagnosis.advice import missing_evidence
+from .diagnosis.change import STEADY
 from .diagnosis.engines import EngineEvidence
 from .diagnosis.episodes import Episode, episodes
 from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .job_history import StepHistory
 from .lifecycle import STATES
-from .metrics.catalog import BY_NAME
+from .metrics.catalog import BY_NAME, LEGACY_STEADY
 from .metrics.snapshot import Sample
 from .records import (
     FULLY_ASYNC_PREFIX,
@@ -32,6 +33,7 @@ from .records import (
     MAX_LABEL_CHARS,
     MFU_PREFIX,
     NON_ABORTED_PREFIX,
+    Limits,
     clean_label,
 )
 
@@ -137,6 +139,7 @@ class JobSeries:
     project: str
     experiment: str
     _th: Thresholds
+    limits: Limits
     _samples: tuple[Sample, ...] | None
     _history: StepHistory
     _episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]]
@@ -213,8 +216,10 @@ class JobSeries:
             yield Sample("rlhf_bottleneck_reason_steps_total", j + (verdict, reason), float(n))
         for kind in CHANGES:
             hit = last is not None and last.change.change == kind
-            yield Sample("rlhf_change", j + (kind,), 1.0 if hit else 0.0)
-            yield Sample("rlhf_change_steps_total", j + (kind,), float(self.change_steps[kind]))
+            # one value per kind at a time, never both: the deprecated setting swaps it
+            shown = LEGACY_STEADY if kind == STEADY and self.limits.legacy_change_none else kind
+            yield Sample("rlhf_change", j + (shown,), 1.0 if hit else 0.0)
+            yield Sample("rlhf_change_steps_total", j + (shown,), float(self.change_steps[kind]))
         for group in COST_GROUPS:
             yield Sample(
                 "rlhf_regression_steps_total", j + (group,), float(self.regression_steps[group])
@@ -238,7 +243,8 @@ class JobSeries:
         yield Sample("rlhf_engine_running_requests_mean", j, ev.running_mean)
         yield Sample("rlhf_engine_waiting_requests_mean", j, ev.waiting_mean)
         yield Sample("rlhf_engine_kv_cache_usage_max_ratio", j, ev.kv_max)
-        yield Sample("rlhf_engine_preemptions", j, ev.preemptions)
+        yield Sample("rlhf_engine_window_preemptions", j, ev.preemptions)
+        yield Sample("rlhf_engine_preemptions", j, ev.preemptions)  # deprecated (issue 38)
         yield Sample("rlhf_engine_preemptions_total", j, self._engine_preemptions)
         if ev.imbalance is not None:
             yield Sample("rlhf_engine_imbalance_ratio", j, ev.imbalance)

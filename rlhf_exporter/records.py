@@ -69,6 +69,9 @@ class Limits(NamedTuple):
     unknown_timers: int = 32  # distinct timers outside the thresholds' map, per job
     step_keys: int = 1024  # keys of one step's merged data
     key_chars: int = 256  # longest key kept
+    # not a bound: the deprecated legacy_change_none setting, which every job of a source
+    # shares like the bounds (kind="none" for a steady step; removed in the next release)
+    legacy_change_none: bool = False
 
 
 DEFAULT_LIMITS = Limits()
@@ -80,6 +83,7 @@ def limits_from_settings(settings: Settings) -> Limits:
         unknown_timers=settings.max_unknown_timers,
         step_keys=settings.max_step_keys,
         key_chars=settings.max_key_chars,
+        legacy_change_none=settings.legacy_change_none,
     )
 
 

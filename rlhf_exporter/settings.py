@@ -171,6 +171,15 @@ OPTIONS: tuple[Option, ...] = (
         "(timeline: rlhf_exporter/demo/scenario.py)",
         metavar="NAME",
     ),
+    Option(
+        "legacy_change_none",
+        _bool,
+        False,
+        'deprecated, removed in the next release: serve a steady step as kind="none" '
+        '(the value before issue 38) instead of kind="steady" in rlhf_change and '
+        "rlhf_change_steps_total, for dashboards not yet migrated (docs/metrics.md); the "
+        "shipped rules and dashboards read either",
+    ),
     # verl files
     Option(
         "verl_root",
@@ -702,6 +711,7 @@ class Settings:
     demo: bool
     demo_step_seconds: float
     demo_scenario: str
+    legacy_change_none: bool
     verl_root: list[str] | None
     verl_file: list[str] | None
     project: str | None

@@ -86,6 +86,8 @@ class Rep:
     profile: tuple[Seg, ...]
     tp: int = 1
     dp: int = 1  # data-parallel engines inside one server (vLLM engine=, SGLang dp_rank=)
+    pp: int = 1  # SGLang pipeline stages (pp_rank=): each runs the same scheduler loop
+    ep: bool = False  # SGLang expert parallelism over the TP ranks (moe_ep_rank = tp_rank)
     priority: bool = False  # SGLang --enable-priority-scheduling
     # SGLang: times (fraction of the rollout window, may be < 0 or > 1) at which the batch's
     # requests finish (generation_tokens_total grows then, by what was decoded since)
@@ -167,6 +169,18 @@ SCENARIOS: dict[str, Scenario] = {
         "preemption",
         "TP=2: every TP rank's scheduler counts each retraction; the gauges come from rank 0",
         ("sglang_counters_once_per_replica",),
+    ),
+    "sglang_pp2_ep_retractions": Scenario(
+        "sglang",
+        tuple(
+            Rep((Seg(0.6, 48, 6, 0.98, 900, 0.45), Seg(1.0, 20, 0, 0.6, 500)), tp=2, pp=2, ep=True)
+            for _ in range(2)
+        ),
+        "preemption",
+        "TP=2, PP=2, EP=2 (MoE): every stage runs the same scheduler loop over the same "
+        "micro-batches, so each stage's stats rank logs the same gauges and tokens and every "
+        "rank of every stage counts each retraction; moe_ep_rank differs between TP ranks",
+        ("sglang_counters_once_per_stage",),
     ),
     "sglang_priority": Scenario(
         "sglang",
@@ -518,24 +532,26 @@ def sglang_replica(sc: Scenario, name: str, src: Path) -> list[str]:
             REGISTRY.unregister(c)
 
     ranks = []  # (dp, tp, collector)
-    for dp in range(r.dp):
-        for tp in range(r.tp):
-            fresh()
-            SG_CTX["parallel"] = _Ns(
-                tp_rank=tp,
-                pp_rank=0,
-                moe_ep_rank=0,
-                dp_rank=dp if r.dp > 1 else None,
-                attn_tp_rank=tp,
-                attn_cp_rank=0,
-            )
-            ctx = mc.SchedulerMetricsCollector.init_new(
-                server_args=None,
-                enable_priority_scheduling=r.priority,
-                enable_lora=False,
-                enable_hierarchical_cache=False,
-            )
-            ranks.append((dp, tp, ctx))
+    # every pipeline stage's schedulers: scheduler_pp_mixin.py `event_loop_pp` runs the same
+    # loop on each stage (requests forwarded stage to stage, every batch's result processed
+    # on every stage), and `is_stats_logging_rank` (attn_tp_rank 0) ignores pp_rank
+    for dp, pp, tp in ((d, p, t) for d in range(r.dp) for p in range(r.pp) for t in range(r.tp)):
+        fresh()
+        SG_CTX["parallel"] = _Ns(
+            tp_rank=tp,
+            pp_rank=pp,
+            moe_ep_rank=tp if r.ep else 0,  # data_parallel_controller.py, ep_size == tp_size
+            dp_rank=dp if r.dp > 1 else None,
+            attn_tp_rank=tp,
+            attn_cp_rank=0,
+        )
+        ctx = mc.SchedulerMetricsCollector.init_new(
+            server_args=None,
+            enable_priority_scheduling=r.priority,
+            enable_lora=False,
+            enable_hierarchical_cache=False,
+        )
+        ranks.append((dp, tp, ctx))
     fresh()
     labels = mc.tokenizer_metric_labels()
     tokenizer = mc.TokenizerMetricsCollector(server_args=None, labels=labels)
@@ -666,6 +682,8 @@ def _script(r: Rep) -> dict[str, object]:
         "profile": [list(dataclasses.astuple(seg)) for seg in r.profile],
         "tp": r.tp,
         "dp": r.dp,
+        "pp": r.pp,
+        "ep": r.ep,
         "priority": r.priority,
         "finish_at": list(r.finish_at),
         "retract_burst": list(r.retract_burst) if r.retract_burst else None,

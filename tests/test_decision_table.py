@@ -415,7 +415,7 @@ def run_job(datas: list[dict], th: Thresholds = TH):
 def test_no_change_before_min_baseline_steps():
     steady = job(4)
     slow = job(1, gen=60.0)
-    assert [d.change.change for d in run_job(steady + slow)] == ["none"] * 5
+    assert [d.change.change for d in run_job(steady + slow)] == ["steady"] * 5
     assert run_job(job(5) + slow)[-1].change.change == "regression"
 
 
@@ -460,7 +460,7 @@ def test_checkpoint_saves_are_not_a_change():
     out = run_job(steps)
     assert (out[-1].verdict, out[-1].reason) == ("checkpoint", "checkpoint")
     assert out[-1].windows.busy_seconds == pytest.approx(10.0)  # S' = S - save_checkpoint
-    assert out[-1].change.change == "none"
+    assert out[-1].change.change == "steady"
 
 
 def test_steps_without_tokens_get_none_and_stay_out_of_the_baseline():
@@ -468,7 +468,7 @@ def test_steps_without_tokens_get_none_and_stay_out_of_the_baseline():
     for d in no_k:
         del d["perf/total_num_tokens"]
     out = run_job(job(4) + no_k + job(1, gen=60.0))
-    assert all(d.change.change == "none" for d in out)  # only 4 usable steps before the slow one
+    assert all(d.change.change == "steady" for d in out)  # only 4 usable steps before the slow one
     assert out[-1].change.point is not None and out[-1].change.baseline is None
 
 
@@ -476,8 +476,8 @@ def test_baseline_is_the_last_n_steps_so_a_lasting_regression_becomes_normal():
     out = run_job(job(10) + job(12, upd=9.0))
     changes = [d.change.change for d in out[10:]]
     assert changes[0] == "regression"
-    assert changes[-1] == "none"
-    assert 4 <= changes.index("none") <= 7  # about half the window
+    assert changes[-1] == "steady"
+    assert 4 <= changes.index("steady") <= 7  # about half the window
 
 
 def test_median_of_an_even_count_is_the_mean_of_the_middle_two():
@@ -494,7 +494,7 @@ def test_step_time_and_cost_ratios_are_separate_keys(tmp_path):
     loose = load_thresholds(cfg)
     shifted = job(10) + job(1, tokens=2e6, gen=12.0, upd=6.0, untimed=2.0)
     assert run_job(shifted, TH)[-1].change.change == "workload_shift"
-    assert run_job(shifted, loose)[-1].change.change == "none"
+    assert run_job(shifted, loose)[-1].change.change == "steady"
     regressed = job(10) + job(1, upd=9.0)
     assert run_job(regressed, loose)[-1].change.change == "regression"  # cost test unchanged
     assert loose.cost_ratio == TH.cost_ratio == 1.2
@@ -508,7 +508,7 @@ def test_lower_step_starts_a_new_run_and_empties_the_baseline():
     records += [Record(3, job(1, gen=60.0)[0])]  # resumed from a checkpoint at step 3
     out = list(BatchDiagnoser(TH).diagnose(records))
     assert [d.run for d in out] == [0] * 10 + [1]
-    assert out[-1].change.change == "none"  # no baseline yet in run 1
+    assert out[-1].change.change == "steady"  # no baseline yet in run 1
 
 
 def test_records_of_one_step_merge_with_later_values_winning_even_null():
@@ -702,7 +702,7 @@ def test_weight_sync_is_judged_per_step_not_per_token():
     base = [rec(sync=2.0) for _ in range(10)]
     # half the batch: every per-token cost doubles, sync seconds stay the same
     half = rec(tokens=5e5, gen=3.0, upd=1.5, sync=2.0, untimed=0.5)
-    assert last_change(base + [half]) == ("none", None)
+    assert last_change(base + [half]) == ("steady", None)
     assert last_change(base + [rec(sync=4.0)]) == ("regression", "sync")
 
 
@@ -780,7 +780,7 @@ def test_the_largest_excess_wins_and_ties_go_in_table_order():
 def test_an_insignificant_group_never_regresses():
     base = [rec(sync=0.1) for _ in range(10)]
     # sync x5 but 0.5 s < 0.05 x S' (10.5): no regression, and S' is within 1.2x
-    assert last_change(base + [rec(sync=0.5)]) == ("none", None)
+    assert last_change(base + [rec(sync=0.5)]) == ("steady", None)
 
 
 def test_regression_is_judged_before_workload_shift():

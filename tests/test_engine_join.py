@@ -119,7 +119,7 @@ def test_rollout_bound_steps_get_the_engines_reason(trace: str, name: str) -> No
             ("rlhf_engine_running_requests_mean", "running_mean"),
             ("rlhf_engine_waiting_requests_mean", "waiting_mean"),
             ("rlhf_engine_kv_cache_usage_max_ratio", "kv_max"),
-            ("rlhf_engine_preemptions", "preemptions"),
+            ("rlhf_engine_window_preemptions", "preemptions"),
         ):
             got = value(samples, metric)
             assert got is not None and abs(got - truth[key]) <= 0.05 * truth[key] + 1e-6, (

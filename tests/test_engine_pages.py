@@ -9,6 +9,9 @@ case here failed:
   first use; absent -> 5 read as no increase (the reason was kv_pressure, half the tokens lost);
 - sglang_counters_once_per_replica (sglang_tp2_retractions): every TP rank counts each
   retraction: 12 read for 6;
+- sglang_counters_once_per_stage (sglang_pp2_ep_retractions): every pipeline stage runs the
+  same scheduler loop, and with expert parallelism each TP rank has its own moe_ep_rank:
+  retractions read 4 times over (24 for 6), decoded tokens twice;
 - sglang_gauges_priority_total (sglang_priority): the total under priority="" beside each
   priority's series: running/waiting read double;
 - sglang_tokens_realtime (sglang_window_edges): generation_tokens_total grows when requests
@@ -92,7 +95,7 @@ def test_the_engines_own_pages_give_the_scripted_reason_and_truth(name: str, tmp
 # -- the combination rules as properties (pages like SGLang's, any ranks/priorities) --------
 
 
-_LABELS = 'model_name="m",engine_type="unified",tp_rank="{tp}",pp_rank="0",moe_ep_rank="0"'
+_LABELS = 'model_name="m",engine_type="unified",tp_rank="{tp}",pp_rank="{pp}",moe_ep_rank="{ep}"'
 _series = st.lists(
     st.tuples(
         st.sampled_from(["0", "1", "2"]),  # dp_rank
@@ -106,17 +109,17 @@ _series = st.lists(
 )
 
 
-def _sglang_page(groups, tp: int, priorities: bool) -> bytes:
+def _sglang_page(groups, tp: int, priorities: bool, pp: int = 1, ep: bool = False) -> bytes:
     lines = [
         "# TYPE sglang:num_running_reqs gauge",
         "# TYPE sglang:token_usage gauge",
         "# TYPE sglang:num_retracted_requests_total counter",
     ]
     for dp, running, kv, retracted in groups:
-        for rank in range(tp):
-            lab = _LABELS.format(tp=rank) + f',dp_rank="{dp}"'
+        for stage, rank in ((s, r) for s in range(pp) for r in range(tp)):
+            lab = _LABELS.format(tp=rank, pp=stage, ep=rank if ep else 0) + f',dp_rank="{dp}"'
             prio = ',priority=""' if priorities else ""
-            if rank == 0:  # the stats rank logs the gauges
+            if rank == 0:  # each stage's stats rank logs the gauges
                 lines.append(f"sglang:num_running_reqs{{{lab}{prio}}} {running}")
                 lines.append(f"sglang:token_usage{{{lab}{prio}}} {kv}")
                 if priorities:  # one series per priority beside the total
@@ -128,12 +131,14 @@ def _sglang_page(groups, tp: int, priorities: bool) -> bytes:
 
 
 @settings(max_examples=150, deadline=None)
-@given(_series, st.integers(1, 4), st.booleans())
-def test_a_replica_counts_once_whatever_its_tp_ranks_and_priorities(groups, tp, prio) -> None:
-    """TP ranks and priority series never change what a replica reads: running and
-    retractions summed over data-parallel ranks, the KV usage their maximum."""
+@given(_series, st.integers(1, 4), st.booleans(), st.integers(1, 3), st.booleans())
+def test_a_replica_counts_once_whatever_its_tp_ranks_and_priorities(
+    groups, tp, prio, pp, ep
+) -> None:
+    """TP, PP and EP ranks and priority series never change what a replica reads: running
+    and retractions summed over data-parallel ranks, the KV usage their maximum."""
     base = parse(_sglang_page(groups, 1, False), 1.0)
-    got = parse(_sglang_page(groups, tp, prio), 1.0)
+    got = parse(_sglang_page(groups, tp, prio, pp, ep), 1.0)
     assert base.error is None and got.error is None and got.sample is not None
     assert got.sample == base.sample
     assert got.sample.running == pytest.approx(sum(g[1] for g in groups))

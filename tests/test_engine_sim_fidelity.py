@@ -23,7 +23,17 @@ from tests.support.engine_pages import Fixture, load, names
 from tests.support.sim_engine import EngineSim, Replica, Segment, SimClock, page
 
 FIXTURES = names()
-KEY_LABELS = ("engine", "reason", "tp_rank", "dp_rank", "priority", "mode", "is_streaming")
+KEY_LABELS = (
+    "engine",
+    "reason",
+    "tp_rank",
+    "pp_rank",
+    "moe_ep_rank",
+    "dp_rank",
+    "priority",
+    "mode",
+    "is_streaming",
+)
 
 
 def sim_replicas(fx: Fixture) -> list[Replica]:
@@ -38,6 +48,8 @@ def sim_replicas(fx: Fixture) -> list[Replica]:
                 name=name,
                 tp=sc["tp"],
                 dp=sc["dp"],
+                pp=sc.get("pp", 1),
+                ep=sc.get("ep", False),
                 priority=sc["priority"],
                 finish_at=tuple(sc["finish_at"]),
                 retract_burst=(burst[0], int(burst[1])) if burst else None,

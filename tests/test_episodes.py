@@ -35,7 +35,7 @@ def expected_stretches(path: Path) -> list[tuple[str, str | None, int, int]]:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     out: dict[tuple[str, str | None], list[list[int]]] = {}
     for i, row in enumerate(rows):
-        if row["change"] == "none":
+        if row["change"] == "none":  # the traces' labels (the spec's word for steady)
             continue
         key = (row["change"], row["regressed"])
         runs = out.setdefault(key, [])
@@ -134,7 +134,7 @@ def _points(spec: list[tuple[str, str | None, float, float, float]]) -> list[Ste
 
 
 def test_a_regression_that_recovers_says_at_which_step():
-    n = ("none", None, 30.0, 1e6, 900.0)
+    n = ("steady", None, 30.0, 1e6, 900.0)
     r = ("regression", "update", 60.0, 1e6, 900.0)
     (e,) = episodes(_points([n] * 6 + [r, r, n, r] + [n] * 4))  # one gap joins two stretches
     assert (e.first, e.last, e.steps) == (7, 10, (7, 8, 10))
@@ -145,14 +145,14 @@ def test_a_regression_that_recovers_says_at_which_step():
 
 
 def test_an_episode_at_the_end_of_a_run_is_ongoing():
-    n = ("none", None, 30.0, 1e6, 900.0)
+    n = ("steady", None, 30.0, 1e6, 900.0)
     r = ("regression", "update", 60.0, 1e6, 900.0)
     (e,) = episodes(_points([n] * 6 + [r, r]))
     assert e.ended == ONGOING and "ongoing at step 8" in describe(e)
 
 
 def test_a_workload_shift_says_what_grew_and_whether_the_time_per_token_changed():
-    n = ("none", None, 30.0, 1e6, 900.0)
+    n = ("steady", None, 30.0, 1e6, 900.0)
     w = ("workload_shift", None, 42.0, 1.4e6, 1260.0)  # 40 % more of everything
     (e,) = episodes(_points([n] * 6 + [w] * 3 + [n] * 3))
     text = describe(e)
@@ -241,7 +241,7 @@ def test_an_episode_with_nothing_before_it_claims_no_recovery():
     it, so it says when its labels stopped, not that it recovered."""
     from rlhf_exporter.diagnosis.episodes import ENDED
 
-    n = ("none", None, 30.0, 1e6, 900.0)
+    n = ("steady", None, 30.0, 1e6, 900.0)
     r = ("regression", "update", 60.0, 1e6, 900.0)
     (e,) = episodes(_points([r, r] + [n] * 4))
     assert e.before is None and e.ended == ENDED and e.ended_at == 2

@@ -129,7 +129,7 @@ def test_not_supported_is_asked_once_shown_once_never_an_error(nvml, caplog):
     assert snap.up and snap.errors == {}
     names = {s.name for s in snap.samples}
     assert not names & set(HEALTH)
-    assert "rlhf_gpu_errors_total" not in names
+    assert not any(v for v in series(snap, "rlhf_gpu_errors_total").values())  # never an error
     per_gpu = {
         "ecc",
         "remapped_rows",
@@ -154,7 +154,11 @@ def test_gpu_lost_mid_run(nvml):
     src = nvml(gpus, clock)
     for _ in range(3):
         clock.advance(1.0)
-        src.poll_once()
+        snap = src.poll_once()
+    # issue 38: every GPU's known reason is served from 0, so that the GPU-lost alert's
+    # increase() sees the first loss (a series born at 1 shows no increase)
+    zeros = {(str(i), g.uuid, "unknown", "gpu_is_lost"): 0.0 for i, g in enumerate(gpus)}
+    assert series(snap, "rlhf_gpu_errors_total") == zeros
     gpus[2].fail = fake_pynvml.NVML_ERROR_GPU_IS_LOST
     gpus[2].xids.append(79)  # the driver reports the fall off the bus as an XID
     for _ in range(5):
@@ -162,7 +166,7 @@ def test_gpu_lost_mid_run(nvml):
         snap = src.poll_once()
     assert snap.up  # the three others go on
     lost = ("2", gpus[2].uuid, "unknown")
-    assert series(snap, "rlhf_gpu_errors_total") == {(*lost, "gpu_is_lost"): 5.0}
+    assert series(snap, "rlhf_gpu_errors_total") == {**zeros, (*lost, "gpu_is_lost"): 5.0}
     xids = series(snap, "rlhf_gpu_xid_errors_total")
     assert {key: v for key, v in xids.items() if v} == {(*lost, "79"): 1.0}
     # the lost GPU's readings stop (no stale health values), the others' keep counting
@@ -176,7 +180,7 @@ def test_gpu_lost_mid_run(nvml):
     snap = src.poll_once()
     before = series(snap, "rlhf_gpu_throttle_seconds_total")[(*lost, "hw_slowdown")]
     assert before <= 3.0 + 5.0  # at most MAX_THROTTLE_GAP polls for the gap
-    assert series(snap, "rlhf_gpu_errors_total") == {(*lost, "gpu_is_lost"): 5.0}
+    assert series(snap, "rlhf_gpu_errors_total") == {**zeros, (*lost, "gpu_is_lost"): 5.0}
 
 
 def test_xid_labels_are_bounded_and_events_read_per_poll_bounded(nvml):

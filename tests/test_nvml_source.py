@@ -210,7 +210,8 @@ def test_unsupported_readings_are_left_out_not_errors(install):
         and "rlhf_gpu_power_watts" not in names
         and "rlhf_gpu_role_memory_bytes" not in names
     )
-    assert "rlhf_gpu_temperature_celsius" in names and "rlhf_gpu_errors_total" not in names
+    assert "rlhf_gpu_temperature_celsius" in names
+    assert values(snap, "rlhf_gpu_errors_total") == {("0", gpu.uuid, "unknown", "gpu_is_lost"): 0}
     calls = gpu.calls
     clock.advance(1.0)
     src.poll_once()
@@ -241,7 +242,7 @@ def test_gpu_is_lost_on_one_of_eight(install, caplog):
     # only its error and XID counters stay (a lost GPU's XIDs are the evidence)
     kept = ("rlhf_gpu_errors_total", "rlhf_gpu_xid_errors_total", "rlhf_gpu_reading_unsupported")
     assert not [s for s in snap.samples if s.labels[0] == "3" and s.name not in kept]
-    assert values(snap, "rlhf_gpu_errors_total") == {
+    assert {k: v for k, v in values(snap, "rlhf_gpu_errors_total").items() if v} == {
         ("3", gpus[3].uuid, "unknown", "gpu_is_lost"): 3.0
     }
     lost = [
@@ -276,7 +277,8 @@ def test_all_gpus_failing_is_down_and_reinitialises(install):
     # down, but each GPU's error counter is still served (and continues over NVML's restart)
     assert {s.name for s in snap.samples} <= {"rlhf_gpu_errors_total", "rlhf_gpu_xid_errors_total"}
     assert values(snap, "rlhf_gpu_errors_total") == {
-        (str(g.index), g.uuid, "unknown", "unknown"): 1.0 for g in gpus
+        **{(str(g.index), g.uuid, "unknown", "gpu_is_lost"): 0.0 for g in gpus},
+        **{(str(g.index), g.uuid, "unknown", "unknown"): 1.0 for g in gpus},
     }
     snap = src.poll_once()
     assert values(snap, "rlhf_gpu_errors_total")[("0", gpus[0].uuid, "unknown", "unknown")] == 2.0

@@ -88,7 +88,7 @@ def test_only_the_last_runs_of_a_file_are_drawn(tmp_path):
 
 def _point(i: int) -> StepPoint:
     g = tuple(float((i + k) % 7) for k in range(len(GROUPS)))
-    return StepPoint(0, i, "rollout", "long_tail", sum(g), g, 0.0, "none", None, 10.0, None)
+    return StepPoint(0, i, "rollout", "long_tail", sum(g), g, 0.0, "steady", None, 10.0, None)
 
 
 def test_step_bins_hold_any_number_of_steps_in_bounded_memory():

@@ -410,7 +410,7 @@ def day_job(verdict: str, kind: str, experiment: str = "") -> list[dict]:
         return series(metric, values, labels, **extra)
 
     tokens, step_s = _counter(60000, 60000), _counter(60, 60)  # 1,000 tokens/s of step time
-    out = [s("rlhf_change_steps_total", _counter(10, 10), kind="none")]
+    out = [s("rlhf_change_steps_total", _counter(10, 10), kind="steady")]
     if kind == "steady":
         out += [
             s("rlhf_bottleneck_steps_total", _counter(9, 9), verdict=verdict),
@@ -538,7 +538,7 @@ def logic_cases() -> list[dict]:
             "input_series": [
                 series("rlhf_regression_steps_total", "0x55", group="update"),
                 series("rlhf_change_steps_total", "0x10 1+1x20 21x20", kind="workload_shift"),
-                series("rlhf_change_steps_total", "0+1x55", kind="none"),
+                series("rlhf_change_steps_total", "0+1x55", kind="steady"),
             ],
             "alert_rule_test": [case("30m", "RLHFJobRegression")],
         }
@@ -1369,3 +1369,31 @@ def test_alertmanager_example_groups_bound_alerts_per_team_and_job_and_says_them
     for r in [route, *route["routes"]]:
         assert r["active_time_intervals"] == ["working-hours"], r["receiver"]
         assert receivers[r["receiver"]]["slack_configs"][0]["send_resolved"] is False
+
+
+def test_promtool_fleet_changes_count_only_news_under_either_steady_value(tmp_path, thresholds):
+    """Issue 38: the fleet's changed-steps record matches the news kinds by name, so that a
+    steady step counts nowhere whether the exporter serves `kind="steady"` or, with the
+    deprecated legacy_change_none, `kind="none"` (the old `kind!="none"` counted every
+    `steady` step as a change)."""
+    files = without_annotations(tmp_path, rules.rule_groups(thresholds))
+    record = rules.Context(thresholds).change_steps_fleet
+    legacy = {**JOB, "experiment": "legacy"}
+    test = {
+        "interval": "1m",
+        "input_series": [
+            series("rlhf_change_steps_total", "0+1x20", kind="steady"),
+            series("rlhf_change_steps_total", "0+2x20", kind="workload_shift"),
+            series("rlhf_change_steps_total", "0+1x20", legacy, kind="none"),
+        ],
+        "promql_expr_test": [
+            {
+                "expr": record,
+                "eval_time": "10m",
+                "exp_samples": [
+                    {"labels": series(record, "", kind="workload_shift")["series"], "value": 4}
+                ],
+            }
+        ],
+    }
+    run_promtool_tests(tmp_path, files, [test])

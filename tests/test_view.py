@@ -85,7 +85,7 @@ def test_job_page_draws_one_bar_per_step_one_segment_per_nonzero_group():
     assert [a["data-verdict"] for a in strip] == [d.verdict for d in offline]
     markers = el.find("text", "marker")
     assert [(int(a["data-step"]), a["data-change"]) for a in markers] == [
-        (d.step, d.change.change) for d in offline if d.change.change != "none"
+        (d.step, d.change.change) for d in offline if d.change.change != "steady"
     ]
     regressed = {a["data-regressed"] for a in markers if a["data-change"] == "regression"}
     assert regressed == {d.change.regressed for d in offline if d.change.regressed}

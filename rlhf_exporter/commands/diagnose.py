@@ -44,7 +44,7 @@ verdicts (the window the step waited on longest; `balanced` when none clearly do
   checkpoint  save_checkpoint                    reason:  checkpoint
   other       adv and untimed driver work        reasons: untimed, driver_compute
 
-change (against the job's own recent steps): `none`; `workload_shift` (slower, but only
+change (against the job's own recent steps): `steady`; `workload_shift` (slower, but only
 because the work grew: tokens, sequence length, the longest response); `regression` (a
 window costs more than its work explains, even if another got faster; `regressed` names it).
 

@@ -90,7 +90,7 @@ LOOK_AT: Mapping[tuple[str, str], str] = {
 }
 
 CHANGE_MEANING: Mapping[str, str] = {
-    "none": "in line with the job's recent steps",
+    "steady": "in line with the job's recent steps (also before a baseline exists)",
     "workload_shift": "slower because the work grew (tokens, sequence length, longest response); "
     "no window costs more than its work explains",
     "regression": "a window costs more than its work explains, against the job's own baseline",

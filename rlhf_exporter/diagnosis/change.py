@@ -17,8 +17,9 @@ from .thresholds import GROUPS, Thresholds
 from .values import num
 from .windows import Windows
 
-NONE, WORKLOAD_SHIFT, REGRESSION = "none", "workload_shift", "regression"
-CHANGES = (NONE, WORKLOAD_SHIFT, REGRESSION)
+STEADY, WORKLOAD_SHIFT, REGRESSION = "steady", "workload_shift", "regression"
+NONE = STEADY  # no change found; the kind was "none" before issue 38 (docs/metrics.md)
+CHANGES = (STEADY, WORKLOAD_SHIFT, REGRESSION)
 COST_GROUPS = tuple(g for g in GROUPS if g != "checkpoint")
 """Groups that can regress; also the tie order for `regressed`."""
 

@@ -1,7 +1,7 @@
 """Change episodes: a run's per-step change labels told as a person would.
 
 The decision table labels each step on its own (`regression` of a group, `workload_shift`,
-`none`) against a baseline that keeps learning: a window that stays slow is labelled for a
+`steady`) against a baseline that keeps learning: a window that stays slow is labelled for a
 few steps, then the baseline holds the new level and the label stops, though nothing
 recovered. This module groups the labels into episodes and measures each against the steps
 around it:
@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from .history import StepPoint
 from .thresholds import GROUPS
 
-REGRESSION, WORKLOAD_SHIFT = "regression", "workload_shift"
+REGRESSION, WORKLOAD_SHIFT, STEADY = "regression", "workload_shift", "steady"
 GAP = 2  # unlabelled steps that may separate two stretches of one episode
 WINDOW = 5  # steps before and after an episode whose medians are its "before" and "after"
 RECOVERED = 1.10  # a cost within 10 % of the level before the episode has recovered
@@ -191,8 +191,8 @@ def _episode(
     run: int, pts: Sequence[StepPoint], kind: str, group: str | None, idx: list[int]
 ) -> Episode:
     a, z = idx[0], idx[-1]
-    before_pts = [p for p in pts[:a] if p.change == "none"][-WINDOW:]
-    after_pts = [p for p in pts[z + 1 :] if p.change == "none"][:WINDOW]
+    before_pts = [p for p in pts[:a] if p.change == STEADY][-WINDOW:]
+    after_pts = [p for p in pts[z + 1 :] if p.change == STEADY][:WINDOW]
     before, after = level(before_pts, group), level(after_pts, group)
     during = level([pts[i] for i in idx], group)
     assert during is not None

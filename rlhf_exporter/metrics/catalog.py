@@ -532,9 +532,15 @@ ENGINE = _section(
         "Highest KV-cache usage (0-1) of any replica during W.",
     ),
     _job(
-        "rlhf_engine_preemptions",
+        "rlhf_engine_window_preemptions",
         GAUGE,
         "Preemptions (vLLM) or retractions (SGLang) during W, summed over replicas.",
+    ),
+    _job(
+        "rlhf_engine_preemptions",
+        GAUGE,
+        "Deprecated, removed in the next release: use rlhf_engine_window_preemptions (the "
+        "same value; in OpenMetrics this gauge's family name is rlhf_engine_preemptions_total's).",
     ),
     _job(
         "rlhf_engine_preemptions_total",
@@ -637,6 +643,63 @@ EXPORTER = _section(
     ),
 )
 
+LABELS: Mapping[str, str] = {
+    # label name -> its one meaning, the same in every family that has it (docs/metrics.md,
+    # "Label names"; tests/test_catalog_names.py fails on a label name without an entry).
+    # Where a meaning's values depend on the family (`reason`, `state`), the family's help
+    # names them.
+    "project": "verl's trainer.project_name: with `experiment`, the job",
+    "experiment": "verl's trainer.experiment_name: with `project`, the job",
+    "phase": "a verl timer name, as in timing_s/<phase>",
+    "group": "a decision-table window group (rollout, reward, logprob, update, sync, "
+    "checkpoint, other): the unit step time is counted in",
+    "verdict": "a step's bottleneck verdict: a group's name, or balanced or unknown",
+    "reason": "why: the cause of what the family counts, from the vocabulary its help names "
+    "(a verdict's reason, an error's, a death's, a throttle's, an unread stack's)",
+    "kind": "a step's change against the job's baseline: steady, workload_shift, regression",
+    "state": "the lifecycle state of what the family counts: a job's (running, finished, "
+    "failed, unknown) or a Ray actor's, as Ray names it (ALIVE, DEAD, ...)",
+    "status": "a Ray Jobs API entry's status, as Ray names it (PENDING, RUNNING, SUCCEEDED, ...)",
+    "stage": "verl's MFU stage, as in perf/mfu/<stage>",
+    "stat": "a statistic of a distribution verl logs: mean, max, min (fully-async: avg, tp50, "
+    "tp95, tp99)",
+    "part": "a part of an agent-loop sample: generate_sequences, tool_calls, compute_score",
+    "side": "a side of fully-async training, as in dynamic_resource/<side>: rollout or train",
+    "component": "a fully-async component, as in fully_async/<component>/idle_ratio",
+    "role": "a Ray actor's role, from the class-to-role map (docs/gpu-roles.md)",
+    "class_name": "a Ray actor's class name (opt-in: ray.per_class)",
+    "ray_version": "the Ray version of the cluster read",
+    "session_name": "the Ray session of the cluster read",
+    "where": "where a stalled process waits, from its Python stack "
+    "(docs/runbooks.md#where-it-hangs)",
+    "outcome": "a stack request's outcome: ok, or why not",
+    "gpu": "a GPU's NVML index on its node",
+    "uuid": "a GPU's UUID (the join key with dcgm-exporter)",
+    "name": "a GPU's product name, as NVML reports it",
+    "driver_version": "the NVIDIA driver version, as NVML reports it",
+    "gpu_role": "what a GPU serves: rollout, trainer, colocated (both) or unknown",
+    "xid": "an XID error code (other: outside the documented set)",
+    "error": "an ECC error counter's type: corrected or uncorrected",
+    "scope": "an ECC counter's scope: volatile (since the driver loaded) or aggregate (lifetime)",
+    "cause": "what made NVML repair GPU memory (a remapped row's or retired page's cause, as "
+    "NVML names it)",
+    "reading": "an NVML reading a GPU does not support",
+    "usable": "whether a rollout window's engine evidence was usable: true or false",
+    "condition": "a condition of the rollout engines during a window: kv_pressure, queueing, "
+    "long_tail",
+    "replica": "a rollout replica (one engine server), as the engine targets name it",
+    "engine": "a rollout replica's engine: vllm, sglang, or empty when unknown",
+    "collector": "one of the exporter's collectors (verl, push, ray, nvml, engines, ...)",
+    "endpoint": "an exporter endpoint that takes a bearer token: push, windows",
+    "version": "the exporter's version",
+}
+
+LEGACY_STEADY = "none"
+"""The change kind `steady` (a step in line with the job's baseline) as it was named before
+issue 38; served instead of `steady` only with the deprecated legacy_change_none setting,
+never beside it (rlhf_change is one-hot: both would count a step twice). Removed in the
+next release."""
+
 CATALOG: tuple[Metric, ...] = tuple(
     VERL + RAY + STACKS + GPU + GPU_HEALTH + WINDOW_GPU + ENGINE + EXPORTER
 )
@@ -668,6 +731,9 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
             "file_deleted",
             "permission_denied",
         ),
+    },
+    "nvml": {  # per GPU, served by the NVML source itself: the GPU-lost alert's reason
+        "rlhf_gpu_errors_total": ("gpu_is_lost",),
     },
     "push": {
         "rlhf_exporter_record_errors_total": (

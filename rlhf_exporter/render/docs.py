@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..diagnosis import Thresholds
-from ..metrics.catalog import CATALOG
+from ..metrics.catalog import CATALOG, LABELS
 
 ORDER = 10
 HEADER = """\
@@ -39,6 +39,24 @@ Migration notes:
   whole text. Two label names on purpose: `verdict` (the `rlhf_bottleneck*` families) is a
   step's verdict, which may be `balanced` or `unknown`; `group` is a window group
   (`rollout` ... `other`), the unit the time is counted in.
+- Issue 38: a step in line with its job's baseline is `kind="steady"` in `rlhf_change` and
+  `rlhf_change_steps_total` (it was `kind="none"`, which reads as a missing value), and
+  `steady` in every output of `diagnose` (`"change"` in its JSON and JSONL, the table, the
+  summary, the report). A query matching `kind="none"` should match `kind="steady"`, or
+  better the news kinds by name, `kind=~"workload_shift|regression"`, as the shipped rules
+  and dashboards now do: that reads right under either value. For this release only, the
+  deprecated setting `legacy_change_none` (`--legacy-change-none`,
+  `RLHF_EXPORTER_LEGACY_CHANGE_NONE=true`; in the chart, `extraEnv`) serves `kind="none"`
+  instead of `kind="steady"`, never both: the families are one-hot, and a step under two
+  values would be counted twice by every `sum`. It is off by default, so that a new install
+  starts on the lasting name and the shipped rules and dashboards match their own legends;
+  turn it on only while an old dashboard is migrated.
+- Issue 38: the gauge `rlhf_engine_preemptions` is deprecated, replaced by
+  `rlhf_engine_window_preemptions` (the same value): in OpenMetrics its family name was the
+  counter `rlhf_engine_preemptions_total`'s, and a strict parser rejects such a page
+  (prometheus_client: "Received metadata after samples"). Both are served in this release.
+- Issue 38: every label name has one meaning in every family that has it, listed under
+  "Label names" at the end of this page.
 """
 
 
@@ -62,6 +80,8 @@ def metrics_markdown() -> str:
             ]
         labels = ", ".join(f"`{label}`" for label in m.labels) or "—"
         lines.append(f"| `{m.name}` | {m.type} | {labels} | {m.help} |")
+    lines += ["", "## Label names", "", "| label | meaning |", "|---|---|"]
+    lines += [f"| `{name}` | {meaning} |" for name, meaning in LABELS.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -239,7 +259,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         "steps of the same run that had S, K and S' > 0: the median S', the median K/S', and for",
         "each group and measure the median cost over the baseline steps where the measure was",
         f"usable. With fewer than **{c['min_baseline_steps']}** (`change.min_baseline_steps`)",
-        "baseline steps the change is `none`; a measure is *used* for a group when it is usable in",
+        "baseline steps the change is `steady`; a measure is *used* for a group when it is usable in",
         "this step and in at least that many baseline steps (K always is). A lower step number (a",
         "restart or resume) starts a new run with an empty baseline.",
         "",
@@ -259,7 +279,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         f"| `workload_shift` | otherwise, when S' ≥ {c['step_time_ratio']} × baseline S' "
         f"(`change.step_time_ratio`) or K/S' ≤ {c['throughput_ratio']} × baseline K/S' "
         f"(`change.throughput_ratio`) | {CHANGE_MEANING['workload_shift']} |",
-        f"| `none` | otherwise | {CHANGE_MEANING['none']} |",
+        f"| `steady` | otherwise | {CHANGE_MEANING['steady']} |",
         "",
     ]
     return "\n".join(out)

@@ -86,12 +86,19 @@ SELECT: Mapping[str, tuple[str, str]] = {
 _HOW = {field: how for field, how in FAMILIES.values()}
 PRIORITY_GAUGES = frozenset({"running", "waiting", "waiting_capacity", "kv", "throughput"})
 """Gauges: with priority scheduling SGLang writes their total under `priority=""`."""
-PER_RANK = "tp_rank"
-"""SGLang's schedulers label their series with their TP rank. Every rank counts each
+PER_RANK = frozenset({"tp_rank", "pp_rank", "moe_ep_rank"})
+"""SGLang's schedulers label their series with their ranks. Every TP rank counts each
 retraction (scheduler.py `increment_retracted_reqs`; the gauges come from the stats rank
 only, or from each rank with `enable_metrics_for_all_schedulers`): the ranks of one
-data-parallel group describe the same batch, so a replica's value is the maximum over
-`tp_rank` within each group of its other labels, then combined over the groups."""
+data-parallel group describe the same batch. `moe_ep_rank` is a function of `tp_rank`
+(data_parallel_controller.py), so with expert parallelism it differs between the same
+group's TP ranks. Every pipeline stage runs the same scheduler loop over the same
+micro-batches (scheduler_pp_mixin.py `event_loop_pp`: each stage ingests the requests the
+previous one forwards, schedules, retracts and processes every batch's result) and each
+stage's `attn_tp_rank` 0 is a stats rank (`is_stats_logging_rank` ignores `pp_rank`), so
+its counters and gauges repeat per stage. A replica's value is therefore the maximum over
+these rank labels within each group of its other labels (`dp_rank`, `priority`, ...), then
+combined over the groups."""
 # the lines read: each wanted family's samples; a name must be followed by `{` or a space, so
 # that `vllm:num_requests_waiting_by_reason` is not taken for `vllm:num_requests_waiting`
 _WANTED: tuple[bytes, ...] = tuple(
@@ -345,8 +352,8 @@ ENGINE_ACTIVE = 600.0  # seconds after a job's last step during which its engine
 
 def combine(series: Sequence[tuple[Mapping[str, str], float]], how: str, gauge: bool) -> float:
     """One replica's value of one family from its series: summed (`how` "sum": engines of a
-    data-parallel server) or the maximum ("max": KV usage). SGLang's TP ranks count once
-    (PER_RANK); with priority scheduling a gauge's total is the `priority=""` series, beside
+    data-parallel server) or the maximum ("max": KV usage). SGLang's TP, PP and EP ranks
+    count once (PER_RANK); with priority scheduling a gauge's total is the `priority=""` series, beside
     one series per priority that must not be added to it (metrics_collector.py
     `_log_gauge_queue_count`; counters are split by priority, never totalled, so they add)."""
     if len(series) == 1:
@@ -355,7 +362,7 @@ def combine(series: Sequence[tuple[Mapping[str, str], float]], how: str, gauge: 
         series = [(labels, v) for labels, v in series if not labels.get("priority")] or series
     groups: dict[tuple[tuple[str, str], ...], float] = {}
     for labels, v in series:
-        key = tuple(sorted((k, x) for k, x in labels.items() if k != PER_RANK))
+        key = tuple(sorted((k, x) for k, x in labels.items() if k not in PER_RANK))
         groups[key] = max(groups[key], v) if key in groups else v
     return max(groups.values()) if how == "max" else sum(groups.values())
 

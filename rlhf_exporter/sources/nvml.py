@@ -48,6 +48,7 @@ from ..diagnosis.gpujoin import gpu_role
 from ..diagnosis.xid import BAD_GPU, DEGRADED, LOST, xid_label
 from ..join.board import WindowBoard, WindowJoiner
 from ..join.ports import ActorPids, ActorProcess
+from ..metrics.catalog import KNOWN_ERRORS
 from ..metrics.snapshot import Sample
 from ..settings import Settings
 from .base import Clock, Context, PollingSource, PollResult, SourceError
@@ -111,6 +112,9 @@ def _address(handle: Any) -> int:
         return id(handle)
 
 
+GPU_ERRORS = "rlhf_gpu_errors_total"
+
+
 class Gpu:
     """What the poll thread keeps for one GPU between polls."""
 
@@ -127,7 +131,8 @@ class Gpu:
         self.samples = 0
         self.utilization: float | None = None
         self.unsupported: set[str] = set()
-        self.errors: dict[str, int] = {}
+        # the known reasons from 0 (the GPU-lost alert's increase() sees the first loss)
+        self.errors: dict[str, int] = dict.fromkeys(KNOWN_ERRORS["nvml"][GPU_ERRORS], 0)
         self.failing: str | None = None
         self.recent: list[tuple[float, float]] = []  # this poll's (end time, ratio) samples
         self.role = UNKNOWN_ROLE  # gpu_role() of its processes, for the window join

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import quote, urlsplit
 
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
+from ..diagnosis.change import STEADY
 from ..diagnosis.episodes import balanced_look_at, episodes
 from ..diagnosis.history import StepPoint
 from ..diagnosis.stacks import StackRound
@@ -261,7 +262,7 @@ def verdict_box(
     advice = advice or look_at(verdict, reason)
     if advice:
         lines.append(f'<div class="look-at"><b>Look at next:</b> {escape(advice)}</div>')
-    if change and change != "none":
+    if change and change != STEADY:
         text = f"regression: {regressed}" if change == "regression" else "workload shift"
         lines.append(
             f"<div><b>Change:</b> {_tag(text, CHANGE_COLOURS[change])} "
@@ -478,7 +479,7 @@ def index_page(
         history = job.get("history") or ()
         tag = _tag(verdict, VERDICT_COLOURS[verdict]) if verdict else "-"
         change_text = ""
-        if change and change != "none":
+        if change and change != STEADY:
             text = f"regression: {job.get('regressed')}" if change == "regression" else "shift"
             change_text = _tag(text, CHANGE_COLOURS[change])
         stall = stalls[id(job)]

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 
 from ..diagnosis import BALANCED, GROUPS, StepDiagnosis
 from ..diagnosis.advice import LOOK_AT, SIDECAR_NOTE, look_at
+from ..diagnosis.change import STEADY
 from ..diagnosis.episodes import Episode, balanced_look_at, episodes, headline
 from ..diagnosis.history import StepPoint, point
 
@@ -310,7 +311,7 @@ class Table:
             advice = SAME  # the same advice as the row above, folded
         else:
             self._last_advice = advice
-        if "change" not in self.widths and d.change.change != "none":
+        if "change" not in self.widths and d.change.change != STEADY:
             advice = f"[{self._change(d)}] {advice}".rstrip()
         cells = {
             "step": str(d.step),
@@ -332,7 +333,7 @@ class Table:
 
     def _change(self, d: StepDiagnosis) -> str:
         change = d.change.change
-        if change == "none":
+        if change == STEADY:
             return ""
         wide = self.widths.get("change", 22) >= 22
         if change == "workload_shift":

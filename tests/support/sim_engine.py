@@ -71,6 +71,8 @@ class Replica:
     name: str = ""
     tp: int = 1
     dp: int = 1
+    pp: int = 1  # sglang pipeline stages: each stage's stats rank repeats the gauges, tokens
+    ep: bool = False  # sglang expert parallelism over the TP ranks (moe_ep_rank = tp_rank)
     priority: bool = False  # sglang --enable-priority-scheduling
     finish_at: tuple[float, ...] = ()  # sglang: when requests finish (window fractions)
     retract_burst: tuple[float, int] | None = None  # (window fraction, requests) once each
@@ -213,8 +215,8 @@ def _sglang(
     retracted, realtime = sg("preempted"), sg("realtime")
     for dp in range(r.dp):
 
-        def rank(tp: int, dp: int = dp) -> tuple[str, ...]:
-            out: tuple[str, ...] = (MODEL, "unified", str(tp), "0", "0")
+        def rank(tp: int, pp: int = 0, dp: int = dp) -> tuple[str, ...]:
+            out: tuple[str, ...] = (MODEL, "unified", str(tp), str(pp), str(tp) if r.ep else "0")
             out += ("",) if r.priority else ()
             return out + ((str(dp),) if r.dp > 1 else ())
 
@@ -225,20 +227,23 @@ def _sglang(
             "throughput": s.tokens_per_s,
             "used": s.kv * 100_000,
         }
-        for key, value in values.items():  # the stats rank (TP rank 0) logs the gauges
-            gauges[key].labels(*rank(0)).set(value)
-            if r.priority and key in ("running", "waiting"):
-                high = int(2 * value) // 3  # priority 0: two thirds, priority 1: the rest
-                for prio, part in (("0", high), ("1", value - high)):
-                    labels = list(rank(0))
-                    labels[5] = prio
-                    gauges[key].labels(*labels).set(part)
+        for pp in range(r.pp):  # each stage's stats rank (TP rank 0) logs the gauges
+            for key, value in values.items():
+                gauges[key].labels(*rank(0, pp)).set(value)
+                if r.priority and key in ("running", "waiting"):
+                    high = int(2 * value) // 3  # priority 0: two thirds, priority 1: the rest
+                    for prio, part in (("0", high), ("1", value - high)):
+                        labels = list(rank(0, pp))
+                        labels[5] = prio
+                        gauges[key].labels(*labels).set(part)
         mine = _share(preempted, r.dp, dp)
-        if mine > 0:  # created at the first retraction, counted by every TP rank
-            for tp in range(r.tp):
-                retracted.labels(*rank(tp)).inc(mine)
+        if mine > 0:  # created at the first retraction, counted by every TP rank of every stage
+            for pp in range(r.pp):
+                for tp in range(r.tp):
+                    retracted.labels(*rank(tp, pp)).inc(mine)
         if r.gen_tokens_counter and tokens > 0:
-            realtime.labels(*rank(0), "decode").inc(tokens / r.dp)
+            for pp in range(r.pp):
+                realtime.labels(*rank(0, pp), "decode").inc(tokens / r.dp)
     if r.gen_tokens_counter and finished is not None:
         tok = sg("tokens")
         tok.labels(MODEL, "unified", "false").inc(finished)

@@ -69,8 +69,8 @@ from .style import (
     verdict_mappings,
 )
 
-CHANGED = "|".join(k for k in CHANGES if k != "none")
-"""The change kinds that are news (every kind but `none`)."""
+CHANGED = "|".join(k for k in CHANGES if k != CHANGES[0])
+"""The change kinds that are news (every kind but `steady`)."""
 
 TITLE = "RLHF fleet"
 DESCRIPTION = (

@@ -332,7 +332,7 @@ def change_timeline(c: DashboardContext) -> PanelBuilder:
         "The last step's change (§4), per job. "
         + "; ".join(f"{kind}: {CHANGE_MEANING[kind]}" for kind in CHANGES)
         + f". The baseline is the median of the last {th.baseline_steps} usable steps of the run; "
-        f"with fewer than {th.min_baseline_steps} the change is none.",
+        f"with fewer than {th.min_baseline_steps} the change is steady.",
         [Q(change_code(), JOB_LEGEND)],
         change_mappings(),
         row_height=0.9,
@@ -345,7 +345,7 @@ def step_time_against_baseline(c: DashboardContext) -> PanelBuilder:
         time_series(
             "Step time against the baseline",
             "timing_s/step of the last step and the job's baseline step time (dashed: the median "
-            f"of recent steps without checkpoint saves). §4: the change is none while the step "
+            f"of recent steps without checkpoint saves). §4: the change is steady while the step "
             f"stays under {th.step_time_ratio:g}x the baseline and tokens per second above "
             f"{th.throughput_ratio:g}x.",
             [
@@ -926,7 +926,7 @@ def engine_preemptions(c: DashboardContext) -> PanelBuilder:
             "vllm:num_preemptions_total / sglang:num_retracted_requests_total: their increase over "
             f"the step's rollout window, summed over replicas. Above {e['preemptions_min']:g} the "
             "reason is preemption (verl's own agent_loop/num_preempted is never reported).",
-            [Q(sel("rlhf_engine_preemptions"), JOB_LEGEND)],
+            [Q(sel("rlhf_engine_window_preemptions"), JOB_LEGEND)],
             style.PLAIN,
             bars=True,
         )

@@ -25,7 +25,7 @@ VERDICT_COLOURS: Mapping[str, str] = {
 """The one verdict -> colour map. Groups use the colour of the verdict of the same name."""
 
 CHANGE_COLOURS: Mapping[str, str] = {
-    "none": "#73BF69",  # green: in line with the job's baseline
+    "steady": "#73BF69",  # green: in line with the job's baseline
     "workload_shift": "#5794F2",  # blue: more work, no window costs more than it explains
     "regression": "#E02F44",  # red: some window costs more than its work explains
 }
@@ -71,7 +71,7 @@ def reason_codes() -> dict[tuple[str, str], int]:
 
 
 def change_codes() -> dict[str, int]:
-    """change kind -> integer (0 is `none`)."""
+    """change kind -> integer (0 is `steady`)."""
     return {c: i for i, c in enumerate(CHANGES)}
 
 

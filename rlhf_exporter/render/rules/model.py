@@ -251,7 +251,7 @@ class Context:
 
     @property
     def change_steps_fleet(self) -> str:
-        """Steps per change kind but `none` over the fleet interval (tiles the time)."""
+        """Steps per change kind but `steady` over the fleet interval (tiles the time)."""
         return f"project_experiment_kind:rlhf_change_steps:increase{self.fleet_interval}"
 
     @property

@@ -25,9 +25,10 @@ def verdict_code_expr() -> str:
     return "max without (verdict) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
-# The last step's change as one number per job, likewise (0 none, then the kinds in order).
+# The last step's change as one number per job, likewise (0 steady, then the kinds in order).
 CHANGE_CODE = "project_experiment:rlhf_change:code"
 CHANGE_CODES = {c: i for i, c in enumerate(CHANGES)}
+CHANGED = "|".join(CHANGES[1:])  # the kinds that are news (every kind but `steady`)
 
 
 def change_code_expr() -> str:
@@ -67,7 +68,9 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
         },
         {
             "record": ctx.change_steps_fleet,
-            "expr": f'increase(rlhf_change_steps_total{{kind!="none"}}[{f}])',
+            # the news kinds by name, never `kind!="steady"`: right whichever value the
+            # deprecated legacy_change_none setting serves for a steady step
+            "expr": f'increase(rlhf_change_steps_total{{kind=~"{CHANGED}"}}[{f}])',
         },
         {"record": JOB_GPUS, "expr": job_gpus_expr()},
         {
