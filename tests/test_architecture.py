@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("configuration", ("config", "auth", "settings")),
     ("generated and drawn", ("render", "view")),
     ("the join", ("join",)),
-    ("jobs", ("records", "jobs", "job_series")),
+    ("jobs", ("records", "jobs", "job_series", "job_history")),
     ("the wire", ("windows_api",)),
     ("sources", ("sources",)),
     ("server", ("server",)),
