@@ -355,3 +355,46 @@ def test_a_server_still_loading_is_probed_again_soon(monkeypatch) -> None:
     assert found and found[0].url == "http://127.0.0.1:9/metrics"
     assert probes == [100.0, 101.0, 103.0, 107.0]  # 1, 2, 4 s apart
     assert errors[engine_targets.PORT_NOT_FOUND] == 3
+
+
+def test_a_job_that_begins_stepping_has_its_servers_probed_at_once(monkeypatch) -> None:
+    """CI, issue 32: during the idle polls (15 s apart) a loading server's probe backoff grows
+    to PROBE_RETRY; when a job begins stepping its servers serve, so the source probes a
+    server without a port at its first poll, not after the grown backoff (the real V1
+    job's three steps took 20 s: a 30 s wait missed every rollout)."""
+    from types import SimpleNamespace
+
+    actor = SimpleNamespace(name="vllm_server_0_0")
+    ray = SimpleNamespace(pid_actors=lambda: {4242: actor})
+    targets = engine_targets.Targets(ray=ray)
+    clock = [1000.0]
+    listening = [False]
+    probes: list[float] = []
+
+    def probe(pid: int) -> str | None:
+        probes.append(clock[0])
+        return "http://127.0.0.1:9/metrics" if listening[0] else None
+
+    monkeypatch.setattr(engine_targets.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(targets, "_probe", probe)
+    monkeypatch.setattr(engine_targets, "_ray_worker", lambda pid, proc="/proc": True)
+    active = [False]
+    source = EngineSource(
+        targets, interval=0.1, idle_interval=15.0, active=lambda: active[0],
+        clock=lambda: clock[0],
+    )  # fmt: skip
+    try:
+        for _ in range(8):  # two minutes of idle polls: the server still loading
+            source.poll()
+            clock[0] += 15.0
+        polled, last = clock[0] - 15.0, probes[-1]
+        assert probes[-2:] == [1060.0, 1090.0]  # the backoff has grown to PROBE_RETRY
+        listening[0] = True
+        active[0] = True  # the job's first step ended: it steps now
+        clock[0] = polled + 1.0  # before the next probe the backoff would allow
+        assert clock[0] < last + engine_targets.PROBE_RETRY
+        source.poll()
+        assert probes[-1] == clock[0], probes
+        assert source.targets.current(Counter())[0].url == "http://127.0.0.1:9/metrics"
+    finally:
+        source.close()

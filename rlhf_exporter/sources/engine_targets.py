@@ -454,6 +454,11 @@ class Targets:
                 return url
         return no_route
 
+    def probe_soon(self) -> None:
+        """Probe every server whose port was not found yet at the next poll, its backoff
+        started over (the ports already found are kept)."""
+        self._ports = {pid: v for pid, v in self._ports.items() if v[0] is not None}
+
     def forget_ports(self) -> None:
         """Probe every server's port again at the next poll."""
         self._ports.clear()

@@ -410,6 +410,7 @@ class EngineSource(PollingSource):
         self._last_seen: dict[str, float] = {}
         self._errors: Counter[str] = Counter()
         self._last_scrape: float | None = None
+        self._was_active = False  # a job stepped within ENGINE_ACTIVE at the last check
         self._busy = False  # an engine had running or waiting requests at the last read
         self._result = PollResult(())
         self.max_series = max_series
@@ -467,9 +468,17 @@ class EngineSource(PollingSource):
 
     # -- one poll ---------------------------------------------------------------------------
     def _due(self, now: float) -> bool:
+        active = self._active()
+        if active and not self._was_active:
+            # a job began stepping: its servers serve now, so one whose port was not found
+            # during the idle polls (its backoff grown to PROBE_RETRY) is probed again at
+            # once; else a short job's rollouts could all end before the next probe (the
+            # real V1 job of tests/test_real_verl.py: three steps in 20 s)
+            self.targets.probe_soon()
+        self._was_active = active
         if self._last_scrape is None:
             return True
-        period = self.fast if (self._busy or self._active()) else self.idle_interval
+        period = self.fast if (self._busy or active) else self.idle_interval
         return now - self._last_scrape >= period - 0.05 * self.fast
 
     def poll(self) -> PollResult:

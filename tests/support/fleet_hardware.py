@@ -181,7 +181,9 @@ def _engine_series(plan: JobPlan) -> Iterator[tuple]:
     yield "rlhf_engine_running_requests_mean", j, per_step(90, 180, 2)
     yield "rlhf_engine_waiting_requests_mean", j, per_step(0, 40, 3)
     yield "rlhf_engine_kv_cache_usage_max_ratio", j, per_step(0.6, 1.0, 4)
-    yield "rlhf_engine_preemptions", j, lambda t: float(int(t // 60) % 9 == 0)
+    preempted = lambda t: float(int(t // 60) % 9 == 0)  # noqa: E731
+    yield "rlhf_engine_window_preemptions", j, preempted
+    yield "rlhf_engine_preemptions", j, preempted  # deprecated (issue 38), still served
     yield "rlhf_engine_imbalance_ratio", j, per_step(1.0, 1.4, 5)
     yield "rlhf_engine_coverage_ratio", j, per_step(0.95, 1.0, 6)
     for k, c in enumerate(CONDITIONS):
