@@ -100,10 +100,47 @@ class RayHead:
         `num_gpus`: logical GPUs to advertise; `env`: added to the head's environment (every
         daemon, worker and job inherits it)."""
         self.token = token
-        self.tag = tag or uuid.uuid4().hex[:6]
+        self._base_tag = tag or uuid.uuid4().hex[:6]
+        self._fixed_dashboard_port = dashboard_port
+        failures: list[str] = []
+        # `ray start` sometimes fails on a loaded 2-core machine with "the current node timed
+        # out during startup": its raylet did not register with the GCS within Ray's fixed
+        # 30 s (seen once in CI, right after the README test; the next start on the same
+        # machine took 6 s). A port chosen here may also be taken by
+        # another process's outgoing connection before Ray binds it. Such a start is retried
+        # once, on fresh ports and a fresh temp dir, and both failures are reported.
+        for attempt in range(2):
+            rc = self._start(attempt, num_cpus, timeout, ray, num_gpus, object_store_memory, env)
+            if rc == 0:
+                break
+            failures.append(
+                f"attempt {attempt + 1}: ray start failed ({rc}):\n{self.log()}{self._daemon_logs()}"
+            )
+            self.stop(grace=2.0)
+        else:
+            raise RuntimeError("\n\n".join(failures))
+        try:
+            wait_until(self._ready, timeout, 0.25, what=f"Ray dashboard at {self.dashboard_url}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(
+        self,
+        attempt: int,
+        num_cpus: int,
+        timeout: float,
+        ray: str | None,
+        num_gpus: int | None,
+        object_store_memory: int,
+        env: dict[str, str] | None,
+    ) -> int:
+        """One `ray start --head` on freshly chosen ports; returns its exit code."""
+        token = self.token
+        self.tag = self._base_tag if attempt == 0 else f"{self._base_tag}r{attempt}"
         self.temp_dir = Path(f"/tmp/rlhf-ray-{self.tag}")
         self.gcs_port = free_port()
-        self.dashboard_port = dashboard_port or free_port()
+        self.dashboard_port = self._fixed_dashboard_port or free_port()
         self.gcs_address = f"127.0.0.1:{self.gcs_port}"
         self.dashboard_url = f"http://127.0.0.1:{self.dashboard_port}"
         self.log_path = Path(f"/tmp/rlhf-ray-{self.tag}.start.log")
@@ -154,13 +191,23 @@ class RayHead:
             )
         self.sid = starter.pid  # the session every process of this head belongs to
         try:
-            rc = starter.wait(timeout)
-            if rc != 0:
-                raise RuntimeError(f"ray start failed ({rc}):\n{self.log()}")
-            wait_until(self._ready, timeout, 0.25, what=f"Ray dashboard at {self.dashboard_url}")
+            return starter.wait(timeout)
         except BaseException:
             self.stop()
             raise
+
+    def _daemon_logs(self) -> str:
+        """The tails of this head's raylet and GCS logs (why a start failed)."""
+        out = []
+        for name in ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err"):
+            for path in sorted(self.temp_dir.glob(f"session_*/logs/{name}")):
+                try:
+                    tail = path.read_text(errors="replace")[-1500:]
+                except OSError:
+                    continue
+                if tail.strip():
+                    out.append(f"\n--- {path.name} ---\n{tail}")
+        return "".join(out)
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
