@@ -24,6 +24,7 @@ RUNTIME = {
     "orjson": "3.13.0",
     "requests": "2.34.2",
     "nvidia-ml-py": "13.615.71",
+    "isal": "1.9.1",
     # requests' own dependencies
     "urllib3": "2.8.0",
     "idna": "3.20",

@@ -16,6 +16,7 @@ import math
 import shutil
 import subprocess
 import threading
+import zlib
 from dataclasses import replace
 
 import pytest
@@ -29,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 from rlhf_exporter.metrics.catalog import BY_NAME, KNOWN_ERRORS
 from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.deflate import BACKENDS, DEFAULT
 from rlhf_exporter.metrics.exposition import DROPPED, MAX_FORMATS, Exposition, encode, line_format
 from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
@@ -153,17 +155,47 @@ SCRAPED = (*FORMATS, "application/openmetrics-text;version=1.0.0;escaping=dots")
     ray=st.booleans(),
     order=st.booleans(),
     formats=st.permutations(SCRAPED).flatmap(lambda p: st.lists(st.sampled_from(p), min_size=1)),
+    backend=st.sampled_from(sorted(BACKENDS)),
 )
-def test_incremental_render_is_the_from_scratch_render(states, ray, order, formats):
+def test_incremental_render_is_the_from_scratch_render(states, ray, order, formats, backend):
     sources = Sources([verl_snapshot(())] + ([ray_snapshot()] if ray else []))
     if order:
         sources.snaps.reverse()
-    ex = Exposition(sources.fns())
+    ex = Exposition(sources.fns(), deflate=BACKENDS[backend])
     i = sources.snaps.index(next(s for s in sources.snaps if s.collector == "verl"))
     for jobs in states:
         sources.snaps[i] = verl_snapshot(jobs.values())
         check_all(ex, sources.snaps, formats)
         check_all(ex, sources.snaps, formats[::-1])  # cached: the same bytes again
+
+
+def test_isal_is_the_default_deflate_where_it_is_installed():
+    """The test extra installs the package's dependencies, `isal` among them (x86_64,
+    aarch64): the property test above then runs on both backends."""
+    pytest.importorskip("isal")
+    assert DEFAULT.name == "isal" and set(BACKENDS) == {"isal", "zlib"}
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_segments_refer_to_nothing_before_them(name):
+    """A chunk's cached segment is reused after other segments than the ones it was deflated
+    after: each must inflate alone. Repetitive text that a shared history would compress by
+    back-references, deflated A, B, C by one compressor and joined C, A, B, inflates to C, A, B
+    (a backend whose full flush kept its history would point into the wrong bytes)."""
+    d = BACKENDS[name]
+    c = d.compressor(1)
+    texts = [
+        b"".join(b'rlhf_step{experiment="exp%05d",project="team%d"} %d\n' % (i, k, i) for i in r)
+        for k, r in enumerate((range(0, 300), range(0, 300), range(150, 450)))
+    ]
+    segments = [d.segment(c, t) for t in texts]
+    order = [2, 0, 1]
+    stream = b"".join(segments[i] for i in order) + b"\x03\x00"
+    assert zlib.decompress(stream, -15) == b"".join(texts[i] for i in order)
+    crc = 0
+    for i in order:
+        crc = d.crc32(texts[i], crc)
+    assert crc == zlib.crc32(b"".join(texts[i] for i in order))
 
 
 def test_formats_share_sample_lines_only_where_prometheus_client_writes_them_alike():

@@ -147,6 +147,34 @@ def test_cached_bodies_equal_uncached_ones_for_random_step_orders(
     assert use_direct == (ex.stats["direct_fragments"] > 0)
 
 
+def test_a_scrape_while_a_new_body_is_deflated_gets_the_last_finished_one():
+    """A build puts its new body in place, then deflates it: a scrape that comes between
+    gets the last gzip body finished, at once, and never the half-built one's wait (bench:
+    scrape medians of 22-33 ms at 1 s scrapes where 5 ms was usual)."""
+    import threading
+
+    from rlhf_exporter.metrics.exposition import negotiate
+
+    j = ("p", "e")
+    snaps = [Snapshot("verl", True, rest=(), parts=((Sample("rlhf_step", j, 1.0),),))]
+    ex = Exposition([lambda: snaps[0]])
+    first, _, _ = ex.render(OPENMETRICS, want_gzip=True)
+    snaps[0] = Snapshot("verl", True, rest=(), parts=((Sample("rlhf_step", j, 2.0),),))
+    encoder, ctype = negotiate(OPENMETRICS)
+    stale: list[bytes] = []
+    with ex._lock:  # the warm thread mid-build: the new body placed, not yet deflated
+        placed = ex._current(encoder, ctype, True)
+        assert placed.gzipped is None and ex._bodies[ctype] is placed
+        scrape = threading.Thread(
+            target=lambda: stale.append(ex.render(OPENMETRICS, want_gzip=True)[0]), daemon=True
+        )
+        scrape.start()
+        scrape.join(10)
+        assert stale and stale[0] is first and ex.stats["served_while_building"] == 1
+    new, _, _ = ex.render(OPENMETRICS, want_gzip=True)
+    assert b'rlhf_step{experiment="e",project="p"} 2.0' in gzip.decompress(new)
+
+
 def test_a_scrape_during_a_build_gets_the_last_body_at_once():
     """While a build holds the exposition (the warm thread after a poll), a scrape of a format
     that has a body gets that body without waiting; a format without one waits for the build."""
