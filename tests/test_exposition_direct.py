@@ -157,10 +157,12 @@ def test_a_scrape_while_a_new_body_is_deflated_gets_the_last_finished_one():
 
     j = ("p", "e")
     snaps = [Snapshot("verl", True, rest=(), parts=((Sample("rlhf_step", j, 1.0),),))]
-    ex = Exposition([lambda: snaps[0]])
+    now = [100.0]
+    ex = Exposition([lambda: snaps[0]], clock=lambda: now[0])
     first, _, _ = ex.render(OPENMETRICS, want_gzip=True)
     snaps[0] = Snapshot("verl", True, rest=(), parts=((Sample("rlhf_step", j, 2.0),),))
     encoder, ctype = negotiate(OPENMETRICS)
+    now[0] = 115.0
     stale: list[bytes] = []
     with ex._lock:  # the warm thread mid-build: the new body placed, not yet deflated
         placed = ex._current(encoder, ctype, True)
@@ -171,6 +173,10 @@ def test_a_scrape_while_a_new_body_is_deflated_gets_the_last_finished_one():
         scrape.start()
         scrape.join(10)
         assert stale and stale[0] is first and ex.stats["served_while_building"] == 1
+    # the warm thread times its next build by the scrapes, this one included
+    now[0] = 116.0
+    ex.warm()
+    assert ex._wanted[ctype][1:3] == (115.0, 100.0)
     new, _, _ = ex.render(OPENMETRICS, want_gzip=True)
     assert b'rlhf_step{experiment="e",project="p"} 2.0' in gzip.decompress(new)
 

@@ -324,6 +324,7 @@ class Exposition:
         self._bodies: dict[str, _Body] = {}
         # (ctype, gzipped) -> the last bytes finished: what a scrape during a build gets
         self._served: dict[tuple[str, bool], bytes] = {}
+        self._seen: dict[str, float] = {}  # ctype -> a scrape served while a build ran
         self._chunks: dict[tuple[Any, ...], _Chunk] = {}
         self._gz_headers: dict[tuple[str, str], bytes] = {}
         self._name_sets: dict[tuple[str, ...], tuple[str, ...]] = {}  # see _names
@@ -357,6 +358,9 @@ class Exposition:
             ready = self._ready(ctype, want_gzip)
             if ready is not None:
                 self.stats["served_while_building"] += 1
+                # the warm thread times its builds by the scrapes: this one counts too
+                # (merged into `_wanted` under the lock, by `_merge_seen`)
+                self._seen[ctype] = self._clock()
                 return ready, ctype, want_gzip
             self._lock.acquire()
         try:  # one render at a time; scrapers that wait then share its bytes
@@ -372,7 +376,7 @@ class Exposition:
         return self._served.get((ctype, want_gzip))
 
     def _render(self, encoder: Encoder, ctype: str, want_gzip: bool) -> tuple[bytes, str, bool]:
-        last = self._wanted.get(ctype)
+        last = self._merge_seen(ctype)
         self._wanted[ctype] = (encoder, self._clock(), last[1] if last else None, want_gzip)
         if last is None and len(self._wanted) > MAX_FORMATS:
             # the least recently scraped other format goes; the lines it shares with
@@ -397,6 +401,15 @@ class Exposition:
         self._served[ctype, want_gzip] = out
         return out
 
+    def _merge_seen(self, ctype: str) -> tuple[Encoder, float, float | None, bool] | None:
+        """The format's entry in `_wanted`, with a later scrape served while a build held the
+        lock taken as its last scrape (under the lock; an evicted format is not re-added)."""
+        seen = self._seen.pop(ctype, None)
+        entry = self._wanted.get(ctype)
+        if entry is not None and seen is not None and seen > entry[1]:
+            entry = self._wanted[ctype] = (entry[0], seen, entry[1], entry[3])
+        return entry
+
     def warm(self) -> None:
         """Encode what changed for the formats scraped lately (the warm thread calls this).
 
@@ -411,7 +424,7 @@ class Exposition:
         lead = BUILD_AHEAD + 2 * sum(self._build_s.values())
         for ctype in list(self._wanted):
             with self._lock:  # one format at a time: a scrape waits for one build at most
-                entry = self._wanted.get(ctype)
+                entry = self._merge_seen(ctype)
                 if entry is None:  # evicted by a scrape since the list was taken: never
                     continue  # rebuilt here (its body would be held by nothing that frees it)
                 encoder, when, before, want_gzip = entry
@@ -436,6 +449,7 @@ class Exposition:
         self._bodies.pop(ctype, None)
         self._served.pop((ctype, False), None)
         self._served.pop((ctype, True), None)
+        self._seen.pop(ctype, None)
         self._build_s.pop(ctype, None)
         self._headers = {k: v for k, v in self._headers.items() if k[0] != ctype}
         self._gz_headers = {k: v for k, v in self._gz_headers.items() if k[0] != ctype}
