@@ -200,6 +200,9 @@ def test_the_sidecar_wires_engines_only_where_they_can_be_found() -> None:
         assert wired.push is not None and wired.push.engines is wired.engines
         # a sidecar that reads jobs serves their windows to worker sidecars (issue 23)
         assert wired.endpoints.windows_api is not None
+        # each polling source wakes the exposition after its polls (issue 37)
+        wake = wired.endpoints.exposition.wake
+        assert wired.engines.after_poll == [wake]
     finally:
         wired.server.server_close()
 

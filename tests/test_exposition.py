@@ -401,6 +401,42 @@ def test_no_render_flattens_the_jobs_samples():
     assert snaps[1].samples is snaps[1].rest  # no parts: nothing to flatten
 
 
+def test_a_poll_wakes_the_warm_thread_at_once():
+    """A source's thread calls `wake()` after each poll (serve wires it): the change is built
+    long before the warm thread's next tick, so a scrape in the gap does not build it."""
+    import time
+
+    from rlhf_exporter.metrics.snapshot import Snapshot as Snap
+    from rlhf_exporter.sources.base import PollingSource, PollResult
+
+    parts = [job_part(f"p{i}", "e", 1) for i in range(20)]
+    sources = Sources([verl_snapshot(parts)])
+    ex = Exposition(sources.fns(), warm_interval=3600)  # its tick never comes in this test
+    ex.render(OPENMETRICS, want_gzip=True)
+    time.sleep(0.05)  # the thread is waiting
+    parts[3] = job_part("p3", "e", 2)
+    sources.snaps[0] = verl_snapshot(parts)
+
+    class OnePoll(PollingSource):
+        def poll(self) -> PollResult:
+            return PollResult(())
+
+    src = OnePoll("one", interval=3600)
+    src.after_poll.append(ex.wake)
+    src.after_poll.insert(0, lambda: 1 / 0)  # a failing listener stops neither poll nor wake
+    src.start()
+    try:
+        deadline = time.monotonic() + 10
+        while ex.stats["renders"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        src.stop()
+    assert ex.stats["renders"] == 2 and isinstance(src.snapshot(), Snap)
+    body, _, _ = ex.render(OPENMETRICS, want_gzip=True)
+    assert ex.stats["renders"] == 2  # the scrape found it built
+    assert b'rlhf_step{experiment="e",project="p3"} 2.0' in gzip.decompress(body)
+
+
 def test_the_warm_thread_encodes_changes_before_the_scrape_and_ends_with_the_exposition():
     import gc
     import time

@@ -28,7 +28,14 @@ from ..join.ports import WALL
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
 from ..settings import Settings
-from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
+from ..sources.base import (
+    DEPENDENCY_MISSING,
+    Clock,
+    Context,
+    PollingSource,
+    Source,
+    UnavailableSource,
+)
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
 from ..windows_api import WindowsApi
@@ -192,6 +199,9 @@ class Sidecar:
             if s is not None
         ]
         self.endpoints = self._endpoints(settings, windows if gpu_windows else None)
+        for source in self.sources:  # a poll's news is encoded at once, off the scrape path
+            if isinstance(source, PollingSource):
+                source.after_poll.append(self.endpoints.exposition.wake)
         self.server = make_server(
             settings.listen,
             self.endpoints,

@@ -300,7 +300,8 @@ class _Body:
 class Exposition:
     """The /metrics body for the sources' current snapshots, cached per fragment.
 
-    With `warm_interval`, a daemon thread re-encodes what changed every so many seconds,
+    With `warm_interval`, a daemon thread re-encodes what changed every so many seconds, and
+    at once when `wake()` says a source's poll ended,
     for the formats scraped in the last `WARM_FOR` seconds, so that a scrape mostly finds
     its bytes ready (the thread ends when the exposition is garbage-collected)."""
 
@@ -338,10 +339,11 @@ class Exposition:
         self.dropped: Counter[tuple[str, str]] = Counter()  # (collector, reason) -> samples
         self.stats: Counter[str] = Counter()  # renders, samples_encoded, deflate segments
         self.warm_thread: threading.Thread | None = None
+        self._woken = threading.Event()  # set by wake(): a source's poll just ended
         if warm_interval is not None:
             self.warm_thread = threading.Thread(
                 target=_warm_loop,
-                args=(weakref.ref(self), warm_interval),
+                args=(weakref.ref(self), warm_interval, self._woken),
                 name="exposition",
                 daemon=True,
             )
@@ -400,6 +402,13 @@ class Exposition:
             out = body.plain
         self._served[ctype, want_gzip] = out
         return out
+
+    def wake(self) -> None:
+        """A source's poll just ended: the warm thread looks at once instead of at its next
+        tick. Without it a scrape that came in the gap between a poll and that tick (at
+        `warm_interval` 0.25 s and 1 s polls, about one scrape in seven) built the body
+        itself, 20-30 ms at 1,000 jobs (issue 37)."""
+        self._woken.set()
 
     def _merge_seen(self, ctype: str) -> tuple[Encoder, float, float | None, bool] | None:
         """The format's entry in `_wanted`, with a later scrape served while a build held the
@@ -851,9 +860,12 @@ def _families_of(samples: Sequence[Any]) -> dict[str, tuple[Sample, ...]] | None
     return out
 
 
-def _warm_loop(ref: weakref.ReferenceType[Exposition], interval: float) -> None:
+def _warm_loop(
+    ref: weakref.ReferenceType[Exposition], interval: float, woken: threading.Event
+) -> None:
     while True:
-        time.sleep(interval)
+        woken.wait(interval)
+        woken.clear()
         ex = ref()
         if ex is None:
             return

@@ -165,6 +165,8 @@ class PollingSource:
         self._lock = threading.Lock()  # one poll at a time (thread vs. poll_once in tests)
         self._warned_at: dict[str, float] = {}  # failure reason -> monotonic time of its warning
         self._problem_warned = False  # the current problem was warned: its recovery is told
+        # called after each poll of the source's thread (serve: the exposition's wake)
+        self.after_poll: list[Callable[[], None]] = []
 
     # -- to implement -------------------------------------------------------------------
     def poll(self) -> PollResult:
@@ -199,6 +201,11 @@ class PollingSource:
         while not self._stop.is_set():
             started = time.monotonic()
             self.poll_once()
+            for fn in self.after_poll:
+                try:
+                    fn()
+                except Exception:  # a listener's bug never stops the polls
+                    log.exception("%s: a listener of its polls failed", self.name)
             self._stop.wait(max(0.0, self.interval - (time.monotonic() - started)))
 
     # -- one collection -----------------------------------------------------------------
