@@ -199,9 +199,6 @@ class Sidecar:
             if s is not None
         ]
         self.endpoints = self._endpoints(settings, windows if gpu_windows else None)
-        for source in self.sources:  # a poll's news is encoded at once, off the scrape path
-            if isinstance(source, PollingSource):
-                source.after_poll.append(self.endpoints.exposition.wake)
         self.server = make_server(
             settings.listen,
             self.endpoints,
@@ -230,7 +227,7 @@ class Sidecar:
     def _endpoints(self, settings: Settings, windows: WindowBoard | None) -> Endpoints:
         """What the HTTP server serves, from the parts built (`windows`: the board the
         windows API serves to worker sidecars, None when this sidecar keeps no windows)."""
-        return Endpoints(
+        endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
             snapshot_fns=[s.snapshot for s in self.sources],
@@ -244,6 +241,10 @@ class Sidecar:
             pages=PageCache(max_bytes=settings.page_cache_bytes),
             stacks_of=self.stacks.round_of if self.stacks is not None else None,
         )
+        for source in self.sources:  # a poll's news is encoded at once, off the scrape path
+            if isinstance(source, PollingSource):
+                source.after_poll.append(endpoints.exposition.wake)
+        return endpoints
 
     def _demo_engines(self, settings: Settings) -> DemoEngines | None:
         """`serve --demo`: its simulated vLLM replicas on 127.0.0.1 (unless --no-engines)."""
