@@ -200,9 +200,17 @@ def test_the_sidecar_wires_engines_only_where_they_can_be_found() -> None:
         assert wired.push is not None and wired.push.engines is wired.engines
         # a sidecar that reads jobs serves their windows to worker sidecars (issue 23)
         assert wired.endpoints.windows_api is not None
-        # each polling source wakes the exposition after its polls (issue 37)
-        wake = wired.endpoints.exposition.wake
-        assert wired.engines.after_poll == [wake]
+        # the verl source wakes the exposition after its polls (issue 37), the engines' polls
+        # (10 a second while a job steps) do not
+        assert wired.engines.after_poll == []
+    finally:
+        wired.server.server_close()
+    read = serve_mod.Sidecar(
+        settings_mod.resolve(None, {**base, "RLHF_EXPORTER_VERL_ROOT": "/nonexistent"})
+    )
+    try:
+        assert read.verl is not None
+        assert read.verl.after_poll == [read.endpoints.exposition.wake]
     finally:
         wired.server.server_close()
 

@@ -32,7 +32,6 @@ from ..sources.base import (
     DEPENDENCY_MISSING,
     Clock,
     Context,
-    PollingSource,
     Source,
     UnavailableSource,
 )
@@ -241,9 +240,10 @@ class Sidecar:
             pages=PageCache(max_bytes=settings.page_cache_bytes),
             stacks_of=self.stacks.round_of if self.stacks is not None else None,
         )
-        for source in self.sources:  # a poll's news is encoded at once, off the scrape path
-            if isinstance(source, PollingSource):
-                source.after_poll.append(endpoints.exposition.wake)
+        # a verl poll's new steps are encoded at once, off the scrape path (issue 37); not the
+        # engines' polls, 10 a second while a job steps (the warm thread's tick covers them)
+        if self.verl is not None:
+            self.verl.after_poll.append(endpoints.exposition.wake)
         return endpoints
 
     def _demo_engines(self, settings: Settings) -> DemoEngines | None:
