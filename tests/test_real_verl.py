@@ -436,7 +436,7 @@ def test_finished_and_nothing_pages(which, request, stack):
 
 # V1's vLLM server lives about 23 s on these 2 cores, and its three steps about 20 s: whether
 # the sidecar's probe finds and reads it while a step runs depends on scheduling. Its windows
-# were counted in 3 of the 5 runs since its last fix (2026-12-02), so this case cannot fail the suite
+# were counted in 3 of the 6 runs since its last fix (2026-12-02), so this case cannot fail the suite
 # until the read is made reliable (issue 32, still open for it); every other assertion of
 # the V1 job (its records, diagnosis, actors, pages) stays strict in the tests around it.
 V1_ENGINE_READ = pytest.mark.xfail(
