@@ -28,13 +28,7 @@ from ..join.ports import WALL
 from ..logs import configure
 from ..server import Endpoints, PageCache, make_server
 from ..settings import Settings
-from ..sources.base import (
-    DEPENDENCY_MISSING,
-    Clock,
-    Context,
-    Source,
-    UnavailableSource,
-)
+from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
 from ..windows_api import WindowsApi
