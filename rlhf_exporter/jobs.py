@@ -313,7 +313,8 @@ class Job(JobSeries):
         fully-async record places several sub-steps: their rollout spans together."""
         try:
             spans = rollout_spans([iv for tl in timelines for iv in tl.intervals])
-            ev = engines.evidence(spans) if spans else None
+            error = max(tl.error_seconds for tl in timelines)
+            ev = engines.evidence(spans, error) if spans else None
         except Exception:  # the engine side must never cost a step its diagnosis
             self._drop(INTERNAL_ERROR, exc_info=True)
             return d

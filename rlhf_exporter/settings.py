@@ -585,7 +585,8 @@ OPTIONS: tuple[Option, ...] = (
         "engine_interval",
         _positive,
         1.0,
-        "seconds between engine reads while a job steps or an engine is busy",
+        "seconds between engine reads while a job steps, an engine is busy or a verl rollout "
+        "server's Ray actor lives on this node",
         "engines",
         "SECONDS",
     ),

@@ -12,6 +12,7 @@ Also without Ray: verl's Prometheus config file, a file_sd list, static targets,
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -358,10 +359,10 @@ def test_a_server_still_loading_is_probed_again_soon(monkeypatch) -> None:
 
 
 def test_a_job_that_begins_stepping_has_its_servers_probed_at_once(monkeypatch) -> None:
-    """CI, issue 32: during the idle polls (15 s apart) a loading server's probe backoff grows
-    to PROBE_RETRY; when a job begins stepping its servers serve, so the source probes a
-    server without a port at its first poll, not after the grown backoff (the real V1
-    job's three steps took 20 s: a 30 s wait missed every rollout)."""
+    """CI, issue 32: while a server loads its model its probe backoff grows to PROBE_RETRY;
+    when a job begins stepping its servers serve, so the source probes a server without a
+    port at its first poll, not after the grown backoff (the real V1 job's last two steps
+    took 6 s: a wait of up to PROBE_RETRY could miss both rollouts)."""
     from types import SimpleNamespace
 
     actor = SimpleNamespace(name="vllm_server_0_0")
@@ -380,21 +381,55 @@ def test_a_job_that_begins_stepping_has_its_servers_probed_at_once(monkeypatch) 
     monkeypatch.setattr(engine_targets, "_ray_worker", lambda pid, proc="/proc": True)
     active = [False]
     source = EngineSource(
-        targets, interval=0.1, idle_interval=15.0, active=lambda: active[0],
+        targets, interval=1.0, idle_interval=15.0, active=lambda: active[0],
         clock=lambda: clock[0],
     )  # fmt: skip
     try:
-        for _ in range(8):  # two minutes of idle polls: the server still loading
+        for _ in range(120):  # two minutes of polls (the server's actor alive: 1 s apart)
             source.poll()
-            clock[0] += 15.0
-        polled, last = clock[0] - 15.0, probes[-1]
-        assert probes[-2:] == [1060.0, 1090.0]  # the backoff has grown to PROBE_RETRY
+            clock[0] += 1.0
+        polled, last = clock[0] - 1.0, probes[-1]
+        gaps = [b - a for a, b in itertools.pairwise(probes)]
+        assert gaps[:4] == [1.0, 2.0, 4.0, 8.0] and set(gaps[4:]) == {engine_targets.PROBE_RETRY}
         listening[0] = True
         active[0] = True  # the job's first step ended: it steps now
-        clock[0] = polled + 1.0  # before the next probe the backoff would allow
-        assert clock[0] < last + engine_targets.PROBE_RETRY
+        clock[0] = polled + 1.0
+        assert clock[0] < last + engine_targets.PROBE_RETRY  # before the backoff's next probe
         source.poll()
         assert probes[-1] == clock[0], probes
         assert source.targets.current(Counter())[0].url == "http://127.0.0.1:9/metrics"
+    finally:
+        source.close()
+
+
+def test_a_live_rollout_server_is_read_fast_before_its_job_logs_a_step(monkeypatch) -> None:
+    """Issue 32: verl's rollout server actors live only while their job runs, so while Ray
+    lists one alive on this node the engines are read at the fast interval, before the job's
+    first record (the board knows the job only then: the real V1 job's second rollout began
+    as its first record was written, and a 1 s verl poll plus a probe could miss it). When
+    the actor is gone, the idle interval again."""
+    from types import SimpleNamespace
+
+    alive = {4242: SimpleNamespace(name="vllm_server_0_0")}
+    ray = SimpleNamespace(pid_actors=lambda: dict(alive))
+    targets = engine_targets.Targets(ray=ray)
+    monkeypatch.setattr(targets, "_probe", lambda pid: None)  # still loading: no port yet
+    monkeypatch.setattr(engine_targets, "_ray_worker", lambda pid, proc="/proc": True)
+    clock = [5000.0]
+    source = EngineSource(targets, interval=1.0, idle_interval=15.0, clock=lambda: clock[0])
+    try:
+        source.poll()  # the first poll: Ray lists the server, its port not found yet
+        assert targets.ray_servers == 1
+        assert source._due(clock[0] + 1.0)  # no step logged, yet read every second
+        alive.clear()  # the job ended: its actors are gone
+        clock[0] += 1.0
+        source.poll()
+        assert targets.ray_servers == 0
+        assert not source._due(clock[0] + 1.0) and source._due(clock[0] + 15.0)
+        # a reward server is no rollout replica: it does not make the reads fast
+        alive[77] = SimpleNamespace(name="vllm_server_reward_0_0")
+        clock[0] += 15.0
+        source.poll()
+        assert targets.ray_servers == 0 and not source._due(clock[0] + 1.0)
     finally:
         source.close()

@@ -228,3 +228,21 @@ def test_a_read_after_a_short_window_is_no_evidence_of_it() -> None:
     ev = measure([(0.4, 0.6)], {"vllm_server_0_0": inside}, LIM)
     assert ev is not None and ev.coverage == pytest.approx(0.5)
     assert ev.peak_running == 8.0
+
+
+def test_a_window_placed_with_more_error_than_half_its_length_is_not_measured() -> None:
+    """Issue 32 (the real V1 job's first step): verl logs durations; the untimed remainder R
+    is spread over the step, so W's edges are uncertain by up to R. With R 13.6 s beside a
+    12 s `gen`, W was placed 10 s before vLLM ran its requests and read "0 running" there.
+    Beyond `engine.max_placement_error` x |W| of error, W has no evidence (the log's reason
+    stays); at or under it, W is measured as before."""
+    reads = {"vllm_server_0_0": steady(0.0, 12.0, running=8.0)}
+    assert LIM.max_placement_error == 0.5
+    w = [(0.0, 12.0)]
+    assert measure(w, reads, LIM, placement_error=13.6) is None
+    assert measure(w, reads, LIM, placement_error=6.01) is None
+    ev = measure(w, reads, LIM, placement_error=6.0)
+    assert ev is not None and ev.usable and ev.peak_running == 8.0
+    assert measure(w, reads, LIM) == ev  # no error given: none assumed
+    lim = LIM._replace(max_placement_error=2.0)  # the thresholds file can allow more
+    assert measure(w, reads, lim, placement_error=13.6) == ev

@@ -23,7 +23,12 @@ Decisions where the contract is silent (docs/decision-table.md, "Engine evidence
   stops answering during W (it died) leaves its part of W uncovered, so the evidence is
   not usable and the log's rules apply;
 - the shares and means are over the part of W where every alive replica is covered (the
-  jointly covered time), so a missing replica never reads as an idle one.
+  jointly covered time), so a missing replica never reads as an idle one;
+- W is measured only when its place in time is known to within `engine.max_placement_error`
+  of its length: verl logs durations, and the untimed remainder R is spread over the step
+  (diagnosis/timeline.py), so W's edges are uncertain by up to R. The real V1 job's first
+  step (issue 32) has R 10-14 s beside a 6-12 s `gen`: its W was placed 10 s before the
+  engine's requests ran, and read "0 running" there.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class EngineLimits(NamedTuple):
     long_tail_running_ratio: float = 0.10
     long_tail_share: float = 0.30
     imbalance_ratio: float = 1.5
+    max_placement_error: float = 0.5
 
     @classmethod
     def from_document(cls, doc: Mapping[str, Any]) -> EngineLimits:
@@ -164,12 +170,15 @@ def measure(
     replicas: Mapping[str, Sequence[EngineSample]],
     lim: EngineLimits,
     prefill: Collection[str] = (),
+    placement_error: float = 0.0,
 ) -> EngineEvidence | None:
     """The evidence over W (`spans`, merged) from each replica's samples (time order).
-    None when W is empty or no replica answered during it. `prefill`: the prefill peers of
+    None when W is empty, when no replica answered during it, or when W's place in time is
+    uncertain by more than `engine.max_placement_error` of its length (`placement_error`:
+    the timeline's bound, `Timeline.error_seconds`). `prefill`: the prefill peers of
     disaggregated replicas, whose tokens (about one per request) stay out of the imbalance."""
     window = sum(b - a for a, b in spans)
-    if window <= 0.0 or not spans:
+    if window <= 0.0 or not spans or placement_error > lim.max_placement_error * window:
         return None
     pieces = _pieces(spans, replicas, lim.max_sample_gap)
     if not pieces:

@@ -64,7 +64,13 @@ class Engines(Protocol):
     @property
     def limits(self) -> EngineLimits: ...
 
-    def evidence(self, spans: Sequence[Span]) -> EngineEvidence | None: ...
+    def evidence(
+        self, spans: Sequence[Span], placement_error: float = 0.0
+    ) -> EngineEvidence | None:
+        """None when no replica answered in the spans, or when their place in time is
+        uncertain by more than `engine.max_placement_error` of their length
+        (`placement_error`: the timelines' `error_seconds`)."""
+        ...
 
 
 class JobFacts(Protocol):

@@ -16,8 +16,10 @@ In order, merged (one target per URL):
    the sidecar must see the actor's processes, as for the GPU roles), and the port that
    answers `GET /metrics` with Prometheus text is kept for that PID (a server whose port is
    not found yet, still loading its model, is probed again after 1, 2, 4, ... seconds, at
-   most PROBE_RETRY apart: a real vLLM server listens tens of seconds after its actor is
-   ALIVE, and a fixed 30 s retry missed a short job's whole rollout, issue 32).
+   most PROBE_RETRY (10 s) apart: a real vLLM server listens tens of seconds after its actor
+   is ALIVE, and a fixed 30 s retry missed a short job's whole rollout, issue 32). While
+   such a server's actor is alive a verl job runs on this node, so the engine source reads
+   at its fast interval (`ray_servers`), from the first step on.
 2. **verl's Prometheus config** (`actor_rollout_ref.rollout.prometheus.enable=True` writes
    `rollout.prometheus.file`, by default /tmp/ray/session_latest/metrics/prometheus/prometheus.yml,
    on every node): the `rollout` scrape job's static targets, every replica of the job
@@ -68,7 +70,7 @@ ROLLOUT_SERVER = re.compile(
 servers (`_server_reward_`, `_server_teacher_`) do not match."""
 MAX_PORTS = 8
 PROBE_RETRY = (
-    30.0  # at most this many seconds before a server whose port was not found is probed again
+    10.0  # at most this many seconds before a server whose port was not found is probed again
 )
 PROBE_FIRST_RETRY = 1.0  # ... the first retry; each later one waits twice as long
 MAX_FILE_BYTES = 1 << 20
@@ -322,6 +324,9 @@ class Targets:
         # pid -> (the /metrics URL, or None: none found yet; when it was probed, monotonic;
         # how many probes found none)
         self._ports: dict[int, tuple[str | None, float, int]] = {}
+        # verl rollout servers (node rank 0) Ray listed alive on this node at the last look,
+        # their port found or not: while there is one, a verl job runs here
+        self.ray_servers = 0
 
     def describe(self) -> str:
         parts = []
@@ -397,6 +402,7 @@ class Targets:
         try:
             actors: Mapping[int, ActorProcess] = self.ray.pid_actors()
         except Exception:
+            self.ray_servers = 0
             return []
         out = []
         alive = set()
@@ -434,6 +440,7 @@ class Targets:
         for pid in list(self._ports):
             if pid not in alive:
                 del self._ports[pid]
+        self.ray_servers = len(alive)
         return out
 
     def _probe(self, pid: int) -> str | None:

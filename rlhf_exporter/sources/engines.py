@@ -3,8 +3,9 @@
 Each poll reads every rollout replica's `/metrics` (in parallel, each bounded by
 `--engine-timeout` and `--engine-max-bytes`), keeps the handful of series the evidence needs
 (diagnosis/engines.py) and appends one `EngineSample` to the replica's ring (the last
-`--engine-ring` samples). It polls every `--engine-interval` seconds (1 s) while a job steps
-or an engine is busy, and every `--engine-idle-interval` otherwise.
+`--engine-ring` samples). It polls every `--engine-interval` seconds (1 s) while a job steps,
+an engine is busy or a verl rollout server's Ray actor lives on this node (a job runs here,
+its first step included), and every `--engine-idle-interval` otherwise.
 
 Reads go through the sidecar's bounded HTTP client (sources/http.py): one deadline over
 connect, headers and body per target, identity encoding, no redirects. The reads run in a
@@ -479,7 +480,10 @@ class EngineSource(PollingSource):
         self._was_active = active
         if self._last_scrape is None:
             return True
-        period = self.fast if (self._busy or active) else self.idle_interval
+        # a verl rollout server's actor alive on this node: its job runs (its first step
+        # too, before any record), so its engines are read fast (issue 32)
+        fast = self._busy or active or self.targets.ray_servers > 0
+        period = self.fast if fast else self.idle_interval
         return now - self._last_scrape >= period - 0.05 * self.fast
 
     def poll(self) -> PollResult:
@@ -602,10 +606,12 @@ class EngineSource(PollingSource):
                 out[name] = ((before,) if before else ()) + tuple(picked)
         return out
 
-    def evidence(self, spans: Sequence[tuple[float, float]]) -> EngineEvidence | None:
+    def evidence(
+        self, spans: Sequence[tuple[float, float]], placement_error: float = 0.0
+    ) -> EngineEvidence | None:
         with self._rings_lock:
             prefill = set(self._prefill)
-        return measure(spans, self.samples_over(spans), self.limits, prefill)
+        return measure(spans, self.samples_over(spans), self.limits, prefill, placement_error)
 
 
 def _address(url: str) -> tuple[str, str, int]:
