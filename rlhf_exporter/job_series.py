@@ -26,7 +26,7 @@ from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX, num
 from .job_history import StepHistory
 from .lifecycle import STATES
 from .metrics.catalog import BY_NAME, LEGACY_STEADY
-from .metrics.snapshot import Sample
+from .metrics.snapshot import Row, Sample, pack
 from .records import (
     FULLY_ASYNC_PREFIX,
     IDLE_SUFFIX,
@@ -140,7 +140,7 @@ class JobSeries:
     experiment: str
     _th: Thresholds
     limits: Limits
-    _samples: tuple[Sample, ...] | None
+    _samples: Sequence[Sample] | None
     _history: StepHistory
     _episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]]
     _extra: dict[tuple[str, tuple[str, ...]], float]
@@ -180,92 +180,87 @@ class JobSeries:
     def finished(self) -> bool:
         raise NotImplementedError
 
-    def samples(self) -> tuple[Sample, ...]:
-        """Every series of the job, label values in catalog order; cached until new input."""
+    def samples(self) -> Sequence[Sample]:
+        """Every series of the job, label values in catalog order; cached until new input.
+        Packed (metrics/snapshot.py: a job with the same series as another shares their
+        names and label values; its values are one array), never a tuple of `Sample`s."""
         if self._samples is None:
-            self._samples = tuple(self._build())
+            self._samples = pack(self.labels, self._build())
         return self._samples
 
-    def _build(self) -> Iterable[Sample]:
-        j = self.labels
+    def _build(self) -> Iterable[Row]:
         if self.step is not None:
-            yield Sample("rlhf_step", j, float(self.step))
-        yield Sample("rlhf_run", j, float(self.run))
-        yield Sample("rlhf_steps_total", j, float(self.steps))
+            yield ("rlhf_step", (), float(self.step))
+        yield ("rlhf_run", (), float(self.run))
+        yield ("rlhf_steps_total", (), float(self.steps))
         if self.last_step_time is not None:
-            yield Sample("rlhf_last_step_timestamp_seconds", j, self.last_step_time)
-            yield Sample("rlhf_between_steps_max_seconds", j, self.between_steps_max)
+            yield ("rlhf_last_step_timestamp_seconds", (), self.last_step_time)
+            yield ("rlhf_between_steps_max_seconds", (), self.between_steps_max)
         state = self.state
-        yield Sample("rlhf_job_finished", j, 1.0 if state == "finished" else 0.0)
+        yield ("rlhf_job_finished", (), 1.0 if state == "finished" else 0.0)
         for name in STATES:
-            yield Sample("rlhf_job_state", j + (name,), 1.0 if name == state else 0.0)
-        yield Sample("rlhf_job_state_timestamp_seconds", j, self.state_since)
-        yield Sample("rlhf_step_seconds_total", j, self.step_seconds)
-        yield Sample("rlhf_untimed_seconds_total", j, self.untimed_seconds)
-        yield Sample("rlhf_tokens_total", j, self.tokens)
+            yield ("rlhf_job_state", (name,), 1.0 if name == state else 0.0)
+        yield ("rlhf_job_state_timestamp_seconds", (), self.state_since)
+        yield ("rlhf_step_seconds_total", (), self.step_seconds)
+        yield ("rlhf_untimed_seconds_total", (), self.untimed_seconds)
+        yield ("rlhf_tokens_total", (), self.tokens)
         for group in GROUPS:
-            yield Sample("rlhf_group_seconds_total", j + (group,), self.group_seconds[group])
+            yield ("rlhf_group_seconds_total", (group,), self.group_seconds[group])
         last = self.last
         for verdict in VERDICTS:
             hit = last is not None and last.verdict == verdict
-            yield Sample("rlhf_bottleneck", j + (verdict,), 1.0 if hit else 0.0)
-            yield Sample(
-                "rlhf_bottleneck_steps_total", j + (verdict,), float(self.verdict_steps[verdict])
-            )
+            yield ("rlhf_bottleneck", (verdict,), 1.0 if hit else 0.0)
+            yield ("rlhf_bottleneck_steps_total", (verdict,), float(self.verdict_steps[verdict]))
         for (verdict, reason), n in self.reason_steps.items():
-            yield Sample("rlhf_bottleneck_reason_steps_total", j + (verdict, reason), float(n))
+            yield ("rlhf_bottleneck_reason_steps_total", (verdict, reason), float(n))
         for kind in CHANGES:
             hit = last is not None and last.change.change == kind
             # one value per kind at a time, never both: the deprecated setting swaps it
             shown = LEGACY_STEADY if kind == STEADY and self.limits.legacy_change_none else kind
-            yield Sample("rlhf_change", j + (shown,), 1.0 if hit else 0.0)
-            yield Sample("rlhf_change_steps_total", j + (shown,), float(self.change_steps[kind]))
+            yield ("rlhf_change", (shown,), 1.0 if hit else 0.0)
+            yield ("rlhf_change_steps_total", (shown,), float(self.change_steps[kind]))
         for group in COST_GROUPS:
-            yield Sample(
-                "rlhf_regression_steps_total", j + (group,), float(self.regression_steps[group])
-            )
+            yield ("rlhf_regression_steps_total", (group,), float(self.regression_steps[group]))
         if last is not None:
             yield from self._last_step(last)
         if self.engine is not None:
             yield from self._engine_samples(self.engine)
         for (name, extra), value in sorted(self._extra.items()):
-            yield Sample(name, j + extra, value)
+            yield (name, extra, value)
 
-    def _engine_samples(self, ev: EngineEvidence) -> Iterable[Sample]:
-        j = self.labels
-        yield Sample("rlhf_engine_evidence_usable", j, 1.0 if ev.usable else 0.0)
+    def _engine_samples(self, ev: EngineEvidence) -> Iterable[Row]:
+        yield ("rlhf_engine_evidence_usable", (), 1.0 if ev.usable else 0.0)
         for usable, n in self._engine_windows.items():
-            yield Sample("rlhf_engine_windows_total", j + (usable,), float(n))
-        yield Sample("rlhf_engine_window_seconds", j, ev.window_seconds)
-        yield Sample("rlhf_engine_coverage_ratio", j, ev.coverage)
-        yield Sample("rlhf_engine_replicas", j, float(ev.replicas))
-        yield Sample("rlhf_engine_running_requests_peak", j, ev.peak_running)
-        yield Sample("rlhf_engine_running_requests_mean", j, ev.running_mean)
-        yield Sample("rlhf_engine_waiting_requests_mean", j, ev.waiting_mean)
-        yield Sample("rlhf_engine_kv_cache_usage_max_ratio", j, ev.kv_max)
-        yield Sample("rlhf_engine_window_preemptions", j, ev.preemptions)
-        yield Sample("rlhf_engine_preemptions", j, ev.preemptions)  # deprecated (issue 38)
-        yield Sample("rlhf_engine_preemptions_total", j, self._engine_preemptions)
+            yield ("rlhf_engine_windows_total", (usable,), float(n))
+        yield ("rlhf_engine_window_seconds", (), ev.window_seconds)
+        yield ("rlhf_engine_coverage_ratio", (), ev.coverage)
+        yield ("rlhf_engine_replicas", (), float(ev.replicas))
+        yield ("rlhf_engine_running_requests_peak", (), ev.peak_running)
+        yield ("rlhf_engine_running_requests_mean", (), ev.running_mean)
+        yield ("rlhf_engine_waiting_requests_mean", (), ev.waiting_mean)
+        yield ("rlhf_engine_kv_cache_usage_max_ratio", (), ev.kv_max)
+        yield ("rlhf_engine_window_preemptions", (), ev.preemptions)
+        yield ("rlhf_engine_preemptions", (), ev.preemptions)  # deprecated (issue 38)
+        yield ("rlhf_engine_preemptions_total", (), self._engine_preemptions)
         if ev.imbalance is not None:
-            yield Sample("rlhf_engine_imbalance_ratio", j, ev.imbalance)
+            yield ("rlhf_engine_imbalance_ratio", (), ev.imbalance)
         for condition, share in (
             ("kv_pressure", ev.kv_pressure_share),
             ("queueing", ev.queueing_share),
             ("long_tail", ev.long_tail_share),
         ):
-            yield Sample("rlhf_engine_window_share_ratio", j + (condition,), share)
+            yield ("rlhf_engine_window_share_ratio", (condition,), share)
         for replica, tokens in sorted(ev.tokens.items()):
             label, _ = clean_label(replica[:MAX_LABEL_CHARS])
-            yield Sample("rlhf_engine_replica_generated_tokens", j + (label,), tokens)
+            yield ("rlhf_engine_replica_generated_tokens", (label,), tokens)
         for replica, kv in sorted(ev.kv_max_by_replica.items()):
             label, _ = clean_label(replica[:MAX_LABEL_CHARS])
-            yield Sample("rlhf_engine_replica_kv_cache_usage_max_ratio", j + (label,), kv)
+            yield ("rlhf_engine_replica_kv_cache_usage_max_ratio", (label,), kv)
 
-    def _last_step(self, d: StepDiagnosis) -> Iterable[Sample]:
-        j = self.labels
+    def _last_step(self, d: StepDiagnosis) -> Iterable[Row]:
         w = d.windows
-        yield Sample("rlhf_step_duration_seconds", j, w.step_seconds)
-        yield Sample("rlhf_untimed_duration_seconds", j, w.untimed_seconds)
+        yield ("rlhf_step_duration_seconds", (), w.step_seconds)
+        yield ("rlhf_untimed_duration_seconds", (), w.untimed_seconds)
         phases = dict(d.timers)
         for _outer, rest in self._th.split_timers.values():  # e.g. verl 0.6's weight load
             if rest in w.counted:
@@ -274,29 +269,27 @@ class JobSeries:
             if (
                 phase != "step" and len(phase) <= MAX_LABEL_CHARS
             ):  # step: rlhf_step_duration_seconds
-                yield Sample("rlhf_phase_duration_seconds", j + (phase,), seconds)
+                yield ("rlhf_phase_duration_seconds", (phase,), seconds)
         for group in GROUPS:
-            yield Sample("rlhf_group_duration_seconds", j + (group,), w.group_seconds[group])
-            yield Sample("rlhf_group_share_ratio", j + (group,), w.shares[group])
+            yield ("rlhf_group_duration_seconds", (group,), w.group_seconds[group])
+            yield ("rlhf_group_share_ratio", (group,), w.shares[group])
         for reason in REASONS[d.verdict]:
-            yield Sample(
+            yield (
                 "rlhf_bottleneck_reason",
-                j + (d.verdict, reason),
+                (d.verdict, reason),
                 1.0 if reason == d.reason else 0.0,
             )
         if d.tokens is not None:
-            yield Sample("rlhf_step_tokens", j, d.tokens)
+            yield ("rlhf_step_tokens", (), d.tokens)
         point, base = d.change.point, d.change.baseline
         if point is not None:
             for group in COST_GROUPS:
-                yield Sample("rlhf_group_cost_seconds_per_token", j + (group,), point.costs[group])
+                yield ("rlhf_group_cost_seconds_per_token", (group,), point.costs[group])
         if base is not None:
             for group in COST_GROUPS:
-                yield Sample(
-                    "rlhf_baseline_group_cost_seconds_per_token", j + (group,), base.costs[group]
-                )
-            yield Sample("rlhf_baseline_step_duration_seconds", j, base.busy_seconds)
-            yield Sample("rlhf_baseline_tokens_per_second", j, base.tokens_per_second)
+                yield ("rlhf_baseline_group_cost_seconds_per_token", (group,), base.costs[group])
+            yield ("rlhf_baseline_step_duration_seconds", (), base.busy_seconds)
+            yield ("rlhf_baseline_tokens_per_second", (), base.tokens_per_second)
 
     def episodes(self, kept: Sequence[history.StepPoint] | None = None) -> tuple[Episode, ...]:
         """The change episodes of the kept steps (rlhf_exporter/diagnosis/episodes.py),

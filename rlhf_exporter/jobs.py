@@ -114,7 +114,7 @@ class Job(JobSeries):
         self.change_steps = dict.fromkeys(CHANGES, 0)
         self.regression_steps = dict.fromkeys(COST_GROUPS, 0)
         self._extra: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._samples: tuple[Sample, ...] | None = None
+        self._samples: Sequence[Sample] | None = None
         self._history = StepHistory()  # the last steps, for the job view (packed)
         # the change episodes of `_history`, computed when first shown after a step
         self._episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]] = ((), ())

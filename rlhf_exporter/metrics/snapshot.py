@@ -7,10 +7,12 @@ Both import from here, so no import climbs back up a layer.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+import weakref
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, overload
 
 
 class Sample(NamedTuple):
@@ -21,12 +23,99 @@ class Sample(NamedTuple):
     value: float
 
 
+Row = tuple[str, tuple[str, ...], float]
+"""A job's sample without the job's own labels: name, the label values after them, value."""
+
+
+class Layout:
+    """The names and trailing label values of a job's series, in order. Jobs with the same
+    series (most jobs of one verl version) share one `Layout`: it lives while one of their
+    `PackedSamples` does (`_LAYOUTS` holds it weakly)."""
+
+    __slots__ = ("__weakref__", "extras", "names")
+
+    def __init__(self, names: tuple[str, ...], extras: tuple[tuple[str, ...], ...]):
+        self.names, self.extras = names, extras
+
+
+_LAYOUTS: weakref.WeakValueDictionary[
+    tuple[tuple[str, ...], tuple[tuple[str, ...], ...]], Layout
+] = weakref.WeakValueDictionary()
+
+
+class PackedSamples(Sequence[Sample]):
+    """One job's samples, packed (issue 37: ~130 `Sample`s a job were 21 KB of tuples and
+    floats; packed they are a shared `Layout` and one array of doubles, ~1.2 KB). Immutable;
+    iterating gives the very `Sample`s the tuple held (`head` + the row's labels), so every
+    reader of a `Snapshot`'s parts reads it as it read the tuple. Equal to any sequence of
+    the same samples, a tuple included."""
+
+    __slots__ = ("head", "layout", "values")
+
+    head: tuple[str, ...]
+    layout: Layout
+    values: array[float]
+
+    def __init__(self, head: tuple[str, ...], layout: Layout, values: array[float]):
+        self.head, self.layout, self.values = head, layout, values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __iter__(self) -> Iterator[Sample]:
+        head = self.head
+        for name, extra, value in zip(self.layout.names, self.layout.extras, self.values):
+            yield Sample(name, head + extra if extra else head, value)
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Sample, ...]: ...
+    def __getitem__(self, i: int | slice) -> Sample | tuple[Sample, ...]:
+        if isinstance(i, slice):
+            return tuple(self)[i]
+        extra = self.layout.extras[i]
+        return Sample(self.layout.names[i], self.head + extra, self.values[i])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (PackedSamples, tuple, list)):
+            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"PackedSamples({tuple(self)!r})"
+
+
+def pack(head: tuple[str, ...], rows: Iterable[Row]) -> Sequence[Sample]:
+    """These rows as one job's samples (labels `head` + each row's): packed, or a tuple of
+    `Sample`s when a value is not a number an array of doubles holds exactly (an int too
+    large for a double: the exposition's checked path then counts it)."""
+    listed = list(rows)
+    names = tuple(r[0] for r in listed)
+    extras = tuple(r[1] for r in listed)
+    try:
+        values = array("d", [r[2] for r in listed])
+    except (TypeError, OverflowError):
+        return tuple(Sample(n, head + e, v) for n, e, v in listed)
+    if any(type(r[2]) is not float for r in listed) and list(values) != [r[2] for r in listed]:
+        return tuple(Sample(n, head + e, v) for n, e, v in listed)
+    key = (names, extras)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        layout = Layout(names, extras)
+        _LAYOUTS[key] = layout
+    return PackedSamples(head, layout, values)
+
+
 @dataclass(frozen=True, init=False)
 class Snapshot:
     """What a source knows right now. Replaced whole, never changed in place.
 
-    A source with many jobs publishes each job's samples as one tuple in `parts` (the same
-    tuple object for as long as the job's series are unchanged) and its other samples in
+    A source with many jobs publishes each job's samples as one sequence in `parts` (the same
+    object for as long as the job's series are unchanged) and its other samples in
     `rest`: a new step of one job then costs a new `parts` tuple of references, never a copy
     of every job's samples. Consumers iterate `series()`; `samples` (every sample, flattened)
     is built on first use only, for readers that want one tuple."""
@@ -40,7 +129,7 @@ class Snapshot:
     record_errors: Mapping[str, int] = field(default_factory=dict)  # rejected input by reason
     rest: tuple[Sample, ...] = ()  # the samples that are in no part (all, without parts)
     created: float = field(default_factory=time.time)
-    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job sample tuples, served before `rest`
+    parts: tuple[Sequence[Sample], ...] = ()  # per-job samples, served before `rest`
 
     def __init__(
         self,
@@ -53,7 +142,7 @@ class Snapshot:
         record_errors: Mapping[str, int] | None = None,
         rest: tuple[Sample, ...] = (),
         created: float | None = None,
-        parts: tuple[tuple[Sample, ...], ...] = (),
+        parts: tuple[Sequence[Sample], ...] = (),
         *,
         samples: tuple[Sample, ...] | None = None,
     ):

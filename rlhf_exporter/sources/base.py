@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -92,7 +92,7 @@ class PollResult(NamedTuple):
     records: int | None = None
     record_errors: Mapping[str, int] | None = None
     down: str | None = None  # a reason: the poll ran, but the source is broken (`up` 0)
-    parts: tuple[tuple[Sample, ...], ...] = ()  # per-job sample tuples (not in `samples`)
+    parts: tuple[Sequence[Sample], ...] = ()  # per-job samples (not in `samples`)
 
 
 class UnavailableSource:

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -389,7 +389,7 @@ class PushSource(JobMaker):
     def _build(self) -> Snapshot:
         now = self.clock()
         self._expire(now)
-        parts: list[tuple[Sample, ...]] = []
+        parts: list[Sequence[Sample]] = []
         self._facts_seen = self._facts_version()
         sole = len(self._jobs) == 1
         for p in self._jobs.values():

@@ -188,10 +188,10 @@ class VerlFileSource(PollingSource, JobMaker):
         self._relist_at = 0.0  # monotonic time of the next listing of every folder
         self._rotate = 0
         self._summaries: tuple[dict[str, Any], ...] = ()
-        self._parts: tuple[tuple[Sample, ...], ...] = ()  # each exported job's samples
+        self._parts: tuple[Sequence[Sample], ...] = ()  # each exported job's samples
         self._rest: tuple[Sample, ...] = ()  # the source's own samples (rlhf_exporter_jobs)
         # path -> (the job's samples when summarised, its summary): rebuilt when they change
-        self._summary_of: dict[Path, tuple[tuple[Sample, ...], dict[str, Any]]] = {}
+        self._summary_of: dict[Path, tuple[Sequence[Sample], dict[str, Any]]] = {}
         self.stats: Counter[str] = Counter()  # summaries_built
         self._duplicates: set[tuple[str, str]] = set()
         self._broken: set[tuple[str, str]] = set()  # jobs whose samples() raised (logged)
@@ -521,7 +521,7 @@ class VerlFileSource(PollingSource, JobMaker):
             except Exception:  # never lets one file stop the others
                 self._file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
                 log.debug("internal error reading %s", _shown(w.path), exc_info=True)
-        parts: list[tuple[Sample, ...]] = []
+        parts: list[Sequence[Sample]] = []
         summaries: list[dict[str, Any]] = []
         cached = self._summary_of
         self._summary_of = {}
