@@ -6,13 +6,17 @@ from __future__ import annotations
 import gc
 import struct
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client.utils import floatToGoString
 
 from rlhf_exporter.demo.simulator import DEMO_PLAN, records
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.jobs import Job
+from rlhf_exporter.metrics import exposition as mod
+from rlhf_exporter.metrics import lines as direct
 from rlhf_exporter.metrics import snapshot
+from rlhf_exporter.metrics.catalog import BY_NAME
 from rlhf_exporter.metrics.snapshot import PackedSamples, Sample, pack
 
 HEAD = ("proj", "exp")
@@ -76,3 +80,53 @@ def test_jobs_with_the_same_series_share_one_layout_while_one_lives(thresholds):
     del a, b, sa, sb
     gc.collect()
     assert snapshot._LAYOUTS.get(key) is None  # no job holds it: the layout is gone too
+
+
+JOB_METRICS = [m for m in BY_NAME.values() if m.labels[:2] == ("project", "experiment")]
+label = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=8)
+hard = label | st.sampled_from(['"', "\\", "\n", 'a"b\\c\nd', "ünïcødé €𝄞", ""])
+
+
+@st.composite
+def job_rows(draw):
+    out = []
+    for metric in draw(st.lists(st.sampled_from(JOB_METRICS), min_size=1, max_size=20)):
+        extra = tuple(draw(hard) for _ in metric.labels[2:])
+        out.append((metric.name, extra, draw(st.floats(allow_nan=True, allow_infinity=True))))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.tuples(hard, hard), job_rows())
+def test_a_packed_jobs_lines_are_its_samples_lines_one_by_one(head, rows):
+    packed = pack(head, rows)
+    assert isinstance(packed, PackedSamples)
+    got = direct.lines(packed)
+    assert got is not None
+    assert got == direct.lines(list(packed))  # the generic writer, itself held to
+    # prometheus_client's encoder by tests/test_exposition_direct.py
+
+
+def test_a_packed_row_outside_the_catalog_takes_the_generic_path():
+    packed = pack(HEAD, [("rlhf_step", (), 1.0), ("no_such_metric", (), 2.0)])
+    assert direct.lines(packed) is None  # then prometheus_client's checked path
+    wrong = pack(HEAD, [("rlhf_group_seconds_total", (), 1.0)])  # a label missing
+    assert direct.lines(wrong) is None
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**70), 2**70))
+def test_the_short_float_format_is_prometheus_clients(v):
+    assert direct._go(v) == floatToGoString(v)
+
+
+def test_the_probe_checks_the_packed_lines_too(monkeypatch):
+    assert mod.direct_lines_verified()
+    monkeypatch.setattr(mod, "_DIRECT", [])
+    real = direct._packed_lines
+
+    def off_by_one(samples):
+        out = real(samples)
+        return None if out is None else {k: v + b" " for k, v in out.items()}
+
+    monkeypatch.setattr(direct, "_packed_lines", off_by_one)
+    assert not mod.direct_lines_verified()  # a packed writer that differs: never used

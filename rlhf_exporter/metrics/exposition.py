@@ -68,7 +68,7 @@ from .collector import add_samples, health_samples, new_family, process_samples
 from .deflate import DEFAULT as DEFAULT_DEFLATE
 from .deflate import Deflate
 from .lines import lines as direct_lines
-from .snapshot import Sample, SnapshotFn
+from .snapshot import Row, Sample, SnapshotFn, pack
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +232,26 @@ def direct_lines_verified() -> bool:
         except ValueError:
             want = []
         got = direct_lines(samples)
-        _DIRECT.append(got is not None and [got.get(m.name) for m in metrics] == want)
+        _DIRECT.append(
+            got is not None
+            and [got.get(m.name) for m in metrics] == want
+            and _packed_agree(samples)
+        )
     return _DIRECT[0]
+
+
+def _packed_agree(samples: Sequence[Sample]) -> bool:
+    """Whether a packed job's lines (lines.py's templates) are those of its samples one by
+    one, for the probe's job samples grouped by their project and experiment."""
+    jobs: dict[tuple[str, ...], list[Row]] = {}
+    for s in samples:
+        if BY_NAME[s.name].labels[:2] == ("project", "experiment"):
+            jobs.setdefault(s.labels[:2], []).append((s.name, s.labels[2:], s.value))
+    for head, rows in jobs.items():
+        packed = pack(head, rows)
+        if direct_lines(packed) != direct_lines(list(packed)):
+            return False
+    return bool(jobs)
 
 
 def _probe_lines(encoder: Encoder, metrics: Sequence[Any], fams: Sequence[Any]) -> list[bytes]:

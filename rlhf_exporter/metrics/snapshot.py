@@ -100,8 +100,8 @@ def pack(head: tuple[str, ...], rows: Iterable[Row]) -> Sequence[Sample]:
         values = array("d", [r[2] for r in listed])
     except (TypeError, OverflowError):
         return tuple(Sample(n, head + e, v) for n, e, v in listed)
-    if any(type(r[2]) is not float for r in listed) and list(values) != [r[2] for r in listed]:
-        return tuple(Sample(n, head + e, v) for n, e, v in listed)
+    if any(type(r[2]) is not float and r[2] != v for r, v in zip(listed, values)):
+        return tuple(Sample(n, head + e, v) for n, e, v in listed)  # an int a double rounds
     key = (names, extras)
     layout = _LAYOUTS.get(key)
     if layout is None:
