@@ -317,6 +317,26 @@ def test_verdict_timeline_shows_the_exporters_verdict(live):
         assert str(int(float(reason["value"][1]))) in mappings
 
 
+def test_jobs_per_verdict_counts_every_job_once_under_its_served_verdict(live):
+    """The fleet's jobs per verdict (a count of the hot-verdict record) agrees with the
+    verdicts the exporter serves: every job once, each under its last step's verdict."""
+    prom, dashboards, _start, _, exporter = live
+    panel = next(p for p in all_panels(dashboards[FLEET_PATH]) if p["title"] == "Jobs per verdict")
+    want: dict[str, int] = {}
+    for experiment in JOBS:
+        served = exporter.series("rlhf_bottleneck", project=PROJECT, experiment=experiment)
+        (hot,) = [dict(labels)["verdict"] for labels, value in served.items() if value == 1]
+        want[hot] = want.get(hot, 0) + 1
+    expr = substitute(panel["targets"][0]["expr"], PROJECT, ".+", "1m")
+
+    def counted() -> dict[str, int]:
+        return {s["metric"]["verdict"]: int(float(s["value"][1])) for s in prom.query(expr)}
+
+    # the record is evaluated every (scaled) fleet interval: wait for the one after the last step
+    wait_until(lambda: counted() == want, 30, 0.25, what=f"jobs per verdict {want}")
+    assert sum(counted().values()) == len(JOBS)
+
+
 def test_gpu_count_of_a_job_is_verls_own(live):
     """GPU-hours per group weigh each job by its GPU count, recovered from perf/throughput."""
     prom, *_ = live

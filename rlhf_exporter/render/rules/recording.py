@@ -25,6 +25,13 @@ def verdict_code_expr() -> str:
     return "max without (verdict) (\n  " + "\n  or ".join(terms) + "\n)"
 
 
+# The one-hot verdict gauge's hot series alone (1 for the last step's verdict, the other eight
+# absent), recorded every `alerts.fleet_interval`: the fleet's "Jobs per verdict" counts one
+# series per job grouped by a label it already has, instead of `count_values` over the codes
+# (which formats every sample's value into a new label at every step: issue 37).
+VERDICT_HOT = "project_experiment_verdict:rlhf_bottleneck:hot"
+
+
 # The last step's change as one number per job, likewise (0 steady, then the kinds in order).
 CHANGE_CODE = "project_experiment:rlhf_change:code"
 CHANGE_CODES = {c: i for i, c in enumerate(CHANGES)}
@@ -55,7 +62,8 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
     time, one record per job and verdict, group or kind every `alerts.fleet_interval`, over
     that interval: consecutive values tile the
     time, so a panel sums them over its range (`sum_over_time`) instead of reading every
-    raw sample of the range."""
+    raw sample of the range. And each job's current verdict (`VERDICT_HOT`), for the jobs
+    per verdict."""
     f = ctx.fleet_interval
     return [
         {
@@ -72,6 +80,7 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
             # deprecated legacy_change_none setting serves for a steady step
             "expr": f'increase(rlhf_change_steps_total{{kind=~"{CHANGED}"}}[{f}])',
         },
+        {"record": VERDICT_HOT, "expr": "rlhf_bottleneck == 1"},
         {"record": JOB_GPUS, "expr": job_gpus_expr()},
         {
             "record": ctx.group_gpu_seconds,
