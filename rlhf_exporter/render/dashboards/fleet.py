@@ -317,7 +317,7 @@ def style_job_columns(t: table.Panel, c: DashboardContext) -> table.Panel:
 def jobs_per_verdict(c: DashboardContext) -> PanelBuilder:
     """A count by verdict of each job's recorded hot verdict (one series per job, every
     `alerts.fleet_interval`): no `count_values`, which turns every sample's value into a new
-    label at every step (measured over 24 h of 1,000 jobs: bench/README.md, issue 37)."""
+    label at every step (0.76x over 24 h of 1,000 jobs, side by side: bench/README.md, issue 37)."""
     return colour_by_name(
         time_series(
             "Jobs per verdict",
