@@ -259,6 +259,9 @@ def test_what_a_ray_get_awaits_is_named_from_rays_running_tasks():
         (30230, "e0", root, "TaskRunner.run"),
         (30635, "06", "e0", "AgentLoopWorker.generate_sequences"),
         (30229, "b9", "06", "vLLMHttpServer.generate"),
+        # an actor's own thread submits with the actor's creation task as parent (f's, the
+        # actor id): the real verl job's collective_rpc, which the driver does not await
+        (0, "c1", "f" * 16 + "85c9f3975862ea6ffdf8fe02000000", "vLLMHttpServer.collective_rpc"),
     ]
     named = stacks.awaited(tasks, driver_pids=[30001])
     assert named == {

@@ -156,6 +156,11 @@ def test_fleet_queries_agree_between_prometheus_and_victoriametrics(tmp_path):
         conf_dir = tmp_path / "examples" / "prometheus"
         shutil.copytree(REPO / "examples" / "prometheus", conf_dir)
         shutil.copytree(REPO / "alerts", tmp_path / "alerts")
+        for rules in (tmp_path / "alerts").glob("*.rules.yaml"):  # the 2m groups too: their
+            groups = yaml.safe_load(rules.read_text())  # first round may come 2 minutes late
+            for group in groups["groups"]:
+                group.pop("interval", None)
+            rules.write_text(yaml.safe_dump(groups, sort_keys=False))
         config = yaml.safe_load((conf_dir / "prometheus.yml").read_text())
         config["global"].update(scrape_interval=SCRAPE, evaluation_interval=SCRAPE)
         config["global"]["scrape_timeout"] = SCRAPE
@@ -212,8 +217,8 @@ def test_fleet_queries_agree_between_prometheus_and_victoriametrics(tmp_path):
                 differ.append((what, expr, bad))
             checked += 1
         assert not differ, differ
-        # most of them have data (the rest need Ray or GPUs, absent here)
-        assert checked >= len(queries) // 2, (checked, empty)
+        # most of them have data (the rest need Ray or GPUs, absent here: 52 of 68 had)
+        assert checked >= len(queries) * 2 // 3, (checked, empty)
 
         # the recording rules under vmalert too, reading and writing VictoriaMetrics (its
         # outputs carry ruler="vmalert"): the ratios agree with Prometheus's; a bare rate/increase over a window longer than the data does not

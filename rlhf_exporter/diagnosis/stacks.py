@@ -459,8 +459,10 @@ def awaited(
     """pid -> the names of the Ray tasks it waits on, from Ray's unfinished tasks (worker
     pid: the process it runs on, 0 when it does not run yet; task id, parent task id,
     name): a task's children are what its `ray.get` awaits. A driver runs no task: its
-    children are the tasks whose parent is the job's root (a task id of f's, then the job
-    id)."""
+    children are the tasks whose parent is the job's root, a task id of f's but for the job
+    id's 8 hex digits. An actor's creation task is f's too, but 16, then the actor's id: it
+    parents what the actor's own threads submit (Ray #32157), which no driver awaits (the
+    real verl job's vLLMHttpServer.collective_rpc)."""
     by_pid: dict[int, str] = {}
     children: dict[str, set[str]] = {}
     roots: set[str] = set()
@@ -468,12 +470,17 @@ def awaited(
         if pid > 0:
             by_pid.setdefault(pid, task)
         children.setdefault(parent, set()).add(name[:120])
-        if parent.startswith("ffffffff"):
+        if _is_driver_task(parent):
             roots.add(name[:120])
     out = {pid: tuple(sorted(children.get(task, ())))[:3] for pid, task in by_pid.items()}
     for pid in driver_pids:
         out[pid] = tuple(sorted(roots))[:3]
     return {pid: names for pid, names in out.items() if names}
+
+
+def _is_driver_task(task_id: str) -> bool:
+    """Ray's driver task id: f's, then the 4-byte job id (TaskID::ForDriverTask)."""
+    return len(task_id) > 8 and task_id[:-8].strip("f") == ""
 
 
 def on(wait: Wait, names: Sequence[str]) -> Wait:
