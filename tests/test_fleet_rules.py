@@ -1,20 +1,39 @@
-"""The fleet's recorded verdict code and hot verdict: the dashboards' numbers, checked by promtool."""
+"""The fleet's recorded verdict code, hot verdict and regressed steps: the dashboards' numbers,
+checked by promtool on the rendered rules (tests/support/promtool.py)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-
 import pytest
-import yaml
 
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.render import rules
+from rlhf_exporter.render.dashboards.context import DashboardContext
+from rlhf_exporter.render.dashboards.fleet import regressed_steps_per_job
 from rlhf_exporter.render.dashboards.style import verdict_codes
-from rlhf_exporter.render.rules.recording import (
-    VERDICT_CODE,
-    VERDICT_CODES,
-    VERDICT_HOT,
-    verdict_code_expr,
-)
+from rlhf_exporter.render.rules.recording import VERDICT_CODE, VERDICT_CODES, VERDICT_HOT
+from tests.support import grafana_vars
+from tests.support.promtool import run_rule_tests, without_annotations
+
+pytestmark = pytest.mark.prometheus
+JOB = 'project="p", instance="x"'
+
+
+def recording(tmp_path):
+    """The rendered recording rules (every group, promtool runs them each minute)."""
+    th = load_thresholds()
+    files = {rules.RECORDING_FILE: rules.rule_groups(th)[rules.RECORDING_FILE]}
+    return without_annotations(tmp_path, files)
+
+
+def bottleneck(exp: str, hots: list[str | None]) -> list[dict]:
+    """One job's rlhf_bottleneck one-hot gauge, minute by minute (None: no verdict)."""
+    return [
+        {
+            "series": f'rlhf_bottleneck{{{JOB}, experiment="{exp}", verdict="{v}"}}',
+            "values": " ".join("1" if h == v else "0" for h in hots),
+        }
+        for v in VERDICT_CODES
+    ]
 
 
 def test_the_recorded_codes_are_the_dashboards_value_mappings():
@@ -22,112 +41,81 @@ def test_the_recorded_codes_are_the_dashboards_value_mappings():
 
 
 def test_promtool_records_the_hot_verdicts_code_per_job(tmp_path):
-    if not shutil.which("promtool"):
-        pytest.skip("promtool is not installed")
-    rules = {
-        "groups": [
-            {"name": "code", "rules": [{"record": VERDICT_CODE, "expr": verdict_code_expr()}]}
-        ]
-    }
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     hot = {"a": "update", "b": "rollout"}
-    series = []
-    for exp, verdict in hot.items():
-        for v in VERDICT_CODES:
-            value = 1 if v == verdict else 0
-            series.append(
-                {
-                    "series": f'rlhf_bottleneck{{project="p",experiment="{exp}",instance="x",verdict="{v}"}}',
-                    "values": f"{value}x3",
-                }
-            )
-    test = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [
-                    {
-                        "expr": VERDICT_CODE,
-                        "eval_time": "2m",
-                        "exp_samples": [
-                            {
-                                "labels": f'{VERDICT_CODE}{{project="p",experiment="{exp}",instance="x"}}',
-                                "value": VERDICT_CODES[verdict],
-                            }
-                            for exp, verdict in hot.items()
-                        ],
-                    }
-                ],
-            }
-        ],
-    }
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
-    out = subprocess.run(
-        ["promtool", "test", "rules", "test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    series = [s for exp, verdict in hot.items() for s in bottleneck(exp, [verdict] * 4)]
+    want = [
+        {"labels": f'{VERDICT_CODE}{{{JOB}, experiment="{exp}"}}', "value": VERDICT_CODES[v]}
+        for exp, v in hot.items()
+    ]
+    check = {"expr": VERDICT_CODE, "eval_time": "2m", "exp_samples": want}
+    test = {"interval": "1m", "input_series": series, "promql_expr_test": [check]}
+    run_rule_tests(tmp_path, recording(tmp_path), [test])
 
 
 def test_promtool_records_one_hot_verdict_per_job_as_the_verdict_changes(tmp_path):
     """The fleet's jobs per verdict counts the hot record: one series per job at any time,
     the verdict it left gone at once (a rule's staleness marker), never counted twice."""
-    if not shutil.which("promtool"):
-        pytest.skip("promtool is not installed")
-    rules = {
-        "groups": [
-            {"name": "hot", "rules": [{"record": VERDICT_HOT, "expr": "rlhf_bottleneck == 1"}]}
-        ]
-    }
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
     # job a: update for 4 minutes, then rollout; job b: rollout throughout; job c: no verdict
     hot = {"a": ["update"] * 4 + ["rollout"] * 4, "b": ["rollout"] * 8, "c": [None] * 8}
+    series = [s for exp, hots in hot.items() for s in bottleneck(exp, hots)]
+    count = f"count by (verdict) ({VERDICT_HOT})"
+    checks = [
+        {
+            "expr": count,
+            "eval_time": "2m",
+            "exp_samples": [
+                {"labels": '{verdict="update"}', "value": 1},
+                {"labels": '{verdict="rollout"}', "value": 1},
+            ],
+        },
+        {
+            "expr": count,
+            "eval_time": "5m",
+            "exp_samples": [{"labels": '{verdict="rollout"}', "value": 2}],
+        },
+    ]
+    test = {"interval": "1m", "input_series": series, "promql_expr_test": checks}
+    run_rule_tests(tmp_path, recording(tmp_path), [test])
+
+
+def test_regressed_steps_per_job_reads_only_the_jobs_that_regressed(tmp_path):
+    """The fleet's regressed steps per job draws a recorded window count that exists only
+    where it is above 0 (issue 37: the other jobs' zeros were read at every step): job a's
+    update regressed for 10 minutes, job b's never. At the end, only a's update is drawn,
+    with the window's count; once a's window holds none, nothing is."""
+    th = load_thresholds()
+    ctx = rules.Context(th)
+    regressed = [0] * 20 + list(range(1, 11)) + [10] * 50  # one regressed step a minute
     series = [
         {
-            "series": f'rlhf_bottleneck{{project="p",experiment="{exp}",instance="x",verdict="{v}"}}',
-            "values": " ".join("1" if h == v else "0" for h in hots),
-        }
-        for exp, hots in hot.items()
-        for v in VERDICT_CODES
+            "series": f'rlhf_regression_steps_total{{{JOB}, experiment="a", group="update"}}',
+            "values": " ".join(map(str, regressed)),
+        },
+        {
+            "series": f'rlhf_regression_steps_total{{{JOB}, experiment="a", group="rollout"}}',
+            "values": "0x79",
+        },
+        {
+            "series": f'rlhf_regression_steps_total{{{JOB}, experiment="b", group="update"}}',
+            "values": "0x79",
+        },
     ]
-    count = f"count by (verdict) ({VERDICT_HOT})"
-    test = {
-        "rule_files": ["rules.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [
-            {
-                "interval": "1m",
-                "input_series": series,
-                "promql_expr_test": [
-                    {
-                        "expr": count,
-                        "eval_time": "2m",
-                        "exp_samples": [
-                            {"labels": '{verdict="update"}', "value": 1},
-                            {"labels": '{verdict="rollout"}', "value": 1},
-                        ],
-                    },
-                    {
-                        "expr": count,
-                        "eval_time": "5m",
-                        "exp_samples": [{"labels": '{verdict="rollout"}', "value": 2}],
-                    },
-                ],
-            }
-        ],
-    }
-    (tmp_path / "test.yaml").write_text(yaml.safe_dump(test))
-    out = subprocess.run(
-        ["promtool", "test", "rules", "test.yaml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
+    (query,) = [t.expr for t in regressed_steps_per_job(DashboardContext.of(th)).build().targets]
+    panel = grafana_vars.substitute(query, range_="1h")
+    a_update = f'{{{JOB}, experiment="a", group="update"}}'
+    checks = [
+        {  # 30m window at 35m: the steps of 20m..30m (promtool's increase extrapolates)
+            "expr": panel,
+            "eval_time": "35m",
+            "exp_samples": [{"labels": ctx.regressions_nonzero + a_update, "value": 10}],
+        },
+        {"expr": ctx.regressions_nonzero, "eval_time": "15m", "exp_samples": []},
+        {"expr": panel, "eval_time": "75m", "exp_samples": []},  # the window holds none
+        {  # the dense record the alert reads is still there, at 0
+            "expr": f"count({ctx.regressions})",
+            "eval_time": "75m",
+            "exp_samples": [{"labels": "{}", "value": 3}],
+        },
+    ]
+    test = {"interval": "1m", "input_series": series, "promql_expr_test": checks}
+    run_rule_tests(tmp_path, recording(tmp_path), [test])

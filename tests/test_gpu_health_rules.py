@@ -250,3 +250,61 @@ def test_alertmanager_inhibits_a_jobs_stall_page_while_its_gpu_is_lost():
     ]
     assert rule["target_matchers"] == ['alertname="RLHFJobStalled"']
     assert set(rule["equal"]) == {"cluster", "namespace", "project", "experiment"}
+
+
+def test_gpus_with_errors_counts_each_sick_gpu_wherever_its_error_falls(tmp_path):
+    """The fleet table's "GPUs with errors" reads a per-GPU record over its range, not every
+    GPU's counters (issue 37). The record runs every `alerts.gpu_interval` (promtool runs it
+    every 1m, that interval) over four of them. Scrapes every 25 s fall out of step with the
+    rounds (a record over one round would lose a jump between two: here it did): an XID
+    between any two scrapes is counted (one job per position of the jump over 3 minutes), a
+    row remap that failed for two scrapes too, an error before the range and a healthy GPU
+    not; healthy GPUs read 0."""
+    th = load_thresholds()
+    ctx = rules.Context(th)
+    assert ctx.dur("gpu_interval") == "1m"  # the promtool interval below
+    from rlhf_exporter.render.dashboards.context import DashboardContext
+    from rlhf_exporter.render.dashboards.gpuhealth import gpus_with_errors_query
+    from tests.support import grafana_vars
+
+    def gpu(job: str, g: int) -> dict:
+        lab = {**JOB, "project": job, "instance": "w1:9", "pod": "w1"}
+        return {**lab, "gpu": str(g), "uuid": f"GPU-{job}-{g}", "gpu_role": "trainer"}
+
+    def jump(at: int, n: int = 80) -> str:  # 0 until scrape `at`, then 1 (25 s scrapes)
+        return f"0x{at - 1} 1x{n - at}" if at > 0 else f"1x{n - 1}"
+
+    inputs, want = [], {}
+    for k in range(8):  # the jump at scrape 48 + k (20m + 25k s)
+        g = gpu(f"j{k}", 0)
+        inputs += [series("rlhf_gpu_xid_errors_total", jump(48 + k), g, xid="48"),
+                   series("rlhf_gpu_xid_errors_total", "0x79", g, xid="63"),
+                   series("rlhf_gpu_info", "1x79", gpu(f"j{k}", 0)),
+                   series("rlhf_gpu_info", "1x79", gpu(f"j{k}", 1))]  # fmt: skip
+        want[f"j{k}"] = 1
+    sick = [gpu("sick", g) for g in range(4)]
+    inputs += [
+        series("rlhf_gpu_errors_total", jump(56), sick[0], reason="gpu_is_lost"),
+        series("rlhf_gpu_row_remap_failed", "0x59 1x1 0x17", sick[1]),  # two scrapes of it
+        series("rlhf_gpu_ecc_errors_total", jump(64), sick[2], error="uncorrected", scope="volatile"),
+        series("rlhf_gpu_ecc_errors_total", "0+1x79", sick[3], error="corrected", scope="volatile"),
+        series("rlhf_gpu_xid_errors_total", jump(10), sick[3], xid="48"),  # before the range
+        series("rlhf_gpu_xid_errors_total", "0+1x79", sick[3], xid="13"),  # an application's
+    ]  # fmt: skip
+    inputs += [series("rlhf_gpu_info", "1x79", g) for g in sick]
+    want["sick"] = 3
+    inputs += [series("rlhf_gpu_info", "1x79", gpu("healthy", g)) for g in range(2)]
+    want["healthy"] = 0
+    query = grafana_vars.substitute(gpus_with_errors_query(DashboardContext.of(th)), range_="10m")
+    check = {
+        "expr": query,
+        "eval_time": "29m",  # the range (19m, 29m]: every jump but the one at 250 s
+        "exp_samples": [
+            {"labels": f'{{project="{p}", experiment="e"}}', "value": n} for p, n in want.items()
+        ],
+    }
+    groups = rules.rule_groups(th)[gpuhealth.GPU_HEALTH_FILE]
+    files = without_annotations(tmp_path, {gpuhealth.GPU_HEALTH_FILE: groups})
+    run_rule_tests(
+        tmp_path, files, [{"interval": "25s", "input_series": inputs, "promql_expr_test": [check]}]
+    )

@@ -698,7 +698,7 @@ def test_every_gpu_panel_shows_the_jobs_gpus_on_both_nodes(run):
         every.discard((sick_pod, "1"))
     assert shown == every, (sorted(every - shown), lost)
     # the fleet's "GPUs with errors": GPU 0 (ECC, XID 48) and GPU 1 (lost) of the sick node
-    (errors,) = [e for w, e in queries if "gpu_is_lost" in e and w.startswith("fleet")]
+    (errors,) = [e for w, e in queries if "rlhf_gpu_with_errors" in e and w.startswith("fleet")]
     for name in sorted(renamed, key=len, reverse=True):
         errors = errors.replace(name, renamed[name])
     (row,) = run.prom.query(

@@ -186,7 +186,7 @@ def job_columns(c: DashboardContext) -> list[tuple[str, Q]]:
             "GPU busy",
             Q(f"max by ({BY_JOB}) ({sel(rules.gpus_busy)})", table=True, instant=True),
         ),
-        gpus_with_errors_column(),
+        gpus_with_errors_column(c),
         (
             "firing alerts",
             Q(
@@ -214,7 +214,8 @@ def jobs_table(c: DashboardContext) -> table.Panel:
         "baseline; throughput: tokens per GPU-second; since last step: the time itself; "
         f"GPU busy: the average busy ratio over {rules.window} of "
         f"the job's GPUs on every node (red below {alerts['gpu_idle_ratio']:g}); GPUs with errors: the job's GPUs lost, with a bad-GPU XID, an uncorrectable "
-        "ECC error or a failed row remap in the time range; firing alerts: alerts from "
+        "ECC error or a failed row remap in the time range (a recording rule every "
+        f"{rules.dur('gpu_interval')}); firing alerts: alerts from "
         "the rlhf-exporter rules that carry the job's labels. Click a job's experiment to open "
         "the job dashboard.",
         [q for _, q in columns],
@@ -489,8 +490,8 @@ def regressed_steps_per_job(c: DashboardContext) -> PanelBuilder:
             f"Regressed steps in the last {rules.window}, per job and group",
             f"Steps of each job that were a regression of a group over the last {rules.window} (the "
             f"recording rule of the regression alert): the {TOP} jobs and groups with the most "
-            f"regressed steps in the range (a recording rule every {rules.fleet_interval}), only "
-            "while they have one."
+            f"regressed steps in the range, only while they have one (recording rules every "
+            f"{rules.fleet_interval})."
             + said(
                 alerts,
                 " At {regression_min_steps} (dashed line) for {regression_for} the regression "
@@ -499,7 +500,7 @@ def regressed_steps_per_job(c: DashboardContext) -> PanelBuilder:
             [
                 Q(
                     worst(
-                        f"{sel(rules.regressions)} > 0",
+                        sel(rules.regressions_nonzero),
                         f"sum by ({BY_JOB}, group) (sum_over_time("
                         f"{sel(rules.regression_steps_fleet)}[{RANGE}] @ end())) > 0",
                         by=f"{BY_JOB}, group",

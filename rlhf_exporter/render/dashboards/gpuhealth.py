@@ -171,21 +171,17 @@ def gpu_health_row(c: DashboardContext) -> Row:
 
 
 # -- the fleet table's column ------------------------------------------------------------------
-def gpus_with_errors_query() -> str:
+def gpus_with_errors_query(ctx: DashboardContext) -> str:
     """GPUs (distinct node and uuid) of each job that were lost, raised a bad-GPU XID, had an
-    uncorrectable ECC error or a failed row remap in the time range; 0 for a job whose GPUs
-    are known and healthy, no cell for a job without GPU series."""
-    bad = (
-        f"(increase({sel('rlhf_gpu_errors_total', LOST)}[{RANGE}]) > 0)\n"
-        f"  or (increase({sel('rlhf_gpu_xid_errors_total', BAD_XID)}[{RANGE}]) > 0)\n"
-        f"  or (increase({sel('rlhf_gpu_ecc_errors_total', *UNCORRECTED)}[{RANGE}]) > 0)\n"
-        f"  or ({sel('rlhf_gpu_row_remap_failed')} == 1)"
-    )
+    uncorrectable ECC error or a failed row remap in the time range (a record present only
+    for such a GPU, every `alerts.gpu_interval`); 0 for a job whose GPUs are known and
+    healthy, no cell for a job without GPU series."""
+    bad = f"max_over_time({sel(rules.with_errors(ctx.rules))}[{RANGE}])"
     return (
         f"count by ({BY_JOB}) (max by ({BY_JOB}, instance, uuid) (\n  {bad}\n))\n"
         f"or 0 * count by ({BY_JOB}) ({sel('rlhf_gpu_info')})"
     )
 
 
-def gpus_with_errors_column() -> tuple[str, Q]:
-    return ("GPUs with errors", Q(gpus_with_errors_query(), table=True, instant=True))
+def gpus_with_errors_column(ctx: DashboardContext) -> tuple[str, Q]:
+    return ("GPUs with errors", Q(gpus_with_errors_query(ctx), table=True, instant=True))

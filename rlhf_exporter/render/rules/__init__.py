@@ -34,7 +34,9 @@ own labels (`job`, `instance`, and `cluster`/`namespace`/`pod` where Prometheus 
 | `project_experiment:rlhf_bottleneck_verdict:code` | the last step's verdict as a number (1 + its index in the decision table), for the fleet's verdict panels |
 | `project_experiment:rlhf_change:code` | the last step's change as a number (0 none, 1 workload_shift, 2 regression), for the fleet's change panel |
 | `project_experiment_verdict:rlhf_bottleneck_steps:increase2m` | classified steps per verdict over `alerts.fleet_interval` (group `rlhf-exporter.fleet`), for the fleet's steps per verdict in the time range |
+| `project_experiment_group:rlhf_regression_steps:nonzero_increase30m` | the steps that regressed group g over the window, only where above 0 (every `alerts.fleet_interval`), for the fleet's regressed steps per job |
 | `project_experiment_verdict:rlhf_bottleneck:hot` | 1 for the verdict of the job's last step, the other verdicts absent (every `alerts.fleet_interval`), for the fleet's jobs per verdict |
+| `instance_uuid:rlhf_gpu_with_errors:max_increase4m` | per GPU with errors, the largest increase of its lost, bad-GPU XID or uncorrectable ECC counters over four rounds of its group (`rlhf-exporter.gpu-health.recording`, every `alerts.gpu_interval`: the windows overlap, so no error falls between two), or 1 for a failed row remap; absent for a healthy GPU, for the fleet's GPUs with errors |
 | `project_experiment:rlhf_gpus:round` | the job's GPUs (verl's: total_num_tokens / (timing_s/step x perf/throughput)) |
 | `project_experiment_group:rlhf_group_gpu_seconds:increase2m` | GPU-seconds each group held the job's GPUs over `alerts.fleet_interval` (its own group, `rlhf-exporter.fleet`, runs that often: the values tile the time), for the fleet's GPU-time panels |
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...diagnosis.xid import BAD_GPU, DEGRADED, regex
-from .model import JOB_NAME, NODES, Alert, Context, Runbook, _num
+from .model import JOB_NAME, NODES, Alert, Context, Runbook, _num, duration
 
 GPU_HEALTH_FILE = "alerts/gpu-health.rules.yaml"
 THROTTLED = "rlhf_window_gpu_throttled_seconds_total"
@@ -34,8 +34,30 @@ def throttled(ctx: Context) -> str:
     return f"project_experiment_group_gpu_role:rlhf_window_gpu_throttled:ratio_rate{ctx.window}"
 
 
+# The error counters a GPU with errors shows (lost, a bad-GPU XID, uncorrectable ECC), and the
+# labels that say which error: the fleet's "GPUs with errors" reads one record per GPU.
+ERRORS = (
+    'rlhf_gpu_errors_total{reason="gpu_is_lost"}',
+    f'rlhf_gpu_xid_errors_total{{xid=~"{regex(BAD_GPU)}"}}',
+    'rlhf_gpu_ecc_errors_total{error="uncorrected", scope="volatile"}',
+)
+WHICH_ERROR = "reason, xid, error, scope"
+
+
+def with_errors_window(ctx: Context) -> str:
+    """Four rounds of the group: consecutive rounds overlap by three, so two scrapes up to
+    three rounds apart always fall in one window (an error is never between two)."""
+    return duration(4 * ctx.secs("gpu_interval"))
+
+
+def with_errors(ctx: Context) -> str:
+    return f"instance_uuid:rlhf_gpu_with_errors:max_increase{with_errors_window(ctx)}"
+
+
 def records(ctx: Context) -> list[dict[str, str]]:
     w = ctx.window
+    e = with_errors_window(ctx)
+    grew = "\n  or ".join(f"increase({c}[{e}]) > 0" for c in ERRORS)
     return [
         {  # the throttled share of the job's GPU-seconds in each window group, every node
             "record": throttled(ctx),
@@ -43,7 +65,14 @@ def records(ctx: Context) -> list[dict[str, str]]:
                 f"sum without ({NODES}) (increase({THROTTLED}[{w}]))\n"
                 f"/ (sum without ({NODES}) (increase({TOTAL}[{w}])) > 0)"
             ),
-        }
+        },
+        {  # one series per GPU with errors now, none for a healthy one (issue 37: the fleet
+            # table reads these over its range, not every GPU's counters)
+            "record": with_errors(ctx),
+            "expr": (
+                f"max without ({WHICH_ERROR}) (\n  {grew}\n  or rlhf_gpu_row_remap_failed == 1\n)"
+            ),
+        },
     ]
 
 
@@ -260,7 +289,12 @@ def alerts(ctx: Context) -> list[Alert]:
 
 def groups(ctx: Context) -> list[dict[str, Any]]:
     base = ctx.a["runbook_url"]
+    every = ctx.dur("gpu_interval")  # every GPU's counters over [1h]: not every 15 s (issue 37)
     return [
-        {"name": "rlhf-exporter.gpu-health.recording", "rules": records(ctx)},
-        {"name": "rlhf-exporter.gpu-health", "rules": [a.rule(base) for a in alerts(ctx)]},
+        {"name": "rlhf-exporter.gpu-health.recording", "interval": every, "rules": records(ctx)},
+        {
+            "name": "rlhf-exporter.gpu-health",
+            "interval": every,
+            "rules": [a.rule(base) for a in alerts(ctx)],
+        },
     ]

@@ -247,10 +247,12 @@ def alerts(ctx: Context) -> list[Alert]:
 
 def groups(ctx: Context) -> list[dict[str, Any]]:
     base = ctx.a["runbook_url"]
+    every = ctx.dur("gpu_interval")  # every GPU's window counters over [30m] (issue 37)
     return [
-        {"name": "rlhf-exporter.gpu-windows.recording", "rules": records(ctx)},
+        {"name": "rlhf-exporter.gpu-windows.recording", "interval": every, "rules": records(ctx)},
         {
             "name": "rlhf-exporter.gpu-windows",
+            "interval": every,
             "rules": [a.rule(base) for a in alerts(ctx)],
         },
     ]

@@ -157,6 +157,12 @@ class Context:
         return f"project_experiment_group:rlhf_regression_steps:increase{self.window}"
 
     @property
+    def regressions_nonzero(self) -> str:
+        """`regressions` where above 0, every fleet interval: absent while a job's group has
+        not regressed, so a per-job panel over hours reads only the jobs that did."""
+        return f"project_experiment_group:rlhf_regression_steps:nonzero_increase{self.window}"
+
+    @property
     def changes(self) -> str:
         return f"project_experiment_kind:rlhf_change_steps:ratio_rate{self.window}"
 

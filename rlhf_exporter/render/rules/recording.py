@@ -63,7 +63,8 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
     that interval: consecutive values tile the
     time, so a panel sums them over its range (`sum_over_time`) instead of reading every
     raw sample of the range. And each job's current verdict (`VERDICT_HOT`), for the jobs
-    per verdict."""
+    per verdict, and its groups' regressed steps over the window where there are some (for
+    the regressed steps per job: the others' zeros are never read)."""
     f = ctx.fleet_interval
     return [
         {
@@ -81,6 +82,7 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
             "expr": f'increase(rlhf_change_steps_total{{kind=~"{CHANGED}"}}[{f}])',
         },
         {"record": VERDICT_HOT, "expr": "rlhf_bottleneck == 1"},
+        {"record": ctx.regressions_nonzero, "expr": f"{ctx.regressions} > 0"},
         {"record": JOB_GPUS, "expr": job_gpus_expr()},
         {
             "record": ctx.group_gpu_seconds,
