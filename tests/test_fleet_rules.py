@@ -104,7 +104,7 @@ def test_regressed_steps_per_job_reads_only_the_jobs_that_regressed(tmp_path):
     panel = grafana_vars.substitute(query, range_="1h")
     a_update = f'{{{JOB}, experiment="a", group="update"}}'
     checks = [
-        {  # 30m window at 35m: the steps of 20m..30m (promtool's increase extrapolates)
+        {  # the 30m window at 35m holds the 10 steps of 20m..30m
             "expr": panel,
             "eval_time": "35m",
             "exp_samples": [{"labels": ctx.regressions_nonzero + a_update, "value": 10}],

@@ -14,8 +14,6 @@ from .queries import BY_JOB, RANGE, RATE, sel
 
 NODE_GPU = "{{instance}} GPU {{gpu}}"
 UNCORRECTED = ('error="uncorrected"', 'scope="volatile"')
-LOST = 'reason="gpu_is_lost"'
-BAD_XID = f'xid=~"{regex(BAD_GPU)}"'
 
 
 def gpu_errors(c: DashboardContext) -> PanelBuilder:

@@ -34,13 +34,12 @@ def throttled(ctx: Context) -> str:
     return f"project_experiment_group_gpu_role:rlhf_window_gpu_throttled:ratio_rate{ctx.window}"
 
 
-# The error counters a GPU with errors shows (lost, a bad-GPU XID, uncorrectable ECC), and the
-# labels that say which error: the fleet's "GPUs with errors" reads one record per GPU.
-ERRORS = (
-    'rlhf_gpu_errors_total{reason="gpu_is_lost"}',
-    f'rlhf_gpu_xid_errors_total{{xid=~"{regex(BAD_GPU)}"}}',
-    'rlhf_gpu_ecc_errors_total{error="uncorrected", scope="volatile"}',
-)
+# The error counters that page (a lost GPU, a bad-GPU XID, uncorrectable ECC), and the labels
+# that say which error: the fleet's "GPUs with errors" reads one record per GPU of them.
+LOST_GPU = 'rlhf_gpu_errors_total{reason="gpu_is_lost"}'
+BAD_XID = f'rlhf_gpu_xid_errors_total{{xid=~"{regex(BAD_GPU)}"}}'
+UNCORRECTED_ECC = 'rlhf_gpu_ecc_errors_total{error="uncorrected", scope="volatile"}'
+ERRORS = (LOST_GPU, BAD_XID, UNCORRECTED_ECC)
 WHICH_ERROR = "reason, xid, error, scope"
 
 
@@ -80,7 +79,7 @@ def _lost(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
     return Alert(
         name="RLHFGPULost",
-        expr=f'increase(rlhf_gpu_errors_total{{reason="gpu_is_lost"}}[{w}]) > 0',
+        expr=f"increase({LOST_GPU}[{w}]) > 0",
         for_="0s",
         severity="critical",
         category="gpu",
@@ -112,9 +111,7 @@ def _uncorrectable_ecc(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
     return Alert(
         name="RLHFGPUUncorrectableECC",
-        expr=(
-            f'increase(rlhf_gpu_ecc_errors_total{{error="uncorrected", scope="volatile"}}[{w}]) > 0'
-        ),
+        expr=f"increase({UNCORRECTED_ECC}[{w}]) > 0",
         for_="0s",
         severity="critical",
         category="gpu",
@@ -168,7 +165,7 @@ def _bad_xid(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
     return Alert(
         name="RLHFGPUBadXid",
-        expr=f'increase(rlhf_gpu_xid_errors_total{{xid=~"{regex(BAD_GPU)}"}}[{w}]) > 0',
+        expr=f"increase({BAD_XID}[{w}]) > 0",
         for_="0s",
         severity="critical",
         category="gpu",
