@@ -262,6 +262,8 @@ def test_what_a_ray_get_awaits_is_named_from_rays_running_tasks():
         # an actor's own thread submits with the actor's creation task as parent (f's, the
         # actor id): the real verl job's collective_rpc, which the driver does not await
         (0, "c1", "f" * 16 + "85c9f3975862ea6ffdf8fe02000000", "vLLMHttpServer.collective_rpc"),
+        # Ray's nil task id (all f's, the nil job id too) is no driver's
+        (0, "d2", "f" * 48, "Orphan.run"),
     ]
     named = stacks.awaited(tasks, driver_pids=[30001])
     assert named == {

@@ -479,8 +479,9 @@ def awaited(
 
 
 def _is_driver_task(task_id: str) -> bool:
-    """Ray's driver task id: f's, then the 4-byte job id (TaskID::ForDriverTask)."""
-    return len(task_id) > 8 and task_id[:-8].strip("f") == ""
+    """Ray's driver task id: f's, then the 4-byte job id (TaskID::ForDriverTask); not Ray's
+    nil task id (all f's: the nil job id too), which no driver task has."""
+    return len(task_id) > 8 and task_id[:-8].strip("f") == "" and task_id[-8:] != "ffffffff"
 
 
 def on(wait: Wait, names: Sequence[str]) -> Wait:
