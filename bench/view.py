@@ -31,7 +31,7 @@ from rlhf_exporter.jobs import Job  # noqa: E402
 from rlhf_exporter.metrics.exposition import Exposition  # noqa: E402
 from rlhf_exporter.metrics.snapshot import Snapshot  # noqa: E402
 from rlhf_exporter.server import Endpoints, landing_page, make_server  # noqa: E402
-from rlhf_exporter.view import Facts, Links, index_page, job_page  # noqa: E402
+from rlhf_exporter.view.pages import Facts, Links, index_page, job_page  # noqa: E402
 
 PLAN = [(REGIMES["balanced"], 20), *DEMO_PLAN]
 

@@ -56,8 +56,8 @@ from .metrics.exposition import Exposition
 from .metrics.snapshot import SnapshotFn
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
-from .view import Facts, Links, docs_pages, index_page, job_page
-from .view.pages import doc_page, not_found_page
+from .view import docs_pages
+from .view.pages import Facts, Links, doc_page, index_page, job_page, not_found_page
 from .windows_api import WindowsApi
 
 log = logging.getLogger(__name__)

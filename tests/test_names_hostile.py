@@ -14,7 +14,7 @@ from rlhf_exporter.diagnosis.thresholds import ThresholdsError
 from rlhf_exporter.jobs import Job
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
-from rlhf_exporter.view import Facts, Links, index_page
+from rlhf_exporter.view.pages import Facts, Links, index_page
 from tests.support import browser
 
 TH = load_thresholds()

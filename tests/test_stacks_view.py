@@ -7,7 +7,7 @@ import time
 from rlhf_exporter.diagnosis import stacks
 from rlhf_exporter.diagnosis.stacks import ProcessStack, StackRound
 from rlhf_exporter.server import Endpoints
-from rlhf_exporter.view import Facts, Links, index_page, job_page
+from rlhf_exporter.view.pages import Facts, Links, index_page, job_page
 
 RUNBOOKS = "https://example.invalid/docs/runbooks.md"
 HOSTILE = "<script>alert(1)</script>"

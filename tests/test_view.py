@@ -23,8 +23,8 @@ from rlhf_exporter.jobs import Job
 from rlhf_exporter.metrics.snapshot import Snapshot
 from rlhf_exporter.render.dashboards.style import VERDICT_COLOURS
 from rlhf_exporter.sources.verl_reader import RecordReader
-from rlhf_exporter.view import Facts, Links, index_page, job_page, pages
-from rlhf_exporter.view.pages import attention
+from rlhf_exporter.view import pages
+from rlhf_exporter.view.pages import Facts, Links, attention, index_page, job_page
 from rlhf_exporter.view.report import Style, Table
 from tests.support.browser import Elements
 from tests.support.procs import exporter_cmd

@@ -3,9 +3,7 @@
 Every source has `start()`, `stop()` and `snapshot()`. Slow work happens in the source's
 own background thread; `snapshot()` only returns the last immutable `Snapshot`, so a scrape
 never waits on a source.
+
+The interface is in `base`. The package itself imports nothing, so a command that needs
+one source (`diagnose` reads verl's files with `verl_reader`) does not load the others.
 """
-
-from ..metrics.snapshot import Sample, Snapshot
-from .base import PollingSource, PollResult, Source, SourceError
-
-__all__ = ["PollResult", "PollingSource", "Sample", "Snapshot", "Source", "SourceError"]

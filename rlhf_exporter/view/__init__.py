@@ -3,8 +3,7 @@
 One module draws (`draw`), one composes pages (`pages`); two callers: the sidecar's `/` and
 `/jobs/<project>/<experiment>` (rlhf_exporter/server.py) and `diagnose --html`
 (rlhf_exporter/commands/diagnose.py).
+
+The package itself imports nothing: `diagnose --format jsonl` writes with `writers` and
+`report` and never loads the pages.
 """
-
-from .pages import Facts, Links, ReportFile, ReportRun, index_page, job_page, report_page
-
-__all__ = ["Facts", "Links", "ReportFile", "ReportRun", "index_page", "job_page", "report_page"]

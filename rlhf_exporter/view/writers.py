@@ -11,14 +11,13 @@ import re
 import sys
 import tempfile
 import textwrap
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from ..diagnosis import StepDiagnosis
 from ..diagnosis.episodes import episodes
 from ..diagnosis.history import StepBins, StepPoint, point
-from . import Links, ReportFile, ReportRun, report_page
 from .report import (
     MAX_EPISODE_STEPS,
     RunSummary,
@@ -28,6 +27,9 @@ from .report import (
     step_json,
     summary_lines,
 )
+
+if TYPE_CHECKING:
+    from .pages import ReportFile
 
 
 class Writer(Protocol):
@@ -391,6 +393,8 @@ class HtmlWriter:
     def end_file(
         self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
     ) -> None:
+        from .pages import ReportFile, ReportRun  # only --html loads the pages
+
         runs = [ReportRun(s.to_json(), b.points(), b.width) for s, b in self.runs.values()]
         self.files.append(
             ReportFile(
@@ -409,6 +413,7 @@ class HtmlWriter:
 
     def write(self) -> None:
         from .. import __version__
+        from .pages import Links, report_page
 
         # the user's runbook URL wins; else the report embeds the sections it links
         page = report_page(self.files, Links.of(self.runbook_base, Links("")), __version__)
