@@ -176,14 +176,18 @@ def backfill_missing(prom: Prometheus, work: Path, data: Path, info: dict) -> bo
     """Backfill the records of the repository's rules that a kept TSDB (`--workdir`) does not
     hold yet (rules added since it was built, records of series added since), pass by pass
     (a record read by another first), each group at its own interval. Returns whether any
-    was."""
+    was. The names backfilled are kept in `info` (a record may have no series at all in this
+    history: it is not backfilled again at every start)."""
+    done = set(info.get("backfilled", ()))
     groups = []
     for path in sorted((REPO / "alerts").glob("*.rules.yaml")):
         for group in yaml.safe_load(path.read_text())["groups"]:
             rules = [
                 r
                 for r in group["rules"]
-                if "record" in r and not prom.query(f"count({r['record']} @ {info['end'] - 60})")
+                if "record" in r
+                and r["record"] not in done
+                and not prom.query(f"count({r['record']} @ {info['end'] - 60})")
             ]
             if rules:
                 groups.append({**group, "rules": rules})
@@ -198,6 +202,7 @@ def backfill_missing(prom: Prometheus, work: Path, data: Path, info: dict) -> bo
     fleet_history.backfill_record_levels(
         [rules_file], work, data, info["start"], info["end"], log=print
     )
+    info["backfilled"] = sorted(done | set(names))
     return True
 
 
@@ -363,6 +368,7 @@ def main() -> int:
     end = info["end"] - SCRAPE
     prom = start_prometheus(work / "prom")
     if backfill_missing(prom, work, data, info):  # a kept TSDB, records added since
+        meta.write_text(json.dumps(info))
         prom = start_prometheus(work / "prom")
     try:
         head = prom.query(f"count(rlhf_step @ {end})")

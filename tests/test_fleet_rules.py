@@ -8,7 +8,7 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.dashboards.context import DashboardContext
-from rlhf_exporter.render.dashboards.fleet import regressed_steps_per_job
+from rlhf_exporter.render.dashboards.fleet import jobs_per_verdict, regressed_steps_per_job
 from rlhf_exporter.render.dashboards.style import verdict_codes
 from rlhf_exporter.render.rules.recording import VERDICT_CODE, VERDICT_CODES, VERDICT_HOT
 from tests.support import grafana_vars
@@ -71,6 +71,39 @@ def test_promtool_records_one_hot_verdict_per_job_as_the_verdict_changes(tmp_pat
         {
             "expr": count,
             "eval_time": "5m",
+            "exp_samples": [{"labels": '{verdict="rollout"}', "value": 2}],
+        },
+    ]
+    test = {"interval": "1m", "input_series": series, "promql_expr_test": checks}
+    run_rule_tests(tmp_path, recording(tmp_path), [test])
+
+
+def test_jobs_per_verdict_counts_a_job_scraped_twice_once(tmp_path):
+    """Two replicas scrape job a (another instance, another pod) and one scrapes job b: the
+    panel's own query, which no longer folds a job's series at every step, counts two jobs;
+    the record folds them (`JOB_KEY`), so the verdict a left is gone from both at once."""
+    hots = ["update"] * 4 + ["rollout"] * 4
+    twice = [
+        {**s, "series": s["series"].replace('instance="x"', 'instance="y", pod="p-1"')}
+        for s in bottleneck("a", hots)
+    ]
+    series = bottleneck("a", hots) + twice + bottleneck("b", ["rollout"] * 8)
+    th = load_thresholds()
+    (query,) = [t.expr for t in jobs_per_verdict(DashboardContext.of(th)).build().targets]
+    panel = grafana_vars.substitute(query, range_="1h")
+    assert "max by" not in panel  # the fold is the record's, not every step's
+    checks = [
+        {
+            "expr": panel,
+            "eval_time": "2m",
+            "exp_samples": [
+                {"labels": '{verdict="update"}', "value": 1},
+                {"labels": '{verdict="rollout"}', "value": 1},
+            ],
+        },
+        {
+            "expr": panel,
+            "eval_time": "6m",
             "exp_samples": [{"labels": '{verdict="rollout"}', "value": 2}],
         },
     ]

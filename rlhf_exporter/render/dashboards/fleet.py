@@ -316,9 +316,10 @@ def style_job_columns(t: table.Panel, c: DashboardContext) -> table.Panel:
 
 
 def jobs_per_verdict(c: DashboardContext) -> PanelBuilder:
-    """A count by verdict of each job's recorded hot verdict (one series per job, every
-    `alerts.fleet_interval`): no `count_values`, which turns every sample's value into a new
-    label at every step (0.76x over 24 h of 1,000 jobs, side by side: bench/README.md, issue 37)."""
+    """A count by verdict of each job's recorded hot verdict (one series per job, its replicas
+    folded by the record, every `alerts.fleet_interval`): no `count_values`, which turns every
+    sample's value into a new label at every step (0.76x over 24 h of 1,000 jobs, side by
+    side: bench/README.md, issue 37), and no per-step `max by` of the job's series."""
     return colour_by_name(
         time_series(
             "Jobs per verdict",
@@ -327,7 +328,7 @@ def jobs_per_verdict(c: DashboardContext) -> PanelBuilder:
             "verdict colours of the job dashboard.",
             [
                 Q(
-                    f"count by (verdict) (max by ({BY_JOB}, verdict) ({sel(VERDICT_HOT)}))",
+                    f"count by (verdict) ({sel(VERDICT_HOT)})",
                     "{{verdict}}",
                 )
             ],

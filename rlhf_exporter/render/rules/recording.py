@@ -26,8 +26,9 @@ def verdict_code_expr() -> str:
 
 
 # The one-hot verdict gauge's hot series alone (1 for the last step's verdict, the other eight
-# absent), recorded every `alerts.fleet_interval`: the fleet's "Jobs per verdict" counts one
-# series per job grouped by a label it already has, instead of `count_values` over the codes
+# absent), one per job (`JOB_KEY`: a job's replicas and pods folded at record time), recorded
+# every `alerts.fleet_interval`: the fleet's "Jobs per verdict" counts it by a label it already
+# has, with no aggregation of its own at every step, instead of `count_values` over the codes
 # (which formats every sample's value into a new label at every step: issue 37).
 VERDICT_HOT = "project_experiment_verdict:rlhf_bottleneck:hot"
 
@@ -81,7 +82,7 @@ def fleet_records(ctx: Context) -> list[dict[str, str]]:
             # deprecated legacy_change_none setting serves for a steady step
             "expr": f'increase(rlhf_change_steps_total{{kind=~"{CHANGED}"}}[{f}])',
         },
-        {"record": VERDICT_HOT, "expr": "rlhf_bottleneck == 1"},
+        {"record": VERDICT_HOT, "expr": f"max by ({JOB_KEY}, verdict) (rlhf_bottleneck == 1)"},
         {"record": ctx.regressions_nonzero, "expr": f"{ctx.regressions} > 0"},
         {"record": JOB_GPUS, "expr": job_gpus_expr()},
         {
