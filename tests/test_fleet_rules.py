@@ -52,60 +52,51 @@ def test_promtool_records_the_hot_verdicts_code_per_job(tmp_path):
     run_rule_tests(tmp_path, recording(tmp_path), [test])
 
 
+def jobs_per_verdict_query() -> str:
+    """The fleet's "Jobs per verdict" query as rendered, every job selected."""
+    (query,) = [
+        t.expr for t in jobs_per_verdict(DashboardContext.of(load_thresholds())).build().targets
+    ]
+    return grafana_vars.substitute(query, range_="1h")
+
+
+def counted(expr: str, at: str, jobs: dict[str, int]) -> dict:
+    """A promtool check: `expr` at `at` is `jobs` (verdict: how many jobs), nothing else."""
+    samples = [{"labels": f'{{verdict="{v}"}}', "value": n} for v, n in jobs.items()]
+    return {"expr": expr, "eval_time": at, "exp_samples": samples}
+
+
 def test_promtool_records_one_hot_verdict_per_job_as_the_verdict_changes(tmp_path):
     """The fleet's jobs per verdict counts the hot record: one series per job at any time,
     the verdict it left gone at once (a rule's staleness marker), never counted twice."""
     # job a: update for 4 minutes, then rollout; job b: rollout throughout; job c: no verdict
     hot = {"a": ["update"] * 4 + ["rollout"] * 4, "b": ["rollout"] * 8, "c": [None] * 8}
     series = [s for exp, hots in hot.items() for s in bottleneck(exp, hots)]
-    count = f"count by (verdict) ({VERDICT_HOT})"
+    panel = jobs_per_verdict_query()
+    assert VERDICT_HOT in panel
     checks = [
-        {
-            "expr": count,
-            "eval_time": "2m",
-            "exp_samples": [
-                {"labels": '{verdict="update"}', "value": 1},
-                {"labels": '{verdict="rollout"}', "value": 1},
-            ],
-        },
-        {
-            "expr": count,
-            "eval_time": "5m",
-            "exp_samples": [{"labels": '{verdict="rollout"}', "value": 2}],
-        },
+        counted(panel, "2m", {"update": 1, "rollout": 1}),
+        counted(panel, "5m", {"rollout": 2}),
     ]
     test = {"interval": "1m", "input_series": series, "promql_expr_test": checks}
     run_rule_tests(tmp_path, recording(tmp_path), [test])
 
 
 def test_jobs_per_verdict_counts_a_job_scraped_twice_once(tmp_path):
-    """Two replicas scrape job a (another instance, another pod) and one scrapes job b: the
-    panel's own query, which no longer folds a job's series at every step, counts two jobs;
-    the record folds them (`JOB_KEY`), so the verdict a left is gone from both at once."""
+    """Two replicas scrape job a (another instance, another pod), one scrapes job b: the
+    panel counts two jobs, because the record folds a's two series into one (`JOB_KEY`);
+    the panel itself folds nothing at every step. The verdict a left goes from both at once."""
     hots = ["update"] * 4 + ["rollout"] * 4
     twice = [
         {**s, "series": s["series"].replace('instance="x"', 'instance="y", pod="p-1"')}
         for s in bottleneck("a", hots)
     ]
     series = bottleneck("a", hots) + twice + bottleneck("b", ["rollout"] * 8)
-    th = load_thresholds()
-    (query,) = [t.expr for t in jobs_per_verdict(DashboardContext.of(th)).build().targets]
-    panel = grafana_vars.substitute(query, range_="1h")
+    panel = jobs_per_verdict_query()
     assert "max by" not in panel  # the fold is the record's, not every step's
     checks = [
-        {
-            "expr": panel,
-            "eval_time": "2m",
-            "exp_samples": [
-                {"labels": '{verdict="update"}', "value": 1},
-                {"labels": '{verdict="rollout"}', "value": 1},
-            ],
-        },
-        {
-            "expr": panel,
-            "eval_time": "6m",
-            "exp_samples": [{"labels": '{verdict="rollout"}', "value": 2}],
-        },
+        counted(panel, "2m", {"update": 1, "rollout": 1}),
+        counted(panel, "6m", {"rollout": 2}),
     ]
     test = {"interval": "1m", "input_series": series, "promql_expr_test": checks}
     run_rule_tests(tmp_path, recording(tmp_path), [test])
