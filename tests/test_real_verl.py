@@ -27,9 +27,12 @@ or without .venv-verl (scripts/real-verl-env.sh).
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -49,6 +52,7 @@ from rlhf_exporter.render import rules as rules_mod
 from rlhf_exporter.sources.roles import RoleMap
 from rlhf_exporter.sources.verl_reader import RecordReader
 from tests.real_verl import harness
+from tests.support.procs import exporter_cmd
 from tests.support.prometheus import Prometheus
 
 _WHY = harness.unavailable()
@@ -116,7 +120,7 @@ def stack(tmp_path_factory):
     rules (time-scaled); all stopped at the end, also on failure."""
     tmp = tmp_path_factory.mktemp("real-verl")
     th = load_thresholds()
-    cluster = side = prom = alerts = None
+    cluster = side = cside = prom = alerts = None
     try:
         cluster = harness.Cluster(tmp)
         # the sidecar's stall limit (its job view, the stacks of issue 39) time-scaled as
@@ -125,6 +129,16 @@ def stack(tmp_path_factory):
         stall_min = th.alerts.get("stall_min", "10m")
         scaled.write_text(f"alerts:\n  stall_min: {seconds(stall_min) * SCALE:g}s\n")
         side = harness.head_sidecar(tmp, cluster, {"RLHF_EXPORTER_THRESHOLDS": str(scaled)})
+        # issue 47: the same sidecar with no verl file (no logs mount): it reads each job
+        # from what its trainer actor prints, streamed from Ray by actor id (the console
+        # source); Prometheus scrapes only the first (one page per job)
+        cside = harness.head_sidecar(
+            tmp,
+            cluster,
+            {"RLHF_EXPORTER_THRESHOLDS": str(scaled)},
+            files=False,
+            name="sidecar-console",
+        )
         rule_dir = tmp / "rules"
         rule_dir.mkdir()
         files = []
@@ -133,9 +147,11 @@ def stack(tmp_path_factory):
             files.append(rule_dir / Path(rel).name)
         prom = Prometheus(tmp / "prom", [side.url.removeprefix("http://")], files, "1s")
         alerts = AlertLog(prom)
-        yield SimpleNamespace(cluster=cluster, side=side, prom=prom, alerts=alerts, tmp=tmp, th=th)
+        yield SimpleNamespace(
+            cluster=cluster, side=side, cside=cside, prom=prom, alerts=alerts, tmp=tmp, th=th
+        )
     finally:
-        for part in (alerts, prom, side, cluster):
+        for part in (alerts, prom, side, cside, cluster):
             if part is not None:
                 part.stop() if hasattr(part, "stop") else part.terminate()
 
@@ -198,6 +214,11 @@ def _save(run: SimpleNamespace, out: Path) -> None:
         out / "measured.json",
         {"seconds": round(run.t_end - run.t0, 1), "peak_pss_mib": round(run.rec.peak_pss_mib)},
     )
+    # issue 47: what verl printed, as Ray keeps it: the driver's log (the entrypoint's output
+    # with the actors' lines Ray forwards to it) and the trainer actor's own stdout file
+    # (what the console source streams by actor id); the real bytes, nothing stripped
+    (out / "driver.log").write_bytes(run.driver_bytes)
+    (out / "trainer.out").write_bytes(run.trainer_bytes)
 
 
 def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleNamespace:
@@ -220,10 +241,13 @@ def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleN
             f"{job.experiment} reads {state}",
         )
         run.samples = side.samples()
+        _read_console_sidecar(stack, run, state)
     finally:
         rec.stop()
         run.driver_log = cluster.logs(sid)
         (stack.tmp / job.experiment / "driver.log").write_text(run.driver_log)
+    run.driver_bytes = cluster.driver_log(sid)
+    run.trainer_path, run.trainer_bytes = cluster.trainer_out(cluster.job(sid).get("job_id"))
     run.records = _records(run.log)
     run.actors = _actor_rows(rec)
     run.diagnoses = list(BatchDiagnoser(stack.th).diagnose(run.records))
@@ -250,6 +274,36 @@ def run_job(stack, job: harness.Job, during=None, end=("SUCCEEDED",)) -> SimpleN
     if WRITE_FIXTURES:
         _save(run, harness.FIXTURES / job.experiment)
     return run
+
+
+def _read_console_sidecar(stack, run, state: str) -> None:
+    """Issue 47: wait until the sidecar with no verl file shows every step the file logged
+    and the job's end, then keep what it exports (`/metrics`, `/api/v1/jobs`, the job's page);
+    a failure is kept on `run.console_error` (the console tests report it; the file
+    sidecar's tests do not depend on it)."""
+    cside, exp = stack.cside, run.job.experiment
+    lab = {"project": harness.PROJECT, "experiment": exp}
+    n = len(_records(run.log))
+    run.console_error = None
+    try:
+        cside.wait_for(
+            lambda: (
+                cside.value("rlhf_steps_total", **lab) == n
+                and cside.value("rlhf_job_state", state=state, **lab) == 1.0
+            ),
+            120,
+            f"the console sidecar shows {exp}'s {n} steps and reads {state}",
+        )
+    except Exception as exc:  # reported by the console tests
+        run.console_error = f"{type(exc).__name__}: {exc}"
+    run.console_samples = cside.samples()
+    run.console_jobs = requests.get(cside.url + "/api/v1/jobs", timeout=10).json()["jobs"]
+    page = requests.get(f"{cside.url}/jobs/{harness.PROJECT}/{exp}", timeout=10)
+    run.console_page = page.text if page.ok else ""
+    out = stack.tmp / exp / "console"
+    harness.write_json(out / "jobs.json", run.console_jobs)
+    (out / "page.html").write_text(run.console_page)
+    (out / "sidecar.log").write_text(cside.output())
 
 
 def _stall_annotation(prom: Prometheus, experiment: str) -> str | None:
@@ -458,6 +512,90 @@ def test_engine_found_by_discovery_and_its_metrics_agree(which, request):
     if usable:  # a usable window saw the requests it generated
         peak = _value(run, "rlhf_engine_running_requests_peak", **lab) or 0.0
         assert 0 < peak <= harness.Job.MAX_SEQS
+
+
+# -- the console route (issue 47): the same jobs, read with no verl file ---------------------------
+
+_VERDICT_RECT = re.compile(
+    r'<rect class="verdict" data-verdict="([^"]+)"[^>]*><title>step (\d+): ([^<]*)</title>'
+)
+_MARKER = re.compile(r'<text class="marker" data-step="(\d+)" data-change="([^"]+)"')
+
+
+def _page_steps(page: str) -> dict[int, tuple[str, str | None, str]]:
+    """step -> (verdict, reason, change) as the job's page draws its step strip (a step
+    without a change marker is `steady`)."""
+    out: dict[int, tuple[str, str | None, str]] = {}
+    marks = {int(s): c for s, c in _MARKER.findall(page)}
+    for verdict, step, title in _VERDICT_RECT.findall(page):
+        head, _, reason = html.unescape(title).partition(": ")
+        assert head == verdict, title
+        got = (verdict, reason or None, marks.get(int(step), "steady"))
+        assert out.setdefault(int(step), got) == got, (step, got, out[int(step)])
+    return out
+
+
+def _diagnose_rows(path: Path) -> list[dict]:
+    """`rlhf-exporter diagnose --format jsonl` of the file logger's JSONL."""
+    out = subprocess.run(
+        [*exporter_cmd("diagnose", "--format", "jsonl", str(path))],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+    return [r for r in rows if "type" not in r]  # the steps (not the episodes)
+
+
+@pytest.mark.parametrize("which", ["legacy", "v1", "hang"])
+def test_console_sidecar_reads_every_step_as_diagnose_does(which, request):
+    """Issue 47: the head sidecar with no verl root and no file (only the Ray address)
+    finds the job's trainer actor through Ray, streams its stdout by actor id and shows
+    every step the file logged, labelled with the project and experiment verl printed,
+    each classified exactly as `diagnose` classifies the JSONL: verdict, reason and change,
+    step by step (the job's page), and counted (`/metrics`, `/api/v1/jobs`)."""
+    run = request.getfixturevalue(which)
+    assert run.console_error is None, run.console_error
+    rows = _diagnose_rows(run.log)
+    assert rows and len(rows) == len(run.records)
+    lab = {"project": harness.PROJECT, "experiment": which}
+    cs = SimpleNamespace(samples=run.console_samples)
+    assert _value(cs, "rlhf_steps_total", **lab) == len(rows)
+    assert _value(cs, "rlhf_step", **lab) == rows[-1]["step"]
+    state = "finished" if run.status == "SUCCEEDED" else "failed"
+    assert _value(cs, "rlhf_job_state", state=state, **lab) == 1.0
+    verdicts = Counter(r["verdict"] for r in rows)
+    for verdict in set(verdicts) | {"rollout", "balanced", "other"}:
+        got = _value(cs, "rlhf_bottleneck_steps_total", verdict=verdict, **lab) or 0.0
+        assert got == verdicts[verdict], (verdict, got, verdicts)
+    changes = Counter(r["change"] for r in rows)
+    for kind in set(changes) | {"steady", "workload_shift", "regression"}:
+        got = _value(cs, "rlhf_change_steps_total", kind=kind, **lab) or 0.0
+        assert got == changes[kind], (kind, got, changes)
+    assert _value(cs, "rlhf_bottleneck", verdict=rows[-1]["verdict"], **lab) == 1.0
+    # the job's summary: the labels verl printed, its last step as diagnose read it
+    (job,) = [j for j in run.console_jobs if j["experiment"] == which]
+    assert job["project"] == harness.PROJECT and job["source"].startswith("console"), job
+    last = rows[-1]
+    assert (job["step"], job["steps"], job["verdict"], job["change"]) == (
+        last["step"], len(rows), last["verdict"], last["change"]
+    ), job  # fmt: skip
+    # step by step, as the job's page draws it; a `rollout` step's reason may be refined by
+    # the sidecar's engine evidence (docs/engines.md), which diagnose never sees
+    drawn = _page_steps(run.console_page)
+    assert sorted(drawn) == [r["step"] for r in rows], (sorted(drawn), rows)
+    for r in rows:
+        verdict, reason, change = drawn[r["step"]]
+        assert (verdict, change) == (r["verdict"], r["change"]), (r, drawn[r["step"]])
+        refined = verdict == "rollout" and reason in ENGINE_REASONS
+        assert reason == r["reason"] or refined, (r, drawn[r["step"]])
+
+
+def test_console_captures_kept(legacy, v1):
+    """What the console route reads is kept with each run: the driver's log and the trainer
+    actor's own stdout, both holding the printed steps."""
+    for run in (legacy, v1):
+        assert run.trainer_path is not None, "no worker-*.out with :actor_name:TaskRunner"
+        for data in (run.driver_bytes, run.trainer_bytes):
+            assert data.count(b"step:") >= len(run.records), data[-2000:]
 
 
 # -- a hang, then a crash -----------------------------------------------------------------------

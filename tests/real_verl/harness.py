@@ -264,6 +264,32 @@ class Cluster:
     def log_file(self, job: Job) -> Path:
         return self.log_root / PROJECT / f"{job.experiment}.jsonl"
 
+    def session_logs(self) -> Path:
+        """This head's session log directory (`<temp dir>/session_latest/logs`)."""
+        return self.head.temp_dir / "session_latest" / "logs"
+
+    def driver_log(self, sid: str) -> bytes:
+        """The job's driver log as Ray wrote it (`job-driver-<submission id>.log`, the
+        entrypoint's stdout and stderr with the actors' lines Ray forwards to it), else the
+        Jobs API's `GET /api/jobs/<id>/logs` (what `ray job logs` prints)."""
+        path = self.session_logs() / f"job-driver-{sid}.log"
+        if path.exists():
+            return path.read_bytes()
+        return self.logs(sid).encode()
+
+    def trainer_out(self, job_id: str | None) -> tuple[Path | None, bytes]:
+        """The job's trainer actor's own stdout file: the `worker-*-<job id>-*.out` whose
+        first lines carry `:actor_name:TaskRunner` (legacy) or `:actor_name:TaskRunnerV1`;
+        what the console source streams by actor id. (None, b"") when none is found."""
+        for path in sorted(self.session_logs().glob("worker-*.out")):
+            if job_id and f"-{job_id}-" not in path.name:
+                continue
+            with open(path, "rb") as f:
+                head = f.read(4096)
+            if re.search(rb"^:actor_name:TaskRunner(V1)?$", head, re.M):
+                return path, path.read_bytes()
+        return None, b""
+
     def actors(self, state: str = "ALIVE") -> list[dict[str, Any]]:
         r = requests.get(
             f"{self.url}/api/v0/actors",
@@ -312,11 +338,21 @@ class Cluster:
 ADDED = {"RLHF_EXPORTER_ENGINE_INTERVAL": "0.1", "RLHF_EXPORTER_RAY_INTERVAL": "2"}
 
 
-def head_sidecar(workdir: Path, cluster: Cluster, added: Mapping[str, str] | None = None) -> Any:
+def head_sidecar(
+    workdir: Path,
+    cluster: Cluster,
+    added: Mapping[str, str] | None = None,
+    *,
+    files: bool = True,
+    name: str = "sidecar",
+) -> Any:
     """`rlhf-exporter serve` with exactly the environment the example chart renders for its
     head pod's sidecar, with only what cannot exist here substituted (the listen port, the
     logs mount -> the cluster's log root, the Ray dashboard -> this head's), ADDED and
-    `added` (the test's own: e.g. its time-scaled thresholds)."""
+    `added` (the test's own: e.g. its time-scaled thresholds). `files=False`: the same
+    sidecar with no verl file at all (RLHF_EXPORTER_VERL_ROOT removed, no logs mount): it
+    reads the jobs only from what their trainers print, through Ray (the console source,
+    issue 47)."""
     import shutil
 
     import yaml
@@ -344,10 +380,14 @@ def head_sidecar(workdir: Path, cluster: Cluster, added: Mapping[str, str] | Non
         RLHF_EXPORTER_VERL_ROOT=str(cluster.log_root),
         RLHF_EXPORTER_RAY_ADDRESS=cluster.url,
     )
+    if not files:
+        gone = {"RLHF_EXPORTER_VERL_ROOT", "RLHF_EXPORTER_VERL_FILE", "VERL_FILE_LOGGER_PATH"}
+        env = {k: v for k, v in env.items() if k not in gone}
+        assert not gone & set(os.environ), "the test's own environment names a verl file"
     more = {**ADDED, **(added or {})}
     assert not set(more) & set(env), "the chart sets it now: substitute it instead"
     env = {**env, **more, "PYTHONPATH": str(REPO)}
-    exp = Exporter(workdir / "sidecar", defaults=False, ready=True, env=env, timeout=60)
+    exp = Exporter(workdir / name, defaults=False, ready=True, env=env, timeout=60)
     exp.env = env  # type: ignore[attr-defined]
     exp.values = yaml.safe_dump(side)  # type: ignore[attr-defined]
     return exp
