@@ -433,6 +433,38 @@ OPTIONS: tuple[Option, ...] = (
         "ray",
         "IP",
     ),
+    # verl's printed steps, read from Ray (issue 47; sources/console.py, docs/serve.md)
+    Option(
+        "console",
+        _bool,
+        True,
+        "read every verl job's steps from what its trainer actor prints (verl's console logger, on by default), streamed from Ray's state API by actor id: no change to the job; needs --ray and --ray-actors",
+        "console",
+    ),
+    Option(
+        "console_interval",
+        _positive,
+        1.0,
+        "seconds between reads of the trainers' streams",
+        "console",
+        "SECONDS",
+    ),
+    Option(
+        "console_max_streams",
+        _count,
+        50,
+        "trainer actors streamed at once, at most (each holds one of Ray's state API requests: RAY_STATE_SERVER_MAX_HTTP_REQUEST, 100 by default); more are counted (too_many_streams) and not read",
+        "console",
+        "N",
+    ),
+    Option(
+        "console_stream_budget",
+        _size,
+        8 << 20,
+        "bytes read from one trainer's stream per read at most (a long backlog is read over several)",
+        "console",
+        "BYTES",
+    ),
     # stacks of a stalled job (issue 39; sources/stacks.py, docs/runbooks.md#rlhfjobstalled)
     Option(
         "stacks",
@@ -648,6 +680,7 @@ GROUP_TITLES = {
     "push": "push endpoint",
     "limits": "limits (bad or hostile input)",
     "ray": "Ray actors",
+    "console": "verl's printed steps (from Ray, no change to the job)",
     "nvml": "GPUs (NVML)",
     "engines": "rollout engines (vLLM, SGLang)",
     "stacks": "stacks of a stalled job (through Ray's dashboard)",
@@ -746,6 +779,10 @@ class Settings:
     ray_per_class: bool
     ray_roles: str | None
     ray_node_ip: str | None
+    console: bool
+    console_interval: float
+    console_max_streams: int
+    console_stream_budget: int
     stacks: bool
     stacks_interval: float
     stacks_every: float

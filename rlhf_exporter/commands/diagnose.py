@@ -14,6 +14,7 @@ from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, Thresholds
 from ..diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
 from ..diagnosis.history import MAX_DRAWN
+from ..sources.console_reader import ConsoleReader, looks_console
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view.report import (
     Style,
@@ -62,9 +63,12 @@ or not verl JSONL), 2 usage or configuration error.
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "diagnose",
-        help="diagnose verl JSONL logs offline (the same decision table as serve)",
-        description='Read verl `file`-logger JSONL (trainer.logger=[...,"file"]) and say, for '
-        "every step, which window the training loop waited on, why, and whether a "
+        help="diagnose verl logs offline: JSONL or console output (the same decision table as "
+        "serve)",
+        description='Read verl\'s `file`-logger JSONL (trainer.logger=[...,"file"]) or what a '
+        "job printed (verl's `console` logger, on by default: a saved driver log, `ray job "
+        "logs ID`, `kubectl logs` of a RayJob's submitter pod, a trainer actor's .out file) and "
+        "say, for every step, which window the training loop waited on, why, and whether a "
         "slowdown is a workload shift or a regression.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -73,7 +77,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "files",
         nargs="*",
         metavar="LOG",
-        help="verl JSONL files; - reads standard input (default: the bundled example)",
+        help="verl JSONL files or console output; - reads standard input (default: the "
+        "bundled example)",
+    )
+    p.add_argument(
+        "--input-format",
+        choices=("auto", "jsonl", "console"),
+        default="auto",
+        help="auto (default): console output when the first bytes are not verl JSONL; jsonl: "
+        "the file logger's records; console: what the job printed (`step:N - key:value`)",
     )
     p.add_argument(
         "--format",
@@ -163,9 +175,17 @@ def run(args: argparse.Namespace) -> int:
         if stream is None:
             continue
         with stream:
-            n = diagnose_stream(stream, path, thresholds, args.max_line_bytes, writer)
+            n = diagnose_stream(
+                stream, path, thresholds, args.max_line_bytes, writer, args.input_format
+            )
         if n == 0:
-            print(f"rlhf-exporter diagnose: {path}: no verl record found", file=sys.stderr)
+            print(
+                f"rlhf-exporter diagnose: {path}: no verl record found. Expected verl's "
+                "`file`-logger JSONL (one {\"step\": N, \"data\": {...}} a line: "
+                "trainer.logger includes \"file\") or what a job printed (lines `step:N - "
+                "key:value - ...` from verl's `console` logger, on by default)",
+                file=sys.stderr,
+            )
         records += n
     writer.close()
     if html is not None and records:
@@ -207,10 +227,17 @@ def _open(path: str) -> IO[bytes] | None:
 
 
 def diagnose_stream(
-    stream: IO[bytes], path: str, th: Thresholds, max_line: int, writer: Writer
+    stream: IO[bytes],
+    path: str,
+    th: Thresholds,
+    max_line: int,
+    writer: Writer,
+    input_format: str = "auto",
 ) -> int:
-    """Diagnose one input; returns how many verl records it gave."""
-    reader = RecordReader(max_line)
+    """Diagnose one input (JSONL or console output); returns how many verl records it gave."""
+    reader: RecordReader | ConsoleReader | None = None
+    if input_format != "auto":
+        reader = ConsoleReader(max_line) if input_format == "console" else RecordReader(max_line)
     diagnoser = BatchDiagnoser(th)
     writer.begin_file(path)
     progress = Progress(stream, path)
@@ -225,6 +252,8 @@ def diagnose_stream(
                 file=sys.stderr,
             )
         first = False
+        if reader is None:
+            reader = ConsoleReader(max_line) if looks_console(chunk) else RecordReader(max_line)
         for record in reader.feed(chunk):
             if on_record is not None:
                 on_record(record)
@@ -235,6 +264,8 @@ def diagnose_stream(
                 writer.step(result)
         writer.flush()  # what this chunk produced, so `diagnose -` on a live tail keeps up
         progress.update()
+    if reader is None:  # an empty input
+        reader = RecordReader(max_line)
     reader.finish()
     result = diagnoser.close()
     if result is not None:

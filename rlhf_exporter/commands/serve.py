@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ..demo.devices import DemoDevices
     from ..demo.engines import DemoEngines
     from ..demo.job import DemoJob
+    from ..sources.console import ConsoleSource
     from ..sources.ray import RaySource
     from ..sources.stacks import StackSource
 
@@ -126,7 +127,12 @@ class Sidecar:
         # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
         # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
         # evidence joins each step's rollout window through the same board
-        reads_jobs = bool(settings.verl_root or settings.verl_file or settings.push)
+        reads_jobs = bool(
+            settings.verl_root
+            or settings.verl_file
+            or settings.push
+            or (settings.console and settings.ray and settings.ray_actors)
+        )
         gpu_windows = bool(
             (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows
         )
@@ -146,6 +152,8 @@ class Sidecar:
         if ray_source is not None and not isinstance(ray_source, UnavailableSource):
             ray = cast("RaySource", ray_source)
         context = replace(context, ray=ray, facts=ray.facts() if ray is not None else None)
+        if ray is not None and settings.ray_actors:  # issue 47: the trainers' printed steps
+            context = replace(context, trainers=ray)
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
         nvml_windows = windows if self.demo is None and gpu_windows else None
@@ -162,6 +170,8 @@ class Sidecar:
             self.engines = EngineSource.from_settings(self._engine_settings(settings), context)
             context = replace(context, engines=self.engines)
         self.verl = VerlFileSource.from_settings(settings, context)
+        self.console = self._console(settings, context)  # after the files: a file job
+        # holds its name, and the console source yields it
         self.push = None
         if settings.push:
             _check_push_exposure(settings)
@@ -181,6 +191,7 @@ class Sidecar:
             s
             for s in (
                 self.verl,
+                self.console,
                 self.push,
                 ray_source,
                 self.nvml,
@@ -199,6 +210,14 @@ class Sidecar:
             read_timeout=settings.http_read_timeout,
         )
 
+    def _console(self, settings: Settings, context: Context) -> ConsoleSource | None:
+        """Every verl job's printed steps, streamed from Ray (issue 47)."""
+        if not settings.console or context.trainers is None:
+            return None
+        from ..sources.console import ConsoleSource
+
+        return ConsoleSource.from_settings(settings, context)
+
     def _stacks(
         self, settings: Settings, ray: RaySource | None, context: Context
     ) -> StackSource | None:
@@ -207,7 +226,7 @@ class Sidecar:
             return None
         from ..sources.stacks import build as build_stacks
 
-        job_sources = [s for s in (self.verl, self.push) if s is not None]
+        job_sources = [s for s in (self.verl, self.console, self.push) if s is not None]
         token = ray.token
         return build_stacks(
             settings,
@@ -236,8 +255,9 @@ class Sidecar:
         )
         # a verl poll's new steps are encoded at once, off the scrape path (issue 37); not the
         # engines' polls, 10 a second while a job steps (the warm thread's tick covers them)
-        if self.verl is not None:
-            self.verl.after_poll.append(endpoints.exposition.wake)
+        for source in (self.verl, self.console):
+            if source is not None:
+                source.after_poll.append(endpoints.exposition.wake)
         return endpoints
 
     def _demo_engines(self, settings: Settings) -> DemoEngines | None:

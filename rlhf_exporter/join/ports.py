@@ -13,6 +13,9 @@
   engine source's discovery of rollout servers).
 - `JobProcesses`: a verl job's live Ray processes and its Ray job id, read by the stacks
   source for a stalled job's stacks (the Ray source).
+- `TrainerActors`: the verl trainer actors Ray runs (the actors that print a job's steps),
+  each with the submission it belongs to, and that submission's state: read by the console
+  source, which streams each one's stdout (the Ray source).
 - `JobClock`: the clock a job's step windows and its engines' reads are placed on: the wall
   clock (`WALL`), or the demo job's clock (rlhf_exporter/demo/clock.py), which runs at the
   pace its records describe.
@@ -122,4 +125,33 @@ class JobProcesses(Protocol):
 
     def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
         """Its Ray job id ('' when untied)."""
+        ...
+
+
+class TrainerActor(NamedTuple):
+    """A verl trainer actor (`TaskRunner`, `TaskRunnerV1`, `FullyAsyncTrainer`, ...): the
+    actor whose stdout holds the job's printed steps."""
+
+    actor_id: str
+    class_name: str
+    job_id: str  # the Ray job id of its driver
+    submission_id: str  # the Jobs API's submission id ('' for a driver started by hand)
+    named: Labels | None  # (project, experiment) the submission names (metadata, overrides)
+
+
+class TrainerActors(Protocol):
+    """Ray's ALIVE verl trainer actors as of its last poll, and each Ray job's own state."""
+
+    @property
+    def trainers_seen(self) -> bool:
+        """Whether a poll has listed the actors yet (before, an empty list means nothing)."""
+        ...
+
+    def trainer_actors(self) -> Mapping[str, TrainerActor]:
+        """By actor id."""
+        ...
+
+    def submission_fact(self, job_id: str) -> RayFact | None:
+        """The state of the submission whose driver has Ray job id `job_id` (None when the
+        Jobs API does not list it: a driver started by hand)."""
         ...

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 from ..diagnosis import Thresholds
 from ..join.board import WindowBoard
 from ..join.names import JobNames
-from ..join.ports import WALL, ActorPids, Engines, JobClock, JobFacts
+from ..join.ports import WALL, ActorPids, Engines, JobClock, JobFacts, TrainerActors
 from ..metrics.snapshot import Sample, Snapshot
 from ..settings import Settings
 
@@ -40,6 +40,7 @@ class Context:
     # Ray's actors by PID (NVML matches GPU processes to them; engine discovery)
     ray: ActorPids | None = None
     facts: JobFacts | None = None  # what Ray says about verl jobs (their states)
+    trainers: TrainerActors | None = None  # verl's trainer actors (the console source)
     # the window board: jobs post step timelines, NVML joins GPU time, workers fetch it
     windows: WindowBoard | None = None
     engines: Engines | None = None  # the engines' evidence over a step's rollout

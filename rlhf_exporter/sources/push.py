@@ -330,7 +330,9 @@ class PushSource(JobMaker):
         with self._lock:  # checked under the lock: a file's displace() cannot slip between
             if self.names is not None and self.names.taken(project, experiment):
                 raise Rejected(
-                    409, CONFLICT, f"job {project}/{experiment} is already read from a verl file"
+                    409,
+                    CONFLICT,
+                    f"job {project}/{experiment} is already read from a verl file or its printed steps",
                 )
             pushed = self._jobs.get(key)
             if pushed is None:
@@ -396,6 +398,7 @@ class PushSource(JobMaker):
             try:
                 if self.facts is not None:
                     p.job.set_ray(self.facts.job_fact(p.job.project, p.job.experiment, sole))
+                p.job.tick(now)  # a held step complete without a new push (its S, an end)
                 part = p.job.samples()
                 if p.job.ends_ignored:  # Ray ends the job outgrew (rlhf_exporter.lifecycle)
                     self._rejected.update(p.job.ends_ignored)
@@ -406,9 +409,13 @@ class PushSource(JobMaker):
                 log.warning("push: building the series of a job failed (a bug)", exc_info=True)
         # the jobs' samples are referenced (parts), never copied into one flat tuple
         rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(self._jobs))),)
+        # the next moment the snapshot changes by itself: a job expires, or a held step's
+        # S passes (Job.tick)
         self._next_expiry = min(
             (p.last_push + self.job_expiry for p in self._jobs.values()), default=float("inf")
         )
+        dues = [due for p in self._jobs.values() if (due := p.job.due) is not None]
+        self._next_expiry = min([self._next_expiry, *dues])
         return Snapshot(
             NAME,
             True,

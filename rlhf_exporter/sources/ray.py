@@ -49,7 +49,7 @@ from urllib.parse import urlencode
 
 import orjson
 
-from ..join.ports import ActorProcess, JobFacts, JobProcess
+from ..join.ports import ActorProcess, JobFacts, JobProcess, TrainerActor
 from ..lifecycle import RayFact, is_failure
 from ..metrics.snapshot import Sample
 from ..settings import Settings
@@ -58,7 +58,7 @@ from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .labels import outside_label
 from .ray_jobs import JobBook
 from .ray_token import RayToken, auth_error
-from .roles import ROLES, RoleMap
+from .roles import ROLES, TRAINER_CLASSES, RoleMap
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DE
 SUMMARIZED = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "DEAD")  # counts only
 LISTED = ("ALIVE", "RESTARTING")  # rows with detail: restarts and PIDs
 MAX_CLASSES = 500  # per-class series kept at most (opt-in breakdown)
+MAX_TRAINERS = 1000  # verl trainer actors published to the console source at most
 MAX_DEAD_REMEMBERED = 120_000  # Ray keeps up to 100,000 dead actors
 FORGET_AFTER_POLLS = 40  # a live actor unseen this long leaves the restart bookkeeping
 KNOWN_REASONS = frozenset(
@@ -214,6 +215,10 @@ class RaySource(PollingSource):
         self._job_ids: tuple[Mapping[tuple[str, str], str], str] = ({}, "")
         self._job_procs: Mapping[str, tuple[JobProcess, ...]] = MappingProxyType({})
         self._drivers: Mapping[str, JobProcess] = MappingProxyType({})
+        # read by the console source from its thread: replaced whole, never mutated
+        self._trainers: Mapping[str, TrainerActor] = MappingProxyType({})
+        self._trainer_rows: list[Mapping[str, Any]] = []
+        self.trainers_seen = False
         # read by the NVML source from its own thread: replaced whole, never mutated
         self._pids: Mapping[int, ActorProcess] = MappingProxyType({})
         self._pids_at: float | None = None
@@ -278,6 +283,34 @@ class RaySource(PollingSource):
             return ()
         driver = self._drivers.get(job_id)
         return ((driver,) if driver else ()) + self._job_procs.get(job_id, ())
+
+    # -- for the console source ----------------------------------------------------------
+    def trainer_actors(self) -> Mapping[str, TrainerActor]:
+        """The ALIVE verl trainer actors (the ones that print a job's steps), by actor id."""
+        return self._trainers
+
+    def submission_fact(self, job_id: str) -> RayFact | None:
+        """The state of the submission whose driver has Ray job id `job_id`."""
+        hit = self._book.submission(job_id)
+        return hit[0] if hit is not None else None
+
+    def _publish_trainers(self) -> None:
+        trainers = {}
+        for row in self._trainer_rows[:MAX_TRAINERS]:
+            actor_id, job_id = row.get("actor_id"), row.get("job_id")
+            if not isinstance(actor_id, str) or not isinstance(job_id, str):
+                continue
+            hit = self._book.submission(job_id)
+            trainers[actor_id] = TrainerActor(
+                actor_id[:64],
+                str(row.get("class_name") or "")[:200],
+                job_id[:64],
+                hit[1] if hit is not None else "",
+                hit[2] if hit is not None else None,
+            )
+        self._trainers = MappingProxyType(trainers)
+        self._trainer_rows = []
+        self.trainers_seen = True
 
     def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
         """The Ray job id of the verl job ('' when untied), as `job_processes` ties it."""
@@ -395,6 +428,7 @@ class RaySource(PollingSource):
         if self.actors:
             samples += self._poll_actors(local_nodes)
             samples += self._poll_jobs()
+            self._publish_trainers()
         else:
             rows = []
             for node in sorted(
@@ -458,6 +492,11 @@ class RaySource(PollingSource):
             self._dead_counts = dead_counts
         self._publish_pids((r for r in live_rows if r.get("state") == "ALIVE"), local_nodes)
         self._publish_job_processes(live_rows)
+        self._trainer_rows = [
+            r for r in live_rows
+            if r.get("state") == "ALIVE"
+            and TRAINER_CLASSES.fullmatch(str(r.get("class_name") or "").rpartition(".")[2])
+        ]  # fmt: skip
 
         for (name, state), n in by_class.items():
             if state in LISTED:

@@ -109,6 +109,9 @@ class JobBook:
         self._tied: dict[tuple[str, str], tuple[RayFact, str]] = {}  # -> (fact, ray job id)
         self._newest: tuple[RayFact, str] | None = None  # the newest entry, when untied
         self._failures: dict[str, str] = {}  # Ray job id -> first failure reason
+        # Ray job id -> (its submission's fact, submission id, what it names): the console
+        # source's jobs take their state from their own submission (replaced whole per poll)
+        self._by_job: dict[str, tuple[RayFact, str, tuple[str, str] | None]] = {}
         self.dropped = 0  # tied jobs forgotten over max_jobs
         self.ignored = 0  # entries over MAX_ENTRIES or with an unknown status
 
@@ -130,6 +133,7 @@ class JobBook:
         by_status: dict[str, int] = {}
         newest: tuple[float, RayFact, str, bool] | None = None
         best: dict[tuple[str, str], tuple[float, RayFact, str]] = {}
+        by_job: dict[str, tuple[RayFact, str, tuple[str, str] | None]] = {}
         for i, entry in enumerate(entries):
             if i >= MAX_ENTRIES:
                 self.ignored += 1
@@ -144,10 +148,13 @@ class JobBook:
             start = _seconds(entry.get("start_time")) or 0.0
             job_id = str(entry.get("job_id") or "")
             key = tie(entry)
+            if job_id:
+                by_job[job_id] = (fact, str(entry.get("submission_id") or "")[:128], key)
             if newest is None or start >= newest[0]:
                 newest = (start, fact, job_id, key is None)
             if key is not None and (key not in best or start >= best[key][0]):
                 best[key] = (start, fact, job_id)
+        self._by_job = by_job
         for key, (_, fact, job_id) in best.items():
             self._tied.pop(key, None)  # re-inserted: the most recently seen is kept longest
             self._tied[key] = (fact, job_id)
@@ -173,3 +180,11 @@ class JobBook:
         tied = {k: self._with_failure(f, j) for k, (f, j) in self._tied.items()}
         newest = self._with_failure(*self._newest) if self._newest is not None else None
         return tied, newest
+
+    def submission(self, job_id: str) -> tuple[RayFact, str, tuple[str, str] | None] | None:
+        """(the fact, the submission id, the (project, experiment) it names) of the Jobs API
+        entry whose driver has Ray job id `job_id`; None when the API does not list it."""
+        hit = self._by_job.get(job_id)
+        if hit is None:
+            return None
+        return self._with_failure(hit[0], job_id), hit[1], hit[2]

@@ -38,6 +38,12 @@ ROLES: tuple[str, ...] = (
     "other",
 )
 UNMATCHED = "other"
+# the verl actors whose stdout holds a job's printed steps (verl's console logger) and its
+# resolved config: main_ppo's TaskRunner (V1: TaskRunnerV1), one-step-off's, fully-async's
+# runner and its trainer (which logs the steps); matched against a class name's last part
+TRAINER_CLASSES = re.compile(
+    r"TaskRunner(?:V\d+)?|OneStepTaskRunner|FullyAsyncTaskRunner|FullyAsyncTrainer"
+)
 ON = ("pattern", "name")  # what a rule matches: the class name, or the actor name
 
 

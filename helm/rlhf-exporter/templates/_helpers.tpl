@@ -82,8 +82,10 @@ defaults included); `chart` is that name or alias (default "rlhf-exporter").
       ...
     {{- include "rlhf-exporter.sidecar" (dict "root" $ "role" "head") | nindent 4 }}
 
-role "head": reads verl's JSONL files from the shared logs volume (sidecar.logsVolume, mounted
-read-only at sidecar.logsMountPath), Ray's state API on localhost, NVML and the push endpoint.
+role "head": reads every verl job's printed steps and Ray's state API from the Ray dashboard on
+localhost (sidecar.head.console), verl's JSONL files from a shared logs volume when
+sidecar.logsVolume names one (mounted read-only at sidecar.logsMountPath), NVML and the push
+endpoint.
 role "worker": NVML only, plus the head's state API when sidecar.gpuRoles is on (to match GPU
 PIDs to roles); never exports Ray actor counts (the head does), so nothing is counted twice.
 */}}
@@ -96,7 +98,10 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $v := $ctx.Values }}
 {{- $env := list }}
 {{- if eq $role "head" }}
+{{- if $v.sidecar.logsVolume }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_VERL_ROOT" "value" $v.sidecar.logsMountPath) }}
+{{- end }}
+{{- $env = append $env (dict "name" "RLHF_EXPORTER_CONSOLE" "value" (toString $v.sidecar.head.console)) }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY" "value" "true") }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ADDRESS" "value" $v.sidecar.head.rayAddress) }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_RAY_ACTORS" "value" "true") }}
@@ -140,8 +145,10 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $env = append $env (dict "name" "NVIDIA_VISIBLE_DEVICES" "value" $v.sidecar.nvidiaVisibleDevices) }}
 {{- end }}
 {{- $mounts := list }}
-{{- if eq $role "head" }}
+{{- if and (eq $role "head") $v.sidecar.logsVolume }}
 {{- $mounts = append $mounts (dict "name" $v.sidecar.logsVolume "mountPath" $v.sidecar.logsMountPath "readOnly" true) }}
+{{- end }}
+{{- if eq $role "head" }}
 {{- with $v.sidecar.head.engines.volume }}
 {{- $mounts = append $mounts (dict "name" . "mountPath" $v.sidecar.head.engines.mountPath "readOnly" true) }}
 {{- end }}

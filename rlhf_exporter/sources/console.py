@@ -1,0 +1,421 @@
+"""The `console` source: every verl job on the Ray cluster, read from what it already prints.
+
+verl's `console` logger (on by default) prints each step as `step:N - key:value - ...` on
+the stdout of the job's trainer actor (`TaskRunner`, `TaskRunnerV1`, `FullyAsyncTrainer`,
+...). Ray keeps that stdout in a file on the actor's node and serves it by actor id:
+`GET /api/v0/logs/stream?actor_id=ID&lines=-1` streams the file from its first byte and
+follows it (docs/serve.md#the-console-source says why this route). So no job needs a
+change, a volume or a pusher: the head's sidecar finds each trainer actor through the Ray
+source's poll, streams its stdout, turns the printed steps into the records the file logger
+would have written (sources/console_reader.py), and feeds them to a `Job` like any source.
+
+- One stream per trainer actor, at most `max_streams` (Ray's state API serves at most 100
+  requests at once: `RAY_STATE_SERVER_MAX_HTTP_REQUEST`), each read without waiting, at
+  most `stream_budget` bytes per poll and `poll_budget` in all; a line is bounded by
+  `max_line`. A failed stream is opened again after a backoff (1 s doubling to
+  `MAX_BACKOFF`), skipping the bytes already read: a reconnect never counts a step twice.
+- A job is one Ray job id: its trainer actors' streams feed one `Job`. Its labels are what
+  verl printed at start (`trainer.project_name`, `trainer.experiment_name` in its resolved
+  config), else what its submission names (metadata, or the entrypoint's overrides), else
+  (`unnamed`, its submission id or Ray job id).
+- Its state is its own submission's (Ray job id -> Jobs API entry): another submission that
+  merely names the same project and experiment never ends it.
+- A job whose name a verl file holds is the file source's (the file is the exact record
+  stream; the console source stops reading it); a second live job that prints the name of
+  a job already read here is exported under `<experiment>@<submission>` (`name_claimed`).
+- A sidecar that starts in the middle of a job reads the whole stdout again (the job's
+  identity and history) before exporting it: a history is never shown half-read.
+- Nothing a job prints is logged or exported as text: reasons are counted
+  (`rlhf_exporter_record_errors_total{collector="console"}`), streams' failures too
+  (`rlhf_exporter_collector_errors_total{collector="console",reason="stream_<reason>"}`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlencode
+
+from ..diagnosis import Record, Thresholds
+from ..jobs import Job
+from ..join.names import JobNames
+from ..join.ports import Engines, JobFacts, Labels, StepWindows, TrainerActor, TrainerActors
+from ..lifecycle import ENDED_STATUSES
+from ..metrics.snapshot import Sample
+from ..records import DEFAULT_LIMITS, INTERNAL_ERROR, Limits, clean_label, limits_from_settings
+from ..settings import Settings
+from . import http
+from .base import Clock, Context, PollingSource, PollResult
+from .console_reader import ConsoleReader
+from .job_maker import JobMaker
+from .log_stream import LogStream, StreamEnded
+from .ray import resolve_address
+from .ray_token import RayToken
+
+log = logging.getLogger(__name__)
+
+NAME = "console"
+STREAM_PATH = "/api/v0/logs/stream"
+MAX_BACKOFF = 60.0  # seconds between two tries of a failing stream, at most
+OPENS_PER_POLL = 4  # streams opened per poll at most (each may wait `timeout`)
+DRAIN = 5.0  # seconds a gone actor's stream is still read while it brings bytes
+UNNAMED = "unnamed"
+NAME_CLAIMED = "name_claimed"  # a live job printed the name of another live job
+TOO_MANY_STREAMS = "too_many_streams"  # a trainer actor over max_streams: not read
+OTHER_SUBMISSION_END = "ray_end_other_submission"
+
+
+@dataclass
+class Tail:
+    """One trainer actor's stdout, as far as it was read."""
+
+    actor: TrainerActor
+    reader: ConsoleReader
+    stream: LogStream | None = None  # while connected
+    delivered: int = 0  # bytes read over every connection (skipped after a reconnect)
+    retry_at: float = 0.0  # monotonic: when a failed stream may be opened again
+    failures: int = 0
+    caught_up: bool = False  # read to its end once (what came before is exported)
+    gone_at: float | None = None  # monotonic: when Ray stopped listing the actor ALIVE
+    heard_at: float = 0.0  # monotonic: when its stream last brought bytes
+
+
+@dataclass
+class ConsoleJob:
+    """One Ray job's trainer actors and the `Job` their printed steps feed."""
+
+    job_id: str
+    submission_id: str
+    named: Labels | None
+    tails: dict[str, Tail] = field(default_factory=dict)
+    job: Job | None = None
+    yielded: bool = False  # a verl file holds its name: the file source reads it
+    ended_at: float | None = None  # wall time every tail was gone
+    last_change: float = 0.0  # wall time of its last record
+
+
+class ConsoleSource(PollingSource, JobMaker):
+    def __init__(
+        self,
+        th: Thresholds,
+        trainers: TrainerActors,
+        address: str,
+        *,
+        token: RayToken | None = None,
+        interval: float = 1.0,
+        timeout: float = 5.0,
+        max_streams: int = 50,
+        max_line: int = 1 << 20,
+        stream_budget: int = 8 << 20,
+        poll_budget: int = 64 << 20,
+        job_expiry: float = 86400.0,
+        limits: Limits = DEFAULT_LIMITS,
+        clock: Clock = time.time,
+        total_steps: int | None = None,
+        windows: StepWindows | None = None,
+        engines: Engines | None = None,
+        names: JobNames | None = None,
+        facts: JobFacts | None = None,
+    ):
+        super().__init__(NAME, interval, wall=clock)
+        self.th, self.limits, self.clock = th, limits, clock
+        self.total_steps, self.windows, self.engines = total_steps, windows, engines
+        self.trainers = trainers
+        self.address = address.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+        self.max_streams = max_streams
+        self.max_line = max_line
+        self.stream_budget = stream_budget
+        self.poll_budget = max(poll_budget, stream_budget)
+        self.job_expiry = job_expiry
+        self.names = names
+        self.facts = facts  # the jobs Ray ties by name: another submission's end is ignored
+        if names is not None:
+            names.yields(self)
+        self._rejected: Counter[str] = Counter()
+        self._errors.update({"stream_" + r: 0 for r in (*http.REASONS, "ended")})
+        self._jobs: dict[str, ConsoleJob] = {}  # by Ray job id
+        self._labels: dict[Labels, str] = {}  # exported labels -> Ray job id
+        self._over: set[str] = set()  # actor ids not read (over max_streams), counted once
+        self._records = 0
+        self._rotate = 0
+        self._summaries: tuple[dict[str, Any], ...] = ()
+        self._other_ends: set[tuple[str, str]] = set()  # (job id, other submission) counted
+        self.stats: Counter[str] = Counter()  # backlog_hidden
+
+    @classmethod
+    def from_settings(cls, settings: Settings, context: Context) -> ConsoleSource | None:
+        trainers = context.trainers
+        if not settings.console or trainers is None:
+            return None
+        return cls(
+            context.thresholds,
+            trainers,
+            resolve_address(settings.ray_address),
+            token=RayToken.resolve(settings.ray_token, settings.ray_token_file),
+            interval=settings.console_interval,
+            timeout=settings.ray_timeout,
+            max_streams=settings.console_max_streams,
+            max_line=settings.max_line_bytes,
+            stream_budget=settings.console_stream_budget,
+            job_expiry=settings.job_expiry,
+            limits=limits_from_settings(settings),
+            clock=context.clock,
+            total_steps=settings.total_steps,
+            windows=context.windows,
+            engines=context.engines,
+            names=context.names,
+            facts=context.facts,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"console (verl trainers' stdout from Ray at {self.address}, every {self.interval:g}s)"
+        )
+
+    def jobs(self) -> tuple[dict[str, Any], ...]:
+        return self._summaries
+
+    def close(self) -> None:
+        for cj in self._jobs.values():
+            for tail in cj.tails.values():
+                _close(tail)
+
+    # -- the name a verl file takes -----------------------------------------------------------
+    def displace(self, project: str, experiment: str) -> bool:
+        """A verl file took this name: its job is the file source's from now on."""
+        job_id = self._labels.pop((project, experiment), None)
+        cj = self._jobs.get(job_id) if job_id is not None else None
+        if cj is None:
+            return False
+        cj.yielded, cj.job = True, None
+        for tail in cj.tails.values():
+            _close(tail)
+        return True
+
+    # -- one poll --------------------------------------------------------------------------
+    def poll(self) -> PollResult:
+        now, mono = self.clock(), time.monotonic()
+        if self.trainers.trainers_seen:
+            self._sync(self.trainers.trainer_actors(), now, mono)
+        self._read_all(now, mono)
+        return self._publish(now)
+
+    def _sync(self, actors: Mapping[str, TrainerActor], now: float, mono: float) -> None:
+        """Start a tail for each new trainer actor; mark the ones Ray no longer lists."""
+        live = 0
+        for known in self._jobs.values():
+            for actor_id, tail in known.tails.items():
+                if actor_id not in actors and tail.gone_at is None:
+                    tail.gone_at = mono
+                live += tail.gone_at is None
+        for actor_id, actor in actors.items():
+            cj = self._jobs.get(actor.job_id)
+            if cj is not None and actor_id in cj.tails:
+                continue
+            if live >= self.max_streams:
+                if actor_id not in self._over:
+                    self._over.add(actor_id)
+                    self._rejected[TOO_MANY_STREAMS] += 1
+                    log.warning("more than %d verl trainer actors: the console source does "
+                                "not read the others (console_max_streams)", self.max_streams,
+                                extra={"collector": NAME})  # fmt: skip
+                continue
+            if cj is None:
+                cj = ConsoleJob(actor.job_id, actor.submission_id, actor.named, last_change=now)
+                self._jobs[actor.job_id] = cj
+            cj.tails[actor_id] = Tail(actor, self._reader(), heard_at=mono)
+            cj.ended_at = None
+            live += 1
+
+    def _reader(self) -> ConsoleReader:
+        return ConsoleReader(self.max_line)
+
+    def _read_all(self, now: float, mono: float) -> None:
+        tails = [(cj, t) for cj in self._jobs.values() if not cj.yielded for t in cj.tails.values()]
+        if tails:  # start where the last poll's budget ran out, so no stream starves
+            k = self._rotate % len(tails)
+            tails = tails[k:] + tails[:k]
+        left, opens = self.poll_budget, OPENS_PER_POLL
+        for i, (cj, tail) in enumerate(tails):
+            if left <= 0:
+                self._rotate += i
+                break
+            if tail.stream is None and (opens <= 0 or mono < tail.retry_at or _drained(tail, mono)):
+                continue
+            opens -= tail.stream is None
+            try:
+                left -= self._read(cj, tail, min(self.stream_budget, left), now, mono)
+            except Exception:  # a bug: never lets one stream stop the others
+                self._rejected[INTERNAL_ERROR] += 1
+                log.error("console: reading a trainer's stdout failed (a bug)", exc_info=True,
+                          extra={"collector": NAME, "reason": INTERNAL_ERROR})  # fmt: skip
+                _close(tail)
+                tail.retry_at = mono + MAX_BACKOFF
+        for cj in list(self._jobs.values()):
+            self._retire(cj, now, mono)
+
+    def _read(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
+        """Read what one stream has (opening it first); returns the bytes read."""
+        if tail.stream is None:
+            tail.stream = LogStream(self._url(tail.actor), timeout=self.timeout,
+                                    headers=self._auth(), skip=tail.delivered)  # fmt: skip
+            try:
+                tail.stream.open()
+            except http.HttpFailure as exc:
+                return self._stream_failed(tail, exc.reason, mono)
+        try:
+            chunk = tail.stream.read(budget)
+        except StreamEnded:  # Ray ended it: a live actor's is opened again, as a failure's
+            tail.stream = None
+            tail.caught_up = True
+            if tail.gone_at is not None:
+                tail.retry_at = float("inf")
+                return 0
+            return self._stream_failed(tail, "ended", mono)
+        except http.HttpFailure as exc:
+            return self._stream_failed(tail, exc.reason, mono)
+        tail.failures = 0
+        if not chunk:
+            tail.caught_up = True
+            return 0
+        tail.delivered += len(chunk)
+        tail.heard_at = mono
+        self._feed(cj, tail, chunk, now)
+        return len(chunk)
+
+    def _stream_failed(self, tail: Tail, reason: str, mono: float) -> int:
+        _close(tail)
+        self._errors["stream_" + reason] = self._errors.get("stream_" + reason, 0) + 1
+        tail.failures += 1
+        tail.retry_at = mono + min(MAX_BACKOFF, 2.0 ** (tail.failures - 1))
+        if tail.failures == 1:
+            log.warning("console: a verl trainer's stdout cannot be read from Ray (%s); "
+                        "trying again with a backoff", reason,
+                        extra={"collector": NAME, "reason": reason})  # fmt: skip
+        return 0
+
+    def _feed(self, cj: ConsoleJob, tail: Tail, chunk: bytes, now: float) -> None:
+        batch: list[Record] = []
+        for record in tail.reader.feed(chunk):
+            if cj.job is None and not cj.yielded:
+                self._name(cj, tail)
+            batch.append(record)
+        if batch and cj.job is not None:
+            self._records += cj.job.feed(batch, now)
+            cj.last_change = now
+        rejected = tail.reader.rejected
+        if rejected:
+            self._rejected.update(rejected)
+            rejected.clear()
+
+    def _name(self, cj: ConsoleJob, tail: Tail) -> None:
+        """Give the job its labels, from its first step on (see the module's docstring)."""
+        ident = tail.reader.identity
+        fallback = cj.submission_id or cj.job_id
+        project = (ident.project if ident else None) or (cj.named[0] if cj.named else UNNAMED)
+        experiment = (ident.experiment if ident else None) or (
+            cj.named[1] if cj.named else fallback
+        )
+        labels = (clean_label(project[:200])[0], clean_label(experiment[:200])[0])
+        if self.names is not None and self.names.file_holds(*labels):
+            cj.yielded = True
+            for t in cj.tails.values():
+                _close(t)
+            return
+        holder = self._jobs.get(self._labels.get(labels, ""))
+        job = None
+        if holder is not None and holder is not cj:
+            if holder.ended_at is None:  # another live job prints this name
+                self._rejected[NAME_CLAIMED] += 1
+                labels = (labels[0], f"{labels[1]}@{fallback}"[:240])
+            else:  # the same job submitted again: a new run of it, its counters carry on
+                job, holder.job = holder.job, None
+                del self._jobs[holder.job_id]
+                if job is not None:
+                    job.new_run()
+        cj.job = job or self.new_job(*labels)
+        self._labels[labels] = cj.job_id
+        if self.names is not None:
+            self.names.claim(*labels, by=self)
+
+    def _retire(self, cj: ConsoleJob, now: float, mono: float) -> None:
+        """Close the streams of actors Ray no longer lists once they went quiet; forget a
+        job that ended `job_expiry` ago."""
+        for tail in cj.tails.values():
+            if tail.gone_at is not None and tail.stream is not None and _drained(tail, mono):
+                _close(tail)
+                tail.caught_up = True
+        tails = cj.tails.values()
+        if cj.ended_at is None and all(t.gone_at is not None and t.stream is None for t in tails):
+            cj.ended_at = now
+        if cj.ended_at is not None and now - max(cj.ended_at, cj.last_change) > self.job_expiry:
+            del self._jobs[cj.job_id]
+            if cj.job is not None:
+                self._labels.pop(cj.job.labels, None)
+                if self.names is not None:
+                    self.names.unclaim(*cj.job.labels)
+
+    # -- export ----------------------------------------------------------------------------
+    def _publish(self, now: float) -> PollResult:
+        parts: list[Sequence[Sample]] = []
+        summaries: list[dict[str, Any]] = []
+        for cj in self._jobs.values():
+            job = cj.job
+            if job is None or cj.yielded:
+                continue
+            if not all(t.caught_up for t in cj.tails.values()):
+                self.stats["backlog_hidden"] += 1  # a history is never shown half-read
+                continue
+            try:
+                self._job_state(cj, job)
+                parts.append(job.samples())
+            except Exception:
+                self._rejected[INTERNAL_ERROR] += 1
+                log.error("console: building a job's series failed (a bug); not exported",
+                          exc_info=True, extra={"collector": NAME})  # fmt: skip
+                continue
+            source = f"console (Ray job {cj.submission_id or cj.job_id})"
+            summaries.append({**job.summary(), "source": source})
+        self._summaries = tuple(summaries)
+        rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
+        return PollResult(rest, self._records, dict(self._rejected), None, tuple(parts))
+
+    def _job_state(self, cj: ConsoleJob, job: Job) -> None:
+        """The job's state from its own submission (None for a driver started by hand)."""
+        fact = self.trainers.submission_fact(cj.job_id)
+        job.set_ray(fact)
+        named = self.facts.job_fact(*job.labels) if self.facts is not None else None
+        own = fact.submission if fact is not None else cj.submission_id
+        if named is not None and named.status in ENDED_STATUSES and named.submission != own:
+            key = (cj.job_id, named.submission)
+            if key not in self._other_ends and len(self._other_ends) < 4096:
+                self._other_ends.add(key)  # another submission's end, never this job's
+                self._rejected[OTHER_SUBMISSION_END] += 1
+        if job.ends_ignored:
+            self._rejected.update(job.ends_ignored)
+            job.ends_ignored.clear()
+
+    # -- HTTP ------------------------------------------------------------------------------
+    def _url(self, actor: TrainerActor) -> str:
+        query = urlencode({"actor_id": actor.actor_id, "lines": "-1", "interval": "1"})
+        return f"{self.address}{STREAM_PATH}?{query}"
+
+    def _auth(self) -> dict[str, str] | None:
+        return self.token.header() if self.token is not None else None
+
+
+def _drained(tail: Tail, mono: float) -> bool:
+    """A gone actor's stream that has brought nothing for DRAIN seconds is read to its end."""
+    return tail.gone_at is not None and mono - max(tail.heard_at, tail.gone_at) > DRAIN
+
+
+def _close(tail: Tail) -> None:
+    if tail.stream is not None:
+        tail.stream.close()
+        tail.stream = None

@@ -1,0 +1,185 @@
+"""The console source against a real Ray head: a verl-named trainer actor prints its config
+and its steps as verl's console logger does, and the exporter, given only the Ray address,
+diagnoses the job exactly as it diagnoses the file logger's JSONL of the same steps.
+
+Real parts: Ray 2.60's head, its state API's log stream, a real actor's stdout. The lines the
+actor prints are verl's format (`concat_dict_to_str`: `step:N - key:value`, values as NumPy 2
+prints them), rendered here from a sample log (tests/test_console_reader.py checks the
+rendering against verl's own function).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.join.names import JobNames
+from rlhf_exporter.sources.console import ConsoleSource
+from rlhf_exporter.sources.ray import RaySource
+from rlhf_exporter.sources.verl_files import VerlFileSource
+
+from .support.procs import wait_until
+
+ray = pytest.importorskip("ray")
+from .support.ray_head import connected_head  # noqa: E402
+
+TRACES = Path(__file__).parent / "fixtures" / "traces"
+TRACE = TRACES / "regression_update_v1.jsonl"
+TH = load_thresholds(None)
+
+
+def printed(value: Any) -> str | None:
+    """A value as verl prints it under NumPy 2 (None: verl prints no such value)."""
+    if isinstance(value, bool) or value is None or not isinstance(value, int | float):
+        return None
+    if isinstance(value, int):
+        return f"np.int64({value})"
+    return f"np.float64({value!r})" if math.isfinite(value) else f"np.float64({value})"
+
+
+def console_lines(path: Path, project: str, experiment: str) -> list[str]:
+    """The trainer's stdout for a JSONL: its resolved config (pprint), then a line a step."""
+    out = [
+        "{'actor_rollout_ref': {'actor': {'strategy': 'fsdp2'},",
+        "                       'rollout': {'name': 'vllm'}},",
+        f" 'trainer': {{'experiment_name': {experiment!r},",
+        "             'logger': ['console', 'wandb'],",
+        f"             'project_name': {project!r},",
+        "             'total_epochs': 15}}",
+    ]
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        parts = [f"step:{rec['step']}"]
+        for k, v in rec["data"].items():
+            text = printed(v)
+            if text is not None:
+                parts.append(f"{k}:{text}")
+        out.append(" - ".join(parts))
+        out.append("INFO 12-05 08:00:00 [loggers.py:123] Engine 000: Avg prompt throughput: 1.0")
+    return out
+
+
+@pytest.fixture(scope="module")
+def head():
+    with connected_head("console-source", grace=2.0) as h:
+        yield h
+
+
+def trainer_class():
+    @ray.remote(num_cpus=0)
+    class TaskRunner:
+        def say(self, lines: list[str]) -> int:
+            for line in lines:
+                print(line, flush=True)
+            return len(lines)
+
+    return TaskRunner
+
+
+def sources(head, tmp_path: Path, names: JobNames | None = None):
+    ray_src = RaySource(head.dashboard_url, interval=0.5, timeout=10.0)
+    console = ConsoleSource(TH, ray_src, head.dashboard_url, interval=0.2, names=names)
+    return ray_src, console
+
+
+def poll_until(ray_src, console, ok, timeout: float = 60.0):
+    def step() -> bool:
+        ray_src.poll_once()
+        console.poll_once()
+        return ok()
+
+    wait_until(step, timeout, 0.3, what="the console source's jobs")
+
+
+def file_job(tmp_path: Path, project: str, experiment: str):
+    root = tmp_path / "files"
+    (root / project).mkdir(parents=True)
+    (root / project / f"{experiment}.jsonl").write_bytes(TRACE.read_bytes())
+    src = VerlFileSource(TH, [root])
+    src.poll_once()
+    ((_, w),) = src._watched.items()
+    return w.job
+
+
+def comparable(job) -> dict[str, Any]:
+    return {
+        "labels": job.labels,
+        "steps": job.steps,
+        "verdicts": job.verdict_steps,
+        "reasons": job.reason_steps,
+        "changes": job.change_steps,
+        "regressions": job.regression_steps,
+        "last": job.last.to_json() if job.last else None,
+        "history": list(job._history),  # every step's point: verdict, change, shares
+    }
+
+
+def test_a_job_that_only_prints_is_diagnosed_as_its_jsonl(head, tmp_path):
+    """Started mid-job (40 steps printed before the exporter looks), the source recovers the
+    job's name and whole history, then follows it; every count equals the file's."""
+    lines = console_lines(TRACE, "proj-a", "exp-a")
+    actor = trainer_class().remote()
+    half = len(lines) - 20
+    ray.get(actor.say.remote(lines[:half]))
+    ray_src, console = sources(head, tmp_path)
+    poll_until(ray_src, console, lambda: any(cj.job for cj in console._jobs.values()))
+    ray.get(actor.say.remote(lines[half:]))
+    expected = comparable(file_job(tmp_path, "proj-a", "exp-a"))
+
+    def done() -> bool:
+        jobs = [cj.job for cj in console._jobs.values() if cj.job is not None]
+        return bool(jobs) and jobs[0].steps == expected["steps"]
+
+    poll_until(ray_src, console, done)
+    ((cj,),) = [[cj for cj in console._jobs.values() if cj.job is not None]]
+    assert comparable(cj.job) == expected
+    snap = console.snapshot()
+    assert snap.up and snap.parts, "the job is exported once its backlog is read"
+    (summary,) = console.jobs()
+    assert summary["project"] == "proj-a" and summary["experiment"] == "exp-a"
+    ray.kill(actor)
+
+
+def test_a_cut_stream_is_read_again_without_counting_a_step_twice(head, tmp_path):
+    lines = console_lines(TRACE, "proj-b", "exp-b")
+    actor = trainer_class().remote()
+    ray.get(actor.say.remote(lines[:30]))
+    ray_src, console = sources(head, tmp_path)
+    poll_until(ray_src, console, lambda: any(cj.job for cj in console._jobs.values()))
+    for cj in console._jobs.values():  # the dashboard restarts: every stream is cut
+        for tail in cj.tails.values():
+            tail.stream.close()
+    ray.get(actor.say.remote(lines[30:]))
+    expected = comparable(file_job(tmp_path, "proj-b", "exp-b"))
+    jobs = lambda: [cj.job for cj in console._jobs.values() if cj.job is not None]  # noqa: E731
+    poll_until(ray_src, console, lambda: jobs()[0].steps >= expected["steps"])
+    time.sleep(1.0)
+    ray_src.poll_once()
+    console.poll_once()
+    assert comparable(jobs()[0]) == expected
+    errors = Counter(console.snapshot().errors)
+    assert sum(n for r, n in errors.items() if r.startswith("stream_")) >= 1
+    ray.kill(actor)
+
+
+def test_a_file_of_the_same_job_wins_and_nothing_is_counted_twice(head, tmp_path):
+    names = JobNames()
+    root = tmp_path / "root"
+    (root / "proj-c").mkdir(parents=True)
+    (root / "proj-c" / "exp-c.jsonl").write_bytes(TRACE.read_bytes())
+    files = VerlFileSource(TH, [root], names=names)
+    files.poll_once()
+    actor = trainer_class().remote()
+    ray.get(actor.say.remote(console_lines(TRACE, "proj-c", "exp-c")))
+    ray_src, console = sources(head, tmp_path, names)
+    poll_until(ray_src, console, lambda: any(cj.yielded for cj in console._jobs.values()))
+    assert not console.snapshot().parts
+    assert all(t.stream is None for cj in console._jobs.values() for t in cj.tails.values())
+    ray.kill(actor)
