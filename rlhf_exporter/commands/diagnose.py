@@ -181,9 +181,11 @@ def run(args: argparse.Namespace) -> int:
         if n == 0:
             print(
                 f"rlhf-exporter diagnose: {path}: no verl record found. Expected verl's "
-                "`file`-logger JSONL (one {\"step\": N, \"data\": {...}} a line: "
-                "trainer.logger includes \"file\") or what a job printed (lines `step:N - "
-                "key:value - ...` from verl's `console` logger, on by default)",
+                '`file`-logger JSONL (one {"step": N, "data": {...}} a line: '
+                'trainer.logger includes "file") or what a job printed (lines `step:N - '
+                "key:value - ...` from verl's `console` logger: trainer.logger includes "
+                '"console", the default; a driver log, `ray job logs`, `kubectl logs` of the '
+                "submitter pod, a trainer actor's .out)",
                 file=sys.stderr,
             )
         records += n
