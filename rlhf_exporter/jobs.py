@@ -7,7 +7,10 @@ catalog's "verl steps" series and its summary) is `JobSeries` (rlhf_exporter/job
 Its counters only ever grow: a restart (the step number going down), a truncated or
 replaced file (`new_run()`) or a resume start a new run and a new baseline, and the counters
 carry on. A record that still makes ingestion fail is dropped and counted
-(`internal_error`); it never stops the records after it, nor any other job.
+(`internal_error`); it never stops the records after it, nor any other job. A job that writes
+a step in two records has its steps held until complete (decision table v5,
+diagnosis/steps.py): the next step's first record, `tick()` (its sources call it as they
+publish) once the step's S has passed or the job has ended, or `new_run()` release it.
 """
 
 from __future__ import annotations
@@ -37,9 +40,25 @@ from .diagnosis.values import TIMER_PREFIX, num
 from .job_history import StepHistory
 from .job_series import REASON_KEYS, JobSeries, extra_values
 from .join.ports import WALL, Engines, JobClock, StepWindows
-from .lifecycle import ENDED_STATUSES, LOST, UNKNOWN, RayFact, end_outgrown, job_state
+from .lifecycle import (
+    ENDED_STATUSES,
+    FAILED,
+    FINISHED,
+    LOST,
+    UNKNOWN,
+    RayFact,
+    end_outgrown,
+    job_state,
+)
 from .metrics.snapshot import Sample
-from .records import DEFAULT_LIMITS, INTERNAL_ERROR, Limits, RecordCleaner, clean_label
+from .records import (
+    DEFAULT_LIMITS,
+    INTERNAL_ERROR,
+    LATE_RECORD,
+    Limits,
+    RecordCleaner,
+    clean_label,
+)
 
 # timers that run between two steps' records, outside timing_s/step (verl-stream.md: testing
 # always; save_checkpoint in 0.6.x and the separated trainers; counted in any version)
@@ -89,6 +108,12 @@ class Job(JobSeries):
         self._placer = Placer(th)  # places steps in time (fully-async: shifted sub-steps)
         self._job_clock = job_clock  # the clock the placer anchors arrivals on (join/ports.py)
         self._arrival = 0.0  # when the record being fed was read
+        # the batch's last trainer record (classified or held at its S, or fully-async's
+        # empty one) not yet known to be followed by another record: the placer's anchor
+        self._open: Record | None = None
+        self._own: StepDiagnosis | None = None  # its diagnosis, awaiting its placement
+        # a held step's trainer record and its arrival (None: unknown), until it is classified
+        self._held: tuple[Record, float | None] | None = None
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self.finished_marker = False  # this run logged rlhf_job_finished
         self.finished_file = False  # a `<experiment>.finished` file lies beside its log
@@ -224,8 +249,11 @@ class Job(JobSeries):
         """The input started over (a truncated or replaced file): whatever step comes next
         opens a new run with a fresh baseline. Counters carry on."""
         if self._diagnoser.run >= 0:
+            held = self._diagnoser.close()  # complete: nothing of its run comes any more
+            if held is not None:
+                self._settle(held)
             self._run_base += self._diagnoser.run + 1
-            self._diagnoser = StreamDiagnoser(self._th)
+            self._diagnoser = StreamDiagnoser(self._th, self._diagnoser.holds)
             self._run_reset()
             self._samples = None
 
@@ -239,45 +267,35 @@ class Job(JobSeries):
         """Ingest records in order; returns how many."""
         n = 0
         self._arrival = self._clock() if now is None else now
-        # GPU windows: only a step from the batch's last record has a known arrival time (the
-        # file's mtime, or the push); earlier records of a backlog were written before it
-        post: StepDiagnosis | None = None
-        # the last trainer record (classified, or fully-async's empty one) not yet known to
-        # be followed by another record of the batch: the placer's anchor (timeline.Placer)
-        anchor: Record | None = None
-        # with engine evidence the batch's last diagnosis waits for its timeline (its reason
-        # may come from the engines); without, every step is classified as it comes
-        engines = self._engines
-        pending: StepDiagnosis | None = None
+        self._open = None
+        self._release(self._arrival)  # a held step complete before these records came
         for record in records:
             try:
                 diag = self._diagnoser
                 clean = self._cleaner.clean(record, diag.step if diag.run >= 0 else None)
                 if clean is None:
                     continue
-                event = self._diagnoser.feed(clean)
-                if anchor is not None:  # followed by this record: its arrival is unknown
-                    self._placer.unplaced(anchor.data)
-                    anchor = None
+                event = self._diagnoser.feed(clean, self._arrival)
+                self._placed(None)  # an earlier record of the batch was followed by this one
+                if event.released and event.diagnosis is not None:
+                    self._settle(event.diagnosis)  # before the new record's run and values
+                if event.late:
+                    self._drop(LATE_RECORD)
                 if event.new_run:
                     self._run_reset()
-                if event.diagnosis is not None or not clean.data:
-                    anchor = clean
+                if event.timed or not clean.data:  # where the placer anchors (below)
+                    self._open = clean
                 if event.new_step:
                     self.steps += 1
-                    self.last_step_time = self._clock() if now is None else now
+                    self.last_step_time = self._arrival
                 self.step = clean.step
                 self._extra.update(extra_values(clean.data))
                 self._between_steps(clean.data)
                 self._remember_evidence(clean.data)
-                post = event.diagnosis
-                if event.diagnosis is not None:
-                    if engines is None:
+                if event.diagnosis is not None and not event.released:
+                    self._own = event.diagnosis
+                    if self._engines is None:
                         self._classified(event.diagnosis)
-                    else:
-                        if pending is not None:
-                            self._classified(pending)
-                        pending = event.diagnosis
                 n += 1
             except Exception:  # a bug or an input no check foresaw: drop this record only
                 self._drop(INTERNAL_ERROR, exc_info=True)
@@ -285,25 +303,101 @@ class Job(JobSeries):
         if n:
             self.records += n
             self._samples = None
-        if anchor is not None and self._windows is not None:
-            arrival = self._job_clock.at(self._arrival)  # the wall's, but for the demo job
-            if post is None:  # fully-async's empty trainer record (verl 0.8.0)
-                self._placer.empty(arrival, anchor.step)
-            else:
-                timelines = self._placer.place(
-                    post.step, post.windows, post.timers, anchor.data, arrival
-                )
-                if engines is not None and pending is not None and pending is post and timelines:
-                    pending = self._with_engines(pending, timelines, engines)
-                for timeline in timelines:
-                    self._windows.post(self.labels, timeline)
-        if pending is not None:
-            try:
-                self._classified(pending)
-            except Exception:
-                self._drop(INTERNAL_ERROR, exc_info=True)
+        try:
+            # GPU windows: only the batch's last record has a known arrival time (the file's
+            # mtime, or the push); earlier records of a backlog were written before it
+            self._placed(self._job_clock.at(self._arrival))  # the wall's, but for the demo
+            self._release(self._arrival)
+        except Exception:
+            self._drop(INTERNAL_ERROR, exc_info=True)
             self._samples = None
         return n
+
+    def _placed(self, arrival: float | None) -> None:
+        """The batch's open trainer record (one classified or held at its S, or fully-async's
+        empty one) is known to have arrived at `arrival` (None: unknown, another record of
+        the batch followed it): its step is placed in time, or waits for its diagnosis."""
+        record, self._open = self._open, None
+        if record is None:
+            return
+        own, self._own = self._own, None
+        if own is not None:
+            self._place(own, record, arrival)
+        elif not record.data:  # fully-async's empty trainer record (verl 0.8.0)
+            if arrival is None:
+                self._placer.unplaced(record.data)
+            elif self._windows is not None:
+                self._placer.empty(arrival, record.step)
+        else:  # held: placed once its step is complete
+            self._held = (record, arrival)
+
+    def _place(self, d: StepDiagnosis, record: Record, arrival: float | None) -> None:
+        """Place a classified step in time (the placer's anchor: its trainer record, which
+        arrived at `arrival`); with engine evidence, its reason waits for its timeline."""
+        engines = self._engines
+        if arrival is None:
+            self._placer.unplaced(record.data)  # followed by another record: arrival unknown
+        elif self._windows is not None:
+            timelines = self._placer.place(d.step, d.windows, d.timers, record.data, arrival)
+            if engines is not None and timelines:
+                d = self._with_engines(d, timelines, engines)
+            for timeline in timelines:
+                self._windows.post(self.labels, timeline)
+        if engines is not None:
+            self._classified(d)
+
+    def _settle(self, d: StepDiagnosis) -> None:
+        """A held step is complete: place it at its trainer record's arrival and count it."""
+        held, self._held = self._held, None
+        if self._engines is None:
+            self._classified(d)
+        if held is not None:
+            self._place(d, *held)
+        elif self._engines is not None:
+            self._classified(d)
+        self._samples = None
+
+    def _release(self, now: float) -> None:
+        """Release a held step whose S has passed since its S record arrived, or any held
+        step once the job has ended."""
+        diagnoser = self._diagnoser
+        if diagnoser.due is None:
+            return
+        d = diagnoser.release(now)
+        if d is None and self._ended():
+            d = diagnoser.close()
+        if d is not None:
+            self._settle(d)
+
+    def _ended(self) -> bool:
+        """Whether the job has ended, for a held step: finished or failed, but not by its
+        step reaching its total steps alone (declared at the last step's S record, before its
+        second record: that step waits for its S)."""
+        state, signal = self._refresh_state()
+        if state not in (FINISHED, FAILED):
+            return False
+        return signal != "declared" or self.finished_marker or self._finished_file_holds()
+
+    @property
+    def due(self) -> float | None:
+        """When the held step (decision table v5: the job writes steps in two records) is
+        released without another record (its S record's arrival + S), or None."""
+        return self._diagnoser.due
+
+    def tick(self, now: float | None = None) -> bool:
+        """Release a held step that is complete without another record: its S has passed by
+        `now` since its S record arrived, or the job has ended (finished or failed). Sources
+        call it as they publish. Returns whether a step was classified."""
+        if self._diagnoser.due is None:
+            return False
+        try:
+            before = self.last
+            self._release(self._clock() if now is None else now)
+            return self.last is not before
+        except Exception:
+            self._drop(INTERNAL_ERROR, exc_info=True)
+            self._samples = None
+            return False
 
     def _with_engines(
         self, d: StepDiagnosis, timelines: Sequence[Timeline], engines: Engines

@@ -14,7 +14,10 @@ Hostile or broken input is stopped here (see `Limits`):
   data holds at most `Limits.step_keys` keys (`too_many_keys`), so it is bounded in keys
   and bytes however often the same step is sent again;
 - a record that still makes ingestion fail is dropped and counted (`internal_error`, by
-  `Job`); it never stops the records after it, nor any other job.
+  `Job`); it never stops the records after it, nor any other job;
+- a record of a step that comes after the sidecar classified the step (a step written in two
+  records, decision table v5) keeps the step's verdict and is counted (`late_record`, by
+  `Job`); its values still count where they are not the step's diagnosis.
 Each drop is counted in the `rejected` counter the source passes in (exported as
 `rlhf_exporter_record_errors_total{reason}`) and logged once per job and reason.
 """
@@ -58,6 +61,7 @@ TOO_MANY_COMPONENTS = "too_many_components"
 KEY_TOO_LONG = "key_too_long"
 TOO_MANY_KEYS = "too_many_keys"
 INTERNAL_ERROR = "internal_error"
+LATE_RECORD = "late_record"  # a step's record after the step was classified (kept, counted)
 
 log = logging.getLogger(__name__)
 

@@ -297,7 +297,9 @@ def test_wait_last_valid_in_a_second_record_is_read_alike_by_diagnose_and_serve(
     batch = [d.to_json() for d in BatchDiagnoser(TH).diagnose(records)]
     sd = StreamDiagnoser(TH)
     stream = [e.diagnosis.to_json() for e in map(sd.feed, records) if e.diagnosis]
-    assert stream == batch and len(batch) == 15
+    last = sd.close()  # v5: the job writes steps in two records, its last step is held
+    assert last is not None
+    assert stream + [last.to_json()] == batch and len(batch) == 15
     assert all(d["verdict"] == "rollout" and d["shares"]["other"] == 0.1 for d in batch)
     job = Job("recipes", "fully_async", TH)
     served = []
@@ -306,17 +308,15 @@ def test_wait_last_valid_in_a_second_record_is_read_alike_by_diagnose_and_serve(
         job.feed([record])
         if job.last is not before and job.last is not None:
             served.append(job.last.to_json())
-    assert served == batch
+    assert job.tick(float("inf"))  # the last step's S has passed
+    assert served + [job.last.to_json()] == batch
+    assert job.rejected == {"late_record": 1}  # step 1's second record, after its verdict
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="contract gap (docs/verl-support.md, 'What verl's source contradicts'): verl 0.6.1's "
-    "and 0.7.0's fully-async recipe logs timing_s/param_sync beside wait_last_valid in the "
-    "step's second record (recipe/fully_async_policy/fully_async_trainer.py:345-360, "
-    ":473-488); diagnose merges it into the step, the sidecar has classified the step already",
-)
 def test_the_recipes_second_record_with_param_sync_reads_alike():
+    """Decision table v5 (section 1): once step 1's second record shows the job writes its
+    steps in two records, every later step is held until complete and classified merged, as
+    `diagnose` does; step 1 keeps the verdict it had before its `param_sync` came."""
     records = recipe_records(15)
     records = [
         Record(r.step, {**r.data, "timing_s/param_sync": 1.5})
@@ -326,4 +326,12 @@ def test_the_recipes_second_record_with_param_sync_reads_alike():
     ]
     batch = [d.to_json() for d in BatchDiagnoser(TH).diagnose(records)]
     sd = StreamDiagnoser(TH)
-    assert [e.diagnosis.to_json() for e in map(sd.feed, records) if e.diagnosis] == batch
+    events = list(map(sd.feed, records))
+    last = sd.close()
+    assert last is not None
+    stream = [e.diagnosis.to_json() for e in events if e.diagnosis] + [last.to_json()]
+    assert stream[1:] == batch[1:] and len(stream) == 15
+    assert all(d["shares"]["sync"] == 0.075 for d in stream[1:])
+    first = classify(0, 1, records[0].data, Baseline(TH), TH)
+    assert stream[0] == first.to_json() and stream[0]["shares"]["sync"] == 0.0
+    assert [e.late for e in events] == [False, True] + [False] * 28

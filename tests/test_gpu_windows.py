@@ -1061,7 +1061,8 @@ def test_the_sidecar_places_fully_async_sub_steps_as_the_pure_placer_does(v08):
 def test_fully_async_empty_record_and_repeated_last_step_count_once():
     """verl 0.8.0 writes an empty aggregate when the first cycle syncs before any sub-step
     was aggregated (trigger_parameter_sync_step = 1), and a run can end with its last step
-    number twice (the final flush). Neither crashes, double-counts or gives a verdict."""
+    number twice (the final flush). Neither crashes, double-counts or gives a verdict; the
+    flush is counted as a late record (decision table v5)."""
     records, _truth = simulate_fully_async(4, 1, seed=3, v08=True)
     empties = [r for _a, r in records if not r.data]
     assert len(empties) == 1  # the first cycle's
@@ -1077,7 +1078,7 @@ def test_fully_async_empty_record_and_repeated_last_step_count_once():
     assert job.last.windows.counted["update_actor"] == pytest.approx(
         last.data["timing_s/update_actor"]
     )  # the first record of the step decided; the flush changed nothing
-    assert job.rejected == {}
+    assert job.rejected == {"late_record": 1}  # the flush came after its step's verdict (v5)
     # the empty record anchors the next one: every classified record is placed
     placed_steps = {tl.step for tl in board.recent(("p", "fa"))}
     assert placed_steps == classified

@@ -4,7 +4,12 @@ Two ways to walk a job, one set of rules:
 - `BatchDiagnoser` (offline `diagnose`) merges a step's records completely, then classifies;
 - `StreamDiagnoser` (the sidecar) classifies when the record holding `timing_s/step`
   arrives, with what the step has so far. verl writes a step's timers in that record, so
-  both agree on every verl mode.
+  both agree on every verl mode but one: the fully-async recipe of verl <= 0.7 writes
+  `param_sync` in a second record of the step. Once a job has shown a record of a step after
+  the one with its `timing_s/step`, the stream holds each later step until it is complete
+  (the next step's first record, its own S elapsed, or the job's end) and classifies the
+  merged step then, in the batch's order (the two share the baseline's rules); a record that
+  comes after its step was classified is `late` (decision table v5, section 1).
 """
 
 from __future__ import annotations
@@ -144,22 +149,62 @@ class StreamEvent(NamedTuple):
     record: Record
     new_run: bool  # the record opened a new run (restart / resume)
     new_step: bool  # the record opened a new step (counted in rlhf_steps_total)
-    diagnosis: StepDiagnosis | None  # the step was classified by this record
+    # the step this record classified: its own, or the held step it completed (`released`)
+    diagnosis: StepDiagnosis | None
+    released: bool = False  # `diagnosis` is a held earlier step, completed by this record
+    timed: bool = False  # the first record of its step with a usable S (classified or held)
+    late: bool = False  # a record of a step classified before it came (`late_record`)
 
 
 class StreamDiagnoser(_Walker):
-    """Feed records as they arrive; a step is classified by the record holding its S."""
+    """Feed records as they arrive; a step is classified by the record holding its S, or,
+    once the job writes steps in two records (`holds`), when the step is complete."""
 
-    def __init__(self, th: Thresholds):
+    def __init__(self, th: Thresholds, holds: bool = False):
         super().__init__(th)
-        self._classified = False
+        self.holds = holds  # a record of a step came after the one with its S: hold steps
+        self._timed = False  # the current step's S record has come
+        self._classified = False  # the current step was classified
+        self.due: float | None = None  # the held step is complete by then (arrival + S)
 
-    def feed(self, record: Record) -> StreamEvent:
+    def feed(self, record: Record, now: float = 0.0) -> StreamEvent:
+        """Place one record that arrived at `now` (the clock `release` is given)."""
+        released = None
+        if self.due is not None and record.step != self.step:
+            released = self._release()  # its run and baseline, before the record moves on
         kind = self._advance(record)
         if kind != "same":
-            self._classified = False
-        diagnosis = None
-        if not self._classified and STEP_KEY in record.data:
-            diagnosis = classify(self.run, record.step, self.data, self.baseline, self.th)
-            self._classified = diagnosis is not None
-        return StreamEvent(record, kind == "run", kind != "same", diagnosis)
+            self._timed = self._classified = False
+        late = False
+        if kind == "same" and self._timed:  # a second record of a step after its S
+            self.holds = True
+            late = self._classified
+        timed = False
+        if not self._timed and STEP_KEY in record.data:
+            seconds = positive(self.data.get(STEP_KEY))
+            timed = self._timed = seconds is not None
+            if seconds is not None and self.holds:
+                self.due = now + seconds
+            elif seconds is not None:
+                diagnosis = classify(self.run, record.step, self.data, self.baseline, self.th)
+                self._classified = True
+                return StreamEvent(record, kind == "run", kind != "same", diagnosis, timed=True)
+        new = (kind == "run", kind != "same")
+        return StreamEvent(record, *new, released, released is not None, timed, late)
+
+    def release(self, now: float) -> StepDiagnosis | None:
+        """The held step, classified, once its S has passed since its S record came."""
+        if self.due is None or now < self.due:
+            return None
+        return self._release()
+
+    def close(self) -> StepDiagnosis | None:
+        """The held step, classified: the job ended or its input started over."""
+        return self._release() if self.due is not None else None
+
+    def _release(self) -> StepDiagnosis | None:
+        self.due = None
+        self._classified = True
+        if self.step is None:
+            return None
+        return classify(self.run, self.step, self.data, self.baseline, self.th)

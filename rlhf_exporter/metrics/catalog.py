@@ -730,6 +730,7 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
             "file_missing",
             "file_deleted",
             "permission_denied",
+            "late_record",
         ),
     },
     "nvml": {  # per GPU, served by the NVML source itself: the GPU-lost alert's reason
@@ -742,6 +743,7 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
             "invalid_json",
             "bad_schema",
             "too_many_jobs",
+            "late_record",
         ),
     },
 }

@@ -374,6 +374,7 @@ class ConsoleSource(PollingSource, JobMaker):
                 continue
             try:
                 self._job_state(cj, job)
+                job.tick(now)  # a held step complete without a new record (its S, an end)
                 parts.append(job.samples())
             except Exception:
                 self._rejected[INTERNAL_ERROR] += 1

@@ -540,6 +540,7 @@ class VerlFileSource(PollingSource, JobMaker):
                 continue
             try:
                 self._job_state(w, now, sole=len(self._watched) == 1)
+                w.job.tick(now)  # a held step complete without a new record (its S, an end)
                 part = w.job.samples()
             except Exception:  # never lets one job remove the others' series
                 if w.job.labels not in self._broken:
