@@ -181,7 +181,7 @@ def test_identity_from_the_config_dump():
         b"             'experiment_name': 'gsm8k',\n"
         b"             'project_name': 'verl_examples',\n"
     )
-    out, r = read(b"".join(P + line for line in dump.splitlines(keepends=True)) + P + b"step:1\n")
+    _out, r = read(b"".join(P + line for line in dump.splitlines(keepends=True)) + P + b"step:1\n")
     assert r.identity == Identity("verl_examples", "gsm8k")
     # None is skipped (a nested copy may be null), the first real one wins
     _, r = read(b"'project_name': None,\n'project_name': 'a',\n'project_name': 'b',\n")
@@ -253,7 +253,7 @@ def test_a_gigabyte_without_a_newline_costs_bounded_memory():
         assert list(r.feed(piece)) == []
         most = max(most, r.pending_bytes)
     assert most <= r.max_line
-    assert list(r.feed(b"\nstep:5 - a:1\n"))[0].step == 5
+    assert next(iter(r.feed(b"\nstep:5 - a:1\n"))).step == 5
     assert r.rejected == {"too_long": 1}
 
 
@@ -263,7 +263,7 @@ def test_binary_garbage_never_raises():
     rnd = random.Random(7)
     blob = bytes(rnd.randrange(256) for _ in range(200_000))
     blob += b"\nstep:\xff\xfe - a:1\nstep:1 - \xff:1\n"
-    out, r = read(blob)
+    out, _r = read(blob)
     assert out == [(1, {"\ufffd": 1})]
 
 
@@ -291,7 +291,7 @@ def test_truncation_and_reset():
 
 
 def test_counts_lines_and_records():
-    out, r = read(b"a\nb\nstep:1\nstep:2 - x:1\n")
+    _out, r = read(b"a\nb\nstep:1\nstep:2 - x:1\n")
     assert r.lines == 4 and r.records == 2
 
 

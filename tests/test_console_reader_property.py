@@ -4,6 +4,8 @@ back stays within max_line."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -51,7 +53,7 @@ def run(data: bytes, cuts: list[int]) -> tuple[list, ConsoleReader]:
     r = ConsoleReader(MAX_LINE)
     out = []
     bounds = [0, *cuts, len(data)]
-    for a, b in zip(bounds, bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         for rec in r.feed(data[a:b]):
             out.append((rec.step, dict(rec.data), r.identity))
         assert r.pending_bytes <= MAX_LINE
