@@ -176,14 +176,22 @@ def test_help_lines_are_short_and_known_error_reasons_exist():
     each known error reason served at 0 is one a source really counts."""
     from pathlib import Path
 
-    from rlhf_exporter.metrics.catalog import CATALOG, HELP_MAX, KNOWN_ERRORS
     from rlhf_exporter import records
-    from rlhf_exporter.sources import push, ray, ray_token, verl_files, verl_reader
+    from rlhf_exporter.metrics.catalog import CATALOG, HELP_MAX, KNOWN_ERRORS
+    from rlhf_exporter.sources import (
+        console,
+        console_reader,
+        push,
+        ray,
+        ray_token,
+        verl_files,
+        verl_reader,
+    )
 
     for m in CATALOG:
         assert len(m.summary) < HELP_MAX and m.summary.endswith((".", "…")), m.name
         assert m.help.startswith(m.summary.rstrip(".…")), m.name
-    sources = (push, ray, ray_token, verl_files, verl_reader, records)  # records: every Job's
+    sources = (push, ray, ray_token, verl_files, verl_reader, records, console, console_reader)
     code = "".join(Path(mod.__file__).read_text() for mod in sources)
     from rlhf_exporter.sources.nvml import error_reason
 

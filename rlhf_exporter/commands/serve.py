@@ -127,14 +127,9 @@ class Sidecar:
         # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
         # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
         # evidence joins each step's rollout window through the same board
-        reads_jobs = bool(
-            settings.verl_root
-            or settings.verl_file
-            or settings.push
-            or (settings.console and settings.ray and settings.ray_actors)
-        )
         gpu_windows = bool(
-            (settings.nvml or self.demo is not None or reads_jobs) and settings.gpu_windows
+            (settings.nvml or self.demo is not None or _reads_jobs(settings))
+            and settings.gpu_windows
         )
         # the demo's simulated vLLM engines, read by the real engine source (demo/engines.py)
         self.demo_engines = self._demo_engines(settings)
@@ -151,9 +146,9 @@ class Sidecar:
         ray = None
         if ray_source is not None and not isinstance(ray_source, UnavailableSource):
             ray = cast("RaySource", ray_source)
-        context = replace(context, ray=ray, facts=ray.facts() if ray is not None else None)
-        if ray is not None and settings.ray_actors:  # issue 47: the trainers' printed steps
-            context = replace(context, trainers=ray)
+        trainers = ray if ray is not None and settings.ray_actors else None  # issue 47
+        facts = ray.facts() if ray is not None else None
+        context = replace(context, ray=ray, facts=facts, trainers=trainers)
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
         # the simulated devices join them, not NVML
         nvml_windows = windows if self.demo is None and gpu_windows else None
@@ -170,8 +165,7 @@ class Sidecar:
             self.engines = EngineSource.from_settings(self._engine_settings(settings), context)
             context = replace(context, engines=self.engines)
         self.verl = VerlFileSource.from_settings(settings, context)
-        self.console = self._console(settings, context)  # after the files: a file job
-        # holds its name, and the console source yields it
+        self.console = self._console(settings, context)  # after the files: a file job wins
         self.push = None
         if settings.push:
             _check_push_exposure(settings)
@@ -187,21 +181,9 @@ class Sidecar:
             self.demo_devices = DemoDevices.for_job(self.demo, context)
         self.ray = ray_source
         self.stacks = self._stacks(settings, ray, context)  # issue 39
-        self.sources: list[Source] = [
-            s
-            for s in (
-                self.verl,
-                self.console,
-                self.push,
-                ray_source,
-                self.nvml,
-                remote,
-                self.demo_devices,
-                self.engines,
-                self.stacks,
-            )
-            if s is not None
-        ]
+        built = (self.verl, self.console, self.push, ray_source, self.nvml, remote,
+                 self.demo_devices, self.engines, self.stacks)  # fmt: skip
+        self.sources: list[Source] = [s for s in built if s is not None]
         self.endpoints = self._endpoints(settings, windows if gpu_windows else None)
         self.server = make_server(
             settings.listen,
@@ -476,3 +458,9 @@ def run(args: argparse.Namespace) -> int:
     sidecar.stop()
     log.info("stopped")
     return 0
+
+
+def _reads_jobs(settings: Settings) -> bool:
+    """Whether a source of verl records is on (files, push, or the trainers' printed steps)."""
+    console = settings.console and settings.ray and settings.ray_actors
+    return bool(settings.verl_root or settings.verl_file or settings.push or console)

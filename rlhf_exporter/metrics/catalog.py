@@ -733,6 +733,14 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
             "late_record",
         ),
     },
+    "console": {  # what the console reader drops (issue 47: rlhf_exporter/sources/console.py)
+        "rlhf_exporter_record_errors_total": (
+            "too_long",
+            "foreign_step",
+            "bad_step_line",
+            "name_claimed",
+        ),
+    },
     "nvml": {  # per GPU, served by the NVML source itself: the GPU-lost alert's reason
         "rlhf_gpu_errors_total": ("gpu_is_lost",),
     },
