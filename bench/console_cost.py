@@ -341,6 +341,10 @@ class Bench:
             log_to_driver=False,
             configure_logging=False,
         )
+        # Ray's core worker installs its own SIGTERM handler (it ends the process at once,
+        # leaving the head and the exporters running): ours stops them first
+        signal.signal(signal.SIGTERM, _sigterm)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         return ray
 
     def start_trainers(self, n: int) -> dict[str, Any]:
