@@ -627,7 +627,9 @@ def test_hang_stacks_name_the_stopped_trainer_and_what_the_others_wait_on(hang):
     assert " on WorkerDict." in driver["TaskRunner"]["detail"], (driver, hang.tasks)
     assert driver["driver"]["detail"].endswith(" on TaskRunner.run"), driver
     server = [g for g in roles["rollout"]["groups"] if g["processes"][0].startswith("vLLM")]
-    assert server, roles["rollout"]
+    unread = [(p.get("label"), p.get("error"), p.get("message")) for p in found["processes"]
+              if p["role"] == "rollout" and p.get("error")]  # fmt: skip
+    assert server, (roles["rollout"], unread)  # py-spy's words when it was refused
     if roles["rollout"]["where"] == "engine_step":
         # the stop landed inside a call the trainer's step had made to the engine (its weight
         # sync or wake-up): the engine core's collective_rpc waits on the stopped worker for

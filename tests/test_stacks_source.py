@@ -241,6 +241,25 @@ def test_per_process_failures_are_counted_and_the_rest_read():
         assert found.processes[1].message == "Error: Permission denied (os error 13)"
 
 
+def test_a_refusal_a_moment_clears_is_read_again_once_per_round():
+    """py-spy may fail on a process whose thread or child exits while it attaches (a vLLM
+    server read with its subprocesses): the read is asked once more. Once such a second
+    read fails too (py-spy is refused for good), the round asks no process twice."""
+    clock = Clock()
+    with RayStateApi() as api:
+        api.stacks = {101: (200, LOCKED), 102: (500, NO_PTRACE), 103: (500, GONE)}
+        api.stacks_first = {101: [(500, NO_PTRACE)]}  # refused once, then read
+        ray = cluster(api, [101, 102, 103], ["vLLMHttpServer"])
+        src = source(api, ray, [job(clock.now - 500)], clock)
+        src.poll_once()
+        found = src.round_of("p", "e")
+        assert found is not None
+        assert [p.error for p in found.processes] == ["", "no_permission", "no_process"]
+        assert [int(q["pid"]) for q in api.stack_requests] == [101, 101, 102, 102, 103]
+        reads = series(src, "rlhf_exporter_stack_reads_total")
+        assert reads[("no_permission",)] == 3.0 and reads[("ok",)] == 1.0
+
+
 def test_bounds_processes_jobs_frames_and_bytes_are_kept_and_what_they_drop_counted():
     clock = Clock()
     big = WAITING + "\n" + "    x (y.py:1)\n" * 5000
@@ -277,6 +296,7 @@ def test_hostile_answers_never_break_a_round(status, body):
         api.stacks = {101: (status, body)}
         ray = cluster(api, [101])
         src = source(api, ray, [job(clock.now - 500)], clock, max_bytes=1024)
+        src.retry_pause = 0.0
         src.poll_once()
         assert src.snapshot().up
         found = src.round_of("p", "e")

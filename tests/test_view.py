@@ -108,6 +108,7 @@ def test_index_sorts_by_attention_and_links_each_job():
     snaps = [
         Snapshot("verl", True, 0.01, time.time() - 3),
         Snapshot("ray", False, 0.0, None, {"connection_refused": 4}),
+        Snapshot("engines"),  # its first poll has not ended: starting, not down
     ]
     page = index_page(jobs, snaps, *_facts())
     assert (
@@ -118,7 +119,9 @@ def test_index_sorts_by_attention_and_links_each_job():
     el = Elements(page)
     assert len(el.find("svg", "spark")) == 3
     rows = el.find("tr", "source")
-    assert [r["data-up"] for r in rows] == ["1", "0"]
+    assert [r["data-up"] for r in rows] == ["1", "0", "0"]
+    assert page.count(">down<") == 1  # ray only
+    assert page.count('<span class="starting">starting</span>') == 1
     assert "connection_refused ×4" in page and "never" in page  # ray: down, never succeeded
     assert "scrape_configs:" in page and "targets: [&#x27;127.0.0.1:9&#x27;]" in page
     assert 'href="/metrics"' in page and "grafana/" in page and "docs/" in page

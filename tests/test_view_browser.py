@@ -174,6 +174,8 @@ def test_demo_index_shows_no_collector_down_in_chromium(tmp_path):
     the demo uses, all up (no real Ray or NVML shown as down)."""
     with Exporter(tmp_path, "--demo", defaults=False) as exp:
         exp.wait_for(lambda: "grpo-simulated" in exp.get("/").text, what="the demo job")
+        # each source's first poll ended (before it, a row says "starting", not "down")
+        exp.wait_for(lambda: 'data-up="0"' not in exp.get("/").text, what="every source up")
         dom, errors = browser.dump_dom(exp.url + "/")
     assert not errors, errors
     el = Elements(dom)

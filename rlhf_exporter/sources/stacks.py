@@ -78,6 +78,10 @@ MAX_TASKS = 2000  # RUNNING tasks of a job read to name what a ray.get waits on
 TASKS_BYTES = 4 << 20  # bytes of that answer read at most (a truncated one is not used)
 ERROR_BYTES = 16 << 10  # of a refusal's body read at most (Ray's words and py-spy's stderr)
 SUBPROCESS_ROLES = frozenset({"rollout"})  # a vLLM / SGLang server's engine runs in a child
+# py-spy's refusals that a moment may clear (a thread or child exiting while it attaches):
+# read once more, until one such second read fails too in the round (then none is retried)
+RETRIED = frozenset({"no_permission", "no_process", "http_error"})
+RETRY_PAUSE = 0.2  # seconds before that second read
 
 
 def read_error(status: int, body: str) -> str:
@@ -124,6 +128,7 @@ def keep_frames(text: str, max_frames: int) -> str:
 
 
 class StackSource(PollingSource):
+    retry_pause = RETRY_PAUSE
     def __init__(
         self,
         address: str,
@@ -212,6 +217,7 @@ class StackSource(PollingSource):
         procs = self.ray.job_processes(*key, sole=sole) if self.ray is not None else ()
         taken: list[ProcessStack] = []
         stop = ""  # a cluster-wide reason: the rest of the round is not asked
+        retry = True  # until a second read fails too
         for i, proc in enumerate(procs):
             label = f"{proc.class_name.rsplit('.', 1)[-1]} {proc.name or proc.pid}".strip()
             if i >= self.max_processes:
@@ -224,6 +230,10 @@ class StackSource(PollingSource):
                 taken.append(ProcessStack(proc.role, label, proc.pid, proc.node_id, None, stop))
                 continue
             got = self._read(proc, label)
+            if retry and got.error in RETRIED:
+                time.sleep(self.retry_pause)
+                got = self._read(proc, label)
+                retry = not got.error
             if got.error in CLUSTER_WIDE:
                 stop = got.error
             taken.append(got)

@@ -49,7 +49,7 @@ th{font-weight:600;font-size:.9em;color:#555}
 .sw i{display:inline-block;width:.9em;height:.9em;margin-right:.3em;vertical-align:-1px}
 svg text.axis{font-size:10px;fill:#666}svg .grid{stroke:#ddd}svg text.marker{font-size:12px}
 svg .run{stroke:#444;stroke-dasharray:3 3}
-.up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}
+.up{color:#2d7d2d;font-weight:600}.down{color:#c4162a;font-weight:600}.starting{color:#6b6b6b}
 pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
 .empty{color:#777;font-style:italic}td.name{min-width:9em;max-width:24em;overflow-wrap:anywhere}
 h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
@@ -408,7 +408,12 @@ class Facts:
 def sources_table(snapshots: Iterable[Snapshot], now: float) -> str:
     rows = []
     for s in snapshots:
-        state = '<span class="up">up</span>' if s.up else '<span class="down">down</span>'
+        if s.up:
+            state = '<span class="up">up</span>'
+        elif s.last_success is None and not s.errors and not s.duration:
+            state = '<span class="starting">starting</span>'  # its first poll has not ended
+        else:
+            state = '<span class="down">down</span>'
         last_error = getattr(s, "last_error", None)  # a message, when the source keeps one
         errors = ", ".join(f"{r} ×{n}" for r, n in sorted(s.errors.items()))
         err = escape(str(last_error)) if last_error else escape(errors) or "none"

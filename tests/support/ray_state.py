@@ -46,6 +46,8 @@ class RayStateApi:
         self.jobs_api = True  # False: answer /api/jobs/ with 404 (a dashboard without it)
         # GET /worker/traceback (issue 39): pid -> (status, text); None: no such endpoint
         self.stacks: dict[int, tuple[int, str]] | None = None
+        # pid -> answers given first, one per request, before stacks[pid]'s
+        self.stacks_first: dict[int, list[tuple[int, str]]] = {}
         self.stack_requests: list[dict[str, str]] = []
         self.authorization: list[tuple[str, str]] = []  # (path, Authorization) of every GET
         self.tasks: list[dict] | None = None  # GET /api/v0/tasks rows; None: 404
@@ -206,7 +208,11 @@ class RayStateApi:
                 if url.path == "/worker/traceback" and api.stacks is not None:
                     query = {k: v[0] for k, v in parse_qs(url.query).items()}
                     api.stack_requests.append(query)
-                    status, text = api.stacks.get(int(query.get("pid", "0")), (500, "no pid"))
+                    pid = int(query.get("pid", "0"))
+                    first = api.stacks_first.get(pid)
+                    status, text = (
+                        first.pop(0) if first else api.stacks.get(pid, (500, "no pid"))
+                    )
                     raw = text.encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "text/plain; charset=utf-8")
