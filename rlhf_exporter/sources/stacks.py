@@ -129,6 +129,7 @@ def keep_frames(text: str, max_frames: int) -> str:
 
 class StackSource(PollingSource):
     retry_pause = RETRY_PAUSE
+
     def __init__(
         self,
         address: str,

@@ -210,9 +210,7 @@ class RayStateApi:
                     api.stack_requests.append(query)
                     pid = int(query.get("pid", "0"))
                     first = api.stacks_first.get(pid)
-                    status, text = (
-                        first.pop(0) if first else api.stacks.get(pid, (500, "no pid"))
-                    )
+                    status, text = first.pop(0) if first else api.stacks.get(pid, (500, "no pid"))
                     raw = text.encode()
                     self.send_response(status)
                     self.send_header("Content-Type", "text/plain; charset=utf-8")
