@@ -429,3 +429,18 @@ def test_the_table_folds_a_look_at_that_repeats_the_row_above():
     said = [pages.look_at(d.verdict, d.reason) for d in diagnosed_steps]
     for step, before, now, text in zip(diagnosed_steps[1:], said, said[1:], advice[1:]):
         assert (text == '"') == (bool(now) and now == before), (step.step, text)
+
+
+def test_no_job_yet_names_the_setting_that_would_show_one():
+    """Before any job, `/` says what this exporter can see and which setting adds the rest."""
+    none = Elements(index_page([], [], *_facts()))
+    text = " ".join(none.text)
+    assert "No source here can see a verl job." in text
+    assert "--ray --console" in text and "--verl-root DIR" in text
+    console_only = " ".join(Elements(index_page([], [Snapshot("console", True)], *_facts())).text)
+    assert "every verl job on this Ray cluster" in console_only
+    assert "--verl-root DIR" in console_only and "--ray --console" not in console_only
+    assert "No source here" not in console_only
+    both = [Snapshot("console", True), Snapshot("verl", True), Snapshot("push", True)]
+    text = " ".join(Elements(index_page([], both, *_facts())).text)
+    assert "To see more" not in text and "/api/v1/records" in text

@@ -52,7 +52,7 @@ from . import http
 from .base import Clock, Context, PollingSource, PollResult
 from .console_reader import ConsoleReader
 from .job_maker import JobMaker
-from .log_stream import LogStream, StreamEnded
+from .log_stream import LogStream, StreamEnded, wait_readable
 from .ray import resolve_address
 from .ray_token import RayToken
 
@@ -63,6 +63,8 @@ STREAM_PATH = "/api/v0/logs/stream"
 MAX_BACKOFF = 60.0  # seconds between two tries of a failing stream, at most
 OPENS_PER_POLL = 4  # streams opened per poll at most (each may wait `timeout`)
 DRAIN = 5.0  # seconds a gone actor's stream is still read while it brings bytes
+CATCH_UP = 0.5  # of the interval, spent at most re-reading streams that have more
+CATCH_UP_WAIT = 0.05  # seconds waited at most for their sockets between two such passes
 UNNAMED = "unnamed"
 NAME_CLAIMED = "name_claimed"  # a live job printed the name of another live job
 TOO_MANY_STREAMS = "too_many_streams"  # a trainer actor over max_streams: not read
@@ -208,6 +210,7 @@ class ConsoleSource(PollingSource, JobMaker):
 
     def _sync(self, actors: Mapping[str, TrainerActor], now: float, mono: float) -> None:
         """Start a tail for each new trainer actor; mark the ones Ray no longer lists."""
+        self._over &= actors.keys()  # bounded by what Ray lists now
         live = 0
         for known in self._jobs.values():
             for actor_id, tail in known.tails.items():
@@ -242,6 +245,7 @@ class ConsoleSource(PollingSource, JobMaker):
             k = self._rotate % len(tails)
             tails = tails[k:] + tails[:k]
         left, opens = self.poll_budget, OPENS_PER_POLL
+        busy: list[tuple[ConsoleJob, Tail]] = []  # streams that brought bytes: read again
         for i, (cj, tail) in enumerate(tails):
             if left <= 0:
                 self._rotate += i
@@ -249,16 +253,50 @@ class ConsoleSource(PollingSource, JobMaker):
             if tail.stream is None and (opens <= 0 or mono < tail.retry_at or _drained(tail, mono)):
                 continue
             opens -= tail.stream is None
-            try:
-                left -= self._read(cj, tail, min(self.stream_budget, left), now, mono)
-            except Exception:  # a bug: never lets one stream stop the others
-                self._rejected[INTERNAL_ERROR] += 1
-                log.error("console: reading a trainer's stdout failed (a bug)", exc_info=True,
-                          extra={"collector": NAME, "reason": INTERNAL_ERROR})  # fmt: skip
-                _close(tail)
-                tail.retry_at = mono + MAX_BACKOFF
+            got = self._read_safely(cj, tail, min(self.stream_budget, left), now, mono)
+            left -= got
+            if got:
+                busy.append((cj, tail))
+        self._catch_up(busy, left, now, mono)
         for cj in list(self._jobs.values()):
             self._retire(cj, now, mono)
+
+    def _catch_up(
+        self, busy: list[tuple[ConsoleJob, Tail]], left: int, now: float, mono: float
+    ) -> None:
+        """Streams with more to send (a backlog: a sidecar started in the middle of a long
+        job) are read again, for at most CATCH_UP of the interval and the poll's budget, so a
+        backlog is read as fast as Ray sends it, not `stream_budget` per interval. Between
+        passes that found nothing, it waits on their sockets (CATCH_UP_WAIT at most)."""
+        deadline = mono + CATCH_UP * self.interval
+        while busy and left > 0 and time.monotonic() < deadline:
+            again = []
+            for cj, tail in busy:
+                if tail.stream is None or left <= 0:
+                    continue
+                got = self._read_safely(cj, tail, min(self.stream_budget, left), now, mono)
+                left -= got
+                if got:
+                    again.append((cj, tail))
+            if not again:
+                wait = min(CATCH_UP_WAIT, deadline - time.monotonic())
+                streams = [t.stream for _, t in busy if t.stream is not None]
+                ready = wait_readable(streams, wait) if wait > 0 else set()
+                again = [
+                    (cj, t) for cj, t in busy if t.stream is not None and id(t.stream) in ready
+                ]
+            busy = again
+
+    def _read_safely(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
+        try:
+            return self._read(cj, tail, budget, now, mono)
+        except Exception:  # a bug: never lets one stream stop the others
+            self._rejected[INTERNAL_ERROR] += 1
+            log.error("console: reading a trainer's stdout failed (a bug)", exc_info=True,
+                      extra={"collector": NAME, "reason": INTERNAL_ERROR})  # fmt: skip
+            _close(tail)
+            tail.retry_at = mono + MAX_BACKOFF
+            return 0
 
     def _read(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
         """Read what one stream has (opening it first); returns the bytes read."""

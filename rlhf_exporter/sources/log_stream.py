@@ -15,10 +15,11 @@ already delivered, so a reconnect never delivers a line twice (Ray's log files o
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
 from . import http
@@ -47,7 +48,6 @@ class LogStream:
         self.timeout = timeout
         self.headers = dict(headers or {})
         self.skip = skip  # body bytes to drop first (already delivered before a reconnect)
-        self.delivered = 0  # body bytes returned by read(), after the skip
         self._ssl = ssl_context
         self._sock: socket.socket | None = None
         self._raw = bytearray()  # received, not yet decoded
@@ -57,13 +57,18 @@ class LogStream:
         self._ended = False
         self._failure: Exception | None = None  # raised by the read after the one it cut
 
-    @property
-    def is_open(self) -> bool:
-        return self._sock is not None
+    def fileno(self) -> int:
+        """The socket's, for select (-1 once closed)."""
+        return self._sock.fileno() if self._sock is not None else -1
 
-    def open(self) -> int:
-        """Connect and read the answer's head (blocking, within `timeout`); returns the
-        status. A non-200 answer closes the stream: `HttpFailure` with its status."""
+    @property
+    def has_buffered(self) -> bool:
+        """Bytes already received and not yet decoded (select would not see them)."""
+        return bool(self._raw) or self._failure is not None
+
+    def open(self) -> None:
+        """Connect and read the answer's head (blocking, within `timeout`). A non-200
+        answer closes the stream: `HttpFailure` with its status."""
         parts = urlsplit(self.url)
         client = http.Client(timeout=self.timeout, max_bytes=1, ssl_context=self._ssl)
         try:
@@ -92,7 +97,6 @@ class LogStream:
         self._raw = bytearray(reader.buf)
         sock.setblocking(False)
         self._sock = sock
-        return status
 
     def _request(self, netloc: str, path: str, query: str) -> bytes:
         lines = [
@@ -141,7 +145,6 @@ class LogStream:
             if not out:
                 raise
             self._failure = exc
-        self.delivered += len(out)
         return bytes(out)
 
     def _drop_skipped(self, got: bytes) -> bytes:
@@ -220,3 +223,16 @@ class LogStream:
         if self._sock is not None:
             http._close(self._sock)
             self._sock = None
+
+
+def wait_readable(streams: Iterable[LogStream], timeout: float) -> set[int]:
+    """The ids of the streams with something to read, waiting up to `timeout` seconds."""
+    ready = {id(s) for s in streams if s.has_buffered}
+    open_ = {s.fileno(): s for s in streams if s.fileno() >= 0}
+    if ready or not open_:
+        return ready
+    try:
+        readable, _, _ = select.select(list(open_), [], [], timeout)
+    except (OSError, ValueError):
+        return set()
+    return {id(open_[fd]) for fd in readable}

@@ -471,6 +471,33 @@ def _header(facts: Facts) -> str:
     )
 
 
+def no_job_yet(collectors: set[str]) -> str:
+    """What `/` says before any job, naming the setting that lets this exporter see one."""
+    console = "console" in collectors
+    seen_by = []
+    if console:
+        seen_by.append("every verl job on this Ray cluster, from the steps its trainer prints "
+                       "(verl's <code>console</code> logger, on by default)")  # fmt: skip
+    if "verl" in collectors:
+        seen_by.append("verl's file logger under <code>--verl-root</code> "
+                       "(<code>&lt;root&gt;/&lt;project&gt;/&lt;experiment&gt;.jsonl</code>)")  # fmt: skip
+    if "push" in collectors:
+        seen_by.append("records posted to <code>/api/v1/records</code>")
+    add = []
+    if not console:
+        add.append("<code>--ray --console</code> (a job on Ray needs no change: the steps it "
+                   "prints are read from Ray's state API)")  # fmt: skip
+    if "verl" not in collectors:
+        add.append("<code>--verl-root DIR</code> (jobs outside Ray, or with the console "
+                   "logger off: <code>trainer.logger</code> with <code>file</code>)")  # fmt: skip
+    said = "No verl job seen yet. "
+    said += ("This exporter sees " + "; ".join(seen_by) + ". ") if seen_by else (
+        "<strong>No source here can see a verl job.</strong> ")  # fmt: skip
+    if add:
+        said += "To see more, add " + " or ".join(add) + ". "
+    return f'<p class="no-job">{said}Or try <code>rlhf-exporter serve --demo</code>.</p>'
+
+
 def index_page(
     jobs: Sequence[Mapping[str, Any]], snapshots: Sequence[Snapshot], facts: Facts, links: Links
 ) -> str:
@@ -514,8 +541,7 @@ def index_page(
         + "".join(rows)
         + "</table>"
         if rows
-        else "<p>No verl job seen yet. Point <code>--verl-root</code> at verl's file-logger "
-        "directory, or try <code>rlhf-exporter serve --demo</code>.</p>"
+        else no_job_yet({s.collector for s in snapshots})
     )
     detail = ""
     if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
