@@ -140,8 +140,9 @@ def test_a_job_that_only_prints_is_diagnosed_as_its_jsonl(head, tmp_path):
     poll_until(ray_src, console, done)
     ((cj,),) = [[cj for cj in console._jobs.values() if cj.job is not None]]
     assert comparable(cj.job) == expected
-    snap = console.snapshot()
-    assert snap.up and snap.parts, "the job is exported once its backlog is read"
+    # exported once its stream has been quiet for CAUGHT_UP_QUIET: its backlog is read
+    poll_until(ray_src, console, lambda: console.snapshot().parts)
+    assert console.snapshot().up
     (summary,) = console.jobs()
     assert summary["project"] == "proj-a" and summary["experiment"] == "exp-a"
     ray.kill(actor)
@@ -182,4 +183,113 @@ def test_a_file_of_the_same_job_wins_and_nothing_is_counted_twice(head, tmp_path
     poll_until(ray_src, console, lambda: any(cj.yielded for cj in console._jobs.values()))
     assert not console.snapshot().parts
     assert all(t.stream is None for cj in console._jobs.values() for t in cj.tails.values())
+    ray.kill(actor)
+
+
+def own_job_trainer(head, name: str):
+    """A trainer actor in a Ray job of its own: a driver connects, starts it (detached,
+    named) and leaves; this module's driver connects again and holds it by name."""
+    ray.shutdown()
+    ray.init(address=head.gcs_address, namespace="console-source", log_to_driver=False,
+             configure_logging=False)  # fmt: skip
+    job_id = ray.get_runtime_context().get_job_id()
+    trainer_class().options(name=name, lifetime="detached").remote()
+    ray.shutdown()
+    ray.init(address=head.gcs_address, namespace="console-source", log_to_driver=False,
+             configure_logging=False)  # fmt: skip
+    return ray.get_actor(name), job_id
+
+
+def live_jobs(console) -> dict[tuple[str, str], Any]:
+    return {cj.job.labels: cj.job for cj in console._jobs.values() if cj.job is not None}
+
+
+def test_a_live_job_printing_another_live_jobs_name_is_exported_apart(head, tmp_path):
+    """Two Ray jobs print the same project and experiment: the first keeps the name, the
+    second is exported as `<experiment>@<its Ray job id>`, each with its own steps, and the
+    claim is counted (name_claimed)."""
+    lines = console_lines(TRACE, "proj-d", "exp-d")
+    first, _ = own_job_trainer(head, "claim-1")
+    ray.get(first.say.remote(lines[:20]))
+    ray_src, console = sources(head, tmp_path)
+    poll_until(ray_src, console, lambda: ("proj-d", "exp-d") in live_jobs(console))
+    second, second_job = own_job_trainer(head, "claim-2")
+    ray.get(second.say.remote(lines))
+    claimed = ("proj-d", f"exp-d@{second_job}")
+    poll_until(ray_src, console, lambda: claimed in live_jobs(console)
+               and live_jobs(console)[claimed].steps == 46)  # fmt: skip
+    jobs = live_jobs(console)
+    assert jobs[("proj-d", "exp-d")].steps < 46  # the first job's own steps only
+    assert console.snapshot().record_errors["name_claimed"] == 1
+    for name in ("claim-1", "claim-2"):  # handles of an earlier connection are void
+        ray.kill(ray.get_actor(name))
+
+
+def test_the_same_name_again_after_its_job_ended_is_a_new_run(head, tmp_path):
+    """A job resubmitted under the same name (a new Ray job once the first one's trainer is
+    gone): its steps are the same job's next run, not a claimed name."""
+    lines = console_lines(TRACE, "proj-e", "exp-e")
+    first, _ = own_job_trainer(head, "again-1")
+    ray.get(first.say.remote(lines[:30]))
+    ray_src, console = sources(head, tmp_path)
+    poll_until(ray_src, console, lambda: ("proj-e", "exp-e") in live_jobs(console))
+    ray.kill(first)
+    poll_until(ray_src, console, lambda: all(cj.ended_at for cj in console._jobs.values()),
+               timeout=90)  # fmt: skip
+    before = live_jobs(console)[("proj-e", "exp-e")].steps
+    second, _ = own_job_trainer(head, "again-2")
+    ray.get(second.say.remote(lines))  # prints step 1 again
+    poll_until(ray_src, console, lambda: (job := live_jobs(console).get(("proj-e", "exp-e")))
+               is not None and job.run == 1 and job.steps == before + 46)  # fmt: skip
+    assert set(live_jobs(console)) == {("proj-e", "exp-e")}
+    assert console.snapshot().record_errors.get("name_claimed", 0) == 0
+    ray.kill(second)
+
+
+def test_a_flood_from_one_job_never_stops_another(head, tmp_path):
+    """One job prints megabytes without a newline, binary and invented step lines; another
+    job's steps are all exported meanwhile, and the flood costs at most max_line per line."""
+    flood, _ = own_job_trainer(head, "flood")
+    junk = ["x" * (3 << 20), "\x00\x01\xfe binary \x1b[31m" * 1000,
+            "step:7 - timing_s/step:np.float64(1e308) - " + " - ".join(
+                f"k{i}:np.float64({i})" for i in range(10_000))]  # fmt: skip
+    ray.get(flood.say.remote(junk * 3))
+    quiet, _ = own_job_trainer(head, "quiet")
+    ray.get(quiet.say.remote(console_lines(TRACE, "proj-f", "exp-f")))
+    ray_src = RaySource(head.dashboard_url, interval=0.5, timeout=10.0)
+    console = ConsoleSource(TH, ray_src, head.dashboard_url, interval=0.2, max_line=64 << 10)
+    expected = comparable(file_job(tmp_path, "proj-f", "exp-f"))
+    poll_until(ray_src, console, lambda: (job := live_jobs(console).get(("proj-f", "exp-f")))
+               is not None and job.steps == expected["steps"])  # fmt: skip
+    assert comparable(live_jobs(console)[("proj-f", "exp-f")]) == expected
+    rejected = console.snapshot().record_errors
+    assert rejected["too_long"] >= 3, rejected
+    for cj in console._jobs.values():
+        for tail in cj.tails.values():
+            assert tail.reader.pending_bytes <= 64 << 10
+    for name in ("flood", "quiet"):
+        ray.kill(ray.get_actor(name))
+
+
+def test_a_log_truncated_in_place_is_read_anew(head, tmp_path):
+    """Ray's stream follows the file at its offset, so a file truncated in place (logrotate's
+    copytruncate; Ray appends) would never be read again and the job would look stalled:
+    the quiet stream's end is compared with the file's last line, and read anew."""
+    lines = console_lines(TRACE, "proj-g", "exp-g")
+    actor = trainer_class().remote()
+    ray.get(actor.say.remote(lines[:70]))
+    ray_src = RaySource(head.dashboard_url, interval=0.5, timeout=10.0)
+    console = ConsoleSource(TH, ray_src, head.dashboard_url, interval=0.2, stale_after=1.0)
+    poll_until(ray_src, console, lambda: ("proj-g", "exp-g") in live_jobs(console))
+    (out,) = [p for p in head.temp_dir.glob("session_latest/logs/worker-*.out")
+              if b"'proj-g'" in p.read_bytes()]  # fmt: skip
+    before = out.stat().st_size
+    out.write_bytes(b"")  # truncated in place
+    ray.get(actor.say.remote(lines[70:]))
+    assert out.stat().st_size < before  # Ray's stream waits past the new end
+    expected = comparable(file_job(tmp_path, "proj-g", "exp-g"))
+    poll_until(ray_src, console, lambda: live_jobs(console)[("proj-g", "exp-g")].steps
+               == expected["steps"])  # fmt: skip
+    assert comparable(live_jobs(console)[("proj-g", "exp-g")]) == expected
+    assert console.snapshot().errors["stream_stale"] == 1
     ray.kill(actor)

@@ -65,6 +65,10 @@ OPENS_PER_POLL = 4  # streams opened per poll at most (each may wait `timeout`)
 DRAIN = 5.0  # seconds a gone actor's stream is still read while it brings bytes
 CATCH_UP = 0.5  # of the interval, spent at most re-reading streams that have more
 CATCH_UP_WAIT = 0.05  # seconds waited at most for their sockets between two such passes
+CAUGHT_UP_QUIET = 2.0  # seconds a stream brings nothing before its backlog counts as read
+FILE_PATH = "/api/v0/logs/file"
+TAIL_KEEP = 4096  # last bytes of a stream kept, to compare with the file's last line
+STALE = "stale"  # a stream that no longer follows its file (truncated in place): read anew
 UNNAMED = "unnamed"
 NAME_CLAIMED = "name_claimed"  # a live job printed the name of another live job
 TOO_MANY_STREAMS = "too_many_streams"  # a trainer actor over max_streams: not read
@@ -84,6 +88,9 @@ class Tail:
     caught_up: bool = False  # read to its end once (what came before is exported)
     gone_at: float | None = None  # monotonic: when Ray stopped listing the actor ALIVE
     heard_at: float = 0.0  # monotonic: when its stream last brought bytes
+    last_bytes: bytes = b""  # its last TAIL_KEEP bytes read
+    checked_at: float = 0.0  # monotonic: when the file's last line was last compared
+    suspect: bool = False  # that comparison found the file ending otherwise
 
 
 @dataclass
@@ -114,6 +121,7 @@ class ConsoleSource(PollingSource, JobMaker):
         max_line: int = 1 << 20,
         stream_budget: int = 8 << 20,
         poll_budget: int = 64 << 20,
+        stale_after: float = 60.0,
         job_expiry: float = 86400.0,
         limits: Limits = DEFAULT_LIMITS,
         clock: Clock = time.time,
@@ -134,13 +142,15 @@ class ConsoleSource(PollingSource, JobMaker):
         self.max_line = max_line
         self.stream_budget = stream_budget
         self.poll_budget = max(poll_budget, stream_budget)
+        self.stale_after = stale_after
+        self._http = http.Client(timeout=timeout, max_bytes=64 << 10)
         self.job_expiry = job_expiry
         self.names = names
         self.facts = facts  # the jobs Ray ties by name: another submission's end is ignored
         if names is not None:
             names.yields(self)
         self._rejected: Counter[str] = Counter()
-        self._errors.update({"stream_" + r: 0 for r in (*http.REASONS, "ended")})
+        self._errors.update({"stream_" + r: 0 for r in (*http.REASONS, "ended", STALE)})
         self._jobs: dict[str, ConsoleJob] = {}  # by Ray job id
         self._labels: dict[Labels, str] = {}  # exported labels -> Ray job id
         self._over: set[str] = set()  # actor ids not read (over max_streams), counted once
@@ -258,6 +268,11 @@ class ConsoleSource(PollingSource, JobMaker):
             if got:
                 busy.append((cj, tail))
         self._catch_up(busy, left, now, mono)
+        checks = OPENS_PER_POLL
+        for _, tail in tails:
+            if checks > 0 and self._quiet(tail, mono):
+                checks -= 1
+                self._check_stale(tail, mono)
         for cj in list(self._jobs.values()):
             self._retire(cj, now, mono)
 
@@ -286,6 +301,50 @@ class ConsoleSource(PollingSource, JobMaker):
                     (cj, t) for cj, t in busy if t.stream is not None and id(t.stream) in ready
                 ]
             busy = again
+
+    def _quiet(self, tail: Tail, mono: float) -> bool:
+        """A followed stream that brought nothing for `stale_after`, not compared lately."""
+        return (
+            tail.stream is not None and tail.caught_up and tail.gone_at is None
+            and tail.delivered > 0 and mono - tail.heard_at >= self.stale_after
+            and mono - tail.checked_at >= self.stale_after / 2
+        )  # fmt: skip
+
+    def _check_stale(self, tail: Tail, mono: float) -> None:
+        """Ray's stream follows the file at its offset: a file truncated in place (say, by
+        `logrotate`'s copytruncate; Ray appends to it) is never read again, and its job would
+        look stalled. So a quiet stream's last whole lines (TAIL_KEEP bytes at most) are
+        compared with the file's last lines (`lines=N`); when two comparisons in a row differ
+        and nothing came in between, the stream is read anew from the file's first byte
+        (`stream_stale`)."""
+        tail.checked_at = mono
+        window = tail.last_bytes
+        if tail.delivered > len(window):  # it starts inside a line: from the next one on
+            cut = window.find(b"\n")
+            window = window[cut + 1 :] if cut >= 0 else b""
+        if not window:
+            return  # one line longer than TAIL_KEEP: nothing to compare
+        lines = window.count(b"\n") + (not window.endswith(b"\n"))
+        query = urlencode({"actor_id": tail.actor.actor_id, "lines": str(lines)})
+        try:
+            got = self._http.request(f"{self.address}{FILE_PATH}?{query}",
+                                     headers=self._auth(), truncate=True)  # fmt: skip
+        except http.HttpFailure:
+            return  # Ray does not say: the stream stays as it is
+        if got.status != 200 or got.truncated:
+            return
+        differs = got.body != window
+        if not differs or not tail.suspect:
+            tail.suspect = differs
+            return
+        _close(tail)
+        self._errors["stream_" + STALE] += 1
+        log.warning("console: a verl trainer's stdout file no longer ends as its stream "
+                    "(truncated in place?): reading it again from its first byte",
+                    extra={"collector": NAME, "reason": STALE})  # fmt: skip
+        tail.delivered, tail.last_bytes, tail.suspect = 0, b"", False
+        tail.reader = self._reader()
+        tail.retry_at = mono
 
     def _read_safely(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
         try:
@@ -319,11 +378,13 @@ class ConsoleSource(PollingSource, JobMaker):
         except http.HttpFailure as exc:
             return self._stream_failed(tail, exc.reason, mono)
         tail.failures = 0
-        if not chunk:
-            tail.caught_up = True
+        if not chunk:  # Ray sends a backlog without a pause: a quiet stream has caught up
+            tail.caught_up = tail.caught_up or mono - tail.heard_at >= CAUGHT_UP_QUIET
             return 0
         tail.delivered += len(chunk)
         tail.heard_at = mono
+        tail.last_bytes = (tail.last_bytes + chunk[-TAIL_KEEP:])[-TAIL_KEEP:]
+        tail.suspect = False
         self._feed(cj, tail, chunk, now)
         return len(chunk)
 
