@@ -65,7 +65,8 @@ OPENS_PER_POLL = 4  # streams opened per poll at most (each may wait `timeout`)
 DRAIN = 5.0  # seconds a gone actor's stream is still read while it brings bytes
 CATCH_UP = 0.5  # of the interval, spent at most re-reading streams that have more
 CATCH_UP_WAIT = 0.05  # seconds waited at most for their sockets between two such passes
-CAUGHT_UP_QUIET = 2.0  # seconds a stream brings nothing before its backlog counts as read
+CAUGHT_UP_WAIT = 0.2  # seconds a stream that brought bytes then none is waited on, at most
+EMPTY_AFTER = 2.0  # seconds a new stream that brought nothing takes for an empty file
 FILE_PATH = "/api/v0/logs/file"
 TAIL_KEEP = 4096  # last bytes of a stream kept, to compare with the file's last line
 STALE = "stale"  # a stream that no longer follows its file (truncated in place): read anew
@@ -86,6 +87,9 @@ class Tail:
     retry_at: float = 0.0  # monotonic: when a failed stream may be opened again
     failures: int = 0
     caught_up: bool = False  # read to its end once (what came before is exported)
+    opened_at: float = 0.0  # monotonic: when its stream was last opened
+    got_any: bool = False  # its stream brought bytes since it was opened
+    empty: bool = False  # its last read brought nothing
     gone_at: float | None = None  # monotonic: when Ray stopped listing the actor ALIVE
     heard_at: float = 0.0  # monotonic: when its stream last brought bytes
     last_bytes: bytes = b""  # its last TAIL_KEEP bytes read
@@ -268,6 +272,7 @@ class ConsoleSource(PollingSource, JobMaker):
             if got:
                 busy.append((cj, tail))
         self._catch_up(busy, left, now, mono)
+        self._settle([t for _, t in tails], mono)
         checks = OPENS_PER_POLL
         for _, tail in tails:
             if checks > 0 and self._quiet(tail, mono):
@@ -301,6 +306,21 @@ class ConsoleSource(PollingSource, JobMaker):
                     (cj, t) for cj, t in busy if t.stream is not None and id(t.stream) in ready
                 ]
             busy = again
+
+    def _settle(self, tails: list[Tail], mono: float) -> None:
+        """Which backlogs are read: Ray sends a backlog without a pause, and a followed file
+        in bursts (it looks again every second). So a stream that brought bytes, then
+        nothing for CAUGHT_UP_WAIT more, has caught up (and one that has brought nothing
+        for EMPTY_AFTER since it opened: an empty file); its job is exported from then on."""
+        waiting = [t for t in tails if t.stream is not None and not t.caught_up and t.empty]
+        for t in waiting:
+            if not t.got_any and mono - t.opened_at >= EMPTY_AFTER:
+                t.caught_up = True
+        heard = [t for t in waiting if t.got_any and t.stream is not None]
+        if heard:
+            ready = wait_readable([t.stream for t in heard if t.stream], CAUGHT_UP_WAIT)
+            for t in heard:
+                t.caught_up = id(t.stream) not in ready
 
     def _quiet(self, tail: Tail, mono: float) -> bool:
         """A followed stream that brought nothing for `stale_after`, not compared lately."""
@@ -362,6 +382,7 @@ class ConsoleSource(PollingSource, JobMaker):
         if tail.stream is None:
             tail.stream = LogStream(self._url(tail.actor), timeout=self.timeout,
                                     headers=self._auth(), skip=tail.delivered)  # fmt: skip
+            tail.opened_at, tail.got_any, tail.empty = mono, False, False
             try:
                 tail.stream.open()
             except http.HttpFailure as exc:
@@ -378,9 +399,10 @@ class ConsoleSource(PollingSource, JobMaker):
         except http.HttpFailure as exc:
             return self._stream_failed(tail, exc.reason, mono)
         tail.failures = 0
-        if not chunk:  # Ray sends a backlog without a pause: a quiet stream has caught up
-            tail.caught_up = tail.caught_up or mono - tail.heard_at >= CAUGHT_UP_QUIET
+        tail.empty = not chunk
+        if not chunk:
             return 0
+        tail.got_any = True
         tail.delivered += len(chunk)
         tail.heard_at = mono
         tail.last_bytes = (tail.last_bytes + chunk[-TAIL_KEEP:])[-TAIL_KEEP:]
