@@ -260,6 +260,30 @@ def test_a_refusal_a_moment_clears_is_read_again_once_per_round():
         assert reads[("no_permission",)] == 3.0 and reads[("ok",)] == 1.0
 
 
+def test_a_console_job_is_tied_by_the_ray_job_id_it_was_read_from():
+    """A job the console source read from its trainer's stdout names itself from what it
+    printed: no submission names it, so Ray cannot tie it by name. Its summary carries the
+    Ray job id the console source read it under, and its stacks are read by that id."""
+    clock = Clock()
+    with RayStateApi() as api:
+        api.stacks = {101: (200, LOCKED), 201: (200, WAITING)}
+        api.submit("raysubmit_1", "p", "e", job_id="02000000")
+        api.alive("a1", "WorkerDict", pid=101, job_id="02000000")
+        api.alive("a2", "WorkerDict", pid=201, job_id="03000000")  # a driver by hand: no name
+        ray = RaySource(api.url, node_ips=["127.0.0.1"])
+        ray.poll_once()
+        printed = job(clock.now - 500, experiment="printed") | {"ray_job_id": "03000000"}
+        src = source(api, ray, [job(clock.now - 500), printed], clock)
+        src.poll_once()
+        found = src.round_of("p", "printed")
+        assert found is not None and [p.pid for p in found.processes] == [201]
+        untied = source(
+            api, ray, [job(clock.now - 500), job(clock.now - 500, experiment="printed")], clock
+        )
+        untied.poll_once()
+        assert untied.round_of("p", "printed").processes == ()  # by name alone: not tied
+
+
 def test_bounds_processes_jobs_frames_and_bytes_are_kept_and_what_they_drop_counted():
     clock = Clock()
     big = WAITING + "\n" + "    x (y.py:1)\n" * 5000

@@ -118,13 +118,16 @@ class JobProcesses(Protocol):
     `JobFacts.job_fact` ties it; `sole`: the only job watched may take Ray's newest)."""
 
     def job_processes(
-        self, project: str, experiment: str, sole: bool = False
+        self, project: str, experiment: str, sole: bool = False, job_id: str = ""
     ) -> Sequence[JobProcess]:
-        """Its driver first, then its ALIVE actors by role; () when untied."""
+        """Its driver first, then its ALIVE actors by role; () when untied. `job_id`: the
+        Ray job id its source already knows (the console source's), taken as it is."""
         ...
 
-    def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
-        """Its Ray job id ('' when untied)."""
+    def ray_job_id(
+        self, project: str, experiment: str, sole: bool = False, job_id: str = ""
+    ) -> str:
+        """Its Ray job id ('' when untied; `job_id` when given)."""
         ...
 
 

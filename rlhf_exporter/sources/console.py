@@ -503,7 +503,7 @@ class ConsoleSource(PollingSource, JobMaker):
                           exc_info=True, extra={"collector": NAME})  # fmt: skip
                 continue
             source = f"console (Ray job {cj.submission_id or cj.job_id})"
-            summaries.append({**job.summary(), "source": source})
+            summaries.append({**job.summary(), "source": source, "ray_job_id": cj.job_id})
         self._summaries = tuple(summaries)
         rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
         return PollResult(rest, self._records, dict(self._rejected), None, tuple(parts))

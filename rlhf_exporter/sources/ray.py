@@ -274,11 +274,11 @@ class RaySource(PollingSource):
         return self if self.actors else None
 
     def job_processes(
-        self, project: str, experiment: str, sole: bool = False
+        self, project: str, experiment: str, sole: bool = False, job_id: str = ""
     ) -> tuple[JobProcess, ...]:
         """The live processes of the verl job (project, experiment) as of the last poll: its
         driver first, then its ALIVE actors by role (tied as `job_fact` ties it)."""
-        job_id = self.ray_job_id(project, experiment, sole)
+        job_id = self.ray_job_id(project, experiment, sole, job_id)
         if not job_id:
             return ()
         driver = self._drivers.get(job_id)
@@ -312,8 +312,13 @@ class RaySource(PollingSource):
         self._trainer_rows = []
         self.trainers_seen = True
 
-    def ray_job_id(self, project: str, experiment: str, sole: bool = False) -> str:
-        """The Ray job id of the verl job ('' when untied), as `job_processes` ties it."""
+    def ray_job_id(
+        self, project: str, experiment: str, sole: bool = False, job_id: str = ""
+    ) -> str:
+        """The Ray job id of the verl job ('' when untied), as `job_processes` ties it; the
+        one its source knows (`job_id`: the console source reads it by Ray job) first."""
+        if job_id:
+            return job_id
         tied, newest = self._job_ids
         return tied.get((project, experiment)) or (newest if sole else "")
 

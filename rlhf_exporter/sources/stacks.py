@@ -207,15 +207,19 @@ class StackSource(PollingSource):
             if len(rounds) >= self.max_jobs:
                 over += 1
                 continue
-            rounds[key] = self._round(key, float(last or 0.0), stalled, sole)
+            job_id = str(job.get("ray_job_id") or "")  # the console source's jobs carry it
+            rounds[key] = self._round(key, float(last or 0.0), stalled, sole, job_id)
         if over:
             self._reads["jobs_over_limit"] += over
         self._rounds = MappingProxyType(rounds)
         return PollResult(tuple(self._samples(rounds.values())))
 
-    def _round(self, key: tuple[str, str], last: float, stalled: float, sole: bool) -> StackRound:
+    def _round(
+        self, key: tuple[str, str], last: float, stalled: float, sole: bool, job_id: str = ""
+    ) -> StackRound:
         started = time.monotonic()
-        procs = self.ray.job_processes(*key, sole=sole) if self.ray is not None else ()
+        ray = self.ray
+        procs = ray.job_processes(*key, sole=sole, job_id=job_id) if ray is not None else ()
         taken: list[ProcessStack] = []
         stop = ""  # a cluster-wide reason: the rest of the round is not asked
         retry = True  # until a second read fails too
@@ -239,7 +243,7 @@ class StackSource(PollingSource):
                 stop = got.error
             taken.append(got)
         if any(p.wait is not None and p.wait.where in ("ray_get", "ray_wait") for p in taken):
-            taken = self._name_awaited(key, sole, taken)
+            taken = self._name_awaited(key, sole, taken, job_id)
         seen = [stacks.Seen(p.role, p.label, p.wait, p.error) for p in taken]
         why = ""
         if not procs:
@@ -255,7 +259,7 @@ class StackSource(PollingSource):
         )  # fmt: skip
 
     def _name_awaited(
-        self, key: tuple[str, str], sole: bool, taken: list[ProcessStack]
+        self, key: tuple[str, str], sole: bool, taken: list[ProcessStack], known: str = ""
     ) -> list[ProcessStack]:
         """What each process in ray.get waits on: the job's unfinished tasks from Ray's state
         API (one request; a task's children are what it awaits). The awaited task need not
@@ -265,7 +269,7 @@ class StackSource(PollingSource):
         the waits stay as the stacks say."""
         if self.ray is None:
             return taken
-        job_id = self.ray.ray_job_id(*key, sole=sole)
+        job_id = self.ray.ray_job_id(*key, sole=sole, job_id=known)
         params = [("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FINISHED"),
                   ("filter_keys", "state"), ("filter_predicates", "!="), ("filter_values", "FAILED"),
                   ("filter_keys", "job_id"), ("filter_predicates", "="), ("filter_values", job_id),
