@@ -293,3 +293,36 @@ def test_a_log_truncated_in_place_is_read_anew(head, tmp_path):
     assert comparable(live_jobs(console)[("proj-g", "exp-g")]) == expected
     assert console.snapshot().errors["stream_stale"] == 1
     ray.kill(actor)
+
+
+def test_ended_jobs_are_kept_up_to_a_bound_the_oldest_forgotten_first():
+    """Many short jobs a day: ended jobs are kept `job_expiry`, and at most ENDED_KEPT x
+    max_streams of them; the oldest ended go first, counted (ended_job_forgotten)."""
+    from rlhf_exporter.join.ports import TrainerActor
+    from rlhf_exporter.sources.console import ENDED_KEPT, ConsoleJob
+
+    class NoTrainers:  # one live trainer, of Ray job ffffffff (its stream cannot open)
+        trainers_seen = True
+
+        def trainer_actors(self):
+            return {"a1": TrainerActor("a1", "TaskRunner", "ffffffff", "", None)}
+
+        def submission_fact(self, job_id):
+            return None
+
+    console = ConsoleSource(TH, NoTrainers(), "http://127.0.0.1:9", max_streams=2)
+    kept = ENDED_KEPT * 2
+    for i in range(kept + 3):
+        ended = time.time() - 100 + i  # within job_expiry
+        cj = ConsoleJob(f"{i:08x}", "", None, ended_at=ended, last_change=ended)
+        cj.job = console.new_job("p", f"e{i}")
+        console._jobs[cj.job_id] = cj
+        console._labels[cj.job.labels] = cj.job_id
+    console.poll_once()  # the live job: running, never forgotten
+    left = sorted(console._jobs)
+    assert len(left) == kept + 1 and "ffffffff" in left
+    assert [f"{i:08x}" for i in range(3)] == sorted(
+        set(f"{i:08x}" for i in range(kept + 3)) - set(left)
+    )
+    assert ("p", "e0") not in console._labels and ("p", f"e{kept + 2}") in console._labels
+    assert console.snapshot().record_errors["ended_job_forgotten"] == 3

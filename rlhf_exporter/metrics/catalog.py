@@ -739,6 +739,7 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
             "foreign_step",
             "bad_step_line",
             "name_claimed",
+            "ended_job_forgotten",
         ),
     },
     "nvml": {  # per GPU, served by the NVML source itself: the GPU-lost alert's reason

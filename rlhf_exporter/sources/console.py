@@ -73,6 +73,8 @@ STALE = "stale"  # a stream that no longer follows its file (truncated in place)
 UNNAMED = "unnamed"
 NAME_CLAIMED = "name_claimed"  # a live job printed the name of another live job
 TOO_MANY_STREAMS = "too_many_streams"  # a trainer actor over max_streams: not read
+ENDED_FORGOTTEN = "ended_job_forgotten"  # an ended job dropped before job_expiry: over the bound
+ENDED_KEPT = 4  # ended jobs kept per stream of max_streams, at most (the oldest go first)
 OTHER_SUBMISSION_END = "ray_end_other_submission"
 
 
@@ -280,6 +282,7 @@ class ConsoleSource(PollingSource, JobMaker):
                 self._check_stale(tail, mono)
         for cj in list(self._jobs.values()):
             self._retire(cj, now, mono)
+        self._forget_oldest_ended()
 
     def _catch_up(
         self, busy: list[tuple[ConsoleJob, Tail]], left: int, now: float, mono: float
@@ -479,6 +482,22 @@ class ConsoleSource(PollingSource, JobMaker):
             del self._jobs[cj.job_id]
             if cj.job is not None:
                 self._labels.pop(cj.job.labels, None)
+                if self.names is not None:
+                    self.names.unclaim(*cj.job.labels)
+
+    def _forget_oldest_ended(self) -> None:
+        """Ended jobs are kept `job_expiry`, and at most ENDED_KEPT x max_streams of them
+        (many short jobs a day): the oldest ended go first, counted."""
+        ended = [cj for cj in self._jobs.values() if cj.ended_at is not None]
+        over = len(ended) - ENDED_KEPT * self.max_streams
+        if over <= 0:
+            return
+        ended.sort(key=lambda cj: max(cj.ended_at or 0.0, cj.last_change))
+        for cj in ended[:over]:
+            del self._jobs[cj.job_id]
+            self._rejected[ENDED_FORGOTTEN] += 1
+            if cj.job is not None and self._labels.get(cj.job.labels) == cj.job_id:
+                del self._labels[cj.job.labels]
                 if self.names is not None:
                     self.names.unclaim(*cj.job.labels)
 
