@@ -461,7 +461,7 @@ OPTIONS: tuple[Option, ...] = (
         "console_stream_budget",
         _size,
         8 << 20,
-        "bytes read from one trainer's stream per read at most (a long backlog is read over several)",
+        "bytes read from one trainer's stream per read at most (a stream that still brings bytes is read again within the poll, for up to half of --console-interval and 64 MiB in all)",
         "console",
         "BYTES",
     ),
