@@ -25,6 +25,7 @@ prometheus_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.
 
 import rlhf_exporter  # noqa: E402
 from rlhf_exporter import cli, settings  # noqa: E402
+from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.render import chart as chart_render  # noqa: E402
 from tests.support import rendered_pods  # noqa: E402
 from tests.support.chart import (  # noqa: E402
@@ -284,7 +285,8 @@ def test_the_chart_has_one_copy_per_rule_file_and_dashboard():
     assert RULE_FILES and DASHBOARD_FILES
     want = {f"helm/rlhf-exporter/files/alerts/{p.name}" for p in RULE_FILES}
     want |= {f"helm/rlhf-exporter/files/grafana/{p.name}" for p in DASHBOARD_FILES}
-    assert set(chart_render.targets(None)) == want
+    want.add(chart_render.LINKS)  # the base URLs the rules were rendered with
+    assert set(chart_render.targets(load_thresholds(None))) == want
     assert chart_render.orphans(ROOT) == [], "chart files whose source is gone: delete them"
 
 
@@ -592,7 +594,8 @@ def test_dockerfile_runs_as_the_user_the_chart_expects():
 def test_prometheusrule_groups_equal_the_alert_files():
     if not alert_groups():
         pytest.skip("alerts/ holds no rule groups yet")
-    rule = only(render(), "PrometheusRule")
+    # without a Service the runbook links stay as rendered (with one: the exporter's /runbooks)
+    rule = only(render({"service": {"enabled": False}}), "PrometheusRule")
     validate(rule)
     assert rule["spec"]["groups"] == alert_groups()
 
@@ -623,9 +626,8 @@ def test_per_alert_enable_severity_and_for_overrides():
     overrides = {first: {"severity": "page", "for": "17m"}}
     if rest:
         overrides[rest[0]] = {"enabled": False}
-    groups = only(render({"prometheusRule": {"alerts": overrides}}), "PrometheusRule")["spec"][
-        "groups"
-    ]
+    values = {"prometheusRule": {"alerts": overrides}, "service": {"enabled": False}}
+    groups = only(render(values), "PrometheusRule")["spec"]["groups"]
     rendered = {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
     originals = {r["alert"]: r for g in alert_groups() for r in g["rules"] if "alert" in r}
     assert rendered[first]["for"] == "17m"
@@ -996,24 +998,51 @@ def test_monitors_label_every_target_with_its_ray_cluster(kind):
     assert endpoint["relabelings"] == [RAY_CLUSTER_RELABELING]
 
 
-def test_runbook_base_url_is_settable_and_the_default_points_nowhere_real():
-    base = "https://wiki.example.com/rlhf/runbooks"
-    rule = only(render({"prometheusRule": {"runbookBaseUrl": base + "/"}}), "PrometheusRule")
-    urls = {
-        r["alert"]: r["annotations"]["runbook_url"]
+def _annotations(rule: dict, key: str) -> dict[str, str]:
+    return {
+        r["alert"]: r["annotations"][key]
         for g in rule["spec"]["groups"]
         for r in g["rules"]
-        if "alert" in r
+        if "alert" in r and key in r.get("annotations", {})
     }
+
+
+def test_runbook_base_url_is_settable_and_the_default_is_the_exporters_own_runbooks():
+    base = "https://wiki.example.com/rlhf/runbooks"
+    rule = only(render({"prometheusRule": {"runbookBaseUrl": base + "/"}}), "PrometheusRule")
+    urls = _annotations(rule, "runbook_url")
     assert urls and all(u == f"{base}#{a.lower()}" for a, u in urls.items())
-    default = only(render(), "PrometheusRule")
-    hosts = {
-        r["annotations"]["runbook_url"].split("/")[2]
-        for g in default["spec"]["groups"]
-        for r in g["rules"]
-        if "alert" in r
-    }
-    assert hosts == {"rlhf-exporter.invalid"}  # RFC 2606: never someone else's page
+    # unset: the exporter's /runbooks behind the chart's Service (it serves them)
+    objects = render()
+    svc = only(objects, "Service")
+    port = svc["spec"]["ports"][0]["port"]
+    own = f"http://{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc:{port}/runbooks"
+    urls = _annotations(only(objects, "PrometheusRule"), "runbook_url")
+    assert urls and all(u == f"{own}#{a.lower()}" for a, u in urls.items())
+    # no Service: as rendered, a reserved name (RFC 2606: never someone else's page)
+    bare = only(render({"service": {"enabled": False}, "monitor": {"kind": "PodMonitor"}}),
+                "PrometheusRule")  # fmt: skip
+    hosts = {u.split("/")[2] for u in _annotations(bare, "runbook_url").values()}
+    assert hosts == {"rlhf-exporter.invalid"}
+
+
+def test_grafana_url_sets_every_dashboard_link_at_install_time():
+    """With prometheusRule.grafanaUrl and runbookBaseUrl set, no alert links to example.com
+    or .invalid, and each dashboard_url keeps its path and the alert's label templates."""
+    grafana = "https://grafana.corp.test/grafana"
+    values = {"prometheusRule": {"grafanaUrl": grafana + "/",
+                                 "runbookBaseUrl": "https://wiki.corp.test/rlhf"}}  # fmt: skip
+    rule = only(render(values), "PrometheusRule")
+    default = _annotations(only(render(), "PrometheusRule"), "dashboard_url")
+    urls = _annotations(rule, "dashboard_url")
+    assert urls and set(urls) == set(default)
+    for alert, url in urls.items():
+        assert url.startswith(grafana + "/d/rlhf-job/rlhf-job?var-project={{"), url
+        assert url.removeprefix(grafana) == default[alert].removeprefix(
+            "http://grafana.example.com"
+        )
+    text = yaml.safe_dump(rule)
+    assert "example.com" not in text and ".invalid" not in text
 
 
 def test_the_head_sidecar_reads_no_gpu_by_default():
