@@ -44,6 +44,7 @@ import requests
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser
+from rlhf_exporter.diagnosis.change import CONTRACT_NONE, STEADY
 from rlhf_exporter.diagnosis.engines import ENGINE_REASONS
 from rlhf_exporter.diagnosis.thresholds import seconds
 from rlhf_exporter.diagnosis.windows import timer_name
@@ -537,6 +538,10 @@ def _page_steps(page: str) -> dict[int, tuple[str, str | None, str]]:
     return out
 
 
+def contract_to_series(change: str) -> str:
+    return STEADY if change == CONTRACT_NONE else change
+
+
 def _diagnose_rows(path: Path) -> list[dict]:
     """`rlhf-exporter diagnose --format jsonl` of the file logger's JSONL."""
     out = subprocess.run(
@@ -544,7 +549,10 @@ def _diagnose_rows(path: Path) -> list[dict]:
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
-    return [r for r in rows if "type" not in r]  # the steps (not the episodes)
+    steps = [r for r in rows if "type" not in r]  # the steps (not the episodes)
+    for r in steps:  # the contract's `none` is `steady` in the series and on the pages
+        r["change"] = contract_to_series(r["change"])
+    return steps
 
 
 @pytest.mark.parametrize("which", ["legacy", "v1", "hang"])

@@ -20,9 +20,6 @@ from rlhf_exporter.view.report import step_json
 VENDORED = Path(__file__).parent / "fixtures" / "traces"
 
 
-SPEC_CHANGE = {"none": "steady"}  # the traces' labels use the spec's word (issue 38 renamed it)
-
-
 def traces(folder):
     return sorted(p for p in folder.glob("*.jsonl") if not p.name.endswith(".expected.jsonl"))
 
@@ -69,8 +66,8 @@ def check_against_expected(folder, thresholds, diagnose=batch) -> int:
             if e["scored_reason"]:
                 assert g["reason"] == e["reason"], where
             if e["scored_change"]:
-                want = SPEC_CHANGE.get(e["change"], e["change"])
-                assert (g["change"], g["regressed"]) == (want, e["regressed"]), where
+                # the contract's words, `none` included (§4, §5): diagnose's JSON as written
+                assert (g["change"], g["regressed"]) == (e["change"], e["regressed"]), where
             assert g["shares"] == pytest.approx(e["shares"], abs=1e-4), where
             checked += 1
     return checked

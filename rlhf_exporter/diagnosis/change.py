@@ -20,6 +20,14 @@ from .windows import Windows
 STEADY, WORKLOAD_SHIFT, REGRESSION = "steady", "workload_shift", "regression"
 NONE = STEADY  # no change found; the kind was "none" before issue 38 (docs/metrics.md)
 CHANGES = (STEADY, WORKLOAD_SHIFT, REGRESSION)
+CONTRACT_NONE = "none"  # the decision table's word for STEADY in diagnose's JSON (§4, §5)
+
+
+def contract_change(change: str) -> str:
+    """A change kind as the decision table writes it in `diagnose`'s JSON and JSONL."""
+    return CONTRACT_NONE if change == STEADY else change
+
+
 COST_GROUPS = tuple(g for g in GROUPS if g != "checkpoint")
 """Groups that can regress; also the tie order for `regressed`."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from .change import Baseline, Change
+from .change import Baseline, Change, contract_change
 from .thresholds import Thresholds
 from .values import num, positive
 from .verdict import Verdict, decide
@@ -60,7 +60,7 @@ class StepDiagnosis(NamedTuple):
             "reason": self.reason,
             # 4 decimals, half up (shares are >= 0); twice as fast as round() per value
             "shares": {g: int(s * 1e4 + 0.5) / 1e4 for g, s in self.windows.shares.items()},
-            "change": self.change.change,
+            "change": contract_change(self.change.change),  # `none`, as §4 and §5 write it
             "regressed": self.change.regressed,
         }
 

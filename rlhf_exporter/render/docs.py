@@ -41,8 +41,9 @@ Migration notes:
   (`rollout` ... `other`), the unit the time is counted in.
 - Issue 38: a step in line with its job's baseline is `kind="steady"` in `rlhf_change` and
   `rlhf_change_steps_total` (it was `kind="none"`, which reads as a missing value), and
-  `steady` in every output of `diagnose` (`"change"` in its JSON and JSONL, the table, the
-  summary, the report). A query matching `kind="none"` should match `kind="steady"`, or
+  `steady` in `diagnose`'s table, summary and report. `diagnose`'s JSON and JSONL keep the
+  decision table's word, `"change": "none"` (its §4 and §5: the contract's objects keep
+  their names and meanings). A query matching `kind="none"` should match `kind="steady"`, or
   better the news kinds by name, `kind=~"workload_shift|regression"`, as the shipped rules
   and dashboards now do: that reads right under either value. For this release only, the
   deprecated setting `legacy_change_none` (`--legacy-change-none`,
