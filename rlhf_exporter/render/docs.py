@@ -280,7 +280,7 @@ def decision_table_markdown(th: Thresholds) -> str:
         f"| `workload_shift` | otherwise, when S' ≥ {c['step_time_ratio']} × baseline S' "
         f"(`change.step_time_ratio`) or K/S' ≤ {c['throughput_ratio']} × baseline K/S' "
         f"(`change.throughput_ratio`) | {CHANGE_MEANING['workload_shift']} |",
-        f"| `steady` | otherwise | {CHANGE_MEANING['steady']} |",
+        f'| `steady` (`"none"` in `diagnose`\'s JSON) | otherwise | {CHANGE_MEANING["steady"]} |',
         "",
     ]
     return "\n".join(out)
