@@ -145,6 +145,7 @@ class JobSeries:
     _episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]]
     _extra: dict[tuple[str, tuple[str, ...]], float]
     _evidence_seen: set[str]
+    _shape: set[str]
     _engine_windows: dict[str, int]
     _engine_preemptions: float
     step: int | None
@@ -331,7 +332,7 @@ class JobSeries:
             "finished": self.finished,
             "state": self.state,
             "state_signal": self.state_signal,
-            "cannot_show": missing_evidence(self._evidence_seen),
+            "cannot_show": missing_evidence(self._evidence_seen | self._shape),
         }
         if self.engine is not None:  # a sidecar without engines: the summary as before
             out["engine"] = _engine_summary(self.engine, self.engine_step)

@@ -32,7 +32,7 @@ from .diagnosis import (
     Thresholds,
     history,
 )
-from .diagnosis.advice import EVIDENCE_KEYS, shown_evidence
+from .diagnosis.advice import EVIDENCE_KEYS, SHAPE_RECORDS, job_shape, shown_evidence
 from .diagnosis.engines import EngineEvidence, refine, rollout_spans
 from .diagnosis.episodes import Episode
 from .diagnosis.timeline import Placer, Timeline
@@ -125,6 +125,8 @@ class Job(JobSeries):
         self._state = (UNKNOWN, "none")
         self.state_since: float = clock()  # when the job entered its current state
         self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
+        self._shape: set[str] = set()  # what its keys say it does (advice.job_shape)
+        self._shape_left = SHAPE_RECORDS  # records still to look at for it
         self.records = 0
         self.step: int | None = None
         self.last_step_time: float | None = None
@@ -432,6 +434,9 @@ class Job(JobSeries):
         evidence): what it has never reported, its verdicts cannot say."""
         if len(self._evidence_seen) < len(EVIDENCE_KEYS):
             self._evidence_seen |= shown_evidence(data)
+        if self._shape_left > 0:
+            self._shape_left -= 1
+            self._shape |= job_shape(data)
 
     def _between_steps(self, data: Mapping[str, Any]) -> None:
         outside = 0.0

@@ -254,15 +254,41 @@ def caveats(verdict: str, reason: str | None = None) -> tuple[str, ...]:
     return tuple(EVIDENCE_CAVEATS[n] for n in dict.fromkeys(names))
 
 
+# What a job's keys say it does: a reason it has no use for is not "cannot show". A job
+# without the agent loop cannot compute a reward inside it; one that never calls a tool has
+# no tool calls to be slow. Its first SHAPE_RECORDS records are looked at (verl writes the
+# same keys every step).
+AGENT_LOOP, TOOLS = "agent loop", "tools"
+SHAPE_RECORDS = 64
+NEEDS: Mapping[tuple[str, str], str] = {
+    ("rollout", "tool_calls"): TOOLS,
+    ("rollout", "reward_in_loop"): AGENT_LOOP,
+}
+
+
+def job_shape(data: Mapping[str, Any]) -> frozenset[str]:
+    """AGENT_LOOP when a record has agent-loop keys, TOOLS when it has tool-call keys."""
+    out = set()
+    for key in data:
+        if "agent_loop/" in key:
+            out.add(AGENT_LOOP)
+            if "tool_calls" in key:
+                out.add(TOOLS)
+                break
+    return frozenset(out)
+
+
 def missing_evidence(keys: Iterable[str]) -> tuple[str, ...]:
     """For a job whose log has shown the verl `keys` (what `shown_evidence()` found in its
-    records so far: reported values only), one line per reason it cannot get because the
+    records so far: reported values only; and its `job_shape()`), one line per reason that
+    applies to it (NEEDS) and it cannot get because the
     evidence is never logged or never reported, and per key it logs that misleads. For `/`,
     the runbooks' readers and `diagnose`: what the job's verdicts cannot say."""
     seen = set(keys)
     out = []
     for (verdict, reason), key in REASON_EVIDENCE.items():
-        if key not in seen:
+        need = NEEDS.get((verdict, reason))
+        if key not in seen and (need is None or need in seen):
             out.append(
                 f"{verdict}/{reason} cannot be seen: this job's log has no {key}"
                 + _NOT_REPORTED_NOTE.get(key, "")

@@ -13,6 +13,7 @@ from ..diagnosis.advice import LOOK_AT, SIDECAR_NOTE, look_at
 from ..diagnosis.change import STEADY
 from ..diagnosis.episodes import Episode, balanced_look_at, episodes, headline
 from ..diagnosis.history import StepPoint, point
+from ..diagnosis.words import counted, step_span
 
 MAX_EPISODE_STEPS = 100_000
 """Steps of one run a summary keeps (compact points) to tell its change episodes; a longer
@@ -31,6 +32,7 @@ class RunSummary:
         self.reasons: Counter[tuple[str, str]] = Counter()  # (verdict, reason)
         self.regressions: dict[str, list[int]] = {}  # group -> steps
         self.workload_shifts: list[int] = []
+        self.judged = 0  # steps compared with a baseline (the first steps of a run build it)
         self.share_sums: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
         self.step_seconds = 0.0
         self.points: list[StepPoint] = []  # for the change episodes, at most MAX_EPISODE_STEPS
@@ -53,6 +55,7 @@ class RunSummary:
             self.regressions.setdefault(d.change.regressed, []).append(d.step)
         elif d.change.change == "workload_shift":
             self.workload_shifts.append(d.step)
+        self.judged += d.change.baseline is not None
         for g, s in d.windows.shares.items():
             self.share_sums[g] += s
         self.step_seconds += d.windows.step_seconds
@@ -268,6 +271,7 @@ class Table:
         self.columns = [c for c in COLUMNS if c.name in widths]
         self.widths = widths
         self._last_advice: str | None = None  # the row above's, folded when repeated
+        self._first = True  # the next row is its run's first step
 
     def _cell_lines(self, c: Column, text: str, last: bool) -> list[str]:
         w = self.widths[c.name]
@@ -301,12 +305,14 @@ class Table:
 
     def header(self) -> list[str]:
         self._last_advice = None
+        self._first = True
         head = self._line({c.name: c.header for c in COLUMNS})
         return [head, "-" * len(head)]
 
     def row(self, d: StepDiagnosis, style: Style) -> str:
         """One step: a line, or more when "look at next" wraps."""
-        advice = look_at(d.verdict, d.reason)
+        first, self._first = self._first, False
+        advice = WARM_UP if first and d.reason == "untimed" else look_at(d.verdict, d.reason)
         if advice and advice == self._last_advice:
             advice = SAME  # the same advice as the row above, folded
         else:
@@ -333,8 +339,8 @@ class Table:
 
     def _change(self, d: StepDiagnosis) -> str:
         change = d.change.change
-        if change == STEADY:
-            return ""
+        if change == STEADY:  # before the run has a baseline, nothing was compared
+            return "warming up" if d.change.baseline is None else ""
         wide = self.widths.get("change", 22) >= 22
         if change == "workload_shift":
             return "workload shift" if wide else "wkld shift"
@@ -354,6 +360,12 @@ def terminal_width(wide: bool, is_tty: bool) -> int | None:
     return shutil.get_terminal_size((80, 24)).columns
 
 
+WARM_UP = (
+    "warm-up: a run's first step carries its start-up (engines warming, the first batch), "
+    "untimed by verl; judge the steps after it"
+)
+
+
 def table_header() -> list[str]:
     return Table().header()
 
@@ -367,7 +379,8 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
         return [f"  run {s.run}: no classified steps (no record had a usable timing_s/step)"]
     lines = [
         style.bold(
-            f"  run {s.run}: {s.steps} classified steps ({s.first_step}-{s.last_step}), "
+            f"  run {s.run}: {counted(s.steps, 'classified step')} "
+            f"({step_span(s.first_step, s.last_step)}), "
             f"{s.step_seconds / s.steps:.1f} s per step on average"
         )
     ]
@@ -377,7 +390,8 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
     verdict, reason = dominant
     n = s.verdicts[verdict]
     lines.append(
-        f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of {s.steps} steps "
+        f"    bottleneck:  {style.verdict(verdict, verdict, 0)} in {n} of "
+        f"{counted(s.steps, 'step')} "
         f"({n / s.steps:.0%})" + (f", mostly {reason}" if reason else "")
     )
     advice = s.look_at()
@@ -390,23 +404,34 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
     lines.append("    mean shares: " + ", ".join(f"{g} {x:.0%}" for g, x in shares if x >= 0.005))
     if s.regressions:
         for group, steps in s.regressions.items():
-            lines.append(
-                f"    regression:  {group} costs more than its work explains at steps {ranges(steps)}"
-            )
+            at = f"step{'s' if len(steps) > 1 else ''} {ranges(steps)}"
+            lines.append(f"    regression:  {group} costs more than its work explains at {at}")
     if s.workload_shifts:
-        lines.append(
-            f"    workload:    more work per step (not a regression) at steps {ranges(s.workload_shifts)}"
-        )
+        n = len(s.workload_shifts)
+        at = f"step{'s' if n > 1 else ''} {ranges(s.workload_shifts)}"
+        lines.append(f"    workload:    more work per step (not a regression) at {at}")
     if not s.regressions and not s.workload_shifts:
-        lines.append(
-            "    change:      no regression and no workload shift against the job's own baseline"
-        )
+        lines.append("    change:      " + no_change_words(s))
     for i, e in enumerate(s.episodes(), 1):
         lines.append(f"    episode {i}:   {e.summary()}")
         lines.append(f"      look at:   {e.look_at()}")
     if len(s.points) < s.steps:
         lines.append(f"    (episodes of the first {len(s.points)} steps only)")
     return lines
+
+
+def no_change_words(s: RunSummary) -> str:
+    """What a run without a regression or workload shift may claim: nothing, until its
+    first steps have built the baseline the later ones are compared with."""
+    if not s.judged:
+        return (
+            f"no baseline yet: {counted(s.steps, 'step')} of this run, none compared (a change "
+            "is judged against the job's own earlier steps once there are enough of them)"
+        )
+    return (
+        f"no regression and no workload shift against the job's own baseline "
+        f"({counted(s.judged, 'step')} compared; the first {s.steps - s.judged} built it)"
+    )
 
 
 def rejected_line(rejected: Mapping[str, int]) -> str:

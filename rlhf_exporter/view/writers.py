@@ -18,6 +18,7 @@ import orjson
 from ..diagnosis import StepDiagnosis
 from ..diagnosis.episodes import episodes
 from ..diagnosis.history import StepBins, StepPoint, point
+from ..diagnosis.words import counted
 from .report import (
     MAX_EPISODE_STEPS,
     RunSummary,
@@ -294,7 +295,7 @@ class TableWriter:
         self, records: int, rejected: dict[str, int], cannot_show: tuple[str, ...] = ()
     ) -> None:
         self._print()
-        for part in fit(f"summary of {self.path}: {records} records", self.width):
+        for part in fit(f"summary of {self.path}: {counted(records, 'record')}", self.width):
             self._print(self.style.bold(part))
         if not self.summaries:
             self._print("  no classified steps (no record had a usable timing_s/step)")
