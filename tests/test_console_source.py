@@ -326,3 +326,38 @@ def test_ended_jobs_are_kept_up_to_a_bound_the_oldest_forgotten_first():
     )
     assert ("p", "e0") not in console._labels and ("p", f"e{kept + 2}") in console._labels
     assert console.snapshot().record_errors["ended_job_forgotten"] == 3
+
+
+def test_a_fully_async_trainer_printing_two_lines_a_step_is_diagnosed_as_its_jsonl(head, tmp_path):
+    """Decision table v5 section 1 through the console route: verl <= 0.7's fully-async
+    recipe prints each step in two lines (`timing_s/step` first, `param_sync` after); the
+    console source holds each step until it is complete, as the file source does with the
+    same records as JSONL."""
+    from tests.test_two_record_steps import recipe
+
+    records = recipe(24)
+    jsonl = tmp_path / "async.jsonl"
+    jsonl.write_text("".join(json.dumps({"step": r.step, "data": r.data}) + "\n" for r in records))
+
+    @ray.remote(num_cpus=0)
+    class FullyAsyncTrainer:
+        def say(self, lines: list[str]) -> int:
+            for line in lines:
+                print(line, flush=True)
+            return len(lines)
+
+    lines = console_lines(jsonl, "proj-h", "exp-h")
+    actor = FullyAsyncTrainer.remote()
+    ray.get(actor.say.remote(lines))
+    root = tmp_path / "files" / "proj-h"
+    root.mkdir(parents=True)
+    (root / "exp-h.jsonl").write_bytes(jsonl.read_bytes())
+    files = VerlFileSource(TH, [tmp_path / "files"])
+    files.poll_once()
+    ((_, w),) = files._watched.items()
+    expected = comparable(w.job)
+    ray_src, console = sources(head, tmp_path)
+    poll_until(ray_src, console, lambda: (job := live_jobs(console).get(("proj-h", "exp-h")))
+               is not None and job.steps == expected["steps"])  # fmt: skip
+    assert comparable(live_jobs(console)[("proj-h", "exp-h")]) == expected
+    ray.kill(actor)
