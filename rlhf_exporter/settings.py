@@ -342,7 +342,9 @@ OPTIONS: tuple[Option, ...] = (
         "max_files",
         _count,
         5000,
-        "verl files watched at most; further files are ignored (too_many_files, counted once)",
+        "verl files watched at most; further files are ignored (too_many_files, counted once); "
+        "also the directories and entries looked at for .jsonl files a level too deep in a "
+        "root that shows no job",
         "limits",
         "N",
     ),

@@ -23,6 +23,30 @@ class Sample(NamedTuple):
     value: float
 
 
+class Problem(NamedTuple):
+    """A mistake in how the exporter is set up that keeps it from seeing a job (a verl root
+    one level off, a missing root, a file in another format): a short, fixed statement of
+    what is wrong and what to change, shown on `/`, logged once and listed in
+    `GET /api/v1/status`. Never raw input text: paths come from the operator's own
+    settings, shortened (`short_path`)."""
+
+    source: str  # the collector that found it (`verl`), or `exporter`
+    kind: str  # a fixed label: files_in_root, files_too_deep, root_missing, not_verl_records...
+    message: str  # what is wrong
+    hint: str  # what to change
+
+    def to_json(self) -> dict[str, str]:
+        return self._asdict()
+
+
+PATH_SHOWN = 160  # characters of a path a problem shows (its end, where the names are)
+
+
+def short_path(path: str) -> str:
+    """A path as a problem shows it: at most PATH_SHOWN characters (its last ones)."""
+    return path if len(path) <= PATH_SHOWN else "..." + path[-(PATH_SHOWN - 3) :]
+
+
 Row = tuple[str, tuple[str, ...], float]
 """A job's sample without the job's own labels: name, the label values after them, value."""
 
@@ -130,6 +154,7 @@ class Snapshot:
     rest: tuple[Sample, ...] = ()  # the samples that are in no part (all, without parts)
     created: float = field(default_factory=time.time)
     parts: tuple[Sequence[Sample], ...] = ()  # per-job samples, served before `rest`
+    problems: tuple[Problem, ...] = ()  # set-up mistakes the source sees now (Problem)
 
     def __init__(
         self,
@@ -145,6 +170,7 @@ class Snapshot:
         parts: tuple[Sequence[Sample], ...] = (),
         *,
         samples: tuple[Sample, ...] | None = None,
+        problems: tuple[Problem, ...] = (),
     ):
         """`samples=` is the former contract, kept for callers written against it: every
         sample, beginning with the parts' (those are cut off into `rest`'s place)."""
@@ -161,6 +187,7 @@ class Snapshot:
         init(self, "rest", rest)
         init(self, "created", time.time() if created is None else created)
         init(self, "parts", parts)
+        init(self, "problems", problems)
 
     def series(self) -> Iterator[Sample]:
         """Every sample: each part's in order, then `rest`'s."""

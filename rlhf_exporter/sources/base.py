@@ -15,7 +15,7 @@ from ..diagnosis import Thresholds
 from ..join.board import WindowBoard
 from ..join.names import JobNames
 from ..join.ports import WALL, ActorPids, Engines, JobClock, JobFacts, TrainerActors
-from ..metrics.snapshot import Sample, Snapshot
+from ..metrics.snapshot import Problem, Sample, Snapshot
 from ..settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,7 @@ Clock = Callable[[], float]
 
 DEPENDENCY_MISSING = "dependency_missing"
 LOG_EVERY = 60.0  # seconds: a source's same failure reason is warned about at most this often
+MAX_PROBLEMS = 20  # set-up problems a source lists at once (Problems); more are counted
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,57 @@ class PollResult(NamedTuple):
     record_errors: Mapping[str, int] | None = None
     down: str | None = None  # a reason: the poll ran, but the source is broken (`up` 0)
     parts: tuple[Sequence[Sample], ...] = ()  # per-job samples (not in `samples`)
+    problems: tuple[Problem, ...] = ()  # set-up mistakes seen now (Problems.current())
+
+
+class Problems:
+    """A source's set-up problems (`Problem`), each under a key of the source's choosing (a
+    root, a file): a problem is logged once, as a warning with its hint, when it appears or
+    its statement changes, and once at info level when it clears; never once per poll.
+    At most `limit` are kept (the first ones); those beyond are neither kept nor logged
+    until a kept one clears."""
+
+    def __init__(self, source: str, limit: int = MAX_PROBLEMS):
+        self.source = source
+        self.limit = limit
+        self._now: dict[str, Problem] = {}
+        self._current: tuple[Problem, ...] = ()
+
+    def set(self, key: str, kind: str, message: str, hint: str) -> None:
+        problem = Problem(self.source, kind, message, hint)
+        if self._now.get(key) == problem:
+            return
+        if key not in self._now and len(self._now) >= self.limit:
+            return
+        self._now[key] = problem
+        self._current = tuple(self._now.values())
+        log.warning(
+            "%s (%s): %s",
+            message,
+            kind,
+            hint,
+            extra={"collector": self.source, "reason": kind, "problem": key},
+        )
+
+    def clear(self, key: str, why: str = "") -> None:
+        problem = self._now.pop(key, None)
+        if problem is None:
+            return
+        self._current = tuple(self._now.values())
+        log.info(
+            "%s (%s): resolved%s",
+            problem.message,
+            problem.kind,
+            f" ({why})" if why else "",
+            extra={"collector": self.source, "reason": problem.kind, "problem": key},
+        )
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._now
+
+    def current(self) -> tuple[Problem, ...]:
+        """The problems now (the same tuple while none appears or clears)."""
+        return self._current
 
 
 class UnavailableSource:
@@ -257,6 +309,7 @@ class PollingSource:
             tuple(result.samples),
             self.wall(),
             parts=tuple(result.parts),
+            problems=result.problems,
         )
 
     def _failed(

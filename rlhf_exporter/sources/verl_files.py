@@ -35,6 +35,10 @@
   unreadable or not a file (`file_missing`, ...): `/` shows the collector down with the
   reason, until the file can be read (a sidecar started long before verl creates its file
   is down until then, and RLHFExporterCollectorDown fires after 5 minutes of it).
+- Set-up mistakes are named (rlhf_exporter/sources/verl_layout.py): a root that cannot be
+  listed, `.jsonl` files directly in a root or two levels down, a file none of whose lines is
+  a verl record. Each is a `Problem` in the snapshot (`/`, `/api/v1/status`), logged once
+  when it appears and once when it clears.
 """
 
 from __future__ import annotations
@@ -58,9 +62,18 @@ from ..join.ports import WALL, Engines, JobClock, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
 from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from_settings
 from ..settings import Settings
-from .base import Clock, Context, PollingSource, PollResult
+from . import verl_layout
+from .base import Clock, Context, PollingSource, PollResult, Problems
 from .job_maker import JobMaker
 from .small_file import SmallFileError, read_small
+from .verl_layout import (
+    FILES_IN_ROOT,
+    FILES_TOO_DEEP,
+    NOT_VERL_RECORDS,
+    ROOT_MISSING,
+    ROOT_NOT_A_DIRECTORY,
+    ROOT_PERMISSION_DENIED,
+)
 from .verl_reader import RecordReader
 
 log = logging.getLogger(__name__)
@@ -80,10 +93,8 @@ FILE_DELETED = "file_deleted"
 FILE_MISSING = "file_missing"
 PERMISSION_DENIED = "permission_denied"
 NOT_A_FILE = "not_a_file"
-# collector_errors reasons: a configured root is not there
-ROOT_MISSING = "root_missing"
-ROOT_NOT_A_DIRECTORY = "root_not_a_directory"
-ROOT_PERMISSION_DENIED = "root_permission_denied"
+# collector_errors reasons: a configured root is not there (ROOT_MISSING,
+# ROOT_NOT_A_DIRECTORY, ROOT_PERMISSION_DENIED: from verl_layout, which words them)
 READ_FAILED = "read_failed"
 # a configured --verl-file with one of these problems makes the collector down (its reason)
 FILE_DOWN = frozenset({FILE_MISSING, FILE_DELETED, PERMISSION_DENIED, NOT_A_FILE})
@@ -121,6 +132,7 @@ class Watched:
     backlog: bool = True  # its first read has not reached the end yet: not exported until it has
     rejected_seen: Counter[str] = field(default_factory=Counter)  # reader.rejected already counted
     logged: set[str] = field(default_factory=set)  # line problems already logged
+    not_verl: bool = False  # listed as a file in another format (verl_layout.not_verl)
     spath: str = field(init=False)  # the path as str: a poll stats every file (issue 37)
 
     def __post_init__(self) -> None:
@@ -182,6 +194,9 @@ class VerlFileSource(PollingSource, JobMaker):
         self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
         self._records = 0
         self._root_problems: dict[Path, str] = {}
+        # set-up mistakes shown on `/` and in /api/v1/status, each logged once (verl_layout)
+        self._problems = Problems(NAME)
+        self._layout_at: dict[Path, float] = {}  # root -> monotonic time of its next deep look
         self._folder_problems: dict[str, str] = {}  # project folder -> reason (logged once)
         # project folder -> (st_dev, st_ino, st_mtime_ns) of its last full listing
         self._folders: dict[str, tuple[int, int, int]] = {}
@@ -212,16 +227,49 @@ class VerlFileSource(PollingSource, JobMaker):
                 self._root_problem(root, exc)
                 continue
             if self._root_problems.pop(root, None) is not None:
-                log.info(
-                    "verl root %s is readable again", _shown(root), extra={"path": _shown(root)}
-                )
+                self._problems.clear(f"root {root}", "it can be listed")
+            stray, example = 0, ""  # `.jsonl` files directly in the root: read by no one
+            folders: list[str] = []
             for entry in entries:  # one entry's problem never stops the walk
                 try:
                     if not entry.is_dir():  # follows a symlink: a loop raises ELOOP
+                        if entry.name.endswith(SUFFIX):
+                            stray, example = stray + 1, example or entry.name
                         continue
+                    folders.append(entry.path)
                     self._scan_folder(entry)
                 except OSError as exc:  # a loop, an unreadable or vanished folder
                     self._folder_problem(entry.path, exc)
+            self._check_layout(root, stray, example, folders)
+
+    def _check_layout(self, root: Path, stray: int, example: str, folders: list[str]) -> None:
+        """Name a root one level off (verl_layout): `.jsonl` files directly in it (counted
+        during the walk), or, while it shows no job, two levels down (looked for at most
+        every RELIST_EVERY seconds, through at most `max_files` entries)."""
+        key = f"shallow {root}"
+        if stray:
+            self._problems.set(
+                key, FILES_IN_ROOT, *verl_layout.files_in_root_text(root, stray, example)
+            )
+        else:
+            self._problems.clear(key, "no .jsonl file directly in the root")
+        key = f"deep {root}"
+        listed = key in self._problems
+        now = time.monotonic()
+        if not listed and now < self._layout_at.get(root, 0.0):
+            return
+        prefix = os.path.join(str(root), "")
+        if any(w.spath.startswith(prefix) for w in self._watched.values()):
+            self._problems.clear(key, "a job was found at the right depth")
+            return
+        if now < self._layout_at.get(root, 0.0):
+            return
+        self._layout_at[root] = now + RELIST_EVERY
+        found = verl_layout.too_deep(folders, self.max_files)
+        if found is None:
+            self._problems.clear(key, "no .jsonl file two levels down")
+        else:
+            self._problems.set(key, FILES_TOO_DEEP, *verl_layout.too_deep_text(root, *found))
 
     def _scan_folder(self, folder: os.DirEntry[str]) -> None:
         """Watch the folder's new `*.jsonl` files. A folder whose listing is unchanged since
@@ -287,12 +335,10 @@ class VerlFileSource(PollingSource, JobMaker):
             reason = ROOT_MISSING
         if self._root_problems.get(root) != reason:
             self._root_problems[root] = reason
-            log.warning(
-                "cannot list verl root %s: %s (jobs there are found once it is readable)",
-                _shown(root),
-                exc.strerror or exc,
-                extra={"path": _shown(root), "reason": reason},
-            )
+            for key in (f"shallow {root}", f"deep {root}"):
+                self._problems.clear(key, "the root cannot be listed")
+            uid = os.geteuid() if hasattr(os, "geteuid") else None
+            self._problems.set(f"root {root}", reason, *verl_layout.root_text(root, reason, uid))
 
     def _job_clock_of(self, path: Path) -> JobClock:
         if any(path.is_relative_to(root) for root in self.job_clock_roots):
@@ -502,7 +548,20 @@ class VerlFileSource(PollingSource, JobMaker):
             log.info("%s is readable again", _shown(w.path), extra={"path": _shown(w.path)})
             w.problem = None
         self._count_rejections(w)
+        self._check_format(w)
         return total
+
+    def _check_format(self, w: Watched) -> None:
+        """A file none of whose lines is a verl record: listed once, with the logger setting
+        that writes verl's format; cleared by its first record."""
+        if w.not_verl and w.reader.records:
+            w.not_verl = False
+            self._problems.clear(f"file {w.spath}", "it holds verl records now")
+        elif not w.not_verl:
+            found = verl_layout.not_verl(w.spath, w.reader.records, w.reader.rejected)
+            if found is not None:
+                w.not_verl = True
+                self._problems.set(f"file {w.spath}", NOT_VERL_RECORDS, *found)
 
     def poll(self) -> PollResult:
         now = self.clock()
@@ -570,7 +629,14 @@ class VerlFileSource(PollingSource, JobMaker):
             down = next(
                 (c.problem for c in configured if c is not None and c.problem in FILE_DOWN), None
             )
-        return PollResult(self._rest, self._records, dict(self._rejected), down, self._parts)
+        return PollResult(
+            self._rest,
+            self._records,
+            dict(self._rejected),
+            down,
+            self._parts,
+            self._problems.current(),
+        )
 
     def _job_state(self, w: Watched, now: float, sole: bool) -> None:
         """Feed the job what decides its state besides its records: Ray's facts, and the
@@ -604,6 +670,7 @@ class VerlFileSource(PollingSource, JobMaker):
         """A deleted file's job expired: stop tracking it (a new file starts afresh)."""
         self._watched.pop(w.path, None)
         self._known.discard(str(w.path))
+        self._problems.clear(f"file {w.spath}", "its job expired")
         self._folders.clear()  # a file ignored at the cap, or a duplicate, may now be watched
         if self._jobs.pop((w.project, w.experiment), None) is not None and self.names:
             self.names.release(w.project, w.experiment)
