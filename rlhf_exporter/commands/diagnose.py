@@ -6,7 +6,8 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -15,6 +16,7 @@ from ..diagnosis import BatchDiagnoser, Thresholds
 from ..diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
 from ..diagnosis.history import MAX_DRAWN
 from ..sources.console_reader import ConsoleReader, looks_console
+from ..sources.verl_layout import FILE_LOGGER
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view.report import (
     Style,
@@ -174,20 +176,13 @@ def run(args: argparse.Namespace) -> int:
         stream = _open(path)
         if stream is None:
             continue
+        rejected: Counter[str] = Counter()
         with stream:
             n = diagnose_stream(
-                stream, path, thresholds, args.max_line_bytes, writer, args.input_format
+                stream, path, thresholds, args.max_line_bytes, writer, args.input_format, rejected
             )
         if n == 0:
-            print(
-                f"rlhf-exporter diagnose: {path}: no verl record found. Expected verl's "
-                '`file`-logger JSONL (one {"step": N, "data": {...}} a line: '
-                'trainer.logger includes "file") or what a job printed (lines `step:N - '
-                "key:value - ...` from verl's `console` logger: trainer.logger includes "
-                '"console", the default; a driver log, `ray job logs`, `kubectl logs` of the '
-                "submitter pod, a trainer actor's .out)",
-                file=sys.stderr,
-            )
+            print(no_record_message(path, rejected, args.input_format), file=sys.stderr)
         records += n
     writer.close()
     if html is not None and records:
@@ -198,6 +193,29 @@ def run(args: argparse.Namespace) -> int:
             return 1
         print(f"(wrote {args.html})", file=sys.stderr)
     return 0 if records else 1
+
+
+def no_record_message(path: str, rejected: Mapping[str, int], input_format: str = "auto") -> str:
+    """What `diagnose` says of an input that gave no verl record: its rejected lines by
+    reason, the two formats it reads, and the verl settings that write each."""
+    n = sum(rejected.values())
+    if n:
+        detail = ", ".join(f"{v} {k}" for k, v in sorted(rejected.items(), key=lambda kv: -kv[1]))
+        found = f"{n} line{'s' if n != 1 else ''} rejected ({detail})"
+    else:
+        found = "the input is empty"
+    forced = (
+        f" (read as {input_format}, --input-format {input_format}: auto tells the two apart)"
+        if input_format != "auto"
+        else ""
+    )
+    return (
+        f"rlhf-exporter diagnose: {path}: no verl record found: {found}{forced}. Expected:\n"
+        f"  - verl's `file`-logger JSONL: {FILE_LOGGER};\n"
+        "  - or what a job printed: lines `step:N - key:value - ...` from verl's `console` "
+        'logger (trainer.logger includes "console", the default): a driver log, `ray job '
+        "logs`, `kubectl logs` of the submitter pod, a trainer actor's .out"
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -235,8 +253,10 @@ def diagnose_stream(
     max_line: int,
     writer: Writer,
     input_format: str = "auto",
+    rejected: Counter[str] | None = None,
 ) -> int:
-    """Diagnose one input (JSONL or console output); returns how many verl records it gave."""
+    """Diagnose one input (JSONL or console output); returns how many verl records it gave
+    (and adds its rejected lines, by reason, to `rejected` when given)."""
     reader: RecordReader | ConsoleReader | None = None
     if input_format != "auto":
         reader = ConsoleReader(max_line) if input_format == "console" else RecordReader(max_line)
@@ -276,6 +296,8 @@ def diagnose_stream(
     progress.done()
     cannot = missing_evidence(shown) if reader.records else ()
     writer.end_file(reader.records, dict(reader.rejected), cannot)
+    if rejected is not None:
+        rejected.update(reader.rejected)
     return reader.records
 
 
