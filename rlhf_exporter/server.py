@@ -9,7 +9,12 @@
 - `GET /readyz`: 200 once a source has finished a first collection, successful or not (or
   when only the push endpoint is configured); 503 before (readiness). A source's health
   never makes the sidecar unready: that would take a KubeRay head pod out of its Service;
-  a broken source is `rlhf_exporter_collector_up 0` instead.
+  a broken source is `rlhf_exporter_collector_up 0` instead. But an exporter whose settings
+  give it no source that can ever see a verl job, nor a GPU (`Endpoints.blind`), answers 503
+  for good, with one line naming the settings to add.
+- `GET /api/v1/status`: the sources (state, last success, errors) and the set-up problems
+  they see (a verl root one level off, a missing root, a file in another format, no source
+  that can see a job), each with what to change (`Problem`).
 - `GET /`: the job view (rlhf_exporter/view/): every job, who needs attention first, with
   sparklines, the sources' health and how to scrape; `GET /jobs/<project>/<experiment>` one
   job's step anatomy, verdict strip and markers; `GET /api/v1/jobs` the jobs as JSON;
@@ -53,11 +58,19 @@ from . import __version__
 from .diagnosis.stacks import StackRound
 from .join.board import WindowJoiner
 from .metrics.exposition import Exposition
-from .metrics.snapshot import SnapshotFn
+from .metrics.snapshot import Problem, SnapshotFn
 from .sources.push import PATH as PUSH_PATH
 from .sources.push import PushSource
 from .view import docs_pages
-from .view.pages import Facts, Links, doc_page, index_page, job_page, not_found_page
+from .view.pages import (
+    Facts,
+    Links,
+    doc_page,
+    index_page,
+    job_page,
+    not_found_page,
+    source_state,
+)
 from .windows_api import WindowsApi
 
 log = logging.getLogger(__name__)
@@ -84,6 +97,8 @@ class Endpoints:
     balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:
     # a stalled job's last stack round (sources/stacks.py), None when stacks are off
     stacks_of: Callable[[str, str], StackRound | None] | None = None
+    # why no source can ever see a verl job (nor a GPU): /readyz answers 503 with it
+    blind: Problem | None = None
     exposition: Exposition = field(init=False)
 
     def __post_init__(self) -> None:
@@ -95,9 +110,42 @@ class Endpoints:
         )
 
     def ready(self) -> bool:
+        return self.not_ready() is None
+
+    def not_ready(self) -> str | None:
+        """Why `/readyz` answers 503 (one line), or None when it answers 200."""
+        if self.blind is not None:
+            return f"{self.blind.message}: {self.blind.hint}"
         if not self.ready_fns:
-            return True
-        return any(s.last_success is not None or s.errors for s in (f() for f in self.ready_fns))
+            return None
+        if any(s.last_success is not None or s.errors for s in (f() for f in self.ready_fns)):
+            return None
+        return "no source has finished a first collection yet"
+
+    def status(self) -> dict[str, Any]:
+        """`GET /api/v1/status`: readiness, each source's health, and the set-up problems."""
+        snaps = [fn() for fn in self.snapshot_fns]
+        problems = [self.blind] if self.blind is not None else []
+        problems += [p for s in snaps for p in s.problems]
+        why = self.not_ready()
+        return {
+            "version": __version__,
+            "ready": why is None,
+            "not_ready": why,
+            "sources": [
+                {
+                    "source": s.collector,
+                    "state": source_state(s),
+                    "up": s.up,
+                    "last_success": s.last_success,
+                    "errors": dict(s.errors),
+                    "record_errors": dict(s.record_errors),
+                    "records": s.records,
+                }
+                for s in snaps
+            ],
+            "problems": [p.to_json() for p in problems],
+        }
 
     def jobs(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -314,10 +362,13 @@ class Handler(BaseHTTPRequestHandler):
         elif path == "/healthz":
             self._text(200, "ok\n")
         elif path == "/readyz":
-            if ep.ready():
+            why = ep.not_ready()
+            if why is None:
                 self._text(200, "ready\n")
             else:
-                self._text(503, "not ready: no source has finished a first collection yet\n")
+                self._text(503, f"not ready: {why}\n")
+        elif path == "/api/v1/status":
+            self._json(200, ep.status())
         elif path == "/" or path.startswith("/jobs/"):
             host = clean_host(self.headers.get("Host"))
             mark = HOST_MARK if host else None
@@ -347,7 +398,9 @@ class Handler(BaseHTTPRequestHandler):
         elif path == PUSH_PATH:
             self._json(405, {"error": f"use POST {PUSH_PATH}"})
         else:
-            self._text(404, "not found: try /, /metrics, /healthz, /readyz, /docs/\n")
+            self._text(
+                404, "not found: try /, /metrics, /healthz, /readyz, /api/v1/status, /docs/\n"
+            )
 
     def _docs(self, path: str) -> None:
         """The shipped runbooks, docs and dashboards (rlhf_exporter/view/docs_pages.py)."""

@@ -26,6 +26,7 @@ from ..join.board import WindowBoard
 from ..join.names import JobNames
 from ..join.ports import WALL
 from ..logs import configure
+from ..metrics.snapshot import Problem
 from ..server import Endpoints, PageCache, make_server
 from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
@@ -54,11 +55,15 @@ checkout: examples/exporter.yaml. The thresholds file is --thresholds FILE.
 Endpoints:
   /metrics            Prometheus metrics (catalog: docs/metrics.md)
   /healthz            200 while the process serves
-  /readyz             200 once a source has collected once (503 before)
+  /readyz             200 once a source has collected once (503 before); 503 for good, with
+                      the settings to add, when no source can ever see a verl job nor a GPU
   /                   the job view: every job (who needs attention first), sources' health,
-                      how to scrape; /jobs/<project>/<experiment> one job's step anatomy;
-                      /api/v1/jobs as JSON; /api/v1/jobs/<project>/<experiment>/stacks a
-                      stalled job's stacks and where each role waits (issue 39)
+                      set-up problems, how to scrape; /jobs/<project>/<experiment> one job's
+                      step anatomy; /api/v1/jobs as JSON; /api/v1/jobs/<project>/<experiment>/
+                      stacks a stalled job's stacks and where each role waits (issue 39)
+  /api/v1/status      JSON: readiness, each source's state, last success and errors, and the
+                      set-up problems ({{source, kind, message, hint}}): a verl root one level
+                      off or missing, a file in another format, no source that sees a job
   POST /api/v1/records  {{"project","experiment","records":[{{"step","data"}}, ...]}}
                       (or one record's "step" and "data" at the top level); answers 200,
                       400 bad JSON/schema, 401 bad token, 409 job read from a file
@@ -234,6 +239,7 @@ class Sidecar:
             balance_limits=self.th.document.get("balance", {}),
             pages=PageCache(max_bytes=settings.page_cache_bytes),
             stacks_of=self.stacks.round_of if self.stacks is not None else None,
+            blind=self._blind(settings),
         )
         # a verl poll's new steps are encoded at once, off the scrape path (issue 37); not the
         # engines' polls, 10 a second while a job steps (the warm thread's tick covers them)
@@ -241,6 +247,16 @@ class Sidecar:
             if source is not None:
                 source.after_poll.append(endpoints.exposition.wake)
         return endpoints
+
+    def _blind(self, settings: Settings) -> Problem | None:
+        """Why no source here can ever see a verl job, when none can (the verl files, the
+        demo's included, push and the console source see jobs) and no GPU is sampled either
+        (a GPU worker's sidecar, NVML only, serves its GPUs): /readyz answers 503 with it."""
+        if self.verl is not None or self.console is not None or self.push is not None:
+            return None
+        if self.nvml is not None:
+            return None
+        return Problem("exporter", NO_JOB_SOURCE, BLIND, _blind_hint(settings))
 
     def _demo_engines(self, settings: Settings) -> DemoEngines | None:
         """`serve --demo`: its simulated vLLM replicas on 127.0.0.1 (unless --no-engines)."""
@@ -438,8 +454,13 @@ def run(args: argparse.Namespace) -> int:
     if hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, on_hangup)
     sidecar.start()
-    if sidecar.verl is None and sidecar.push is None:
-        log.warning("no verl input: give --verl-root, --verl-file or --demo, or enable --push")
+    blind = sidecar.endpoints.blind
+    if blind is not None:  # once, at start: /readyz answers 503 with it
+        log.warning("%s (%s): %s", blind.message, blind.kind, blind.hint,
+                    extra={"reason": blind.kind})  # fmt: skip
+    elif sidecar.verl is None and sidecar.console is None and sidecar.push is None:
+        log.info("no source here sees a verl job: this exporter samples GPUs only (a GPU "
+                 "worker's sidecar)")  # fmt: skip
     log.info(
         "rlhf-exporter %s serving %s/metrics; sources: %s",
         __version__,
@@ -458,6 +479,21 @@ def run(args: argparse.Namespace) -> int:
     sidecar.stop()
     log.info("stopped")
     return 0
+
+
+NO_JOB_SOURCE = "no_job_source"
+BLIND = "no source of this exporter can ever see a verl job"
+
+
+def _blind_hint(settings: Settings) -> str:
+    """The settings that would let an exporter see a job, given those it has."""
+    add = ['--verl-root DIR (verl\'s file logger: trainer.logger with "file" writes '
+           "$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl)", "--verl-file FILE"]  # fmt: skip
+    if not settings.push:
+        add.append("--push (records posted to /api/v1/records)")
+    if not (settings.ray and settings.ray_actors and settings.console):
+        add.append("--ray --ray-actors --console (the steps every job on Ray prints)")
+    return f"add {', '.join(add[:-1])} or {add[-1]}; --demo shows a simulated job"
 
 
 def _reads_jobs(settings: Settings) -> bool:

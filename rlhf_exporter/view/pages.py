@@ -24,7 +24,7 @@ from ..diagnosis.history import StepPoint
 from ..diagnosis.stacks import StackRound
 from ..diagnosis.stall import StallLimit
 from ..diagnosis.thresholds import seconds
-from ..metrics.snapshot import Snapshot
+from ..metrics.snapshot import Problem, Snapshot
 from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
 from ..render.rules import BOUND_ALERTS, runbook_url
 from . import draw
@@ -55,6 +55,8 @@ pre{background:#f4f4f4;padding:.6em;overflow-x:auto}.muted{color:#777}
 h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
 .hangs{border-left:8px solid #c4162a;padding:.5em 1em;background:#fbf1f1;margin:.6em 0}
 .hangs pre{max-height:24em;font-size:.85em}.hangs details{margin:.2em 0}
+.problems{border-left:8px solid #e0a800;padding:.4em 1em;background:#fff8e1;margin:.6em 0}
+.problems ul{margin:.2em 0;padding-left:1.2em}.problems li{margin:.3em 0;overflow-wrap:anywhere}
 """
 
 
@@ -405,15 +407,21 @@ class Facts:
         return cls(version, base_url, sources, demo, factor, minimum)
 
 
+def source_state(s: Snapshot) -> str:
+    """`up`, `starting` (its first poll has not ended) or `down`: as `/` and
+    `/api/v1/status` say it."""
+    if s.up:
+        return "up"
+    if s.last_success is None and not s.errors and not s.duration:
+        return "starting"
+    return "down"
+
+
 def sources_table(snapshots: Iterable[Snapshot], now: float) -> str:
     rows = []
     for s in snapshots:
-        if s.up:
-            state = '<span class="up">up</span>'
-        elif s.last_success is None and not s.errors and not s.duration:
-            state = '<span class="starting">starting</span>'  # its first poll has not ended
-        else:
-            state = '<span class="down">down</span>'
+        state = source_state(s)
+        state = f'<span class="{state}">{state}</span>'
         last_error = getattr(s, "last_error", None)  # a message, when the source keeps one
         errors = ", ".join(f"{r} ×{n}" for r, n in sorted(s.errors.items()))
         err = escape(str(last_error)) if last_error else escape(errors) or "none"
@@ -450,6 +458,7 @@ def facts_section(facts: Facts, links: Links) -> str:
         "<p>Add it to Prometheus (<code>prometheus.yml</code>):</p>"
         f'<pre class="scrape">{escape(snippet)}</pre>'
         f'<p><a href="/metrics">/metrics</a> · <a href="/api/v1/jobs">/api/v1/jobs</a> · '
+        f'<a href="/api/v1/status">/api/v1/status</a> · '
         f'<a href="/healthz">/healthz</a> · <a href="/readyz">/readyz</a> · '
         f'<a href="{escape(docs)}">docs</a> (metrics, decision table) · '
         f'<a href="{escape(links.runbook_base)}">runbooks</a> · '
@@ -468,6 +477,25 @@ def _header(facts: Facts) -> str:
         '<h1><a href="/" style="color:inherit;text-decoration:none">rlhf-exporter</a></h1>'
         "<p class=muted>Where the step time of verl RLHF jobs goes, why, and whether a "
         "slowdown is a workload shift or a regression.</p>" + demo
+    )
+
+
+def problems_box(problems: Sequence[Problem]) -> str:
+    """The set-up mistakes the sources see now (a verl root one level off, a missing root, a
+    file in another format), each with what to change; nothing when there are none."""
+    if not problems:
+        return ""
+    items = "".join(
+        f'<li class="problem" data-kind="{escape(p.kind)}"><b>{escape(p.message)}</b>. '
+        f'{escape(p.hint)}. <span class="muted">({escape(p.source)}: {escape(p.kind)})</span>'
+        "</li>"
+        for p in problems
+    )
+    return (
+        '<div class="problems"><p><b>Set-up problems</b>: what keeps this exporter from '
+        'seeing a job (also in its log, and in <a href="/api/v1/status">/api/v1/status</a>):'
+        "</p>"
+        f"<ul>{items}</ul></div>"
     )
 
 
@@ -562,6 +590,7 @@ def index_page(
     body = (
         _header(facts)
         + f"<h2>Jobs ({len(rows)})</h2>"
+        + problems_box([p for s in snapshots for p in s.problems])
         + table
         + detail
         + "<h2>Sources</h2>"

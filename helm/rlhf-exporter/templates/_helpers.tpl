@@ -98,6 +98,11 @@ PIDs to roles); never exports Ray actor counts (the head does), so nothing is co
 {{- $v := $ctx.Values }}
 {{- $env := list }}
 {{- if eq $role "head" }}
+{{- if not (or $v.sidecar.logsVolume $v.sidecar.head.console $v.push.enabled $v.sidecar.head.nvml) }}
+{{- /* the exporter would see no job, and its /readyz would answer 503 for good: the head pod
+       would never be ready (docs/serve.md, set-up problems) */}}
+{{- fail "the head sidecar would see no verl job (and never become ready): keep sidecar.head.console on (the default), or set sidecar.logsVolume or push.enabled" }}
+{{- end }}
 {{- if $v.sidecar.logsVolume }}
 {{- $env = append $env (dict "name" "RLHF_EXPORTER_VERL_ROOT" "value" $v.sidecar.logsMountPath) }}
 {{- end }}
