@@ -13,7 +13,13 @@ from typing import IO
 
 from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, Thresholds
-from ..diagnosis.advice import EVIDENCE_KEYS, missing_evidence, shown_evidence
+from ..diagnosis.advice import (
+    EVIDENCE_KEYS,
+    SHAPE_RECORDS,
+    job_shape,
+    missing_evidence,
+    shown_evidence,
+)
 from ..diagnosis.history import MAX_DRAWN
 from ..sources.console_reader import ConsoleReader, looks_console
 from ..sources.verl_layout import FILE_LOGGER
@@ -265,6 +271,8 @@ def diagnose_stream(
     progress = Progress(stream, path)
     on_record = getattr(writer, "record", None)  # a writer that wants the raw records
     shown: set[str] = set()  # evidence keys the log reported (advice.shown_evidence)
+    shape: set[str] = set()  # what its first records' keys say it does (advice.job_shape)
+    looked = 0
     first = True
     for chunk in iter(lambda: stream.read(CHUNK), b""):
         if first and looks_gzip(chunk):
@@ -281,6 +289,9 @@ def diagnose_stream(
                 on_record(record)
             if len(shown) < len(EVIDENCE_KEYS):
                 shown |= shown_evidence(record.data, shown)
+            if looked < SHAPE_RECORDS:
+                looked += 1
+                shape |= job_shape(record.data)
             result = diagnoser.feed(record)
             if result is not None:
                 writer.step(result)
@@ -294,7 +305,7 @@ def diagnose_stream(
         writer.step(result)
     writer.flush()
     progress.done()
-    cannot = missing_evidence(shown) if reader.records else ()
+    cannot = missing_evidence(shown | shape) if reader.records else ()
     writer.end_file(reader.records, dict(reader.rejected), cannot)
     if rejected is not None:
         rejected.update(reader.rejected)
