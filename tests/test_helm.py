@@ -388,10 +388,25 @@ def test_schema_rejects_wrong_values_with_the_culprit(values, where):
     assert "schema" in message and where in message, message
 
 
+def test_standalone_with_only_a_ray_address_reads_jobs_from_ray_with_no_volume():
+    """The console route needs no logs volume: a standalone exporter given only the Ray
+    dashboard mounts nothing but /tmp and reads every verl job on the cluster."""
+    address = "http://ray-head-svc.ray.svc:8265"
+    deployment = only(render({"mode": "standalone", "standalone": {"rayAddress": address}}),
+                      "Deployment")  # fmt: skip
+    pod = deployment["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RLHF_EXPORTER_RAY_ADDRESS"] == address and env["RLHF_EXPORTER_RAY_ACTORS"] == "true"
+    assert "RLHF_EXPORTER_VERL_ROOT" not in env
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert [m["mountPath"] for m in c["volumeMounts"]] == ["/tmp"]
+
+
 @pytest.mark.parametrize(
     "values, needle",
     [
-        ({"mode": "standalone"}, "standalone.logs.existingClaim"),
+        ({"mode": "standalone"}, "standalone.rayAddress"),
         (
             {"monitor": {"kind": "ServiceMonitor"}, "service": {"enabled": False}},
             "service.enabled=true",

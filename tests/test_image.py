@@ -145,7 +145,7 @@ def test_the_image_stays_small_and_the_readme_says_how_small(image):
     assert abs(int(stated) * 1e6 - compressed) <= 0.1 * compressed, (stated, compressed)
     for doc in (readme, (REPO / "docs" / "image.md").read_text()):
         found = re.findall(r"rlhf-exporter[:-](\d[\w.]*)", doc)
-        refs = {ref.removesuffix(".oci.tar").rstrip(".") for ref in found}
+        refs = {ref.removesuffix(".oci.tar").removesuffix(".tgz").rstrip(".") for ref in found}
         assert refs == {rlhf_exporter.__version__}, refs
     assert "sudo bash scripts/build-image.sh" in readme
 
