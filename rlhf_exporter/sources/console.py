@@ -70,6 +70,7 @@ EMPTY_AFTER = 2.0  # seconds a new stream that brought nothing takes for an empt
 FILE_PATH = "/api/v0/logs/file"
 TAIL_KEEP = 4096  # last bytes of a stream kept, to compare with the file's last line
 STALE = "stale"  # a stream that no longer follows its file (truncated in place): read anew
+STALE_CHECKS = 1  # quiet streams compared with their files per poll, at most
 UNNAMED = "unnamed"
 NAME_CLAIMED = "name_claimed"  # a live job printed the name of another live job
 TOO_MANY_STREAMS = "too_many_streams"  # a trainer actor over max_streams: not read
@@ -275,7 +276,7 @@ class ConsoleSource(PollingSource, JobMaker):
                 busy.append((cj, tail))
         self._catch_up(busy, left, now, mono)
         self._settle([t for _, t in tails], mono)
-        checks = OPENS_PER_POLL
+        checks = STALE_CHECKS  # each may wait `timeout` for Ray
         for _, tail in tails:
             if checks > 0 and self._quiet(tail, mono):
                 checks -= 1
