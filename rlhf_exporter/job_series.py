@@ -15,6 +15,7 @@ from .diagnosis import (
     REASONS,
     VERDICTS,
     StepDiagnosis,
+    StreamDiagnoser,
     Thresholds,
     history,
 )
@@ -162,6 +163,7 @@ class JobSeries:
     change_steps: dict[str, int]
     regression_steps: dict[str, int]
     last: StepDiagnosis | None
+    _diagnoser: StreamDiagnoser
     engine: EngineEvidence | None
     engine_step: int | None
 
@@ -329,6 +331,11 @@ class JobSeries:
                 d.change.baseline.busy_seconds if d and d.change.baseline is not None else None
             ),
             "between_steps_max": self.between_steps_max,
+            # the pages' "warming up" (no baseline yet: N of min_baseline_steps usable steps
+            # of this run); the series and `change` keep their values
+            "baseline_ready": bool(d and d.change.baseline is not None),
+            "baseline_steps": len(self._diagnoser.baseline),
+            "baseline_needed": self._th.min_baseline_steps,
             "finished": self.finished,
             "state": self.state,
             "state_signal": self.state_signal,

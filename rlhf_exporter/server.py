@@ -90,6 +90,10 @@ class Endpoints:
     sources_text: str = ""
     alerts: Mapping[str, Any] = field(default_factory=dict)  # thresholds' alerts: the job view
     demo: bool = False  # the job view labels its data as simulated
+    # the demo: the incident now playing, in words (the pages' demo banner), and its job on
+    # its own clock (project, experiment, wall -> job time), where its stall is judged
+    demo_story: Callable[[], str] | None = None
+    demo_clock: tuple[str, str, Callable[[float], float]] | None = None
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
     windows_api: WindowsApi | None = None  # GET /api/v1/windows (windows_api.py): None when off
     # the NVML source's WindowJoiner: GPU time by window in the job view
@@ -253,7 +257,15 @@ def _with_host(page: bytes, host: str | None) -> bytes:
 
 def _facts(endpoints: Endpoints, host: str | None) -> tuple[Facts, Links]:
     base = f"http://{host}" if host else ""
-    facts = Facts.of(__version__, base, endpoints.sources_text, endpoints.demo, endpoints.alerts)
+    facts = Facts.of(
+        __version__,
+        base,
+        endpoints.sources_text,
+        endpoints.demo,
+        endpoints.alerts,
+        story=endpoints.demo_story() if endpoints.demo_story is not None else "",
+        clock=endpoints.demo_clock,
+    )
     return facts, Links.of(endpoints.alerts.get("runbook_url", ""))  # else the served copies
 
 

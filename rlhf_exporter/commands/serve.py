@@ -229,6 +229,12 @@ class Sidecar:
         endpoints = Endpoints(
             alerts=self.th.alerts,  # the job view's runbook links and stall deadline
             demo=self.demo is not None,
+            demo_story=self.demo.story if self.demo is not None else None,
+            demo_clock=(
+                (self.demo.project, self.demo.experiment, self.demo.clock.at)
+                if self.demo is not None
+                else None
+            ),
             snapshot_fns=[s.snapshot for s in self.sources],
             jobs_fns=[s.jobs for s in self.sources],
             push=self.push,

@@ -97,6 +97,15 @@ class DemoJob:
             else:
                 yield (1.0 if record["step"] else 0.0), record
 
+    def story(self) -> str:
+        """The incident now playing, in words, from the scenario table that drives it (the
+        pages' demo banner): its name, its place in the loop and the one after it."""
+        phases, phase = self.phases, self.phase
+        i = next((k for k, p in enumerate(phases) if p is phase), 0)
+        after = phases[(i + 1) % len(phases)]
+        then = "then the loop starts over as a new run" if i + 1 == len(phases) else after.name
+        return f"now playing {i + 1} of {len(phases)}: {phase.name} (next: {then})"
+
     def schedule(self, due: float, record: dict[str, Any], start: float | None = None) -> None:
         """The step whose record is written at wall time `due` runs now, from `start` (its
         players call this before they wait: the thread below, and tests/test_demo_alerts.py);

@@ -20,10 +20,11 @@ default 0.7 s per step:
 | 10 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 9 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
 | 11 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
 | 12 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
-| 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled) |
+| 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled); on the demo's clock (demo/clock.py: ~95 s of the job's time a step) it passes the stall limit within ~9 steps' time, so `/` and the job page say `stalled` for the rest of the pause, about 2 minutes into each loop |
 
 179 steps and 87 steps' time of pauses: about 3 minutes per loop at 0.7 s a step (faster
 with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
+The pages' demo banner names the phase now playing from this table (`DemoJob.story`).
 
 The alerts named above keep their real windows and `for:` (15 minutes for the bound alerts),
 so the live demo is too quick for most of them: tests/test_demo_alerts.py plays this

@@ -9,7 +9,7 @@ Every element carries `class`/`data-*` attributes the browser tests read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 
 from ..diagnosis import GROUPS
@@ -210,3 +210,63 @@ def sparkline(points: Sequence[StepPoint], width: int = 240, height: int = 34) -
         f'<polyline points="{coords}" fill="none" stroke="#555" stroke-width="1.2"/>'
         f"{''.join(cells)}</svg>"
     )
+
+
+ROLES = ("colocated", "rollout", "trainer")  # GPU roles, drawn in this order
+
+
+def gpu_time(
+    counters: Mapping[tuple[str, str], tuple[float, float]], width: int = 900, row: int = 22
+) -> str:
+    """GPU time by step window and role as a picture: one bar per GPU role, its length the
+    role's GPU-seconds (the largest role's fills the width), one segment per window group
+    in the dashboards' colours, solid for its busy GPU-seconds, pale for its idle ones."""
+    totals: dict[str, float] = {}
+    for (_group, role), (_busy, total) in counters.items():
+        if total > 0:
+            totals[role] = totals.get(role, 0.0) + total
+    if not totals:
+        return '<p class="empty">No GPU-seconds joined yet.</p>'
+    roles = [r for r in ROLES if r in totals] + sorted(set(totals) - set(ROLES))
+    left, right = 80, 150
+    plot_w = width - left - right
+    scale = plot_w / max(totals.values())
+    height = row * len(roles) + 4
+    out = [
+        f'<svg class="gpu-time" xmlns="http://www.w3.org/2000/svg" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="GPU time by step window and role">'
+    ]
+    order = [*GROUPS, *sorted({g for g, _ in counters} - set(GROUPS))]
+    for i, role in enumerate(roles):
+        y, x = 2 + i * row, float(left)
+        busy_all = 0.0
+        out.append(f'<text x="4" y="{y + row - 8}" class="axis">{escape(role)}</text>')
+        for group in order:
+            busy, total = counters.get((group, role), (0.0, 0.0))
+            if total <= 0:
+                continue
+            busy_all += busy
+            fill = VERDICT_COLOURS.get(group, "#8E8E8E")
+            title = (
+                f"{role} GPUs in {group} windows: {total:,.0f} GPU-seconds, "
+                f"busy {busy / total:.0%}, idle {total - busy:,.0f}"
+            )
+            for part, seconds, opacity in (("busy", busy, 1.0), ("idle", total - busy, 0.3)):
+                w = seconds * scale
+                if w <= 0:
+                    continue
+                out.append(
+                    f'<rect class="gpu-seg" data-role="{escape(role)}" data-group="'
+                    f'{escape(group)}" data-part="{part}" x="{_f(x)}" y="{y}" width="{_f(w)}" '
+                    f'height="{row - 6}" fill="{fill}" fill-opacity="{opacity}">'
+                    f"<title>{escape(title)}</title></rect>"
+                )
+                x += w
+        total = totals[role]
+        out.append(
+            f'<text x="{_f(x + 6)}" y="{y + row - 8}" class="axis">{total:,.0f} GPU-s, '
+            f"busy {busy_all / total:.0%}</text>"
+        )
+    out.append("</svg>")
+    return "".join(out)

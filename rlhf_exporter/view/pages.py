@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 from typing import Any
@@ -20,10 +20,11 @@ from urllib.parse import quote, urlsplit
 from ..diagnosis.advice import CHANGE_MEANING, REASON_MEANING, VERDICT_MEANING, look_at
 from ..diagnosis.change import STEADY
 from ..diagnosis.episodes import balanced_look_at, episodes
-from ..diagnosis.history import StepPoint
+from ..diagnosis.history import HISTORY_STEPS, StepPoint
 from ..diagnosis.stacks import StackRound
 from ..diagnosis.stall import StallLimit
 from ..diagnosis.thresholds import seconds
+from ..diagnosis.words import counted
 from ..metrics.snapshot import Problem, Snapshot
 from ..render.dashboards.style import BAD, CHANGE_COLOURS, VERDICT_COLOURS
 from ..render.rules import BOUND_ALERTS, runbook_url
@@ -57,6 +58,12 @@ h1,h2{overflow-wrap:anywhere}.demo{background:#fff4d6;padding:.4em .8em}
 .hangs pre{max-height:24em;font-size:.85em}.hangs details{margin:.2em 0}
 .problems{border-left:8px solid #e0a800;padding:.4em 1em;background:#fff8e1;margin:.6em 0}
 .problems ul{margin:.2em 0;padding-left:1.2em}.problems li{margin:.3em 0;overflow-wrap:anywhere}
+"""
+# the sidecar's pages only (`/`, a job's page): the report keeps CSS above, byte for byte
+SIDECAR_CSS = """
+.answer .state{margin:.1em 0 .3em}.answer .since{color:#555}.answer .changed{margin:.2em 0}
+.answer .engines{font-size:.9em;color:#444}.gpu-time .sw i{opacity:1}
+.gpu-time details{font-size:.9em}.demo .story{font-weight:600}
 """
 
 
@@ -113,13 +120,13 @@ def clickable(url: str) -> bool:
     return bool(host) and not (host == "invalid" or host.endswith(".invalid"))
 
 
-def _page(title: str, body: str, refresh: int | None = None) -> str:
+def _page(title: str, body: str, refresh: int | None = None, css: str = CSS) -> str:
     meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
     return (
         f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8">{meta}'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<link rel="icon" href="data:,">'
-        f"<title>{escape(title)}</title><style>{CSS}</style></head><body>{body}</body></html>\n"
+        f"<title>{escape(title)}</title><style>{css}</style></head><body>{body}</body></html>\n"
     )
 
 
@@ -202,8 +209,15 @@ def _unread_words(message: str, why: str) -> str:
     return f"<p>{escape(message)}</p>" if message and message not in why else ""
 
 
-def engine_box(engine: Mapping[str, Any] | None) -> str:
-    """The evidence beside the rollout reason (docs/engines.md), for the job view."""
+W_WORDS = (
+    "W is the step's rollout window: the seconds it spent generating its samples "
+    "(verl's timing_s/gen), placed on the step's timeline"
+)
+
+
+def engine_box(engine: Mapping[str, Any] | None, verdict: str | None = None) -> str:
+    """The evidence beside the rollout reason (docs/engines.md), for the job view: in full
+    where it bears on the verdict (a rollout verdict), else folded (a click away)."""
     if not engine:
         return ""
     usable = engine.get("usable")
@@ -226,16 +240,26 @@ def engine_box(engine: Mapping[str, Any] | None) -> str:
         else "not usable (a replica was not covered for enough of the window): the log's "
         "reasons apply"
     )
-    return (
-        f'<div class="engine-box"><b>Engine evidence</b> (step {escape(str(engine.get("step")))}'
-        f", rollout window; {escape(note)})<table>"
-        + "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows)
-        + "</table></div>"
+    bears = verdict == "rollout"
+    head = (
+        f"<b>Engine evidence</b> (step {escape(str(engine.get('step')))}, rollout window W; "
+        f"{escape(note)}"
+        + ("" if bears else f"; the verdict is {escape(str(verdict))}, not rollout: context only")
+        + f'). <span class="muted w-words">{escape(W_WORDS)}.</span>'
     )
+    table = (
+        "<table>"
+        + "".join(f"<tr><td>{escape(k)}</td><td>{escape(v)}</td></tr>" for k, v in rows)
+        + "</table>"
+    )
+    if bears:
+        return f'<div class="engine-box" data-bears="1">{head}{table}</div>'
+    return f'<details class="engine-box" data-bears="0"><summary>{head}</summary>{table}</details>'
 
 
 def _engine_note(job: Mapping[str, Any]) -> str:
-    text = engine_short(job.get("engine"))
+    """The engines' few words, where they bear on the verdict (rollout) only."""
+    text = engine_short(job.get("engine")) if job.get("verdict") == "rollout" else ""
     return f'<br><span class="muted">{escape(text)}</span>' if text else ""
 
 
@@ -247,24 +271,36 @@ def verdict_box(
     links: Links,
     what: str = "Current verdict",
     advice: str | None = None,
+    answer: Answer | None = None,
 ) -> str:
     """The verdict in words, what to look at next (`advice`, else the verdict's), and the
-    runbook section's link."""
+    runbook section's link; with an `answer` (the sidecar's pages), first the job's state,
+    since when the verdict holds and what changed."""
     if verdict is None:
-        return '<div class="verdict-box"><span class="big">No classified step yet.</span></div>'
+        state = answer.state if answer else ""
+        return (
+            f'<div class="verdict-box{" answer" if answer else ""}">{state}'
+            '<span class="big">No classified step yet.</span></div>'
+        )
     colour = VERDICT_COLOURS[verdict]
     head = f"{verdict}-bound" if verdict in BOUND_ALERTS or verdict == "checkpoint" else verdict
+    since = f' <span class="since">{escape(answer.since)}</span>' if answer and answer.since else ""
     lines = [
+        answer.state if answer else "",
         f'<span class="big verdict-text" data-verdict="{verdict}">{escape(what)}: '
-        f"{escape(head)}{escape(': ' + reason) if reason else ''}</span>",
+        f"{escape(head)}{escape(': ' + reason) if reason else ''}</span>{since}",
         f"<div>{escape(VERDICT_MEANING.get(verdict, ''))}"
         + (f"; {escape(REASON_MEANING.get(reason, ''))}" if reason else "")
         + ".</div>",
     ]
+    if answer is not None:
+        lines.append(answer.changed)
     advice = advice or look_at(verdict, reason)
     if advice:
         lines.append(f'<div class="look-at"><b>Look at next:</b> {escape(advice)}</div>')
-    if change and change != STEADY:
+    if answer is not None:
+        lines.append(answer.extra)
+    elif change and change != STEADY:
         text = f"regression: {regressed}" if change == "regression" else "workload shift"
         lines.append(
             f"<div><b>Change:</b> {_tag(text, CHANGE_COLOURS[change])} "
@@ -278,7 +314,128 @@ def verdict_box(
     label = f"Runbook: {alert}" if alert != "runbooks" else "Runbooks"
     anchors.append(f'<a class="runbook" href="{escape(url)}">{escape(label)}</a>')
     lines.append(f"<div>{' · '.join(anchors)}</div>")
-    return f'<div class="verdict-box" style="border-color:{colour}">{"".join(lines)}</div>'
+    cls = "verdict-box answer" if answer else "verdict-box"
+    return f'<div class="{cls}" style="border-color:{colour}">{"".join(lines)}</div>'
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The first screen's words around the verdict (the sidecar's pages): HTML, escaped."""
+
+    state: str = ""  # the job's state: running, stalled, finished ...
+    since: str = ""  # since when the verdict holds (plain text)
+    changed: str = ""  # what changed: the change now, the latest episode, or warming up
+    extra: str = ""  # after the advice: where the engines' evidence bears on the verdict
+
+
+def since_text(points: Sequence[StepPoint]) -> str:
+    """Since when the last step's verdict holds: its first step in the kept steps of this
+    run, and the step time since."""
+    if not points:
+        return ""
+    last, first = points[-1], len(points) - 1
+    while first > 0 and points[first - 1].verdict == last.verdict:
+        if points[first - 1].run != last.run:
+            break
+        first -= 1
+    streak = points[first:]
+    earlier = " or earlier" if first == 0 and len(points) >= HISTORY_STEPS else ""
+    seconds = sum(p.step_seconds for p in streak)
+    return (
+        f"since step {streak[0].step}{earlier} ({counted(len(streak), 'step')}, "
+        f"{_duration(seconds)} of step time)"
+    )
+
+
+def warming_up(job: Mapping[str, Any]) -> str:
+    """ "warming up: no baseline yet: N of 5 steps" while the job's run has no baseline (its
+    `change` says steady, but nothing was compared); "" once it has one."""
+    if job.get("verdict") is None or job.get("baseline_ready", True):
+        return ""
+    have, need = int(job.get("baseline_steps") or 0), int(job.get("baseline_needed") or 5)
+    if have >= need:
+        return "warming up: the baseline is ready, the next step is the first compared"
+    return f"warming up: no baseline yet: {have} of {need} steps"
+
+
+def episode_words(e: Any) -> str:
+    """A change episode in one line: what and where, then how it ended."""
+    head = str(e.summary()).split("; ", 1)[0]
+    end = {
+        "recovered": f"recovered at step {e.ended_at}",
+        "absorbed": f"not recovered: the new normal after step {e.ended_at}",
+        "ongoing": "still going",
+    }.get(e.ended, "")
+    return f"{head}; {end}" if end else head
+
+
+def changed_html(job: Mapping[str, Any]) -> str:
+    """What changed: the change of the last step, warming up, the latest change episode."""
+    parts = []
+    change = job.get("change")
+    if change in ("regression", "workload_shift"):
+        text = f"regression: {job.get('regressed')}" if change == "regression" else "workload shift"
+        parts.append(f"{_tag(text, CHANGE_COLOURS[change])} {escape(CHANGE_MEANING[change])}.")
+    warm = warming_up(job)
+    if warm:
+        parts.append(f'<span class="warming">{escape(warm)}; nothing compared.</span>')
+    found = job_episodes(job)
+    if found:
+        parts.append(f'<span class="episode">{escape(episode_words(found[-1]))}</span>')
+    if not parts:
+        parts.append("nothing: no regression or workload shift against the job's own baseline")
+    return f'<div class="changed"><b>What changed:</b> {" ".join(parts)}</div>'
+
+
+def state_html(
+    job: Mapping[str, Any], stall: float | None, facts: Facts, links: Links, now: float
+) -> str:
+    """The job's state in one line: running (its step, its last step's age) or stalled
+    (for how long, past which limit, and the runbook)."""
+    step = escape(str(job.get("step")))
+    if stall is not None:
+        clock = " on the demo's clock" if facts.on_job_clock(job) else ""
+        url = runbook_url(links.runbook_base, STALL_ALERT)
+        return (
+            f'<div class="state stalled"><b>State:</b> {_tag("stalled", BAD)} no new step for '
+            f"{_duration(stall)}{clock} after step {step}: past the stall limit of "
+            f'<a href="{escape(url)}">{STALL_ALERT}</a> (see its runbook).</div>'
+        )
+    state = escape(str(job.get("state") or "unknown"))
+    return (
+        f'<div class="state"><b>State:</b> {state}, step {step} (run '
+        f"{escape(str(job.get('run')))}, {counted(int(job.get('steps') or 0), 'step')} seen), "
+        f"last step {_age(now, job.get('last_step_time'))}</div>"
+    )
+
+
+def answer_box(
+    job: Mapping[str, Any], stall: float | None, facts: Facts, links: Links, now: float
+) -> str:
+    """The first screen: state, verdict and since when, what changed, what to do."""
+    history = job.get("history") or ()
+    verdict = job.get("verdict")
+    extra = ""
+    if verdict == "rollout" and job.get("engine"):
+        extra = (
+            f'<div class="engines">{escape(engine_short(job.get("engine")))} (in W, the '
+            "step's rollout window: the seconds it spent generating its samples)</div>"
+        )
+    answer = Answer(
+        state_html(job, stall, facts, links, now),
+        since_text(history),
+        changed_html(job),
+        extra,
+    )
+    return verdict_box(
+        verdict,
+        job.get("reason"),
+        job.get("change"),
+        job.get("regressed"),
+        links,
+        advice=history_advice(history, verdict),
+        answer=answer,
+    )
 
 
 def history_advice(points: Sequence[StepPoint], verdict: str | None) -> str | None:
@@ -393,18 +550,41 @@ class Facts:
     demo: bool = False
     stall_factor: float = 3.0  # the thresholds' alerts.stall_factor and stall_min (seconds)
     stall_min: float = 600.0
+    story: str = ""  # the demo: the incident now playing (demo/job.py `DemoJob.story`)
+    # the demo: its job (project, experiment) and its clock (wall -> job time, demo/clock.py),
+    # on which its stall is judged: its records say ~95 s a step, written every 0.7 s
+    clock: tuple[str, str, Callable[[float], float]] | None = None
+
+    def on_job_clock(self, job: Mapping[str, Any]) -> bool:
+        c = self.clock
+        return c is not None and (job.get("project"), job.get("experiment")) == (c[0], c[1])
 
     def stalled(self, job: Mapping[str, Any], now: float) -> float | None:
+        if self.clock is not None and self.on_job_clock(job):
+            at, last = self.clock[2], job.get("last_step_time")
+            return StallLimit(self.stall_factor, self.stall_min).stalled_for(
+                None if last is None else at(last),
+                at(now),
+                job.get("baseline_step_seconds"),
+                job.get("between_steps_max"),
+            )
         return stalled_for(job, now, self.stall_factor, self.stall_min)
 
     @classmethod
     def of(
-        cls, version: str, base_url: str, sources: str, demo: bool, alerts: Mapping[str, Any]
+        cls,
+        version: str,
+        base_url: str,
+        sources: str,
+        demo: bool,
+        alerts: Mapping[str, Any],
+        story: str = "",
+        clock: tuple[str, str, Callable[[float], float]] | None = None,
     ) -> Facts:
         """With the stall deadline of the thresholds' `alerts` section (as the rule has it)."""
         factor = float(alerts.get("stall_factor", cls.stall_factor))
         minimum = seconds(alerts.get("stall_min", cls.stall_min))
-        return cls(version, base_url, sources, demo, factor, minimum)
+        return cls(version, base_url, sources, demo, factor, minimum, story, clock)
 
 
 def source_state(s: Snapshot) -> str:
@@ -418,16 +598,20 @@ def source_state(s: Snapshot) -> str:
 
 
 def sources_table(snapshots: Iterable[Snapshot], now: float) -> str:
+    """Each source: its state, last success, the errors that happened (never a zero count)."""
     rows = []
     for s in snapshots:
         state = source_state(s)
+        # a source that is not polled (push) is up from the start and has no last success
+        unpolled = state == "up" and s.last_success is None
+        last = "not polled: accepting" if unpolled else _age(now, s.last_success)
         state = f'<span class="{state}">{state}</span>'
         last_error = getattr(s, "last_error", None)  # a message, when the source keeps one
-        errors = ", ".join(f"{r} ×{n}" for r, n in sorted(s.errors.items()))
+        errors = ", ".join(f"{r} ×{n}" for r, n in sorted(s.errors.items()) if n)
         err = escape(str(last_error)) if last_error else escape(errors) or "none"
         rows.append(
             f'<tr class="source" data-up="{int(s.up)}"><td>{escape(s.collector)}</td>'
-            f"<td>{state}</td><td>{_age(now, s.last_success)}</td><td>{err}</td>"
+            f"<td>{state}</td><td>{last}</td><td>{err}</td>"
             f"<td>{s.duration * 1000:.0f} ms</td></tr>"
         )
     if not rows:
@@ -469,7 +653,13 @@ def facts_section(facts: Facts, links: Links) -> str:
 def _header(facts: Facts) -> str:
     demo = (
         '<p class="demo"><b>Demo data.</b> The job, its GPUs and its Ray actors are simulated '
-        "(<code>serve --demo</code>); nothing here is a real cluster.</p>"
+        "(<code>serve --demo</code>); nothing here is a real cluster."
+        + (
+            f' <span class="story">{escape(facts.story[:1].upper() + facts.story[1:])}.</span>'
+            if facts.story
+            else ""
+        )
+        + "</p>"
         if facts.demo
         else ""
     )
@@ -526,43 +716,49 @@ def no_job_yet(collectors: set[str]) -> str:
     return f'<p class="no-job">{said}Or try <code>rlhf-exporter serve --demo</code>.</p>'
 
 
+def _job_row(job: Mapping[str, Any], stall: float | None, links: Links, now: float) -> str:
+    """`/`'s row of one job: verdict, change, sparkline, step, age, what to look at."""
+    verdict, reason, change = job.get("verdict"), job.get("reason"), job.get("change")
+    history = job.get("history") or ()
+    tag = _tag(verdict, VERDICT_COLOURS[verdict]) if verdict else "-"
+    change_text = ""
+    if change and change != STEADY:
+        text = f"regression: {job.get('regressed')}" if change == "regression" else "shift"
+        change_text = _tag(text, CHANGE_COLOURS[change])
+    elif warming_up(job):
+        change_text = f'<span class="muted warming">{escape(warming_up(job))}</span>'
+    if stall is not None:
+        change_text = _tag(f"stalled {_duration(stall)}", BAD) + " " + change_text
+        change_text += hangs_line(job.get("stacks"))
+    url, _ = links.runbook(verdict, change)
+    advice = ""
+    if verdict:
+        advice = look_at(verdict, reason) or history_advice(history, verdict) or ""
+    found = job_episodes(job)
+    if found:  # the latest change episode: its first clause (the whole one on hover)
+        whole = found[-1].summary()
+        latest = escape(whole.split("; ", 1)[0])
+        change_text += f' <span class="muted episode" title="{escape(whole)}">{latest}</span>'
+    return (
+        f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
+        f"{job_name(job['project'], job['experiment'])}</a></td>"
+        f"<td>{tag} {escape(reason or '')}{_engine_note(job)}</td><td>{change_text}</td>"
+        f"<td>{draw.sparkline(history)}</td>"
+        f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
+        f'<td>{_breakable(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
+    )
+
+
 def index_page(
     jobs: Sequence[Mapping[str, Any]], snapshots: Sequence[Snapshot], facts: Facts, links: Links
 ) -> str:
-    """`/`: every job compactly (sparklines), who needs attention first."""
+    """`/`: a few jobs' answers first (state, verdict, since when, what changed, what to
+    do, then their step chart), then every job compactly (sparklines), who needs attention
+    first."""
     now = time.time()
-    rows = []
     stalls = {id(j): facts.stalled(j, now) for j in jobs}
     ordered = sorted(jobs, key=lambda j: attention(j, stalls[id(j)] is not None))
-    for job in ordered:
-        verdict, reason, change = job.get("verdict"), job.get("reason"), job.get("change")
-        history = job.get("history") or ()
-        tag = _tag(verdict, VERDICT_COLOURS[verdict]) if verdict else "-"
-        change_text = ""
-        if change and change != STEADY:
-            text = f"regression: {job.get('regressed')}" if change == "regression" else "shift"
-            change_text = _tag(text, CHANGE_COLOURS[change])
-        stall = stalls[id(job)]
-        if stall is not None:
-            change_text = _tag(f"stalled {_duration(stall)}", BAD) + " " + change_text
-            change_text += hangs_line(job.get("stacks"))
-        url, _ = links.runbook(verdict, change)
-        advice = ""
-        if verdict:
-            advice = look_at(verdict, reason) or history_advice(history, verdict) or ""
-        found = job_episodes(job)
-        if found:  # the latest change episode: its first clause (the whole one on hover)
-            whole = found[-1].summary()
-            latest = escape(whole.split("; ", 1)[0])
-            change_text += f' <span class="muted episode" title="{escape(whole)}">{latest}</span>'
-        rows.append(
-            f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
-            f"{job_name(job['project'], job['experiment'])}</a></td>"
-            f"<td>{tag} {escape(reason or '')}{_engine_note(job)}</td><td>{change_text}</td>"
-            f"<td>{draw.sparkline(history)}</td>"
-            f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
-            f'<td>{_breakable(advice)} <a class="runbook" href="{escape(url)}">runbook</a></td></tr>'
-        )
+    rows = [_job_row(job, stalls[id(job)], links, now) for job in ordered]
     table = (
         "<table><tr><th>job</th><th>verdict</th><th>change</th><th>step time and verdicts "
         "(last steps)</th><th>step</th><th>last step</th><th>look at next</th></tr>"
@@ -572,32 +768,27 @@ def index_page(
         else no_job_yet({s.collector for s in snapshots})
     )
     detail = ""
-    if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: draw them here too, no click needed
+    if 0 < len(jobs) <= DETAIL_JOBS:  # a few jobs: their answers first, no click needed
         for job in ordered:
-            detail += f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
             history = job.get("history") or ()
-            detail += verdict_box(
-                job.get("verdict"),
-                job.get("reason"),
-                job.get("change"),
-                job.get("regressed"),
-                links,
-                advice=history_advice(history, job.get("verdict")),
+            detail += (
+                f'<h2 class="job-answer">{job_name(job["project"], job["experiment"])}</h2>'
+                + answer_box(job, stalls[id(job)], facts, links, now)
+                + charts(history)
+                + engine_box(job.get("engine"), job.get("verdict"))
+                + history_episodes(job)
             )
-            detail += engine_box(job.get("engine"))
-            detail += charts(history)
-            detail += history_episodes(job)
     body = (
         _header(facts)
-        + f"<h2>Jobs ({len(rows)})</h2>"
         + problems_box([p for s in snapshots for p in s.problems])
-        + table
         + detail
+        + f"<h2>{'All jobs' if detail else 'Jobs'} ({len(rows)})</h2>"
+        + table
         + "<h2>Sources</h2>"
         + sources_table(snapshots, now)
         + facts_section(facts, links)
     )
-    return _page("rlhf-exporter", body, refresh=10)
+    return _page("rlhf-exporter", body, refresh=10, css=CSS + SIDECAR_CSS)
 
 
 def cannot_show(lines: Sequence[str]) -> str:
@@ -620,15 +811,52 @@ def move_text(move: int) -> str:
     return f"move {gpus} to the rollout" if move > 0 else f"move {gpus} to the trainer"
 
 
-def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
-    """GPU time by step window and role (docs/gpu-windows.md): GPU-seconds, busy share and
-    idle GPU-seconds per window group and GPU role since the exporter started; for separate
-    rollout and trainer GPUs, who waits on whom and the GPU-move estimate."""
+AGREES = {  # who waits on whom, and the step verdicts it agrees with
+    "trainer_starved": ("rollout",),  # the trainer waits for samples: rollout bounds it
+    "rollout_overprovisioned": ("update", "logprob", "reward", "sync"),  # rollout waits
+}
+
+
+def balance_words(b: Any, verdict: str | None, range_words: str) -> str:
+    """Who waits on whom in words: the idle shares, whether it agrees with the step verdict
+    (or why it differs), and the GPU-move estimate with the reason it moves none."""
+    said = b.verdict or "not enough GPU-seconds yet"
+    out = (
+        f"<b>Who waits on whom:</b> {escape(said)}: trainer idle {b.trainer_idle:.0%} "
+        f"({b.starved_idle:.0%} waiting for samples, {b.trainer_idle_seconds:,.0f} "
+        f"GPU-seconds), rollout idle {b.rollout_idle:.0%} ({b.overprovisioned_idle:.0%} while "
+        f"the trainer works, {b.rollout_idle_seconds:,.0f} GPU-seconds)."
+    )
+    agrees = AGREES.get(b.verdict or "")
+    if agrees is not None and verdict is not None:
+        if verdict in agrees:
+            out += f" It agrees with the verdict ({escape(verdict)})."
+        else:
+            out += (
+                f' <span class="differs">It differs from the verdict ({escape(verdict)}): it '
+                f"adds up {escape(range_words)}, the verdict judges the last step.</span>"
+            )
+    out += f" First-order estimate: {move_text(b.move_to_rollout)}"
+    if b.move_to_rollout == 0 and agrees is not None:
+        out += (
+            ": each side's share of the busy GPU-seconds already matches its share of the "
+            "GPUs, so the idle time is each side waiting on the other in turn, which moving "
+            "GPUs does not remove"
+        )
+    return f"<p>{out} (assumptions in docs/gpu-windows.md).</p>"
+
+
+def gpu_windows_section(windows: Any, limits: Mapping[str, Any], verdict: str | None = None) -> str:
+    """GPU time by step window and role (docs/gpu-windows.md): a picture of the busy and
+    idle GPU-seconds per GPU role and window group over the job's steps joined since the
+    exporter started (the numbers a click away); for separate rollout and trainer GPUs, who
+    waits on whom, beside the step verdict, and the GPU-move estimate."""
     if not windows:
         return ""
     from ..diagnosis.balance import balance
 
     counters, wall = windows
+    range_words = f"the {_duration(wall)} of this job's steps joined since this exporter started"
     rows = "".join(
         f"<tr><td>{escape(group)}</td><td>{escape(role)}</td><td>{total:,.0f}</td>"
         f"<td>{busy / total:.0%}</td><td>{total - busy:,.0f}</td></tr>"
@@ -636,22 +864,19 @@ def gpu_windows_section(windows: Any, limits: Mapping[str, Any]) -> str:
         if total > 0
     )
     out = (
-        "<h2>GPU time by step window and role</h2>"
-        "<table><tr><th>window group</th><th>GPU role</th><th>GPU-seconds</th><th>busy</th>"
-        f"<th>idle GPU-seconds</th></tr>{rows}</table>"
+        '<div class="gpu-time"><h2>GPU time by step window and role</h2>'
+        f'<p class="muted range">Over {escape(range_words)}: one bar per GPU role, one '
+        "segment per window group (its colour), solid where the GPUs were busy, pale where "
+        "they idled.</p>"
+        + draw.gpu_time(counters)
+        + "<details><summary>The numbers</summary><table><tr><th>window group</th>"
+        "<th>GPU role</th><th>GPU-seconds</th><th>busy</th>"
+        f"<th>idle GPU-seconds</th></tr>{rows}</table></details>"
     )
     b = balance(counters, wall, limits) if limits else None
     if b is not None:
-        verdict = b.verdict or "not enough GPU-seconds yet"
-        out += (
-            f"<p><b>Who waits on whom:</b> {escape(verdict)}: trainer idle "
-            f"{b.trainer_idle:.0%} ({b.starved_idle:.0%} waiting for samples, "
-            f"{b.trainer_idle_seconds:,.0f} GPU-seconds), rollout idle {b.rollout_idle:.0%} "
-            f"({b.overprovisioned_idle:.0%} while the trainer works, "
-            f"{b.rollout_idle_seconds:,.0f} GPU-seconds). First-order estimate: {move_text(b.move_to_rollout)} "
-            "(assumptions in docs/gpu-windows.md).</p>"
-        )
-    return out
+        out += balance_words(b, verdict, range_words)
+    return out + "</div>"
 
 
 def job_page(
@@ -662,45 +887,26 @@ def job_page(
     windows: Any = None,
     balance_limits: Mapping[str, Any] | None = None,
 ) -> str:
-    """`/jobs/<project>/<experiment>`: one job's pictures, verdict and sources."""
+    """`/jobs/<project>/<experiment>`: the answer first (state, verdict, since when, what
+    changed, what to do), then the step chart, the evidence and the sources."""
     now = time.time()
     name = f"{job['project']} / {job['experiment']}"
-    meta = (
-        f"step {job.get('step')}, run {job.get('run')}, {job.get('steps')} steps seen, "
-        f"last step {_age(now, job.get('last_step_time'))}"
-    )
     stall = facts.stalled(job, now)
-    stalled_html = (
-        f'<p class="stalled">{_tag("stalled", BAD)} no new step for {_duration(stall)}: '
-        f'see the <a href="{escape(runbook_url(links.runbook_base, STALL_ALERT))}">'
-        f"{STALL_ALERT}</a> runbook.</p>"
-        if stall is not None
-        else ""
-    )
     body = (
         _header(facts)
         + f"<h2>{job_name(job['project'], job['experiment'])}</h2>"
-        + f"<p class=muted>{escape(meta)}</p>"
-        + stalled_html
+        + answer_box(job, stall, facts, links, now)
         + hangs_panel(job.get("stacks"), runbook_url(links.runbook_base, WHERE_ANCHOR))
-        + verdict_box(
-            job.get("verdict"),
-            job.get("reason"),
-            job.get("change"),
-            job.get("regressed"),
-            links,
-            advice=history_advice(job.get("history") or (), job.get("verdict")),
-        )
-        + engine_box(job.get("engine"))
         + cannot_show(job.get("cannot_show") or ())
         + charts(job.get("history") or ())
+        + engine_box(job.get("engine"), job.get("verdict"))
         + history_episodes(job)
-        + gpu_windows_section(windows, balance_limits or {})
+        + gpu_windows_section(windows, balance_limits or {}, job.get("verdict"))
         + "<h2>Sources</h2>"
         + sources_table(snapshots, now)
         + facts_section(facts, links)
     )
-    return _page(f"{name} - rlhf-exporter", body, refresh=10)
+    return _page(f"{name} - rlhf-exporter", body, refresh=10, css=CSS + SIDECAR_CSS)
 
 
 def doc_page(html: str) -> str:
