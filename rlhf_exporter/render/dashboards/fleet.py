@@ -226,10 +226,14 @@ def jobs_table(c: DashboardContext) -> table.Panel:
             "organize",
             {
                 "excludeByName": {"Time": True},
+                # cluster and namespace first: two clusters' grpo/exp1 are two rows (issue 49);
+                # on a single Prometheus the columns are absent
                 "indexByName": {
-                    "project": 0,
-                    "experiment": 1,
-                    **{name: i + 2 for i, (name, _) in enumerate(columns)},
+                    "cluster": 0,
+                    "namespace": 1,
+                    "project": 2,
+                    "experiment": 3,
+                    **{name: i + 4 for i, (name, _) in enumerate(columns)},
                 },
                 "renameByName": {f"Value #{ref}": name for ref, (name, _) in zip(refs, columns)},
             },
@@ -430,7 +434,7 @@ def idle_gpu_hours_by_window(c: DashboardContext) -> PanelBuilder:
         "samples joined to the windows, summed over each job's nodes; docs/gpu-windows.md).",
         [
             Q(
-                f"topk(10, sum by (project, experiment, group, gpu_role) (\n"
+                f"topk(10, sum by ({BY_JOB}, group, gpu_role) (\n"
                 f"  increase({sel(total)}[{RANGE}])\n  - increase({sel(busy)}[{RANGE}])\n) / 3600)",
                 "{{project}}/{{experiment}} {{group}} {{gpu_role}}",
                 instant=True,

@@ -25,17 +25,17 @@ def gpu_errors(c: DashboardContext) -> PanelBuilder:
         "(13, 31, 43, 45, ...) do not (docs/dcgm-exporter.md).",
         [
             Q(
-                f"sum by (instance, gpu_role, reason) (increase({sel('rlhf_gpu_errors_total')}[{RATE}]))"
-                f"\nor 0 * count by (instance) ({sel('rlhf_gpu_info')})",
+                f"sum by (cluster, instance, gpu_role, reason) (increase({sel('rlhf_gpu_errors_total')}[{RATE}]))"
+                f"\nor 0 * count by (cluster, instance) ({sel('rlhf_gpu_info')})",
                 "{{instance}} {{gpu_role}} {{reason}}",
             ),
             Q(
-                f"sum by (instance, gpu_role, xid) (increase({sel('rlhf_gpu_xid_errors_total')}[{RATE}]))"
-                f"\nor 0 * count by (instance) ({sel('rlhf_gpu_info')})",
+                f"sum by (cluster, instance, gpu_role, xid) (increase({sel('rlhf_gpu_xid_errors_total')}[{RATE}]))"
+                f"\nor 0 * count by (cluster, instance) ({sel('rlhf_gpu_info')})",
                 "{{instance}} {{gpu_role}} XID {{xid}}",
             ),
             Q(
-                "sum by (instance, gpu_role) (increase("
+                "sum by (cluster, instance, gpu_role) (increase("
                 f"{sel('rlhf_gpu_ecc_errors_total', *UNCORRECTED)}[{RATE}]))",
                 "{{instance}} {{gpu_role}} uncorrectable ECC",
             ),
@@ -49,7 +49,7 @@ def gpu_errors(c: DashboardContext) -> PanelBuilder:
 def _flag(names: tuple[str, ...], label: str) -> str:
     """1 where any GPU of the node and role has one of `names` at 1, as one series `label`."""
     either = "\nor ".join(sel(n) for n in names)
-    return f'label_replace(max by (instance, gpu_role) (\n{either}\n), "repair", "{label}", "", "")'
+    return f'label_replace(max by (cluster, instance, gpu_role) (\n{either}\n), "repair", "{label}", "", "")'
 
 
 def memory_repairs(c: DashboardContext) -> PanelBuilder:
@@ -62,8 +62,8 @@ def memory_repairs(c: DashboardContext) -> PanelBuilder:
         "service). Per GPU: rlhf_gpu_remapped_rows.",
         [
             Q(  # the causes tell them apart: correctable, uncorrectable rows; pages by ECC kind
-                f"sum by (instance, gpu_role, cause) ({sel('rlhf_gpu_remapped_rows')})\n"
-                f"or sum by (instance, gpu_role, cause) ({sel('rlhf_gpu_retired_pages')})",
+                f"sum by (cluster, instance, gpu_role, cause) ({sel('rlhf_gpu_remapped_rows')})\n"
+                f"or sum by (cluster, instance, gpu_role, cause) ({sel('rlhf_gpu_retired_pages')})",
                 "{{instance}} {{gpu_role}} {{cause}}",
             ),
             Q(
@@ -86,7 +86,7 @@ def throttle_reasons(c: DashboardContext) -> PanelBuilder:
         "hw_power_brake: hardware protection), averaged per node and GPU role.",
         [
             Q(
-                f"avg by (instance, gpu_role, reason) (rate({sel('rlhf_gpu_throttle_seconds_total')}[{RATE}]))",
+                f"avg by (cluster, instance, gpu_role, reason) (rate({sel('rlhf_gpu_throttle_seconds_total')}[{RATE}]))",
                 "{{instance}} {{gpu_role}} {{reason}}",
             )
         ],

@@ -35,6 +35,8 @@ from .panels import (
     value_mappings,
 )
 from .queries import (
+    BY_EXPORTER,
+    BY_JOB,
     MAX_SERIES,
     RANGE,
     RATE,
@@ -55,9 +57,9 @@ from .queries import (
 )
 from .style import change_mappings, reason_mappings, verdict_mappings
 
-PER_GPU = "job, instance, gpu"
-PER_COLLECTOR = "instance, collector"
-PER_REASON = "instance, collector, reason"
+PER_GPU = f"{BY_EXPORTER}, gpu"
+PER_COLLECTOR = "cluster, instance, collector"
+PER_REASON = "cluster, instance, collector, reason"
 
 TITLE = "RLHF job: where the step time goes"
 JOB_LEGEND = "{{project}}/{{experiment}}"
@@ -145,7 +147,7 @@ def time_since_last_step(c: DashboardContext) -> PanelBuilder:
         "Seconds since the exporter read the last step of each job. Orange past half the "
         f"stall floor, red past the floor ({alerts['stall_min']}); the stall alert also "
         f"allows {alerts['stall_factor']}x the job's baseline step time.",
-        [Q(f"max by (project, experiment) ({since_last_step()})", JOB_LEGEND)],
+        [Q(f"max by ({BY_JOB}) ({since_last_step()})", JOB_LEGEND)],
         style.SECONDS,
     ).thresholds(thresholds(style.OK, (stall / 2, style.WARN), (stall, style.BAD)))
 
@@ -156,8 +158,8 @@ def step_and_run(c: DashboardContext) -> PanelBuilder:
         "The last step number ingested (rlhf_step) and the job's 0-based run (rlhf_run): a "
         "lower step number (restart or resume) starts a new run and an empty baseline.",
         [
-            Q(f"max by (project, experiment) ({sel('rlhf_step')})", JOB_LEGEND + " step"),
-            Q(f"max by (project, experiment) ({sel('rlhf_run')})", JOB_LEGEND + " run"),
+            Q(f"max by ({BY_JOB}) ({sel('rlhf_step')})", JOB_LEGEND + " step"),
+            Q(f"max by ({BY_JOB}) ({sel('rlhf_run')})", JOB_LEGEND + " run"),
         ],
         style.PLAIN,
     ).color_mode(BigValueColorMode.NONE)
@@ -1053,19 +1055,21 @@ def change_annotations(b: Board) -> None:
     """Regressions and workload shifts (decision table §4) marked on every time series."""
     b.annotate(
         "Regression",
-        f"max by (project, experiment) ({sel('rlhf_change', eq('kind', 'regression'))}) == 1",
+        f"max by ({BY_JOB}) ({sel('rlhf_change', eq('kind', 'regression'))}) == 1",
         style.CHANGE_COLOURS["regression"],
         "regression: " + JOB_LEGEND,
     )
     b.annotate(
         "Workload shift",
-        f"max by (project, experiment) ({sel('rlhf_change', eq('kind', 'workload_shift'))}) == 1",
+        f"max by ({BY_JOB}) ({sel('rlhf_change', eq('kind', 'workload_shift'))}) == 1",
         style.CHANGE_COLOURS["workload_shift"],
         "workload shift: " + JOB_LEGEND,
     )
 
 
-ALERTS_FIRING = f"max by (alertname, severity, project, experiment) ({sel('ALERTS', eq('alertstate', 'firing'))})"
+ALERTS_FIRING = (
+    f"max by (alertname, severity, {BY_JOB}) ({sel('ALERTS', eq('alertstate', 'firing'))})"
+)
 """The job's firing alerts, one series per alert (what the alert annotations draw)."""
 
 

@@ -17,7 +17,12 @@ from .style import change_codes, reason_codes
 
 assert change_codes() == CHANGE_CODES  # the record's numbers are the panels' value mappings
 
-BY_JOB = "project, experiment"
+BY_JOB = "cluster, namespace, project, experiment"
+"""A job's identity in the store: two clusters (or namespaces) may both run `grpo/exp1`, and
+every per-job aggregation and join keeps them apart (issue 49). An absent `cluster` or
+`namespace` groups as empty, so a single Prometheus sees one row per job as before."""
+BY_EXPORTER = "cluster, job, instance"
+"""A scrape target's identity: two clusters may reuse a pod address (`instance`)."""
 TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
 JOB = TARGET + ', project=~"$project", experiment=~"$experiment"'
 RATE = "$__rate_interval"
@@ -102,7 +107,7 @@ def on_job_exporters(expr: str) -> str:
     """Keep the series of `expr` from an exporter (job, instance) that serves a selected verl
     job: its head (which exports the job's steps) or a worker (whose GPU series carry the
     job, issue 23). For the exporters' own health, per node."""
-    return f"({expr})\nand on (job, instance) ({sel('rlhf_step')} or {sel('rlhf_gpu_info')})"
+    return f"({expr})\nand on ({BY_EXPORTER}) ({sel('rlhf_step')} or {sel('rlhf_gpu_info')})"
 
 
 def on_sole_job_exporters(expr: str) -> str:
@@ -111,8 +116,8 @@ def on_sole_job_exporters(expr: str) -> str:
     its Ray cluster is that job's; a fleet exporter serves many jobs from one shared cluster,
     and its cluster-wide series are shown for none of them rather than for every one (the
     fleet dashboard shows the shared cluster; docs/fleet.md)."""
-    one = f"count by (job, instance) ({sel('rlhf_step', scope=TARGET)}) == 1"
-    return f"({expr})\nand on (job, instance) ({one})\nand on (job, instance) {sel('rlhf_step')}"
+    one = f"count by ({BY_EXPORTER}) ({sel('rlhf_step', scope=TARGET)}) == 1"
+    return f"({expr})\nand on ({BY_EXPORTER}) ({one})\nand on ({BY_EXPORTER}) {sel('rlhf_step')}"
 
 
 def gpus_per_job() -> str:
@@ -137,7 +142,7 @@ def stall_limit(alerts: Mapping[str, Any]) -> str:
 
 JOB_STATE = "project_experiment_state:rlhf_job_state:max"  # recording.lifecycle_records
 STALL_BUDGET = "project_experiment:rlhf_job_stall_budget:ratio"
-PER_TARGET_JOB = "namespace, project, experiment, job, instance"
+PER_TARGET_JOB = f"{BY_JOB}, job, instance"
 
 
 def job_state_is(regex: str) -> str:
@@ -176,6 +181,7 @@ def since_last_step() -> str:
 
 
 __all__ = [
+    "BY_EXPORTER",
     "BY_JOB",
     "CHANGES",
     "JOB",

@@ -85,7 +85,7 @@ def records(ctx: Context) -> list[dict[str, str]]:
             "expr": f"increase({BUSY}[{w}])\n/ (increase({TOTAL}[{w}]) > 0)",
         },
         {"record": job_idle(ctx), "expr": f"sum without ({NODES}) ({idle(ctx)})"},
-        {"record": fleet_idle(ctx), "expr": f"sum by (group, gpu_role) ({idle(ctx)})"},
+        {"record": fleet_idle(ctx), "expr": f"sum by (cluster, group, gpu_role) ({idle(ctx)})"},
         {"record": t, "expr": f"sum without ({NODES}, group) (increase({TOTAL}[{w}]))"},
         {"record": b, "expr": f"sum without ({NODES}, group) (increase({BUSY}[{w}]))"},
         {  # trainer GPUs idle while the step waits for samples, over the trainer's GPU-seconds

@@ -67,6 +67,9 @@ JOB_NAME = "{{ $labels.project }}/{{ $labels.experiment }}"
 # (`instance`, `pod`) of one job. Joins between a job's series from different targets match
 # `on (JOB_KEY)`; sums over a job's nodes drop `NODES` (issue 23: never `on (job, instance)`).
 JOB_KEY = "cluster, namespace, project, experiment"
+# A scrape target across clusters: two clusters may reuse a pod address, so a join between one
+# exporter's series matches `on (EXPORTER_KEY)` (issue 49; `cluster` absent groups as empty).
+EXPORTER_KEY = "cluster, job, instance"
 NODES = "instance, pod"
 
 

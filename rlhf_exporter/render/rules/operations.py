@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from ...diagnosis.thresholds import seconds
 from .model import (
+    EXPORTER_KEY,
     JOB_KEY,
     JOB_MATCH,
     JOB_NAME,
@@ -294,7 +295,7 @@ def actors_died(ctx: Context) -> Alert:
         name="RLHFRayActorsDied",
         expr=(
             _counter_increase(ctx, "rlhf_ray_actor_failures_total", win, "reason")
-            + "\nunless on (job, instance) "
+            + f"\nunless on ({EXPORTER_KEY}) "
             + '(rlhf_job_state{state=~"finished|failed"} == 1)'
         ),
         for_=ctx.dur("actors_dead_for"),
@@ -500,7 +501,7 @@ def collector_stale(ctx: Context) -> Alert:
         name="RLHFExporterCollectorStale",
         expr=(
             f"time() - rlhf_exporter_collector_last_success_timestamp_seconds > {_num(after)}\n"
-            "unless on (job, instance, collector) rlhf_exporter_collector_up == 0"
+            f"unless on ({EXPORTER_KEY}, collector) rlhf_exporter_collector_up == 0"
         ),
         for_=ctx.dur("collector_down_for"),
         severity="warning",
