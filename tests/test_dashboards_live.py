@@ -262,7 +262,7 @@ def test_every_query_returns_series_for_a_real_job(live, rel, experiment):
         if (
             experiment != GPU_JOB
             and re.search(r"rlhf_gpu_", expr)
-            and "and on (job, instance)" not in expr  # the job's exporters, not its GPUs
+            and "and on (cluster, job, instance)" not in expr  # the job's exporters, not its GPUs
         ):
             # the GPUs serve GPU_JOB only: another job's GPU panels must be empty
             not_its_gpus.append((where, result))
