@@ -85,7 +85,10 @@ def image_record(image_dir: Path = IMAGE_DIR) -> dict[str, object]:
     summary = image_dir / "image.json"
     archives = sorted(image_dir.glob("*.oci.tar"))
     if not summary.exists() or not archives:
-        return {"built": False, "why": f"no image in {image_dir} (sudo bash scripts/build-image.sh)"}
+        return {
+            "built": False,
+            "why": f"no image in {image_dir} (sudo bash scripts/build-image.sh)",
+        }
     facts = json.loads(summary.read_text(encoding="utf-8"))
     with tarfile.open(archives[-1]) as tar:
         member = tar.extractfile("index.json")
