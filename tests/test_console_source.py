@@ -72,15 +72,17 @@ def head():
         yield h
 
 
-def trainer_class():
-    @ray.remote(num_cpus=0)
-    class TaskRunner:
-        def say(self, lines: list[str]) -> int:
-            for line in lines:
-                print(line, flush=True)
-            return len(lines)
+class _Printer:
+    def say(self, lines: list[str]) -> int:
+        for line in lines:
+            print(line, flush=True)
+        return len(lines)
 
-    return TaskRunner
+
+def trainer_class(name: str = "TaskRunner"):
+    """An actor class Ray reports as `name` (a verl trainer class) that prints lines."""
+    cls = type(name, (_Printer,), {"__qualname__": name})
+    return ray.remote(num_cpus=0)(cls)
 
 
 def sources(head, tmp_path: Path, names: JobNames | None = None):
@@ -260,8 +262,10 @@ def test_a_flood_from_one_job_never_stops_another(head, tmp_path):
     console = ConsoleSource(TH, ray_src, head.dashboard_url, interval=0.2, max_line=64 << 10)
     expected = comparable(file_job(tmp_path, "proj-f", "exp-f"))
     # ~10 MB of flood through Ray's agent first: generous on a loaded machine
+    # the two jobs' streams are read apart: wait for the flood's long lines to be counted too
     poll_until(ray_src, console, lambda: (job := live_jobs(console).get(("proj-f", "exp-f")))
-               is not None and job.steps == expected["steps"], timeout=240)  # fmt: skip
+               is not None and job.steps == expected["steps"]
+               and console.snapshot().record_errors.get("too_long", 0) >= 3, timeout=240)  # fmt: skip
     assert comparable(live_jobs(console)[("proj-f", "exp-f")]) == expected
     rejected = console.snapshot().record_errors
     assert rejected["too_long"] >= 3, rejected
@@ -340,15 +344,8 @@ def test_a_fully_async_trainer_printing_two_lines_a_step_is_diagnosed_as_its_jso
     jsonl = tmp_path / "async.jsonl"
     jsonl.write_text("".join(json.dumps({"step": r.step, "data": r.data}) + "\n" for r in records))
 
-    @ray.remote(num_cpus=0)
-    class FullyAsyncTrainer:
-        def say(self, lines: list[str]) -> int:
-            for line in lines:
-                print(line, flush=True)
-            return len(lines)
-
     lines = console_lines(jsonl, "proj-h", "exp-h")
-    actor = FullyAsyncTrainer.remote()
+    actor = trainer_class("FullyAsyncTrainer").remote()
     ray.get(actor.say.remote(lines))
     root = tmp_path / "files" / "proj-h"
     root.mkdir(parents=True)

@@ -39,7 +39,7 @@ from rlhf_exporter.render.addresses import FLEET_PATH
 from rlhf_exporter.render.rules.recording import VERDICT_CODE, VERDICT_CODES
 from tests.support import grafana_vars
 from tests.support.procs import REPO, Proc, free_port, wait_until
-from tests.support.prometheus import Alertmanager, binary
+from tests.support.prometheus import Alertmanager, binary, victoria_metrics
 from tests.support.serve import Exporter
 
 pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
@@ -187,21 +187,7 @@ def test_two_clusters_with_the_same_job_and_address_stay_apart(tmp_path):
             exporters[cluster] = Exporter(
                 tmp_path / cluster / "exporter", "--verl-root", str(root), "--verl-interval", "0.5"
             )
-        vm_port = free_port()
-        vm_url = f"http://127.0.0.1:{vm_port}"
-        procs.append(
-            Proc(
-                [
-                    vm,
-                    f"-httpListenAddr=127.0.0.1:{vm_port}",
-                    f"-storageDataPath={tmp_path / 'vm'}",
-                    "-search.latencyOffset=1s",
-                    "-search.disableCache",
-                ],
-                tmp_path / "vm.log",
-            )
-        )
-        wait_until(lambda: requests.get(vm_url + "/health", timeout=1).ok, 30, what="vm ready")
+        vm_url = victoria_metrics(vm, tmp_path / "vm", tmp_path / "vm.log", procs)
         am = Alertmanager(
             tmp_path / "am", {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
         )

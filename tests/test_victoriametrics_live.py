@@ -33,7 +33,7 @@ from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.render.addresses import FLEET_PATH
 from tests.support import grafana_vars
 from tests.support.procs import REPO, Proc, free_port, wait_until
-from tests.support.prometheus import binary
+from tests.support.prometheus import binary, victoria_metrics
 from tests.support.serve import Exporter
 
 pytestmark = [pytest.mark.slow, pytest.mark.prometheus]
@@ -137,21 +137,7 @@ def test_fleet_queries_agree_between_prometheus_and_victoriametrics(tmp_path):
     ex = Exporter(tmp_path / "exporter", "--verl-root", str(root), "--verl-interval", "0.5")
     procs: list[Proc] = []
     try:
-        vm_port = free_port()
-        vm_url = f"http://127.0.0.1:{vm_port}"
-        procs.append(
-            Proc(
-                [
-                    vm,
-                    f"-httpListenAddr=127.0.0.1:{vm_port}",
-                    f"-storageDataPath={tmp_path / 'vm'}",
-                    "-search.latencyOffset=1s",
-                    "-search.disableCache",
-                ],
-                tmp_path / "vm.log",
-            )
-        )
-        wait_until(lambda: requests.get(vm_url + "/health", timeout=1).ok, 30, what="vm ready")
+        vm_url = victoria_metrics(vm, tmp_path / "vm", tmp_path / "vm.log", procs)
         # the example config, with remote write and test-speed intervals
         conf_dir = tmp_path / "examples" / "prometheus"
         shutil.copytree(REPO / "examples" / "prometheus", conf_dir)

@@ -99,3 +99,25 @@ class Alertmanager(Proc):
         wait_until(
             lambda: requests.get(self.url + "/-/ready", timeout=1).ok, 60, what="alertmanager ready"
         )
+
+
+def victoria_metrics(vm: str, data: Path, log: Path, procs: list[Proc]) -> str:
+    """A single-node VictoriaMetrics on 127.0.0.1 (data under `data`), its Proc appended to
+    `procs` (the caller stops them), ready; returns its URL. Queries see samples at once
+    (no latency offset beyond 1 s, no cache), as a test's assertions need."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    procs.append(
+        Proc(
+            [
+                vm,
+                f"-httpListenAddr=127.0.0.1:{port}",
+                f"-storageDataPath={data}",
+                "-search.latencyOffset=1s",
+                "-search.disableCache",
+            ],
+            log,
+        )
+    )
+    wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 30, what="vm ready")
+    return url
