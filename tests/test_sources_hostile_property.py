@@ -1,4 +1,4 @@
-"""Property tests of round 4's surfaces (issue #35): random engine pages, target lists and Ray
+"""Property tests of the sources' hostile surfaces: random engine pages, target lists and Ray
 answers never crash a source, stay within their bounds, and keep the good records among them."""
 
 from __future__ import annotations

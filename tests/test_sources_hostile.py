@@ -1,8 +1,9 @@
-"""Hostile input, round 4: engine pages and target lists, the Ray Jobs API, declared job ends.
+"""Hostile engine pages and target lists, Ray Jobs API answers and declared job ends never
+crash a source, stay within their bounds and keep the good records.
 
-Each test replays one finding of issue #35 against the real sources, over real sockets and
+Each test replays one hostile input against the real sources, over real sockets and
 files on 127.0.0.1 (the HTTP client itself: tests/test_http_client.py; property tests:
-tests/test_hostile_round4_property.py; memory and scrape-time figures: bench/hostile_round4.py).
+tests/test_sources_hostile_property.py; memory and scrape-time figures: bench/hostile_sources.py).
 """
 
 from __future__ import annotations

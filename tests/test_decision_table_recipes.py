@@ -1,6 +1,6 @@
-"""Decision table v4 (docs/decision-table.md §2 and §4): the recipes' timers, timers the
-table does not name (clipped to the untimed time), PRIME's `adv`, DAPO's n generation batches,
-the fully-async recipe's `wait_last_valid` in a second record of the step."""
+"""The decision table on verl's recipes (docs/decision-table.md §2 and §4): the recipes'
+timers, timers the table does not name (clipped to the untimed time), PRIME's `adv`, DAPO's n
+generation batches, the fully-async recipe's `wait_last_valid` in a second record of the step."""
 
 from __future__ import annotations
 

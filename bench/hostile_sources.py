@@ -1,7 +1,7 @@
-"""Hostile input, round 4 (issue 35): each high finding replayed against `serve`, side by side
+"""Hostile input to the sources: each finding replayed against `serve`, side by side
 with a clean `serve` fed the same jobs and benign inputs of the same kind.
 
-    .venv/bin/python bench/hostile_round4.py [--attack all|engines|targets|ray|ray_jobs|marker]
+    .venv/bin/python bench/hostile_sources.py [--attack all|engines|targets|ray|ray_jobs|marker]
                                              [--jobs 20] [--seconds 30] [--scrape-every 0.2]
 
 Both exporters follow `--jobs` verl jobs stepping every few seconds and are scraped every
@@ -20,7 +20,7 @@ Both exporters follow `--jobs` verl jobs stepping every few seconds and are scra
 
 Prints, per attack, RSS (max), scrape p50/p99, CPU (% of a core over the run), jobs
 exported, and the counted cause; the
-goals (issue 35): RSS within +100 MiB of the clean run, scrape p99 < 50 ms, every job
+goals: RSS within +100 MiB of the clean run, scrape p99 < 50 ms, every job
 exported, the cause counted.
 """
 
@@ -124,7 +124,7 @@ class EngineProcess:
 
 
 class ChildProcess:
-    """Servers in a child process (`python hostile_round4.py <flag> <args>`), which prints
+    """Servers in a child process (`python hostile_sources.py <flag> <args>`), which prints
     one URL a line."""
 
     def __init__(self, flag: str, *args: str, count: int):
