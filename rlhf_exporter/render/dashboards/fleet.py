@@ -577,11 +577,11 @@ def jobs_row(c: DashboardContext) -> Row:
         100,
         "Jobs now",
         [
-            Cell(102, jobs_count(c), w=6, h=4),
-            Cell(103, stalled_jobs(c), w=6, h=4),
-            Cell(104, jobs_in_regression(c), w=6, h=4),
-            Cell(105, firing_alerts(c), w=6, h=4),
-            Cell(101, jobs_table(c), w=24, h=10),
+            Cell(jobs_count(c), w=6, h=4),
+            Cell(stalled_jobs(c), w=6, h=4),
+            Cell(jobs_in_regression(c), w=6, h=4),
+            Cell(firing_alerts(c), w=6, h=4),
+            Cell(jobs_table(c), w=24, h=10),
         ],
     )
 
@@ -591,9 +591,9 @@ def verdicts_row(c: DashboardContext) -> Row:
         200,
         "Verdicts across the fleet",
         [
-            Cell(201, jobs_per_verdict(c), w=12, h=8),
-            Cell(202, steps_per_verdict(c), w=12, h=8),
-            Cell(203, verdict_per_job(c), w=24, h=8),
+            Cell(jobs_per_verdict(c), w=12, h=8),
+            Cell(steps_per_verdict(c), w=12, h=8),
+            Cell(verdict_per_job(c), w=24, h=8),
         ],
     )
 
@@ -603,9 +603,9 @@ def gpu_time_row(c: DashboardContext) -> Row:
         300,
         "Where the fleet's GPU time goes",
         [
-            Cell(301, gpu_hours_per_group(c), w=8, h=9),
-            Cell(302, gpus_waiting_per_group(c), w=16, h=9),
-            Cell(303, idle_gpu_hours_by_window(c), w=24, h=9),
+            Cell(gpu_hours_per_group(c), w=8, h=9),
+            Cell(gpus_waiting_per_group(c), w=16, h=9),
+            Cell(idle_gpu_hours_by_window(c), w=24, h=9),
         ],
     )
 
@@ -615,11 +615,11 @@ def stalls_row(c: DashboardContext) -> Row:
         400,
         "Stalled jobs and regressions",
         [
-            Cell(401, stall_budget_used(c), w=12, h=8),
-            Cell(402, change_per_job(c), w=12, h=8),
-            Cell(405, regressed_steps_per_job(c), w=12, h=8),
-            Cell(403, regressed_steps_per_group(c), w=12, h=8),
-            Cell(404, throughput_against_baseline(c), w=24, h=8),
+            Cell(stall_budget_used(c), w=12, h=8),
+            Cell(change_per_job(c), w=12, h=8),
+            Cell(regressed_steps_per_job(c), w=12, h=8),
+            Cell(regressed_steps_per_group(c), w=12, h=8),
+            Cell(throughput_against_baseline(c), w=24, h=8),
         ],
     )
 
@@ -644,7 +644,7 @@ def build(th: Thresholds) -> Board:
     for row in ROWS:
         r = row(c)
         cells = [
-            Cell(x.id, x.panel.interval(MIN_STEP), x.w, x.h)
+            Cell(x.panel.interval(MIN_STEP), x.w, x.h)
             if isinstance(x.panel, (timeseries.Panel, statetimeline.Panel))
             else x
             for x in r.cells

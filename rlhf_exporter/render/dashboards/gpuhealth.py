@@ -157,13 +157,13 @@ def gpu_health_row(c: DashboardContext) -> Row:
         650,
         "GPU health (NVML), every node serving the selected jobs",
         [
-            Cell(651, gpu_errors(c), w=12, h=8),
-            Cell(652, memory_repairs(c), w=12, h=8),
-            Cell(653, throttle_reasons(c), w=12, h=8),
-            Cell(654, throttled_windows(c), w=12, h=8),
-            Cell(655, temperature(c), w=8, h=7),
-            Cell(656, power(c), w=8, h=7),
-            Cell(657, sm_clock(c), w=8, h=7),
+            Cell(gpu_errors(c), w=12, h=8),
+            Cell(memory_repairs(c), w=12, h=8),
+            Cell(throttle_reasons(c), w=12, h=8),
+            Cell(throttled_windows(c), w=12, h=8),
+            Cell(temperature(c), w=8, h=7),
+            Cell(power(c), w=8, h=7),
+            Cell(sm_clock(c), w=8, h=7),
         ],
     )
 

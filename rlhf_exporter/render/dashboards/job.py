@@ -807,12 +807,12 @@ def verdict_row(c: DashboardContext) -> Row:
         100,
         "Verdict: which window made the loop wait",
         [
-            Cell(101, verdict_timeline(c), w=16, h=8),
-            Cell(102, steps_per_verdict(c), w=8, h=8),
-            Cell(103, time_since_last_step(c), w=8, h=4),
-            Cell(104, step_and_run(c), w=8, h=4),
-            Cell(105, change_now(c), w=8, h=4),
-            Cell(106, verdict_mix(c), w=24, h=7),
+            Cell(verdict_timeline(c), w=16, h=8),
+            Cell(steps_per_verdict(c), w=8, h=8),
+            Cell(time_since_last_step(c), w=8, h=4),
+            Cell(step_and_run(c), w=8, h=4),
+            Cell(change_now(c), w=8, h=4),
+            Cell(verdict_mix(c), w=24, h=7),
         ],
     )
 
@@ -822,11 +822,11 @@ def anatomy_row(c: DashboardContext) -> Row:
         200,
         "Step anatomy: where the step time goes",
         [
-            Cell(201, step_time_by_group(c), w=12, h=9),
-            Cell(202, share_per_group(c), w=12, h=9),
-            Cell(203, untimed_remainder(c), w=8, h=8),
-            Cell(204, untimed_share(c), w=8, h=8),
-            Cell(205, weight_sync_time(c), w=8, h=8),
+            Cell(step_time_by_group(c), w=12, h=9),
+            Cell(share_per_group(c), w=12, h=9),
+            Cell(untimed_remainder(c), w=8, h=8),
+            Cell(untimed_share(c), w=8, h=8),
+            Cell(weight_sync_time(c), w=8, h=8),
         ],
     )
 
@@ -836,13 +836,13 @@ def change_row(c: DashboardContext) -> Row:
         300,
         "Throughput and change against the job's own baseline",
         [
-            Cell(301, throughput(c), w=12, h=8),
-            Cell(302, tokens_per_step(c), w=12, h=8),
-            Cell(303, change_timeline(c), w=24, h=4),
-            Cell(304, step_time_against_baseline(c), w=8, h=8),
-            Cell(305, cost_per_token_against_baseline(c), w=8, h=8),
-            Cell(306, cost_ratio(c), w=8, h=8),
-            Cell(307, regressed_steps(c), w=24, h=6),
+            Cell(throughput(c), w=12, h=8),
+            Cell(tokens_per_step(c), w=12, h=8),
+            Cell(change_timeline(c), w=24, h=4),
+            Cell(step_time_against_baseline(c), w=8, h=8),
+            Cell(cost_per_token_against_baseline(c), w=8, h=8),
+            Cell(cost_ratio(c), w=8, h=8),
+            Cell(regressed_steps(c), w=24, h=6),
         ],
     )
 
@@ -852,8 +852,8 @@ def efficiency_row(c: DashboardContext) -> Row:
         400,
         "Efficiency: model FLOPs utilization and memory",
         [
-            Cell(401, mfu_by_stage(c), w=12, h=8),
-            Cell(402, actor_memory_peak(c), w=12, h=8),
+            Cell(mfu_by_stage(c), w=12, h=8),
+            Cell(actor_memory_peak(c), w=12, h=8),
         ],
     )
 
@@ -863,12 +863,12 @@ def rollout_row(c: DashboardContext) -> Row:
         500,
         "Rollout evidence: why the trainer waits for samples",
         [
-            Cell(501, generate_max_and_mean(c), w=8, h=8),
-            Cell(502, long_tail_ratio(c), w=8, h=8),
-            Cell(503, response_length(c), w=8, h=8),
-            Cell(504, preemptions(c), w=8, h=8),
-            Cell(505, slowest_sample_shares(c), w=8, h=8),
-            Cell(506, tool_and_score_time(c), w=8, h=8),
+            Cell(generate_max_and_mean(c), w=8, h=8),
+            Cell(long_tail_ratio(c), w=8, h=8),
+            Cell(response_length(c), w=8, h=8),
+            Cell(preemptions(c), w=8, h=8),
+            Cell(slowest_sample_shares(c), w=8, h=8),
+            Cell(tool_and_score_time(c), w=8, h=8),
         ],
     )
 
@@ -991,12 +991,12 @@ def engines_row(c: DashboardContext) -> Row:
         550,
         "Engines: what vLLM / SGLang did during the rollout windows",
         [
-            Cell(551, engine_requests(c), w=8, h=8),
-            Cell(552, engine_kv_cache(c), w=8, h=8),
-            Cell(553, engine_preemptions(c), w=8, h=8),
-            Cell(554, engine_tokens_per_replica(c), w=8, h=8),
-            Cell(555, engine_imbalance(c), w=8, h=8),
-            Cell(556, engine_window_shares(c), w=8, h=8),
+            Cell(engine_requests(c), w=8, h=8),
+            Cell(engine_kv_cache(c), w=8, h=8),
+            Cell(engine_preemptions(c), w=8, h=8),
+            Cell(engine_tokens_per_replica(c), w=8, h=8),
+            Cell(engine_imbalance(c), w=8, h=8),
+            Cell(engine_window_shares(c), w=8, h=8),
         ],
     )
 
@@ -1006,10 +1006,10 @@ def gpu_row(c: DashboardContext) -> Row:
         600,
         "GPUs (NVML) serving the selected jobs, every node",
         [
-            Cell(601, gpu_busy(c), w=8, h=8),
-            Cell(602, gpu_memory(c), w=8, h=8),
-            Cell(603, gpu_memory_by_role(c), w=8, h=8),
-            Cell(604, gpu_busy_by_window_and_role(c), w=24, h=9),
+            Cell(gpu_busy(c), w=8, h=8),
+            Cell(gpu_memory(c), w=8, h=8),
+            Cell(gpu_memory_by_role(c), w=8, h=8),
+            Cell(gpu_busy_by_window_and_role(c), w=24, h=9),
         ],
     )
 
@@ -1019,8 +1019,8 @@ def ray_row(c: DashboardContext) -> Row:
         700,
         "Ray actors",
         [
-            Cell(701, ray_actors(c), w=16, h=8),
-            Cell(702, actor_restarts_and_deaths(c), w=8, h=8),
+            Cell(ray_actors(c), w=16, h=8),
+            Cell(actor_restarts_and_deaths(c), w=8, h=8),
         ],
     )
 
@@ -1030,9 +1030,9 @@ def health_row(c: DashboardContext) -> Row:
         800,
         "Exporter health",
         [
-            Cell(801, collector_up(c), w=12, h=7),
-            Cell(802, collection_duration(c), w=6, h=7),
-            Cell(803, records_ingested(c), w=6, h=7),
+            Cell(collector_up(c), w=12, h=7),
+            Cell(collection_duration(c), w=6, h=7),
+            Cell(records_ingested(c), w=6, h=7),
         ],
     )
 

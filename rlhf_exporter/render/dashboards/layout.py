@@ -1,9 +1,12 @@
 """Where panels go: a dashboard's shared header, its rows, and the grid they are laid out on.
 
 In the style of grafana-foundation-sdk's examples, a dashboard module is a list of row
-functions, each returning a `Row` of `Cell`s (a panel built by one small function, its id
-and its size); `Board.add_row` lays the cells out left to right in rows of 24 columns.
-Panel ids are given by the definitions, so they stay stable when panels are added.
+functions, each returning a `Row` of `Cell`s (a panel built by one small function, and its
+size); `Board.add_row` lays the cells out left to right in rows of 24 columns.
+
+Panel ids are assigned, never typed: a row's id is its number (100, 200, ...), and the n-th
+panel under it gets the row's id + n. A link to `?viewPanel=301` stays valid when a row is
+added (it takes a number of its own) or a panel is appended to a row.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ TAGS = ("rlhf", "verl", "rlhf-exporter")
 
 @dataclass(frozen=True)
 class Cell:
-    """One panel on the grid: its stable id, the panel, and its width and height."""
+    """One panel on the grid: the panel, and its width and height."""
 
-    id: int
     panel: PanelBuilder
     w: int
     h: int
@@ -33,7 +35,8 @@ class Cell:
 
 @dataclass(frozen=True)
 class Row:
-    """A collapsible row title and the panels under it, in reading order."""
+    """A collapsible row title and the panels under it, in reading order; `id` is the row's
+    number, from which its panels' ids follow (`Board.add_row`)."""
 
     id: int
     title: str
@@ -105,8 +108,8 @@ class Board:
 
     def add_row(self, row: Row) -> None:
         self.row(row.id, row.title)
-        for cell in row.cells:
-            self.add(cell.id, cell.panel, cell.w, cell.h)
+        for n, cell in enumerate(row.cells, start=1):
+            self.add(row.id + n, cell.panel, cell.w, cell.h)
 
     def add(self, pid: int, panel: PanelBuilder, w: int, h: int) -> None:
         if self._x + w > WIDTH:
