@@ -17,7 +17,7 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_jsonl
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
-from rlhf_exporter.diagnosis.advice import EVIDENCE_KEYS
+from rlhf_exporter.diagnosis.advice import EVIDENCE_KEYS, look_at
 from rlhf_exporter.diagnosis.history import HISTORY_STEPS, point
 from rlhf_exporter.jobs import Job
 from rlhf_exporter.metrics.snapshot import Snapshot
@@ -423,10 +423,9 @@ def test_the_table_folds_a_look_at_that_repeats_the_row_above():
     rows = [table.row(d, Style(False)) for d in diagnosed_steps]
     advice = [r.rstrip().rsplit("  ", 1)[-1] for r in rows]
     assert (
-        advice.count(pages.look_at(diagnosed_steps[0].verdict, diagnosed_steps[0].reason))
-        < len(rows) / 3
+        advice.count(look_at(diagnosed_steps[0].verdict, diagnosed_steps[0].reason)) < len(rows) / 3
     )
-    said = [pages.look_at(d.verdict, d.reason) for d in diagnosed_steps]
+    said = [look_at(d.verdict, d.reason) for d in diagnosed_steps]
     for step, before, now, text in zip(diagnosed_steps[1:], said, said[1:], advice[1:]):
         assert (text == '"') == (bool(now) and now == before), (step.step, text)
 
