@@ -1,8 +1,9 @@
 """Grafana dashboards as code: `rlhf-exporter render dashboards` writes grafana/*.json.
 
-The definitions are small Python modules (`job`, `fleet`): one function per panel taking a
-frozen `context.DashboardContext`, one function per row placing those panels (`layout.Row`), and a
-`build` that puts the shared header (`layout.header`) above the rows, in the style of
+The definitions are small Python modules (`job/`, one module per row, and `fleet`): one
+function per panel taking a frozen `context.DashboardContext`, one function per row placing
+those panels (`layout.Row`; their ids follow from their place), and a `build` that puts the
+shared header (`layout.header`) above the rows, in the style of
 grafana-foundation-sdk's examples. Shared helpers: `panels` (panel kinds), `queries`
 (PromQL), `style` (colours and units). grafana-foundation-sdk (pinned in the `dashboards` extra) is imported
 only when rendering, never by `serve` or `diagnose`.

@@ -22,7 +22,6 @@ from ..rules.recording import VERDICT_CODE, VERDICT_HOT
 from . import style
 from .context import DashboardContext
 from .gpuhealth import gpus_with_errors_column
-from .job import JOB_LEGEND
 from .layout import Board, Cell, Row, header
 from .panels import (
     BigValueColorMode,
@@ -42,6 +41,7 @@ from .panels import (
 )
 from .queries import (
     BY_JOB,
+    JOB_LEGEND,
     RANGE,
     TARGET,
     TOP,

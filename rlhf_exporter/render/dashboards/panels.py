@@ -112,6 +112,19 @@ def threshold_line(
     )
 
 
+def dashed(panel: P, name_regex: str) -> P:
+    """Series whose name matches `name_regex` drawn as a dashed line, outside the stack."""
+    return panel.override_by_regexp(
+        name_regex,
+        [
+            prop("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+            prop("custom.fillOpacity", 0),
+            prop("custom.stacking", {"group": "baseline", "mode": "none"}),
+            prop("custom.lineWidth", 2),
+        ],
+    )
+
+
 def _common(panel: P, title: str, description: str, queries: Sequence[Q], unit: str | None) -> P:
     panel = panel.title(title).description(description).datasource(DS)
     for i, q in enumerate(queries):

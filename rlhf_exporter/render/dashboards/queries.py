@@ -21,6 +21,8 @@ BY_JOB = "cluster, namespace, project, experiment"
 """A job's identity in the store: two clusters (or namespaces) may both run `grpo/exp1`, and
 every per-job aggregation and join keeps them apart (issue 49). An absent `cluster` or
 `namespace` groups as empty, so a single Prometheus sees one row per job as before."""
+JOB_LEGEND = "{{project}}/{{experiment}}"
+"""A per-job series' legend."""
 BY_EXPORTER = "cluster, job, instance"
 """A scrape target's identity: two clusters may reuse a pod address (`instance`)."""
 TARGET = 'cluster=~"$cluster", namespace=~"$namespace"'
