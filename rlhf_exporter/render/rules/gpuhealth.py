@@ -15,19 +15,14 @@ from collections.abc import Callable
 from typing import Any
 
 from ...diagnosis.xid import BAD_GPU, DEGRADED, regex
-from .model import JOB_NAME, NODES, Alert, Context, Runbook, _num, duration
+from .model import JOB_NAME, NODES, Alert, Context, _num, duration, runbook, shared_prose
 
 GPU_HEALTH_FILE = "alerts/gpu-health.rules.yaml"
 THROTTLED = "rlhf_window_gpu_throttled_seconds_total"
 TOTAL = "rlhf_window_gpu_seconds_total"
 WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
 SERVING = "serving " + JOB_NAME + " as {{ $labels.gpu_role }}"
-DRAIN = (
-    "Cordon the node (`kubectl cordon`) so the job's restart lands elsewhere, restart the job "
-    "from its last checkpoint (`trainer.resume_mode=auto`), and hand the GPU (its `uuid`) to "
-    "the hardware team: `nvidia-smi -q -d ECC,ROW_REMAPPER,PAGE_RETIREMENT` and the kernel "
-    "log (`dmesg | grep -i xid`) on the node."
-)
+DRAIN = " ".join(shared_prose("Drain a bad GPU"))
 
 
 def throttled(ctx: Context) -> str:
@@ -90,19 +85,13 @@ def _lost(ctx: Context) -> Alert:
             "recover by itself; its stall alert is inhibited while this one fires (the cause, "
             "not two pages)."
         ),
-        runbook=Runbook(
-            meaning=(
-                'A GPU stopped answering NVML (`rlhf_gpu_errors_total{reason="gpu_is_lost"}` '
-                "grows every poll while it stays lost; its other series are dropped). Usually "
-                "XID 79 (fallen off the bus) or a GSP error (XID 119/120) comes with it. The "
-                "collective the job runs hangs or fails: a lost GPU looks like a stall."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFGPULost",
+            [
                 'increase(rlhf_gpu_errors_total{reason="gpu_is_lost", project="P", experiment="E"}[1h])',
                 'increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])',
             ],
-            verl_keys=["the job's last `step` (it stops advancing)"],
-            change=[DRAIN, "A GPU that falls off the bus again after a reset is an RMA case."],
+            {"drain": DRAIN},
         ),
     )
 
@@ -121,17 +110,13 @@ def _uncorrectable_ecc(ctx: Context) -> Alert:
             "The data in that memory is lost: the process that used it was killed or computes "
             f"on garbage, and {JOB_NAME} will not recover on this GPU without a reset."
         ),
-        runbook=Runbook(
-            meaning=(
-                "NVML's volatile uncorrected ECC counter (since the driver loaded) grew. The "
-                "GPU retires the page or remaps the row (A100 and later) at the next reset."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFGPUUncorrectableECC",
+            [
                 'rlhf_gpu_ecc_errors_total{error="uncorrected", project="P", experiment="E"}',
                 'rlhf_gpu_row_remap_pending{project="P", experiment="E"}',
             ],
-            verl_keys=["the job's last `step`"],
-            change=[DRAIN],
+            {"drain": DRAIN},
         ),
     )
 
@@ -149,14 +134,10 @@ def _row_remap_failed(ctx: Context) -> Alert:
             f"the memory stays bad after a reset. {JOB_NAME} must move off this GPU; the GPU "
             "needs service."
         ),
-        runbook=Runbook(
-            meaning=(
-                "`nvmlDeviceGetRemappedRows` reports a remapping failure (A100 and later). "
-                "Older GPUs retire pages instead (`rlhf_gpu_retired_pages`)."
-            ),
-            confirm=['rlhf_gpu_remapped_rows{project="P", experiment="E"}'],
-            verl_keys=["the job's last `step`"],
-            change=[DRAIN, "A failed remap is an RMA case (NVIDIA's row-remapping guide)."],
+        runbook=runbook(
+            "RLHFGPURowRemapFailed",
+            ['rlhf_gpu_remapped_rows{project="P", experiment="E"}'],
+            {"drain": DRAIN},
         ),
     )
 
@@ -175,19 +156,10 @@ def _bad_xid(ctx: Context) -> Alert:
             f"bad GPU, memory or link (docs/dcgm-exporter.md). {JOB_NAME} will not recover on "
             "this GPU by itself."
         ),
-        runbook=Runbook(
-            meaning=(
-                "NVML delivered an XID critical-error event whose code NVIDIA documents as a "
-                f"hardware fault: {', '.join(str(c) for c in sorted(BAD_GPU))} (48 double-bit "
-                "ECC, 62 micro-controller halt, 64 remap/retirement recording failure, 74 "
-                "NVLink, 95 uncontained ECC, 119/120 GSP, 140 unrecovered ECC). XID 79 "
-                "(fallen off the bus) is counted but pages as RLHFGPULost (NVML then answers "
-                "GpuIsLost): one page for one fault. Application XIDs (13, 31, 43, 45, 68, 69) "
-                "never page: the job's own alerts cover a crashed program."
-            ),
-            confirm=['increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])'],
-            verl_keys=["the job's last `step`"],
-            change=[DRAIN],
+        runbook=runbook(
+            "RLHFGPUBadXid",
+            ['increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])'],
+            {"drain": DRAIN, "codes": ", ".join(str(c) for c in sorted(BAD_GPU))},
         ),
     )
 
@@ -209,20 +181,11 @@ def _degraded(ctx: Context) -> Alert:
             f"{WHERE} has a row remap or page retirement waiting for a GPU reset, or raised "
             f"XID 63, 92 or 94 in the last {w}: it works, with degraded memory, until reset."
         ),
-        runbook=Runbook(
-            meaning=(
-                "The GPU recorded a memory repair that takes effect at the next reset (row "
-                "remap pending, page retirement pending, XID 63), or reports many correctable "
-                "errors (XID 92) or a contained ECC error that killed one process (XID 94)."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFGPUNeedsReset",
+            [
                 'rlhf_gpu_row_remap_pending{project="P", experiment="E"}',
                 'rlhf_gpu_ecc_errors_total{project="P", experiment="E"}',
-            ],
-            verl_keys=[],
-            change=[
-                "Reset the GPU when the job next stops (drain the node, `nvidia-smi -r` or a "
-                "reboot); no action on the job now."
             ],
         ),
     )
@@ -247,24 +210,12 @@ def _throttled(ctx: Context) -> Alert:
             f"{{{{ $labels.group }}}} windows over the last {ctx.window} (threshold "
             f"{_num(ratio)}): that window runs slower than the GPUs can."
         ),
-        runbook=Runbook(
-            meaning=(
-                "NVML's clock event reasons (thermal slowdown, hardware slowdown, power brake), "
-                "read every poll and joined to the job's step windows like the busy time "
-                "(docs/gpu-windows.md), over the rollout and update windows. The power cap "
-                "alone does not count (GPUs at full load sit at it); "
-                '`rlhf_gpu_throttle_seconds_total{reason="power_cap"}` shows it.'
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFGPUThrottledInWindow",
+            [
                 f'{throttled(ctx)}{{project="P", experiment="E"}}',
                 'rate(rlhf_gpu_throttle_seconds_total{project="P", experiment="E"}[30m])',
                 'rlhf_gpu_temperature_celsius{project="P", experiment="E"}',
-            ],
-            verl_keys=["timing_s/gen", "timing_s/update_actor"],
-            change=[
-                "Thermal: check the node's cooling and airflow (temperature panel, per node); "
-                "hardware slowdown or power brake: the node's power supply or the GPU "
-                "(`nvidia-smi -q -d PERFORMANCE`). Move the job off a node that keeps throttling."
             ],
         ),
     )

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .model import JOB_MATCH, JOB_NAME, NODES, Alert, Context, Runbook, _num, _tq
+from .model import JOB_MATCH, JOB_NAME, NODES, Alert, Context, _num, _tq, runbook, shared_prose
 
 GPU_WINDOWS_FILE = "alerts/gpu-windows.rules.yaml"
 BUSY = "rlhf_window_gpu_busy_seconds_total"
@@ -133,21 +133,6 @@ def _evidence(ctx: Context) -> str:
     )
 
 
-def _change(first: str) -> list[str]:
-    return [
-        first,
-        "fully-async and one-step-off size the two pools separately: `rollout.nnodes` and "
-        "`rollout.n_gpus_per_node` for the rollout, `trainer.nnodes` and "
-        "`trainer.n_gpus_per_node` for the trainer; move whole rollout replicas "
-        "(`actor_rollout_ref.rollout.tensor_model_parallel_size` GPUs each).",
-        "fully-async: `async_training.staleness_threshold` lets the rollout run further ahead "
-        "(more off-policy samples) and `async_training.trigger_parameter_sync_step` syncs "
-        "weights less often; both trade freshness for less waiting.",
-        "The estimate assumes linear scaling and interchangeable GPUs (docs/gpu-windows.md): "
-        "move part of it, then read the ratios again.",
-    ]
-
-
 def trainer_starved(ctx: Context) -> Alert:
     lim = _limits(ctx)
     th1, th2 = (
@@ -169,27 +154,15 @@ def trainer_starved(ctx: Context) -> Alert:
             f"samples) for {{{{ $value | humanizePercentage }}}} of their GPU-seconds over the "
             f"last {ctx.window} (threshold {th1}), from NVML's own busy time. " + _evidence(ctx)
         ),
-        runbook=Runbook(
-            meaning=(
-                "In a separated or async trainer (one-step-off, fully-async, separation, V1 "
-                "separate_async), the trainer's GPUs sit idle while the step waits for the "
-                "rollout (`gen`, `wait_for_enough_samples`, `switch_wait`) for at least "
-                f"`balance.trainer_starved_idle` ({th1}) of their GPU-seconds: the rollout "
-                "pool is too small for the trainer. Measured from the GPUs' busy time joined "
-                "to the step's windows (docs/gpu-windows.md), not from verl's "
-                "`fully_async/rollouter/idle_ratio` (verl #6693). When the rollout is also "
-                "over-provisioned beyond its threshold, the larger excess fires alone."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFTrainerStarved",
+            [
                 f'{starved(ctx)}{{project="P", experiment="E"}}',
                 f'{job_idle(ctx)}{{project="P", experiment="E"}}',
                 f'{move(ctx)}{{project="P", experiment="E"}}',
             ],
-            verl_keys=["timing_s/gen", "timing_s/wait_for_enough_samples"],
-            change=_change(
-                "Move GPUs from the trainer to the rollout (the estimate's number, rounded to "
-                "whole replicas)."
-            ),
+            {"threshold": th1},
+            change=shared_prose("Size the GPU pools"),
         ),
     )
 
@@ -216,24 +189,15 @@ def rollout_overprovisioned(ctx: Context) -> Alert:
             f"GPU-seconds over the last {ctx.window} (threshold {th2}), from NVML's own busy "
             "time. " + _evidence(ctx)
         ),
-        runbook=Runbook(
-            meaning=(
-                "In a separated or async trainer, the rollout's GPUs sit idle while the trainer "
-                "works for at least `balance.rollout_overprovisioned_idle` "
-                f"({th2}) of their GPU-seconds: the rollout pool is larger than the trainer "
-                "can consume. V1's separate_async logs no idle ratio at all (verl #7601); this "
-                "one is measured from the GPUs' busy time joined to the step's windows."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFRolloutOverprovisioned",
+            [
                 f'{overprovisioned(ctx)}{{project="P", experiment="E"}}',
                 f'{job_idle(ctx)}{{project="P", experiment="E"}}',
                 f'{move(ctx)}{{project="P", experiment="E"}}',
             ],
-            verl_keys=["timing_s/old_log_prob", "timing_s/update_actor"],
-            change=_change(
-                "Move GPUs from the rollout to the trainer (minus the estimate's number, "
-                "rounded to whole replicas)."
-            ),
+            {"threshold": th2},
+            change=shared_prose("Size the GPU pools"),
         ),
     )
 

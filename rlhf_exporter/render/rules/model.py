@@ -10,6 +10,7 @@ from typing import Any
 
 from ...diagnosis import GROUPS, Thresholds
 from ...diagnosis.thresholds import seconds
+from ..template import TemplateError, sections
 
 RECORDING_FILE = "alerts/recording.rules.yaml"
 DECISION_FILE = "alerts/decision-table.rules.yaml"
@@ -288,6 +289,47 @@ class Context:
 
 
 # ---------------------------------------------------------------------------------------------
+
+
+RUNBOOK_SECTIONS: Mapping[str, str] = {
+    "Meaning": "meaning",
+    "Impact": "impact",
+    "Immediate mitigation": "mitigate",
+    "Escalation": "escalate",
+    "Confirm": "checks",
+    "In verl's log and output": "verl_keys",
+    "What to change": "change",
+    "What the log cannot show": "cannot_show",
+}
+"""A runbook template's `## headings` and the `Runbook` field each fills."""
+TEXT_FIELDS = ("meaning", "impact", "escalate")
+
+
+def shared_prose(section: str) -> list[str]:
+    """The entries of one section of `templates/runbooks/shared.md` (prose several runbooks
+    repeat)."""
+    return sections("runbooks/shared.md", {})[section]
+
+
+def runbook(
+    template: str,
+    confirm: list[str],
+    values: Mapping[str, object] | None = None,
+    **lists: list[str],
+) -> Runbook:
+    """A runbook: its prose from `templates/runbooks/<template>.md` filled with `values`, its
+    PromQL `confirm` (P and E for the job's project and experiment), and any list the code
+    builds from tables (its items follow the template's)."""
+    found = sections(f"runbooks/{template}.md", values or {})
+    fields: dict[str, Any] = {"verl_keys": []}
+    for heading, entries in found.items():
+        if heading not in RUNBOOK_SECTIONS:
+            raise TemplateError(f"runbooks/{template}.md: unknown section {heading!r}")
+        key = RUNBOOK_SECTIONS[heading]
+        fields[key] = " ".join(entries) if key in TEXT_FIELDS else entries
+    for key, items in lists.items():
+        fields[key] = [*fields.get(key, []), *items]
+    return Runbook(confirm=confirm, **fields)
 
 
 @dataclass
