@@ -226,7 +226,7 @@ def jobs_table(c: DashboardContext) -> table.Panel:
             "organize",
             {
                 "excludeByName": {"Time": True},
-                # cluster and namespace first: two clusters' grpo/exp1 are two rows (issue 49);
+                # cluster and namespace first: two clusters' grpo/exp1 are two rows;
                 # on a single Prometheus the columns are absent
                 "indexByName": {
                     "cluster": 0,
@@ -293,7 +293,7 @@ def style_job_columns(t: table.Panel, c: DashboardContext) -> table.Panel:
             prop("thresholds", _thresholds_json(style.BAD, (c.alerts["gpu_idle_ratio"], style.OK))),
         ],
     )
-    t = t.override_by_name(  # issue 23: lost, bad XID, uncorrectable ECC, failed row remap
+    t = t.override_by_name(  # lost, bad XID, uncorrectable ECC, failed row remap
         "GPUs with errors",
         [
             prop("custom.cellOptions", {"type": "color-background", "mode": "basic"}),
@@ -323,7 +323,7 @@ def jobs_per_verdict(c: DashboardContext) -> PanelBuilder:
     """A count by verdict of each job's recorded hot verdict (one series per job, its replicas
     folded by the record, every `alerts.fleet_interval`): no `count_values`, which turns every
     sample's value into a new label at every step (0.76x over 24 h of 1,000 jobs, side by
-    side: bench/README.md, issue 37), and no per-step `max by` of the job's series."""
+    side: bench/README.md), and no per-step `max by` of the job's series."""
     return colour_by_name(
         time_series(
             "Jobs per verdict",

@@ -1,4 +1,4 @@
-"""GPU health panels (issue 23): a row of the job dashboard (per node and GPU role) and the
+"""GPU health panels: a row of the job dashboard (per node and GPU role) and the
 fleet table's "GPUs with errors" column. Every GPU series carries the job its node serves,
 so the panels select by the job, across all of its nodes (rlhf_exporter/sources/nvml.py)."""
 
@@ -53,7 +53,7 @@ def _flag(names: tuple[str, ...], label: str) -> str:
 
 
 def memory_repairs(c: DashboardContext) -> PanelBuilder:
-    # per node and role, not per GPU: an 8-GPU node would draw 32 series (issue 37's history)
+    # per node and role, not per GPU: an 8-GPU node would draw 32 series
     return time_series(
         "Memory repairs: remapped rows, retired pages",
         "Rows remapped (A100 and later) or pages retired (older GPUs), summed over the GPUs "

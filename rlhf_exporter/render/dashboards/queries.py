@@ -19,7 +19,7 @@ assert change_codes() == CHANGE_CODES  # the record's numbers are the panels' va
 
 BY_JOB = "cluster, namespace, project, experiment"
 """A job's identity in the store: two clusters (or namespaces) may both run `grpo/exp1`, and
-every per-job aggregation and join keeps them apart (issue 49). An absent `cluster` or
+every per-job aggregation and join keeps them apart. An absent `cluster` or
 `namespace` groups as empty, so a single Prometheus sees one row per job as before."""
 JOB_LEGEND = "{{project}}/{{experiment}}"
 """A per-job series' legend."""
@@ -108,7 +108,7 @@ def change_code() -> str:
 def on_job_exporters(expr: str) -> str:
     """Keep the series of `expr` from an exporter (job, instance) that serves a selected verl
     job: its head (which exports the job's steps) or a worker (whose GPU series carry the
-    job, issue 23). For the exporters' own health, per node."""
+    job). For the exporters' own health, per node."""
     return f"({expr})\nand on ({BY_EXPORTER}) ({sel('rlhf_step')} or {sel('rlhf_gpu_info')})"
 
 
