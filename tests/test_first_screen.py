@@ -154,6 +154,49 @@ def test_steps_before_the_baseline_are_warming_up_not_steady():
     assert "nothing: no regression or workload shift against the job's own baseline" in page
 
 
+def _warm_steps(page: str, job: dict) -> list[int]:
+    """The steps the step chart draws in a warm-up band."""
+    history = job["history"]
+    bands = re.findall(r'<rect class="warm-up" data-first="(\d+)" data-last="(\d+)"', page)
+    return [history[i].step for a, z in bands for i in range(int(a), int(z) + 1)]
+
+
+def _unjudged(*plans) -> list[int]:
+    """The steps the change module judged without a baseline, each plan a new run."""
+    from rlhf_exporter.diagnosis import BatchDiagnoser
+
+    recs = [Record(r["step"], r["data"]) for seed, p in enumerate(plans) for r in records(p, seed)]
+    return [
+        d.step
+        for d in BatchDiagnoser(load_thresholds()).diagnose(recs)
+        if d.change.baseline is None
+    ]
+
+
+def test_the_step_chart_marks_the_warm_up_steps_as_the_change_module_judged_them():
+    """The job page's and `/`'s step chart draw a band behind the steps judged before their
+    run had a baseline (so no change was judged), the same steps as the change module's."""
+    balanced = REGIMES["balanced"]
+    three = fed([(balanced, 3)])
+    for page in (job_page(three, [], FACTS, LINKS), index_page([three], [], FACTS, LINKS)):
+        assert _warm_steps(page, three) == [1, 2, 3] == _unjudged([(balanced, 3)])
+        assert "Grey band: warm-up</span> (no baseline yet: no change judged)" in page
+    twelve = fed([(balanced, 12)])
+    assert _warm_steps(job_page(twelve, [], FACTS, LINKS), twelve) == [1, 2, 3, 4, 5]
+    assert _unjudged([(balanced, 12)]) == [1, 2, 3, 4, 5]
+    # a restart (a new run) warms up again; its steps start over at 1
+    job = Job("p", "e", load_thresholds())
+    plans = ([(balanced, 9)], [(balanced, 7)])
+    job.feed(Record(r["step"], r["data"]) for seed, p in enumerate(plans) for r in records(p, seed))
+    restarted = job.summary()
+    assert _warm_steps(job_page(restarted, [], FACTS, LINKS), restarted) == _unjudged(*plans)
+    assert _unjudged(*plans) == [1, 2, 3, 4, 5, 1, 2, 3, 4, 5]
+    # a long run: its kept steps are all past its warm-up, nothing is marked
+    long = fed([(balanced, 80)])
+    page = job_page(long, [], FACTS, LINKS)
+    assert _warm_steps(page, long) == [] and "Grey band" not in page
+
+
 # -- the demo's story -------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ Every element carries `class`/`data-*` attributes the browser tests read.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from html import escape
 
 from ..diagnosis import GROUPS
@@ -62,10 +62,34 @@ def legend() -> str:
     return '<div class="legend">' + "".join(items) + "</div>"
 
 
-def anatomy(points: Sequence[StepPoint], width: int = 900, height: int = 240) -> str:
+WARM_UP_FILL = "#ececec"  # the band behind warm-up steps: pale, under the bars
+
+
+def _warm_up_bands(warm: Collection[int], left: float, bw: float, top: int, base: int) -> str:
+    """A pale band behind each stretch of warm-up steps (indices into the drawn points),
+    labelled above the bars: their change was not judged, there was no baseline yet."""
+    out, have = [], set(warm)
+    for a in sorted(i for i in have if i - 1 not in have):
+        z = a
+        while z + 1 in have:
+            z += 1
+        x, w = left + a * bw, (z - a + 1) * bw
+        out.append(
+            f'<rect class="warm-up" data-first="{a}" data-last="{z}" x="{_f(x)}" y="{top}" '
+            f'width="{_f(w)}" height="{base - top}" fill="{WARM_UP_FILL}"><title>warm-up: '
+            "no baseline yet, so no change was judged (regression or workload shift)</title>"
+            f'</rect><text class="warm-label axis" x="{_f(x + 2)}" y="{top - 5}">warm-up</text>'
+        )
+    return "".join(out)
+
+
+def anatomy(
+    points: Sequence[StepPoint], width: int = 900, height: int = 240, warm: Collection[int] = ()
+) -> str:
     """Stacked bars: one per step, one segment per nonzero group (+ the untimed remainder);
     a verdict strip under the bars (reason on hover); markers above them for regressions
-    (naming the regressed group) and workload shifts; a dashed line where a run starts."""
+    (naming the regressed group) and workload shifts; a dashed line where a run starts; a
+    pale band behind the warm-up steps (`warm`: their indices), before the run's baseline."""
     if not points:
         return '<p class="empty">No classified step yet.</p>'
     left, right, top, strip, bottom = 48, 8, 18, 12, 18
@@ -86,6 +110,7 @@ def anatomy(points: Sequence[StepPoint], width: int = 900, height: int = 240) ->
         f'<text x="4" y="{base}" class="axis">0</text>'
         f'<line x1="{left}" y1="{top}" x2="{left + plot_w}" y2="{top}" class="grid"/>'
         f'<line x1="{left}" y1="{base}" x2="{left + plot_w}" y2="{base}" class="grid"/>',
+        _warm_up_bands(warm, left, bw, top, base),
     ]
     prev_run = points[0].run
     for i, p in enumerate(points):

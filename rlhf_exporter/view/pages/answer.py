@@ -284,20 +284,55 @@ def history_episodes(job: Mapping[str, Any]) -> str:
     )
 
 
-def charts(points: Sequence[StepPoint], which: str = "last") -> str:
-    """Step anatomy (with verdict strip and markers) and tokens per GPU-second."""
+def warm_up_points(job: Mapping[str, Any]) -> frozenset[int]:
+    """The indices of the job's drawn steps judged before their run had a baseline (the
+    change module's rule: a run's first `baseline_needed` usable steps, those with tokens and
+    busy time, and any step between them), so nothing was compared. The current run's
+    `baseline_ready` says it for its steps; an earlier run counts from its first step, unless
+    the oldest drawn run may have begun before the kept steps (then it is not marked)."""
+    points: Sequence[StepPoint] = job.get("history") or ()
+    need = int(job.get("baseline_needed") or 5)
+    complete = len(points) < HISTORY_STEPS  # no step of the oldest run was dropped
+    out: set[int] = set()
+    i = 0
+    while i < len(points):
+        run, start, usable = points[i].run, i, 0
+        last_run = points[-1].run == run
+        while i < len(points) and points[i].run == run:
+            if last_run and not job.get("baseline_ready", True):
+                out.add(i)  # the run has no baseline yet: every step of it so far
+            elif usable < need and (start > 0 or complete):
+                out.add(i)
+            p = points[i]
+            usable += p.tokens is not None and p.step_seconds - p.seconds()["checkpoint"] > 0
+            i += 1
+    return frozenset(out)
+
+
+def charts(
+    points: Sequence[StepPoint], which: str = "last", warm: frozenset[int] = frozenset()
+) -> str:
+    """Step anatomy (with verdict strip, markers and the warm-up steps `warm`, indices into
+    `points`) and tokens per GPU-second."""
     if not points:
         return '<p class="empty">No classified step yet.</p>'
     return (
         f"<h3>Where the step time went, step by step ({which} {len(points)} steps)</h3>"
         + draw.legend()
-        + draw.anatomy(points)
+        + draw.anatomy(points, warm=warm)
         + '<div class="legend muted">Under the bars: each step\'s verdict (hover for the '
         "reason). Above: "
         f'<span style="color:{CHANGE_COLOURS["regression"]}">▼ regression</span> (hover: '
         f'the group that costs more than its work explains), <span style="color:'
         f'{CHANGE_COLOURS["workload_shift"]}">◆ workload shift</span>. Dashed line: a new '
-        "run. Hatched: time no verl timer measured.</div>"
+        "run. Hatched: time no verl timer measured."
+        + (
+            f' <span class="warm-legend" style="background:{draw.WARM_UP_FILL}">Grey band: '
+            "warm-up</span> (no baseline yet: no change judged)."
+            if warm
+            else ""
+        )
+        + "</div>"
         + "<h3>Tokens per GPU-second</h3>"
         + draw.line(points, lambda p: p.tokens_per_gpu_second, "tokens per GPU-second")
     )

@@ -22,6 +22,7 @@ from .answer import (
     history_advice,
     history_episodes,
     job_episodes,
+    warm_up_points,
     warming_up,
 )
 from .common import (
@@ -165,7 +166,7 @@ def index_page(
             detail += (
                 f'<h2 class="job-answer">{job_name(job["project"], job["experiment"])}</h2>'
                 + answer_box(job, stalls[id(job)], facts, links, now)
-                + charts(history)
+                + charts(history, warm=warm_up_points(job))
                 + engine_box(job.get("engine"), job.get("verdict"))
                 + history_episodes(job)
             )

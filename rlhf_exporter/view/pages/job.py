@@ -14,7 +14,7 @@ from typing import Any
 from ...metrics.snapshot import Snapshot
 from ...render.rules import runbook_url
 from .. import draw
-from .answer import answer_box, cannot_show, charts, engine_box, history_episodes
+from .answer import answer_box, cannot_show, charts, engine_box, history_episodes, warm_up_points
 from .common import (
     CSS,
     SIDECAR_CSS,
@@ -126,7 +126,7 @@ def job_page(
         + answer_box(job, stall, facts, links, now)
         + hangs_panel(job.get("stacks"), runbook_url(links.runbook_base, WHERE_ANCHOR))
         + cannot_show(job.get("cannot_show") or ())
-        + charts(job.get("history") or ())
+        + charts(job.get("history") or (), warm=warm_up_points(job))
         + engine_box(job.get("engine"), job.get("verdict"))
         + history_episodes(job)
         + gpu_windows_section(windows, balance_limits or {}, job.get("verdict"))
