@@ -34,7 +34,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 MAX_LINES = 80
 TABLES = {  # declarative tables: one entry after another, as the file they generate reads
     ("render/docs.py", "decision_table_markdown"),
-    ("render/rules/output.py", "runbooks_markdown"),
 }
 
 

@@ -29,11 +29,11 @@ from .model import (
     JOB_NAME,
     Alert,
     Context,
-    Runbook,
     _num,
     _tq,
     fill,
     query_first,
+    runbook,
 )
 from .verl_keys import VERL_EVIDENCE_KEYS, VERL_KEYS
 
@@ -204,29 +204,9 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
         summary=_summary(ctx, verdict),
         description=description,
         annotations={"reason": _reason_annotation(ctx, verdict)},
-        runbook=Runbook(
-            meaning=(
-                f"The job is `{verdict}`-bound: at least {_num(frac * 100)}% of its classified "
-                f"steps over the last {w} had that verdict, so the window that made the training "
-                f"loop wait longest was `{verdict}` ({VERDICT_MEANING[verdict]}). Being bound is "
-                "the normal "
-                "state of an RL job (some window is always the longest), so this alert fires "
-                "only when that says something new, in one of two cases. **Moved**: over the "
-                f"{ref} before the window, at least {_num(frac * 100)}% of the job's steps had "
-                "another verdict, or were `balanced` (`checkpoint` and `unknown` do not count); "
-                f"the summary names both, e.g. `{verdict}-bound, was {example}-bound`. A "
-                "reference window needs "
-                f"{_num(ctx.a['bound_reference_min_steps'])} steps or it does not count. "
-                "**Costs**: the job's tokens per second of step time over the window are below "
-                f"{ratio:.0%} of their value over the {ref} before, and no step of the window was "
-                "a workload shift (more work at the same cost does not fire). The "
-                "alert resolves once the new state fills the reference window, or the "
-                "throughput recovers. The steady state (which window a job waits on, every "
-                f"minute) is on {STEADY_STATE}; no alert repeats it. The `reason` annotation "
-                "is the dominant reason among the window's steps; the description shows the "
-                "evidence and where to look next."
-            ),
-            confirm=[
+        runbook=runbook(
+            "bound",
+            [
                 f'{ctx.verdicts}{{project="P", experiment="E"}}',
                 f'{ctx.verdicts_ref}{{project="P", experiment="E"}} offset {w}',
                 f'{ctx.tokens_rate}{{project="P", experiment="E"}}',
@@ -235,12 +215,19 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
                 f'{ctx.share}{{project="P", experiment="E"}}',
                 *confirm,
             ],
+            {
+                "verdict": verdict,
+                "verdict_meaning": VERDICT_MEANING[verdict],
+                "fraction": _num(frac * 100),
+                "window": w,
+                "reference": ref,
+                "example": example,
+                "min_steps": _num(ctx.a["bound_reference_min_steps"]),
+                "ratio": f"{ratio:.0%}",
+                "steady_state": STEADY_STATE,
+            },
             verl_keys=[*timers, *VERL_EVIDENCE_KEYS[verdict]],
             change=change,
-            checks=[
-                "`rlhf-exporter diagnose --summary <verl root>/P/E.jsonl`: the same table, "
-                "step by step, from the job's log"
-            ],
             cannot_show=list(
                 dict.fromkeys(c for r in (None, *REASONS[verdict]) for c in caveats(verdict, r))
             ),
@@ -351,34 +338,16 @@ def regression(ctx: Context) -> Alert:
             + _tq(base, 'printf "%.3g"', args)
             + " s/token."
         ),
-        runbook=Runbook(
-            meaning=(
-                "Steps of the job were labelled `regression` of group g (decision table §4): g "
-                "costs more than every one of its work measures explains (tokens; the longest "
-                "response for rollout; tokens x sequence length for logprob and update; one "
-                "step for weight sync), against the median of the job's recent steps, even when "
-                "another window got faster. A workload shift (the work grew, the cost held) is "
-                "counted apart and never fires this alert. A lasting "
-                f"regression is labelled for about half of `change.baseline_steps` steps, then "
-                f"becomes the job's new normal: the alert resolves {w} later even if nothing was "
-                "fixed, so compare the step time with the time before the alert."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFJobRegression",
+            [
                 f'{ctx.regressions}{{project="P", experiment="E"}}',
                 'rlhf_group_cost_seconds_per_token{project="P", experiment="E"}',
                 'rlhf_baseline_group_cost_seconds_per_token{project="P", experiment="E"}',
                 f'{ctx.changes}{{project="P", experiment="E"}}',
             ],
-            verl_keys=[
-                "the regressed group's `timing_s/<timer>` keys",
-                "perf/total_num_tokens",
-                "timing_s/step",
-            ],
-            change=[
-                "What changed in the job or its cluster when the alert started (image, verl "
-                "version, node, config)? Then, by regressed group:",
-                *change,
-            ],
+            {"window": w},
+            change=change,
         ),
     )
 
@@ -410,28 +379,15 @@ def throughput_below_baseline(ctx: Context) -> Alert:
             )
             + " tokens/s), and no step of the window was a workload shift."
         ),
-        runbook=Runbook(
-            meaning=(
-                f"The job's tokens per second of step time over {w} fell below "
-                f"{_num(ratio)} x the best value of its own baseline (median K/S' of recent steps) "
-                f"over the last {ref}, and no step in the window was a workload shift. "
-                "The exporter's baseline follows the job within about ten steps, so this alert "
-                "compares with the best recent baseline instead (a recording rule). A workload "
-                f"shift restarts that reference: for the {ref} after one, it is the job's current "
-                "baseline, so the new work is never compared with the old."
-            ),
-            confirm=[
+        runbook=runbook(
+            "RLHFJobThroughputBelowBaseline",
+            [
                 f'{ctx.tokens_rate}{{project="P", experiment="E"}}',
                 f'{best}{{project="P", experiment="E"}}',
                 f'{ctx.regressions}{{project="P", experiment="E"}}',
                 f'{ctx.verdicts}{{project="P", experiment="E"}}',
             ],
-            verl_keys=["perf/throughput", "perf/total_num_tokens", "timing_s/step"],
-            change=[
-                "Find the group that grew: the verdict and regression recording rules above, or "
-                "`rlhf-exporter diagnose` on the job's log. Then follow that group's bound-alert "
-                "section of this runbook."
-            ],
+            {"window": w, "ratio": _num(ratio), "reference": ref},
         ),
     )
 
