@@ -19,7 +19,7 @@ PKG = ROOT / "rlhf_exporter"
 # lowest first: a module may import its own layer's modules and those of the layers before
 # it, never one of a later layer (docs/architecture.md, "Layers")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("ground", ("rlhf_exporter", "diagnosis", "metrics", "lifecycle", "logs")),
+    ("ground", ("rlhf_exporter", "diagnosis", "frameworks", "metrics", "lifecycle", "logs")),
     ("configuration", ("config", "auth", "settings")),
     ("generated and drawn", ("render", "view")),
     ("the join", ("join",)),

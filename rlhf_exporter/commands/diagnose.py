@@ -7,12 +7,12 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
 from ..config import load_thresholds
-from ..diagnosis import BatchDiagnoser, Thresholds
+from ..diagnosis import BatchDiagnoser, Record, Thresholds
 from ..diagnosis.advice import (
     EVIDENCE_KEYS,
     SHAPE_RECORDS,
@@ -21,7 +21,11 @@ from ..diagnosis.advice import (
     shown_evidence,
 )
 from ..diagnosis.history import MAX_DRAWN
+from ..frameworks import FRAMEWORKS, VERL
+from ..sources import framework_console
 from ..sources.console_reader import ConsoleReader, looks_console
+from ..sources.framework_console import FrameworkConsoleReader
+from ..sources.tensorboard_reader import TensorBoardMissing, TensorBoardReader, looks_tfevents
 from ..sources.verl_layout import FILE_LOGGER
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
 from ..view.report import (
@@ -90,10 +94,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--input-format",
-        choices=("auto", "jsonl", "console"),
+        choices=("auto", "jsonl", "console", "tensorboard", *FRAMEWORKS[1:]),
         default="auto",
-        help="auto (default): console output when the first bytes are not verl JSONL; jsonl: "
-        "the file logger's records; console: what the job printed (`step:N - key:value`)",
+        help="auto (default): a TensorBoard event file or directory, another framework's "
+        "printed steps, console output when the first bytes are not verl JSONL; jsonl: the "
+        "file logger's records; console: what the job printed (`step:N - key:value`); "
+        "tensorboard: event files (the `tensorboard` extra); "
+        + ", ".join(FRAMEWORKS[1:])
+        + ": that framework's printed steps (ROLL's JSON lines too)",
     )
     p.add_argument(
         "--format",
@@ -179,14 +187,22 @@ def run(args: argparse.Namespace) -> int:
         writer = Tee(writer, html)
     records = 0
     for path in files:
-        stream = _open(path)
+        stream = _open(path, args.input_format)
         if stream is None:
             continue
         rejected: Counter[str] = Counter()
-        with stream:
-            n = diagnose_stream(
-                stream, path, thresholds, args.max_line_bytes, writer, args.input_format, rejected
-            )
+        if not isinstance(stream, str):
+            with stream:
+                n = diagnose_stream(
+                    stream, path, thresholds, args.max_line_bytes, writer, args.input_format,
+                    rejected,
+                )  # fmt: skip
+        else:
+            try:
+                n = diagnose_tensorboard(path, thresholds, writer, rejected)
+            except TensorBoardMissing as exc:
+                print(f"rlhf-exporter diagnose: {path}: {exc}", file=sys.stderr)
+                return 2
         if n == 0:
             print(no_record_message(path, rejected, args.input_format), file=sys.stderr)
         records += n
@@ -240,9 +256,12 @@ def _bundled_example() -> str:
     return str(path)
 
 
-def _open(path: str) -> IO[bytes] | None:
+def _open(path: str, input_format: str = "auto") -> IO[bytes] | str | None:
+    """The input's bytes, or its path when it is TensorBoard event files, or None."""
     if path == "-":
         return os.fdopen(os.dup(sys.stdin.fileno()), "rb")
+    if input_format == "tensorboard" or (input_format == "auto" and looks_tfevents(path)):
+        return path
     try:
         if os.path.isdir(path):
             raise IsADirectoryError(21, "is a directory (give the .jsonl files inside it)")
@@ -250,6 +269,62 @@ def _open(path: str) -> IO[bytes] | None:
     except OSError as exc:
         print(f"rlhf-exporter diagnose: {path}: {exc.strerror or exc}", file=sys.stderr)
         return None
+
+
+class _Feed:
+    """One input's records into the diagnoser and the writer, and what its keys showed."""
+
+    def __init__(self, th: Thresholds, writer: Writer):
+        self.diagnoser = BatchDiagnoser(th)
+        self.writer = writer
+        self.on_record = getattr(writer, "record", None)  # a writer that wants the records
+        self.shown: set[str] = set()  # evidence keys the log reported (advice.shown_evidence)
+        self.shape: set[str] = set()  # what its first records' keys say (advice.job_shape)
+        self.looked = 0
+
+    def __call__(self, records: Iterable[Record]) -> None:
+        for record in records:
+            if self.on_record is not None:
+                self.on_record(record)
+            if len(self.shown) < len(EVIDENCE_KEYS):
+                self.shown |= shown_evidence(record.data, self.shown)
+            if self.looked < SHAPE_RECORDS:
+                self.looked += 1
+                self.shape |= job_shape(record.data)
+            result = self.diagnoser.feed(record)
+            if result is not None:
+                self.writer.step(result)
+
+    def end(
+        self, reader: _Reader, rejected: Counter[str] | None, framework: str | None = None
+    ) -> int:
+        """The input has ended: its last step, its summary; returns its record count."""
+        result = self.diagnoser.close()
+        if result is not None:
+            self.writer.step(result)
+        self.writer.flush()
+        cannot = missing_evidence(self.shown | self.shape) if reader.records else ()
+        self.writer.end_file(reader.records, dict(reader.rejected), cannot)
+        if rejected is not None:
+            rejected.update(reader.rejected)
+        if framework is not None and framework != VERL and reader.records:
+            print(f"({framework} output, read as verl's records)", file=sys.stderr)
+        return reader.records
+
+
+_Reader = RecordReader | ConsoleReader | FrameworkConsoleReader | TensorBoardReader
+
+
+def _reader(input_format: str, chunk: bytes, max_line: int) -> _Reader:
+    """The reader of an input, by --input-format or (auto) by its first bytes."""
+    if input_format == "auto":
+        framework = framework_console.detect(chunk)
+        if framework is not None:
+            return FrameworkConsoleReader(max_line, framework)
+        return ConsoleReader(max_line) if looks_console(chunk) else RecordReader(max_line)
+    if input_format in FRAMEWORKS:
+        return FrameworkConsoleReader(max_line, input_format)
+    return ConsoleReader(max_line) if input_format == "console" else RecordReader(max_line)
 
 
 def diagnose_stream(
@@ -261,55 +336,47 @@ def diagnose_stream(
     input_format: str = "auto",
     rejected: Counter[str] | None = None,
 ) -> int:
-    """Diagnose one input (JSONL or console output); returns how many verl records it gave
-    (and adds its rejected lines, by reason, to `rejected` when given)."""
-    reader: RecordReader | ConsoleReader | None = None
-    if input_format != "auto":
-        reader = ConsoleReader(max_line) if input_format == "console" else RecordReader(max_line)
-    diagnoser = BatchDiagnoser(th)
+    """Diagnose one input (JSONL, console output, another framework's printed steps);
+    returns how many verl records it gave (and adds its rejected lines, by reason, to
+    `rejected` when given)."""
+    reader: _Reader | None = None
+    feed = _Feed(th, writer)
     writer.begin_file(path)
     progress = Progress(stream, path)
-    on_record = getattr(writer, "record", None)  # a writer that wants the raw records
-    shown: set[str] = set()  # evidence keys the log reported (advice.shown_evidence)
-    shape: set[str] = set()  # what its first records' keys say it does (advice.job_shape)
-    looked = 0
-    first = True
     for chunk in iter(lambda: stream.read(CHUNK), b""):
-        if first and looks_gzip(chunk):
-            print(
-                f"rlhf-exporter diagnose: {path}: gzip-compressed; decompress it first: "
-                f"zcat {path} | rlhf-exporter diagnose -",
-                file=sys.stderr,
-            )
-        first = False
         if reader is None:
-            reader = ConsoleReader(max_line) if looks_console(chunk) else RecordReader(max_line)
-        for record in reader.feed(chunk):
-            if on_record is not None:
-                on_record(record)
-            if len(shown) < len(EVIDENCE_KEYS):
-                shown |= shown_evidence(record.data, shown)
-            if looked < SHAPE_RECORDS:
-                looked += 1
-                shape |= job_shape(record.data)
-            result = diagnoser.feed(record)
-            if result is not None:
-                writer.step(result)
+            if looks_gzip(chunk):
+                print(
+                    f"rlhf-exporter diagnose: {path}: gzip-compressed; decompress it first: "
+                    f"zcat {path} | rlhf-exporter diagnose -",
+                    file=sys.stderr,
+                )
+            reader = _reader(input_format, chunk, max_line)
+        assert not isinstance(reader, TensorBoardReader)
+        feed(reader.feed(chunk))
         writer.flush()  # what this chunk produced, so `diagnose -` on a live tail keeps up
         progress.update()
     if reader is None:  # an empty input
         reader = RecordReader(max_line)
-    reader.finish()
-    result = diagnoser.close()
-    if result is not None:
-        writer.step(result)
-    writer.flush()
+    if isinstance(reader, FrameworkConsoleReader):
+        feed(reader.finish())
+    else:
+        assert not isinstance(reader, TensorBoardReader)
+        reader.finish()
     progress.done()
-    cannot = missing_evidence(shown | shape) if reader.records else ()
-    writer.end_file(reader.records, dict(reader.rejected), cannot)
-    if rejected is not None:
-        rejected.update(reader.rejected)
-    return reader.records
+    return feed.end(reader, rejected, getattr(reader, "framework", None))
+
+
+def diagnose_tensorboard(
+    path: str, th: Thresholds, writer: Writer, rejected: Counter[str] | None = None
+) -> int:
+    """Diagnose the TensorBoard event files at `path` (a file or a directory)."""
+    reader = TensorBoardReader(path)
+    feed = _Feed(th, writer)
+    writer.begin_file(path)
+    feed(reader.poll())
+    feed(reader.finish())
+    return feed.end(reader, rejected, reader.framework)
 
 
 class Progress:

@@ -1,0 +1,23 @@
+"""RLHF frameworks beyond verl, read as verl: one table per framework (tables.py), and the
+translation of a framework's step into a verl-keyed record (translate.py).
+
+Pure: no I/O. The readers of each framework's output live in `sources/`.
+"""
+
+from .tables import AREAL, FRAMEWORKS, NEMO_RL, OPENRLHF, ROLL, SLIME, TABLES, VERL, Framework
+from .translate import Translator, is_timer, to_record
+
+__all__ = [
+    "AREAL",
+    "FRAMEWORKS",
+    "NEMO_RL",
+    "OPENRLHF",
+    "ROLL",
+    "SLIME",
+    "TABLES",
+    "VERL",
+    "Framework",
+    "Translator",
+    "is_timer",
+    "to_record",
+]

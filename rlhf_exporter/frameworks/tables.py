@@ -1,0 +1,151 @@
+"""What each framework logs per step, as data: its windows, the decision-table timer each
+counts as, which windows nest inside others, its step total, and its work measures.
+
+`translate.py` turns a framework's step into a verl-keyed record with these tables, so the
+decision table and its contract rules apply unchanged. docs/frameworks.md says where each key
+comes from in the framework's own source.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+VERL = "verl"
+OPENRLHF = "openrlhf"
+AREAL = "areal"
+NEMO_RL = "nemo_rl"
+SLIME = "slime"
+ROLL = "roll"
+
+
+class Window(NamedTuple):
+    """One timer of the framework, in seconds."""
+
+    key: str  # the framework's key, as its metrics dict (and TensorBoard) spells it
+    timer: str | None  # the verl timer it counts as; None: a container, its own rest untimed
+    inside: str | None = None  # the key of the window it runs inside (taken out of that one)
+
+
+class Framework(NamedTuple):
+    """How one framework's step reads as verl's."""
+
+    name: str
+    # keys under these prefixes are timers: a timer not in `windows` is unnamed (clipped,
+    # decision table section 2), one in `not_windows` is no window of the step
+    timer_prefixes: tuple[str, ...]
+    windows: tuple[Window, ...]
+    # the step total's key; None: the windows run one after another, S is their sum
+    step_total: str | None
+    not_windows: frozenset[str] = frozenset()
+    # verl key -> the framework's key for the same value (tokens, lengths, MFU, GPUs)
+    values: Mapping[str, str] = MappingProxyType({})
+    # K (perf/total_num_tokens) as the product of these keys, when no key holds it
+    tokens_product: tuple[str, ...] = ()
+    # keys whose value measured the step before the one it is logged with
+    lagged: frozenset[str] = frozenset()
+    # the prefix a TensorBoard tag carries that the metrics dict does not (stripped)
+    tensorboard_prefix: str = ""
+    # a key under `timer_prefixes` is a timer only when it ends so (slime's perf/ also
+    # holds rates and counts)
+    timer_suffix: str = ""
+
+
+def _values(**pairs: str) -> Mapping[str, str]:
+    return MappingProxyType({k.replace("__", "/"): v for k, v in pairs.items()})
+
+
+TABLES: Mapping[str, Framework] = MappingProxyType(
+    {
+        OPENRLHF: Framework(
+            name=OPENRLHF,
+            timer_prefixes=("timing/",),
+            windows=(
+                Window("timing/generation", "gen"),
+                # the experience maker: reference and policy log-probs, reward, advantages
+                Window("timing/make_experience", "old_log_prob"),
+                Window("timing/ppo_train", "update_actor"),
+                Window("timing/broadcast", "update_weights"),
+            ),
+            step_total="timing/step_total",
+            values=_values(response_length__mean="rollout/response_length_mean"),
+            tokens_product=("rollout/num_samples", "rollout/response_length_mean"),
+            tensorboard_prefix="train/",
+        ),
+        AREAL: Framework(
+            name=AREAL,
+            timer_prefixes=("timeperf/",),
+            windows=(
+                Window("timeperf/rollout", "gen"),
+                Window("timeperf/recompute_logp", "old_log_prob"),
+                Window("timeperf/ref_logp", "ref"),
+                Window("timeperf/critic_values", "values"),
+                Window("timeperf/train_step", "update_actor"),
+                Window("timeperf/critic_train_step", "update_critic"),
+                Window("timeperf/update_weights", "update_weights"),
+                Window("timeperf/compute_advantage", "adv"),
+                Window("timeperf/save", "save_checkpoint"),
+            ),
+            step_total=None,
+            not_windows=frozenset(("timeperf/eval",)),
+        ),
+        NEMO_RL: Framework(
+            name=NEMO_RL,
+            timer_prefixes=("timing/train/",),
+            windows=(
+                Window("timing/train/generation", "gen"),
+                Window("timing/train/exposed_generation", "gen"),
+                Window("timing/train/policy_and_reference_logprobs", "old_log_prob"),
+                Window("timing/train/policy_training", "update_actor"),
+                Window("timing/train/prepare_for_generation/total", None),
+                Window(
+                    "timing/train/prepare_for_generation/transfer_and_update_weights",
+                    "update_weights",
+                    inside="timing/train/prepare_for_generation/total",
+                ),
+                Window("timing/train/reward_calculation", "reward"),
+                Window("timing/train/checkpointing", "save_checkpoint"),
+            ),
+            step_total="timing/train/total_step_time",
+            not_windows=frozenset(("timing/train/validation",)),
+            values=_values(perf__total_num_tokens="train/total_num_tokens"),
+        ),
+        SLIME: Framework(
+            name=SLIME,
+            timer_prefixes=("perf/",),
+            windows=(
+                Window("perf/rollout_time", "gen"),
+                Window("perf/log_probs_time", "old_log_prob"),
+                Window("perf/ref_log_probs_time", "ref"),
+                Window("perf/actor_train_time", "update_actor"),
+                Window("perf/update_weights_time", "update_weights"),
+            ),
+            step_total="perf/step_time",
+            # the trainer's own bookkeeping, and the parts of perf/step_time
+            not_windows=frozenset(
+                ("perf/train_wait_time", "perf/train_time", "perf/total_train_loop_time")
+            ),
+            values=_values(perf__total_num_tokens="perf/actor_train_tokens"),
+            # the trainer syncs weights after it logs its step's perf: the next step's line
+            # carries it
+            lagged=frozenset(("perf/update_weights_time",)),
+            timer_suffix="_time",
+        ),
+        ROLL: Framework(
+            name=ROLL,
+            timer_prefixes=("time/",),
+            windows=(
+                Window("time/step_generate", "gen"),
+                Window("time/old_log_probs", "old_log_prob"),
+                Window("time/ref_log_probs_values", "ref"),
+                Window("time/step_train", "update_actor"),
+                Window("time/step_model_update", "update_weights"),
+            ),
+            step_total="time/step_total",
+        ),
+    }
+)
+
+FRAMEWORKS = (VERL, *TABLES)
+"""Every framework read, verl first (its records are verl's own: the identity)."""
