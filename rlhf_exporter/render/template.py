@@ -30,15 +30,20 @@ def text(name: str) -> str:
     return (FOLDER / name).read_text(encoding="utf-8")
 
 
-def fill(name: str, values: Mapping[str, object]) -> str:
-    """The template `name` with every `${key}` replaced by `str(values[key])`."""
+def substitute(text: str, values: Mapping[str, object], where: str = "a template") -> str:
+    """`text` with every `${key}` replaced by `str(values[key])`."""
 
     def value(match: re.Match[str]) -> str:
         if match[1] not in values:
-            raise TemplateError(f"{name}: no value for ${{{match[1]}}}")
+            raise TemplateError(f"{where}: no value for ${{{match[1]}}}")
         return str(values[match[1]])
 
-    return PLACEHOLDER.sub(value, text(name))
+    return PLACEHOLDER.sub(value, text)
+
+
+def fill(name: str, values: Mapping[str, object]) -> str:
+    """The template `name` with its placeholders filled from `values`."""
+    return substitute(text(name), values, name)
 
 
 def flat(document: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
@@ -52,13 +57,15 @@ def flat(document: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
     return out
 
 
-def sections(name: str, values: Mapping[str, object]) -> dict[str, list[str]]:
-    """A filled template of `## heading` sections, each as its entries: the paragraphs, or the
-    items of a list (`- ` or `1. `), each joined into one line (wrapped lines are one text)."""
+@cache
+def sections(name: str) -> Mapping[str, tuple[str, ...]]:
+    """The template `name` as `## heading` sections, each as its entries (placeholders not yet
+    filled): the paragraphs, or the items of a list (`- ` or `1. `), each joined into one
+    line, so a wrapped line is one text. Text before the first heading is a comment."""
     out: dict[str, list[list[str]]] = {}
     entries: list[list[str]] = []
     fresh = True  # the next line of text starts an entry
-    for line in fill(name, values).splitlines():
+    for line in text(name).splitlines():
         heading = HEADING.match(line)
         if heading:
             entries = out[heading[1]] = []
@@ -70,4 +77,4 @@ def sections(name: str, values: Mapping[str, object]) -> dict[str, list[str]]:
             fresh = False
         else:
             entries[-1].append(line.strip())
-    return {h: [" ".join(e) for e in es] for h, es in out.items()}
+    return {h: tuple(" ".join(e) for e in es) for h, es in out.items()}

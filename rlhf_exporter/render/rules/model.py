@@ -10,7 +10,7 @@ from typing import Any
 
 from ...diagnosis import GROUPS, Thresholds
 from ...diagnosis.thresholds import seconds
-from ..template import TemplateError, sections
+from ..template import TemplateError, sections, substitute
 
 RECORDING_FILE = "alerts/recording.rules.yaml"
 DECISION_FILE = "alerts/decision-table.rules.yaml"
@@ -308,7 +308,7 @@ TEXT_FIELDS = ("meaning", "impact", "escalate")
 def shared_prose(section: str) -> list[str]:
     """The entries of one section of `templates/runbooks/shared.md` (prose several runbooks
     repeat)."""
-    return sections("runbooks/shared.md", {})[section]
+    return list(sections("runbooks/shared.md")[section])
 
 
 def runbook(
@@ -320,13 +320,14 @@ def runbook(
     """A runbook: its prose from `templates/runbooks/<template>.md` filled with `values`, its
     PromQL `confirm` (P and E for the job's project and experiment), and any list the code
     builds from tables (its items follow the template's)."""
-    found = sections(f"runbooks/{template}.md", values or {})
+    name = f"runbooks/{template}.md"
     fields: dict[str, Any] = {"verl_keys": []}
-    for heading, entries in found.items():
+    for heading, entries in sections(name).items():
         if heading not in RUNBOOK_SECTIONS:
-            raise TemplateError(f"runbooks/{template}.md: unknown section {heading!r}")
+            raise TemplateError(f"{name}: unknown section {heading!r}")
+        filled = [substitute(e, values or {}, name) for e in entries]
         key = RUNBOOK_SECTIONS[heading]
-        fields[key] = " ".join(entries) if key in TEXT_FIELDS else entries
+        fields[key] = " ".join(filled) if key in TEXT_FIELDS else filled
     for key, items in lists.items():
         fields[key] = [*fields.get(key, []), *items]
     return Runbook(confirm=confirm, **fields)
