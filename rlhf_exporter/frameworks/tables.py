@@ -89,6 +89,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             ),
             step_total=None,
             not_windows=frozenset(("timeperf/eval",)),
+            # the actor's token-count denominator, summed over the batch (ppo/actor.py)
+            values=_values(perf__total_num_tokens="ppo_actor/n_tokens"),
         ),
         NEMO_RL: Framework(
             name=NEMO_RL,
@@ -106,9 +108,24 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 ),
                 Window("timing/train/reward_calculation", "reward"),
                 Window("timing/train/checkpointing", "save_checkpoint"),
+                # async GRPO: the refit bubble holds the weight transfer
+                Window("timing/train/idle/refit_bubble", None),
+                Window(
+                    "timing/train/weight_sync",
+                    "update_weights",
+                    inside="timing/train/idle/refit_bubble",
+                ),
             ),
             step_total="timing/train/total_step_time",
-            not_windows=frozenset(("timing/train/validation",)),
+            # a rate logged with the timers; and timers nested in a named window
+            not_windows=frozenset(
+                (
+                    "timing/train/validation",
+                    "timing/train/valid_tokens_per_sec_per_gpu",
+                    "timing/train/idle/buffer_starvation",
+                    "timing/train/recompute_kv_scales",
+                )
+            ),
             values=_values(perf__total_num_tokens="train/total_num_tokens"),
         ),
         SLIME: Framework(
@@ -127,6 +144,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 ("perf/train_wait_time", "perf/train_time", "perf/total_train_loop_time")
             ),
             values=_values(perf__total_num_tokens="perf/actor_train_tokens"),
+            # slime logs no token count: its trainer's tokens/s times its train time is one
+            tokens_product=("perf/actor_train_tok_per_s", "perf/actor_train_time"),
             # the trainer syncs weights after it logs its step's perf: the next step's line
             # carries it
             lagged=frozenset(("perf/update_weights_time",)),
