@@ -119,9 +119,9 @@ def structures(src: Any, ex: Any) -> Iterable[tuple[str, list[Any]]]:
     frags = list(ex._by_id.values())
     yield "exposition: fragment lines", [f.lines for f in frags]
     yield "exposition: fragments (rest)", frags
-    yield "exposition: chunks, plain", [c.raw for c in ex._chunks.values()]
-    yield "exposition: chunks, gzip segments", [c.gz for c in ex._chunks.values()]
-    yield "exposition: family lines cache", [ex._family_lines]
+    yield "exposition: chunks, plain", [c.raw for c in ex._chunks.cache.values()]
+    yield "exposition: chunks, gzip segments", [c.gz for c in ex._chunks.cache.values()]
+    yield "exposition: family lines cache", [ex._lines.family_lines]
     yield "exposition: bodies", list(ex._bodies.values())
     yield "exposition: rest", [ex]
     yield "source (rest)", [src]

@@ -23,7 +23,7 @@ from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.diagnosis.history import StepPoint
 from rlhf_exporter.job_history import MAX_STRINGS, StepHistory, history_of
-from rlhf_exporter.metrics import exposition as mod
+from rlhf_exporter.metrics import chunks as mod
 from rlhf_exporter.metrics.exposition import Exposition
 from rlhf_exporter.sources.verl_files import VerlFileSource
 from tests.test_exposition_direct import OPENMETRICS, TEXT, from_scratch
@@ -107,7 +107,7 @@ class Files:
 
 def placed_only(ex: Exposition) -> bool:
     return all(
-        isinstance(v, mod._Placed)
+        isinstance(v, mod.Placed)
         for f in (*ex._by_id.values(), *ex._by_value.values())
         for v in f.lines.values()
     )
@@ -157,7 +157,7 @@ def test_a_step_rebuilds_one_chunk_and_keeps_its_unchanged_segments(tmp_path, th
     ex = Exposition([lambda: snaps[0]])
     ex.render(OPENMETRICS, want_gzip=True)
     built, deflated = ex.stats["chunks_built"], ex.stats["segments_deflated"]
-    chunk = next(c for c in ex._chunks.values() if len(c.frags) == mod.CHUNK)
+    chunk = next(c for c in ex._chunks.cache.values() if len(c.frags) == mod.CHUNK)
     files.step(20)
     snaps[0] = src.poll_once()
     zipped, _, _ = ex.render(OPENMETRICS, want_gzip=True)

@@ -200,12 +200,12 @@ def test_segments_refer_to_nothing_before_them(name):
 
 def test_formats_share_sample_lines_only_where_prometheus_client_writes_them_alike():
     text, om, dots = (choose_encoder(a) for a in SCRAPED)
-    assert line_format(*text) == line_format(*om)
-    assert line_format(*dots) == dots[1]  # `escaping=dots` writes `_` as `__`: its own lines
+    assert line_format(text[1]) == line_format(om[1])
+    assert line_format(dots[1]) == dots[1]  # `escaping=dots` writes `_` as `__`: its own lines
     sources = Sources([verl_snapshot([job_part("p", "e", 1)])])
     ex = Exposition(sources.fns())
     check_all(ex, sources.snaps, SCRAPED)
-    assert {k[0] for k in ex._chunks} == {line_format(*text), dots[1]}
+    assert {k[0] for k in ex._chunks.cache} == {line_format(text[1]), dots[1]}
 
 
 # every content type prometheus_client writes (13): more than MAX_FORMATS, so they evict
@@ -234,10 +234,10 @@ def test_a_scraper_cycling_content_types_cannot_grow_the_cache():
     assert len(ex._bodies) <= MAX_FORMATS and len(ex._wanted) <= MAX_FORMATS
     assert ex.stats["formats_evicted"] == 50 - MAX_FORMATS
     # the cached chunks and lines are those of the formats still kept, no more
-    kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
-    assert {k[0] for k in ex._chunks} <= kept
+    kept = {line_format(c) for c in ex._wanted}
+    assert {k[0] for k in ex._chunks.cache} <= kept
     assert all(set(f.lines) <= kept for f in ex._by_id.values())
-    assert {k[0] for k in ex._family_lines} <= kept
+    assert {k[0] for k in ex._lines.family_lines} <= kept
     check_all(ex, sources.snaps)  # and the usual formats are still right
 
 
@@ -560,8 +560,8 @@ def test_warm_never_rebuilds_a_format_a_scrape_evicted():
     t.join()
     assert set(ex._bodies) <= set(ex._wanted)  # nothing cached that no one scrapes
     assert len(ex._bodies) <= MAX_FORMATS
-    kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
-    assert {k[0] for k in ex._chunks} <= kept
+    kept = {line_format(c) for c in ex._wanted}
+    assert {k[0] for k in ex._chunks.cache} <= kept
     assert all(set(f.lines) <= kept for f in (*ex._by_id.values(), *ex._by_value.values()))
 
 
@@ -602,8 +602,8 @@ def test_many_threads_inventing_versions_keep_the_cache_bounded():
     assert len(ex._wanted) <= MAX_FORMATS and set(ex._bodies) <= set(ex._wanted)
     cached = sum(len(b.plain or b"") + len(b.gzipped or b"") for b in ex._bodies.values())
     assert cached <= MAX_FORMATS * 3 * one  # each kept format: a body and its gzip, no more
-    kept = {line_format(e, c) for c, (e, *_r) in ex._wanted.items()}
-    assert {k[0] for k in ex._chunks} <= kept
+    kept = {line_format(c) for c in ex._wanted}
+    assert {k[0] for k in ex._chunks.cache} <= kept
 
 
 def test_a_fragment_failing_at_every_poll_is_logged_once_not_flooded(caplog):

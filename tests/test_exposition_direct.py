@@ -1,9 +1,9 @@
-"""Issue 37: sample lines written directly are prometheus_client's, and the cached body of real
+"""Sample lines written directly are prometheus_client's, and the cached body of real
 jobs stepping in random order is, after every step, the body a from-scratch render gives.
 
 - `lines.lines` against prometheus_client's text encoder on random catalog samples (label
   values with every kind of character, any float);
-- the probe that enables the direct lines notices a writer that differs from prometheus_client;
+- (tests/test_exposition_golden.py compares whole bodies with client_python's);
 - real `Job`s fed by the simulator through the real verl file source, stepping in a random
   order (hypothesis), scraped in both formats, plain and gzip, with and without the direct
   lines: each body equals an uncached render of the same snapshots.
@@ -83,21 +83,6 @@ def test_anything_not_a_well_formed_catalog_sample_takes_the_checked_path():
         assert direct.lines([good, bad]) is None, bad
 
 
-def test_the_probe_notices_a_writer_that_differs(monkeypatch):
-    assert mod.direct_lines_verified()
-    escape = direct._escape
-    monkeypatch.setattr(mod, "_DIRECT", [])
-    monkeypatch.setattr(direct, "_escape", lambda v: v)  # forgets to escape
-    assert not mod.direct_lines_verified()
-    monkeypatch.setattr(mod, "_DIRECT", [])
-    monkeypatch.setattr(direct, "_escape", escape)
-    monkeypatch.setattr(direct, "floatToGoString", lambda v: repr(float(v)))  # 1e+300 as 1e300
-    assert not mod.direct_lines_verified()
-    monkeypatch.setattr(mod, "_DIRECT", [])
-    monkeypatch.undo()
-    assert mod.direct_lines_verified()
-
-
 # -- real jobs, random step order ---------------------------------------------------------------
 JOBS = 12
 
@@ -115,9 +100,8 @@ def th():
 )
 @given(order=st.lists(st.integers(0, JOBS - 1), min_size=1, max_size=25), data=st.data())
 def test_cached_bodies_equal_uncached_ones_for_random_step_orders(
-    tmp_path_factory, th, monkeypatch, use_direct, order, data
+    tmp_path_factory, th, use_direct, order, data
 ):
-    monkeypatch.setattr(mod, "_DIRECT", [use_direct])
     root = tmp_path_factory.mktemp("verl")
     regimes = list(REGIMES.values())
     paths, streams = [], []
@@ -130,7 +114,7 @@ def test_cached_bodies_equal_uncached_ones_for_random_step_orders(
         streams.append(stream)
     src = VerlFileSource(th, [root])
     snaps = [src.poll_once()]
-    ex = Exposition([lambda: snaps[0]])
+    ex = Exposition([lambda: snaps[0]], direct_lines=use_direct)
     for k, i in enumerate(order):
         with open(paths[i], "ab") as f:
             f.write(encode(next(streams[i])))
@@ -165,7 +149,7 @@ def test_a_scrape_while_a_new_body_is_deflated_gets_the_last_finished_one():
     now[0] = 115.0
     stale: list[bytes] = []
     with ex._lock:  # the warm thread mid-build: the new body placed, not yet deflated
-        placed = ex._current(encoder, ctype, True)
+        placed = ex._current(encoder, ctype)
         assert placed.gzipped is None and ex._bodies[ctype] is placed
         scrape = threading.Thread(
             target=lambda: stale.append(ex.render(OPENMETRICS, want_gzip=True)[0]), daemon=True

@@ -106,17 +106,14 @@ def test_push_publishes_each_job_as_its_own_tuple(th):
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["prometheus_client", "direct"])
-def test_a_new_step_encodes_only_the_families_it_changed(direct, monkeypatch):
+def test_a_new_step_encodes_only_the_families_it_changed(direct):
     """A job's new tuple whose families mostly hold the same values (new Sample objects, equal
     values) re-encodes the changed families only through prometheus_client, and that job
     only when the lines are written directly (issue 37: writing a job costs less than hashing
     its families); the body stays what a from-scratch render gives, in both formats."""
     from prometheus_client.exposition import choose_encoder
 
-    from rlhf_exporter.metrics import exposition as mod
     from rlhf_exporter.metrics.exposition import encode as encode_families
-
-    monkeypatch.setattr(mod, "_DIRECT", [direct])
     from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
     def part(project: str, step: int) -> tuple[Sample, ...]:
@@ -128,7 +125,7 @@ def test_a_new_step_encodes_only_the_families_it_changed(direct, monkeypatch):
         )
 
     snaps = [Snapshot("verl", True, rest=(), parts=(part("a", 1), part("b", 1)))]
-    ex = Exposition([lambda: snaps[0]])
+    ex = Exposition([lambda: snaps[0]], direct_lines=direct)
     formats = ("text/plain", "application/openmetrics-text;version=1.0.0")
     for accept in formats:
         ex.render(accept)
@@ -154,6 +151,7 @@ def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
     before the scrape, which then finds it ready."""
     from rlhf_exporter.metrics import exposition as mod
     from rlhf_exporter.metrics.snapshot import Sample, Snapshot
+    from rlhf_exporter.metrics.warm import BUILD_AHEAD
 
     def part(project: str, step: int) -> tuple[Sample, ...]:
         return (Sample("rlhf_step", (project, "e"), float(step)),)
@@ -174,7 +172,7 @@ def test_the_warm_pass_builds_a_body_only_when_the_next_scrape_is_near():
         assert ex.stats["samples_encoded"] == encoded + 1  # the change, encoded at once
         if t <= 17:  # 20 - BUILD_AHEAD - 2 x the (tiny) build time: not near yet
             assert ex.stats["renders"] == renders and ex.stats["gzip_bodies"] == bodies
-    assert mod.BUILD_AHEAD == 2.0 and ex.stats["prepares"] == 7  # t = 11 .. 17
+    assert BUILD_AHEAD == 2.0 and ex.stats["prepares"] == 7  # t = 11 .. 17
     assert ex.stats["renders"] == renders + 2  # t = 18 and 19: built ahead of the scrape
     assert ex.stats["gzip_bodies"] == bodies + 2
     stats = dict(ex.stats)

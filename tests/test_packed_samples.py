@@ -1,4 +1,4 @@
-"""A job's samples, packed (rlhf_exporter/metrics/snapshot.py, issue 37): the very samples
+"""A job's samples, packed (rlhf_exporter/metrics/snapshot.py): the very samples
 the tuple held, one array of doubles and a layout that jobs with the same series share."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from prometheus_client.utils import floatToGoString
 from rlhf_exporter.demo.simulator import DEMO_PLAN, records
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.jobs import Job
-from rlhf_exporter.metrics import exposition as mod
 from rlhf_exporter.metrics import lines as direct
 from rlhf_exporter.metrics import snapshot
 from rlhf_exporter.metrics.catalog import BY_NAME
@@ -117,16 +116,3 @@ def test_a_packed_row_outside_the_catalog_takes_the_generic_path():
 @given(st.floats(allow_nan=True, allow_infinity=True) | st.integers(-(2**70), 2**70))
 def test_the_short_float_format_is_prometheus_clients(v):
     assert direct._go(v) == floatToGoString(v)
-
-
-def test_the_probe_checks_the_packed_lines_too(monkeypatch):
-    assert mod.direct_lines_verified()
-    monkeypatch.setattr(mod, "_DIRECT", [])
-    real = direct._packed_lines
-
-    def off_by_one(samples):
-        out = real(samples)
-        return None if out is None else {k: v + b" " for k, v in out.items()}
-
-    monkeypatch.setattr(direct, "_packed_lines", off_by_one)
-    assert not mod.direct_lines_verified()  # a packed writer that differs: never used

@@ -1,17 +1,11 @@
 """Sample lines written directly, as prometheus_client's text 0.0.4 encoder writes them.
 
-prometheus_client stays the format authority: these lines are used only once a probe has
-shown them byte-identical to prometheus_client's own (`verified`: every catalog family,
-label values with quotes, backslashes, newlines, non-ASCII and long text, and zero, negative
-zero, tiny, huge, NaN and infinite values), and only for fragments of well-formed samples of
-the catalog (`LineWriter.lines` returns None for anything else, which then takes
-prometheus_client's checked path, where bad samples are counted and dropped).
-
-Why: at 1,000 jobs a step arrives every 60 ms, and prometheus_client builds a family object,
-a label dict and a format string per sample; writing the line from the catalog's label
-order directly costs a fraction of that (issue 37). The line: the sample name (a counter's
-`_total` name), `{` the labels sorted by name as `name="value"` (value escaped: backslash,
-newline, double quote) `}` when there are labels, a space, `floatToGoString(value)`.
+The exporter's one sample-line writer: tests/test_exposition_golden.py holds whole bodies
+byte-identical to prometheus_client's generate_latest (text and OpenMetrics) on every
+catalog family with the hardest label values and numbers. Only fragments of well-formed
+samples of the catalog are written here (`lines` returns None for anything else, which then
+takes prometheus_client's checked path, where bad samples are counted and dropped). Why, and
+the line's grammar: docs/exposition.md.
 """
 
 from __future__ import annotations
