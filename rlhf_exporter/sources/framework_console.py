@@ -46,10 +46,10 @@ INCOMPLETE = "incomplete_line"
 REASONS = (TOO_LONG, FOREIGN_STEP, BAD_STEP_LINE, BAD_STEP, INCOMPLETE)
 
 _DICT_LINES = {
-    OPENRLHF: re.compile(r"(?:✨ )?Global step (-?\d+): (\{.*\})$"),
-    SLIME: re.compile(r"\bperf (-?\d+): (\{.*\})$"),
+    OPENRLHF: re.compile(r"(?:✨ )?Global step (-?\d+): (\{.*)$"),
+    SLIME: re.compile(r"\bperf (-?\d+): (\{.*)$"),
 }
-_ROLL = re.compile(r"metrics_tag: (\{.*\})$")
+_ROLL = re.compile(r"metrics_tag: (\{.*)$")
 _AREAL_STEP = re.compile(r"Train step (-?\d+)/\d+ done\.")
 _AREAL_STATS = re.compile(r"Stats \((\d+)/\d+\):")
 _NEMO_STEP = re.compile(r"=+ Step (-?\d+)/\d+ =+")

@@ -134,6 +134,8 @@ class TensorBoardReader:
             if f is None:
                 if len(self._files) >= MAX_FILES:
                     continue
+                for older in self._files.values():  # a new file: the writer moved on
+                    yield from self._step_done(older)
                 f = self._files[path] = _File(path)
             if not f.broken:
                 yield from self._read(f)

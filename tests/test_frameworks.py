@@ -1,0 +1,308 @@
+"""Other frameworks read as verl: each one's table (rlhf_exporter/frameworks/), its printed
+steps (sources/framework_console.py), its TensorBoard events (sources/tensorboard_reader.py),
+and `diagnose` on them, against verl's records of the same windows."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhf_exporter.commands.diagnose import diagnose_stream, diagnose_tensorboard
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.diagnosis import BatchDiagnoser, Record
+from rlhf_exporter.frameworks import TABLES, Translator, to_record
+from rlhf_exporter.sources.framework_console import FrameworkConsoleReader, detect
+from rlhf_exporter.sources.tensorboard_reader import TensorBoardReader
+from rlhf_exporter.view.writers import JsonlWriter
+from tests.support import framework_output as fo
+
+TH = load_thresholds()
+
+
+def _read(
+    text: str | bytes, chunk: int = 1 << 20, **kw: Any
+) -> tuple[list[Record], FrameworkConsoleReader]:
+    data = text.encode() if isinstance(text, str) else text
+    reader = FrameworkConsoleReader(**kw)
+    out: list[Record] = []
+    for i in range(0, len(data), chunk):
+        out += reader.feed(data[i : i + chunk])
+    out += reader.finish()
+    return out, reader
+
+
+def _verdicts(records: list[Record]) -> list[tuple[int, str, str | None, str]]:
+    steps = BatchDiagnoser(TH).diagnose(records)
+    return [(d.step, d.verdict, d.reason, d.to_json()["change"]) for d in steps]
+
+
+def _verl(rows: list[dict[str, Any]]) -> list[Record]:
+    return [Record(r["step"], r["data"]) for r in rows]
+
+
+def _same(got: list[Record], want: list[Record]) -> None:
+    assert [r.step for r in got] == [r.step for r in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.data == pytest.approx(w.data), g.step
+
+
+# -- the tables ------------------------------------------------------------------------------
+def test_every_table_maps_to_timers_the_decision_table_names() -> None:
+    named = TH.timer_groups
+    for fw in TABLES.values():
+        keys = [w.key for w in fw.windows]
+        assert len(keys) == len(set(keys)), fw.name
+        for w in fw.windows:
+            assert w.key.startswith(fw.timer_prefixes), (fw.name, w.key)
+            assert w.inside is None or w.inside in keys, (fw.name, w.key)
+            if w.timer is not None:
+                assert w.timer in named, (fw.name, w.timer)
+
+
+def test_nested_timer_is_taken_out_of_its_parent_never_counted_twice() -> None:
+    raw = {
+        "timing/train/prepare_for_generation/total": 7.0,
+        "timing/train/prepare_for_generation/transfer_and_update_weights": 5.0,
+        "timing/train/generation": 30.0,
+        "timing/train/total_step_time": 40.0,
+    }
+    data = to_record("nemo_rl", 3, raw).data
+    assert data["timing_s/update_weights"] == 5.0
+    assert data["timing_s/gen"] == 30.0
+    assert data["timing_s/step"] == 40.0
+    # the container's own 2 s are no window: left to the untimed remainder
+    assert sum(v for k, v in data.items() if k != "timing_s/step") == 35.0
+
+
+def test_no_step_total_means_the_sum_of_the_timers_unnamed_ones_included() -> None:
+    raw = {"timeperf/rollout": 10.0, "timeperf/train_step": 5.0, "timeperf/new_thing": 1.0}
+    raw |= {"timeperf/eval": 100.0, "ppo_actor/loss": 0.3}
+    data = to_record("areal", 1, raw).data
+    assert data["timing_s/step"] == 16.0  # eval is no window of the step
+    assert data["timing_s/areal:timeperf/new_thing"] == 1.0  # unnamed: clipped by the table
+    assert "ppo_actor/loss" not in data and "timeperf/eval" not in data
+
+
+def test_what_a_framework_does_not_supply_stays_missing() -> None:
+    data = to_record("roll", 1, {"time/step_total": 10.0, "time/step_generate": 6.0}).data
+    assert "perf/total_num_tokens" not in data
+    assert "perf/mfu/actor" not in data
+    data = to_record("openrlhf", 1, {"timing/step_total": 10.0, "rollout/num_samples": None}).data
+    assert "perf/total_num_tokens" not in data
+
+
+def test_hostile_values_are_missing_not_crashes() -> None:
+    raw = {
+        "timing/generation": "x",
+        "timing/step_total": float("nan"),
+        3: 4,
+        "timing/ppo_train": -1,
+    }
+    data = to_record("openrlhf", 1, raw).data  # type: ignore[dict-item]
+    assert "timing_s/gen" not in data and "timing_s/update_actor" not in data
+    assert _verdicts([Record(1, data)]) == []  # no usable S: not classified
+
+
+def test_lagged_key_lands_on_the_step_it_measured() -> None:
+    t = Translator("slime")
+    out: list[Record] = []
+    out += t.feed(1, {"perf/rollout_time": 5.0})
+    out += t.feed(1, {"perf/actor_train_time": 3.0, "perf/step_time": 9.0})
+    assert out == []  # held: its weight sync comes with step 2's trainer line
+    out += t.feed(2, {"perf/rollout_time": 5.0})
+    out += t.feed(2, {"perf/update_weights_time": 1.5, "perf/step_time": 9.0})
+    assert [r.step for r in out] == [1]
+    assert out[0].data["timing_s/update_weights"] == 1.5
+    out += t.finish()
+    assert [r.step for r in out] == [1, 2]
+    assert "timing_s/update_weights" not in out[1].data
+    # a restart (a lower step) gives out what was held, in order
+    t2 = Translator("slime")
+    got = list(t2.feed(5, {"perf/step_time": 1.0})) + list(t2.feed(1, {"perf/step_time": 2.0}))
+    assert [r.step for r in got] == [5]
+
+
+# -- printed steps, every framework, every regime --------------------------------------------
+PRINTED = fo.PRINTED
+
+
+def _expected(framework: str, steps: list[fo.Step]) -> list[Record]:
+    return _verl(fo.expected_records(framework, steps))
+
+
+@pytest.mark.parametrize("framework", sorted(PRINTED))
+@pytest.mark.parametrize("regime", fo.REGIMES)
+def test_printed_steps_read_as_verl_records_of_the_same_windows(
+    framework: str, regime: str
+) -> None:
+    steps = fo.regime(regime)
+    text = PRINTED[framework][0](steps)
+    assert detect(text.encode()[:4096]) == framework
+    got, reader = _read(text)
+    assert reader.framework == framework
+    assert not reader.rejected
+    _same(got, _expected(framework, steps))
+    # and chunked at an awkward size, the same records
+    again, _ = _read(text, chunk=37)
+    _same(again, got)
+
+
+@pytest.mark.parametrize("framework", sorted(PRINTED))
+def test_scripted_verdicts(framework: str) -> None:
+    expect = {"rollout": "rollout", "update": "update", "sync": "sync"}
+    for regime, verdict in expect.items():
+        got = _verdicts(_read(PRINTED[framework][0](fo.regime(regime)))[0])
+        if framework == "slime":  # its last step's weight sync would come with the next step
+            assert got[-1][1] == ("other" if regime == "sync" else verdict)
+            got = got[:-1]
+        assert {v for _s, v, _r, _c in got} == {verdict}, (framework, regime)
+    changes = {
+        s: c for s, _v, _r, c in _verdicts(_read(PRINTED[framework][0](fo.regime("regression")))[0])
+    }
+    has_tokens = PRINTED[framework][1]["tokens"]
+    assert changes[12] == ("regression" if has_tokens else "none"), framework
+
+
+def test_a_foreign_framework_line_is_counted_not_read() -> None:
+    text = fo.print_openrlhf(fo.regime("rollout", 3)) + fo.print_slime(fo.regime("rollout", 2))
+    got, reader = _read(text)
+    assert [r.step for r in got] == [1, 2, 3]
+    assert reader.rejected["foreign_step"] == 4
+
+
+def test_bad_lines_are_counted_and_the_good_ones_kept() -> None:
+    good = fo.print_openrlhf(fo.regime("rollout", 2)).splitlines()
+    text = "\n".join(
+        [
+            good[1],
+            "✨ Global step 9: {'a': [1,",
+            "✨ Global step 99999999999999999999999: {}",
+            good[2],
+        ]
+    )
+    got, reader = _read(text + "\n" + "x" * 3000 + "\n", max_line=1000)
+    assert [r.step for r in got] == [1, 2]
+    assert reader.rejected == Counter({"bad_step_line": 1, "bad_step": 1, "too_long": 1})
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=60),
+            st.sampled_from(
+                [
+                    b"\xe2\x9c\xa8 Global step 3: {'timing/step_total': 1.0}\n",
+                    b"perf 2: {'perf/step_time': 3}\n",
+                    b'metrics_tag: {"step": 1, "metrics": {"time/step_total": 2}}\n',
+                    b"Train step 4/9 done.\nStats (1/1):\n",
+                    "│ timeperf/rollout │ 1.0e+00 │\n╘═╛\n".encode(),
+                    "===== Step 2/3 =====\n⏱️  Timing:\n  • Total step time: 2.00s\n".encode(),
+                    b"\n",
+                ]
+            ),
+        ),
+        max_size=30,
+    ),
+    st.integers(min_value=1, max_value=64),
+)
+def test_hostile_bytes_never_crash_and_chunking_changes_nothing(
+    parts: list[bytes], size: int
+) -> None:
+    data = b"".join(parts)
+    whole, r1 = _read(data, max_line=128)
+    chunked, r2 = _read(data, chunk=size, max_line=128)
+    assert whole == chunked
+    assert r1.rejected == r2.rejected
+    assert r1.pending_bytes == 0
+    steps = [r.step for r in whole]
+    assert all(isinstance(s, int) for s in steps)
+
+
+# -- TensorBoard events ----------------------------------------------------------------------
+TB = {
+    "openrlhf": {"tokens": True, "untimed": True},
+    "verl": {"tokens": True, "untimed": True},
+    "roll": {"tokens": False, "untimed": True},
+    "nemo_rl": {"tokens": True, "untimed": True},
+    "areal": {"tokens": False, "untimed": False},
+}
+
+
+@pytest.mark.parametrize("framework", sorted(TB))
+def test_tensorboard_events_read_as_verl_records(framework: str, tmp_path: Path) -> None:
+    steps = fo.regime("regression")
+    fo.write_tensorboard(tmp_path / "run", fo.tensorboard_scalars(framework, steps))
+    reader = TensorBoardReader(tmp_path)
+    got = list(reader.poll()) + list(reader.finish())
+    assert reader.framework == framework
+    want = _verl(fo.verl_records(steps, **TB[framework]))
+    if framework == "openrlhf":
+        for r in want:
+            r.data["response_length/mean"] = 500.0  # type: ignore[index]
+    _same(got, want)
+    assert _verdicts(got) == _verdicts(want)
+
+
+def test_tensorboard_reads_what_was_appended_since_the_last_poll(tmp_path: Path) -> None:
+    steps = fo.regime("rollout", 6)
+    fo.write_tensorboard(tmp_path / "a", fo.tensorboard_scalars("roll", steps[:3]))
+    reader = TensorBoardReader(tmp_path)
+    first = list(reader.poll())
+    assert [r.step for r in first] == [1, 2]  # step 3 may still get scalars
+    fo.write_tensorboard(tmp_path / "b", fo.tensorboard_scalars("roll", steps[3:]))
+    later = list(reader.poll()) + list(reader.finish())
+    assert [r.step for r in later] == [3, 4, 5, 6]
+
+
+def test_a_file_that_is_no_event_file_gives_no_record(tmp_path: Path) -> None:
+    (tmp_path / "events.out.tfevents.1.x").write_bytes(b"\x00\x01garbage" * 500)
+    reader = TensorBoardReader(tmp_path)
+    assert list(reader.poll()) + list(reader.finish()) == []
+
+
+# -- diagnose ---------------------------------------------------------------------------------
+def _diagnose_bytes(data: bytes, input_format: str = "auto") -> list[dict[str, Any]]:
+    out = io.StringIO()
+    writer = JsonlWriter(out, False)
+    n = diagnose_stream(io.BytesIO(data), "x", TH, 1 << 20, writer, input_format)  # type: ignore[arg-type]
+    writer.close()
+    assert n > 0
+    return [d for line in out.getvalue().splitlines() if "step" in (d := json.loads(line))]
+
+
+@pytest.mark.parametrize("framework", sorted(PRINTED))
+def test_diagnose_detects_each_framework_and_agrees_with_verl(framework: str) -> None:
+    steps = fo.regime("shift")
+    got = _diagnose_bytes(PRINTED[framework][0](steps).encode())
+    want = _verdicts(_expected(framework, steps))
+    assert [(d["step"], d["verdict"], d["reason"], d["change"]) for d in got] == want
+    forced = _diagnose_bytes(PRINTED[framework][0](steps).encode(), framework)
+    assert forced == got
+
+
+def test_diagnose_reads_roll_json_lines_and_an_event_directory(tmp_path: Path) -> None:
+    steps = fo.regime("sync")
+    got = _diagnose_bytes(fo.roll_jsonl(steps).encode())
+    assert {d["verdict"] for d in got} == {"sync"}
+    fo.write_tensorboard(tmp_path / "tb", fo.tensorboard_scalars("openrlhf", steps))
+    out = io.StringIO()
+    writer = JsonlWriter(out, False)
+    assert diagnose_tensorboard(str(tmp_path / "tb"), TH, writer) == len(steps)
+    writer.close()
+    rows = [json.loads(x) for x in out.getvalue().splitlines()]
+    assert {d["verdict"] for d in rows if "step" in d} == {"sync"}
+
+
+def test_verl_output_still_reads_as_verl() -> None:
+    text = b"step:1 - timing_s/step:10.0 - timing_s/gen:8.0\n"
+    assert detect(text) is None
+    got = _diagnose_bytes(text)
+    assert got[0]["verdict"] == "rollout"
