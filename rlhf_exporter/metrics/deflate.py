@@ -5,7 +5,7 @@ flush: byte-aligned, no reference to anything before it), which every gzip reade
 
 - `isal`: Intel's ISA-L through PyPI `isal` (a dependency on x86_64 and aarch64): at 1,000
   jobs its level 1 deflates a body's changed segments in about half of zlib's time, 3 %
-  smaller, and its CRC-32 runs about 6x faster (issue 37; figures in bench/README.md);
+  smaller, and its CRC-32 runs about 6x faster (figures in bench/HISTORY.md);
 - `zlib`: the standard library's, wherever `isal` does not import.
 
 `DEFAULT` is the first that imports. The exposition's property tests run on both.

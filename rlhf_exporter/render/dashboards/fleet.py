@@ -323,7 +323,7 @@ def jobs_per_verdict(c: DashboardContext) -> PanelBuilder:
     """A count by verdict of each job's recorded hot verdict (one series per job, its replicas
     folded by the record, every `alerts.fleet_interval`): no `count_values`, which turns every
     sample's value into a new label at every step (0.76x over 24 h of 1,000 jobs, side by
-    side: bench/README.md), and no per-step `max by` of the job's series."""
+    side: bench/HISTORY.md), and no per-step `max by` of the job's series."""
     return colour_by_name(
         time_series(
             "Jobs per verdict",
