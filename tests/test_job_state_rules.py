@@ -67,7 +67,7 @@ def panel_query(title: str, ref: str = "A") -> str:
 def table_column(name: str) -> str:
     from rlhf_exporter.config import load_thresholds
     from rlhf_exporter.render.dashboards.context import DashboardContext
-    from rlhf_exporter.render.dashboards.fleet import job_columns
+    from rlhf_exporter.render.dashboards.fleet_table import job_columns
 
     columns = [n for n, _ in job_columns(DashboardContext.of(load_thresholds()))]
     return panel_query(
