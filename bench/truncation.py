@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 
 from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.demo.simulator import REGIMES, encode, records  # noqa: E402
-from rlhf_exporter.sources import verl_files  # noqa: E402
+from rlhf_exporter.sources import verl_files, verl_tail  # noqa: E402
 
 
 def run(root: Path, lines: list[bytes], files: int, polls: int) -> list[float]:
@@ -54,13 +54,13 @@ def main() -> int:
     lines = [encode(r) for r in records([(REGIMES["sync_bound"], 40)], seed=2)]
     with tempfile.TemporaryDirectory() as a:
         checked = run(Path(a), lines, args.files, args.polls)
-    real = verl_files._rewritten
-    verl_files._rewritten = lambda fd, w: False
+    real = verl_tail._rewritten
+    verl_tail._rewritten = lambda fd, w: False
     try:
         with tempfile.TemporaryDirectory() as b:
             unchecked = run(Path(b), lines, args.files, args.polls)
     finally:
-        verl_files._rewritten = real
+        verl_tail._rewritten = real
     c, u = statistics.median(checked) * 1e6, statistics.median(unchecked) * 1e6
     print(f"{args.files} files, one record appended to each before each of {args.polls} polls")
     print(

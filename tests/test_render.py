@@ -187,13 +187,14 @@ def test_help_lines_are_short_and_known_error_reasons_exist():
         verl_files,
         verl_layout,
         verl_reader,
+        verl_tail,
     )
 
     for m in CATALOG:
         assert len(m.summary) < HELP_MAX and m.summary.endswith((".", "…")), m.name
         assert m.help.startswith(m.summary.rstrip(".…")), m.name
-    sources = (push, ray, ray_token, verl_files, verl_layout, verl_reader, records, console,
-               console_reader)  # fmt: skip
+    sources = (push, ray, ray_token, verl_files, verl_layout, verl_reader, verl_tail, records,
+               console, console_reader)  # fmt: skip
     code = "".join(Path(mod.__file__).read_text() for mod in sources)
     from rlhf_exporter.sources.nvml import error_reason
 

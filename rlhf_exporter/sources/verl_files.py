@@ -44,19 +44,16 @@
 from __future__ import annotations
 
 import errno
-import hashlib
 import logging
 import os
 import stat
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
-from ..jobs import Job
 from ..join.names import JobNames
 from ..join.ports import WALL, Engines, JobClock, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
@@ -69,33 +66,35 @@ from .small_file import SmallFileError, read_small
 from .verl_layout import (
     FILES_IN_ROOT,
     FILES_TOO_DEEP,
-    NOT_VERL_RECORDS,
     ROOT_MISSING,
     ROOT_NOT_A_DIRECTORY,
     ROOT_PERMISSION_DENIED,
 )
 from .verl_reader import RecordReader
+from .verl_tail import (
+    CHUNK,
+    FILE_DELETED,
+    FILE_MISSING,
+    NOT_A_FILE,
+    PERMISSION_DENIED,
+    READ_FAILED,
+    FileTail,
+    Watched,
+    shown,
+)
 
 log = logging.getLogger(__name__)
 
 NAME = "verl"
 SUFFIX = ".jsonl"
-CHUNK = 1 << 20
-HEAD_BYTES = 64 << 10  # at most this much of the first line is fingerprinted
-TAIL_BYTES = 64  # the bytes before the read offset, kept to notice a rewrite that grew
 MAX_FILES = 5000
 RACY_NS = 2_000_000_000  # a folder modified this recently is listed again (mtime granularity)
 RELIST_EVERY = 60.0  # seconds: every folder is listed again anyway (a network filesystem's
 # cached directory mtime may lag)
 
-# record_errors reasons for whole-file problems (line problems come from rlhf_exporter.sources.verl_reader)
-FILE_DELETED = "file_deleted"
-FILE_MISSING = "file_missing"
-PERMISSION_DENIED = "permission_denied"
-NOT_A_FILE = "not_a_file"
 # collector_errors reasons: a configured root is not there (ROOT_MISSING,
-# ROOT_NOT_A_DIRECTORY, ROOT_PERMISSION_DENIED: from verl_layout, which words them)
-READ_FAILED = "read_failed"
+# ROOT_NOT_A_DIRECTORY, ROOT_PERMISSION_DENIED: from verl_layout, which words them), or
+# READ_FAILED (verl_tail's)
 # a configured --verl-file with one of these problems makes the collector down (its reason)
 FILE_DOWN = frozenset({FILE_MISSING, FILE_DELETED, PERMISSION_DENIED, NOT_A_FILE})
 DUPLICATE_JOB = "duplicate_job"
@@ -108,35 +107,6 @@ BAD_TOTAL_STEPS = "bad_total_steps"  # record_errors: a .total_steps file that i
 FINISHED_SUFFIX = ".finished"  # <experiment>.finished beside the log: the job finished
 TOTAL_STEPS_SUFFIX = ".total_steps"  # <experiment>.total_steps: its total steps
 MARKER_EVERY = 15.0  # seconds between two reads of an idle job's marker files
-
-
-@dataclass
-class Watched:
-    """One file and where reading it has got to."""
-
-    path: Path
-    project: str
-    experiment: str
-    job: Job
-    reader: RecordReader
-    identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
-    offset: int = 0
-    head: bytes = b""  # the first line (up to HEAD_BYTES) while it is being read
-    head_len: int = 0  # bytes fingerprinted once the first line is complete (0: not yet)
-    head_digest: bytes = b""
-    tail: bytes = b""  # the TAIL_BYTES before `offset`
-    mtime_ns: int = -1
-    last_change: float = 0.0  # wall time of the last change seen (initially the file's mtime)
-    problem: str | None = None
-    markers_at: float = float("-inf")  # when the .finished/.total_steps files were last read
-    backlog: bool = True  # its first read has not reached the end yet: not exported until it has
-    rejected_seen: Counter[str] = field(default_factory=Counter)  # reader.rejected already counted
-    logged: set[str] = field(default_factory=set)  # line problems already logged
-    not_verl: bool = False  # listed as a file in another format (verl_layout.not_verl)
-    spath: str = field(init=False)  # the path as str: a poll stats every file (issue 37)
-
-    def __post_init__(self) -> None:
-        self.spath = str(self.path)
 
 
 def labels_from_path(path: Path) -> tuple[str, str]:
@@ -192,10 +162,10 @@ class VerlFileSource(PollingSource, JobMaker):
         self._known: set[str] = set()  # str(path) of every watched file, for discovery
         self._jobs: dict[tuple[str, str], Path] = {}
         self._rejected: Counter[str] = Counter()  # record errors by reason, all files, ever
-        self._records = 0
         self._root_problems: dict[Path, str] = {}
         # set-up mistakes shown on `/` and in /api/v1/status, each logged once (verl_layout)
         self._problems = Problems(NAME)
+        self._tail = FileTail(self._rejected, self._problems)  # reads what is new in a file
         self._layout_at: dict[Path, float] = {}  # root -> monotonic time of its next deep look
         self._folder_problems: dict[str, str] = {}  # project folder -> reason (logged once)
         # project folder -> (st_dev, st_ino, st_mtime_ns) of its last full listing
@@ -285,9 +255,7 @@ class VerlFileSource(PollingSource, JobMaker):
         entries = list(os.scandir(folder.path))
         self.stats["folders_listed"] += 1
         if self._folder_problems.pop(folder.path, None) is not None:
-            log.info(
-                "%s is readable again", _shown(folder.path), extra={"path": _shown(folder.path)}
-            )
+            log.info("%s is readable again", shown(folder.path), extra={"path": shown(folder.path)})
         known = self._known
         for entry in entries:  # no Path made for the files already watched
             if entry.name.endswith(SUFFIX) and entry.path not in known:
@@ -321,9 +289,9 @@ class VerlFileSource(PollingSource, JobMaker):
         self._rejected[reason] += 1
         log.warning(
             "cannot list %s: %s (skipped; the rest of the root is walked)",
-            _shown(path),
+            shown(path),
             exc.strerror or exc,
-            extra={"path": _shown(path), "reason": reason},
+            extra={"path": shown(path), "reason": reason},
         )
 
     def _root_problem(self, root: Path, exc: OSError) -> None:
@@ -353,9 +321,9 @@ class VerlFileSource(PollingSource, JobMaker):
                 self._rejected[BAD_NAME] += 1
                 log.warning(
                     "%s: a file named %r.jsonl is not watched (name it after the experiment)",
-                    _shown(path),
+                    shown(path),
                     experiment,
-                    extra={"path": _shown(path), "reason": BAD_NAME},
+                    extra={"path": shown(path), "reason": BAD_NAME},
                 )
             return
         key = (project, experiment)
@@ -365,11 +333,11 @@ class VerlFileSource(PollingSource, JobMaker):
                 self._rejected[DUPLICATE_JOB] += 1
                 log.warning(
                     "%s: project=%s experiment=%s is already read from %s; ignoring this file",
-                    _shown(path),
+                    shown(path),
                     project,
                     experiment,
-                    _shown(self._jobs[key]),
-                    extra={"path": _shown(path), "reason": DUPLICATE_JOB},
+                    shown(self._jobs[key]),
+                    extra={"path": shown(path), "reason": DUPLICATE_JOB},
                 )
             return
         if len(self._watched) >= self.max_files:
@@ -378,8 +346,8 @@ class VerlFileSource(PollingSource, JobMaker):
                 log.warning(
                     "watching %d files already; ignoring %s and any further files",
                     self.max_files,
-                    _shown(path),
-                    extra={"path": _shown(path), "reason": TOO_MANY_FILES},
+                    shown(path),
+                    extra={"path": shown(path), "reason": TOO_MANY_FILES},
                 )
             return
         bad = bad_p or bad_e
@@ -388,20 +356,20 @@ class VerlFileSource(PollingSource, JobMaker):
             log.warning(
                 "%s: directory or file name is not valid UTF-8 or holds a control character; "
                 "exported as %r/%r",
-                _shown(path),
+                shown(path),
                 project,
                 experiment,
-                extra={"path": _shown(path), "reason": bad},
+                extra={"path": shown(path), "reason": bad},
             )
         self._jobs[key] = path
         if self.names is not None and self.names.take(project, experiment):
             log.warning(
                 "%s: project=%s experiment=%s was a pushed job; the file wins its name "
                 "(later pushes of it get 409)",
-                _shown(path),
+                shown(path),
                 project,
                 experiment,
-                extra={"path": _shown(path), "reason": "job_conflict"},
+                extra={"path": shown(path), "reason": "job_conflict"},
             )
         self._known.add(str(path))
         self._watched[path] = Watched(
@@ -415,153 +383,9 @@ class VerlFileSource(PollingSource, JobMaker):
             "watching verl job %s/%s in %s",
             project,
             experiment,
-            _shown(path),
-            extra={"project": project, "experiment": experiment, "path": _shown(path)},
+            shown(path),
+            extra={"project": project, "experiment": experiment, "path": shown(path)},
         )
-
-    # -- reading --------------------------------------------------------------------------
-    def _file_problem(self, w: Watched, reason: str, message: str) -> None:
-        if w.problem != reason:
-            w.problem = reason
-            self._rejected[reason] += 1
-            log.warning(
-                "%s: %s",
-                _shown(w.path),
-                message,
-                extra={
-                    "path": _shown(w.path),
-                    "reason": reason,
-                    "project": w.project,
-                    "experiment": w.experiment,
-                },
-            )
-
-    def _restart(self, w: Watched, why: str) -> None:
-        w.reader.finish()  # an unfinished last line is counted as incomplete_line
-        self._count_rejections(w)
-        w.reader.reset()
-        w.offset = 0
-        w.head, w.head_len, w.head_digest, w.tail = b"", 0, b"", b""
-        w.job.new_run()
-        log.info(
-            "%s was %s: reading it again from the start as a new run",
-            _shown(w.path),
-            why,
-            extra={"path": _shown(w.path), "project": w.project, "experiment": w.experiment},
-        )
-
-    def _count_rejections(self, w: Watched) -> None:
-        for reason, n in w.reader.rejected.items():
-            new = n - w.rejected_seen[reason]
-            if new > 0:
-                self._rejected[reason] += new
-                w.rejected_seen[reason] = n
-                if reason not in w.logged:
-                    w.logged.add(reason)
-                    log.warning(
-                        "%s: rejected %d line(s): %s (counted, logged once per file and reason)",
-                        _shown(w.path),
-                        new,
-                        reason,
-                        extra={
-                            "path": _shown(w.path),
-                            "reason": reason,
-                            "project": w.project,
-                            "experiment": w.experiment,
-                        },
-                    )
-
-    def _read(self, w: Watched, budget: int, now: float) -> int:
-        """Read what is new in one file; returns the bytes read."""
-        try:
-            st = os.stat(w.spath)
-        except FileNotFoundError:
-            if w.identity is not None:
-                self._file_problem(
-                    w, FILE_DELETED, "file deleted (a recreated file is read as a new run)"
-                )
-            else:
-                self._file_problem(w, FILE_MISSING, "file does not exist (yet)")
-            return 0
-        except OSError as exc:
-            reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else READ_FAILED
-            self._file_problem(w, reason, f"cannot stat: {exc.strerror or exc}")
-            return 0
-        if not stat.S_ISREG(st.st_mode):
-            self._file_problem(w, NOT_A_FILE, "not a regular file")
-            return 0
-        if (
-            st.st_size == w.offset
-            and st.st_mtime_ns == w.mtime_ns
-            and w.problem is None
-            and (st.st_dev, st.st_ino) == w.identity
-        ):
-            return 0  # nothing new: the common case, no open()
-        try:  # O_NONBLOCK: a FIFO named *.jsonl must not hang the poll
-            fd = os.open(w.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        except FileNotFoundError:
-            return 0  # gone between stat and open: seen as deleted next poll
-        except OSError as exc:
-            reason = PERMISSION_DENIED if isinstance(exc, PermissionError) else READ_FAILED
-            self._file_problem(w, reason, f"cannot open: {exc.strerror or exc}")
-            return 0
-        f = os.fdopen(fd, "rb", buffering=0)
-        st = os.fstat(fd)  # what was opened, whatever happened since the stat
-        if not stat.S_ISREG(st.st_mode):
-            f.close()
-            self._file_problem(w, NOT_A_FILE, "not a regular file")
-            return 0
-        if w.mtime_ns < 0:
-            w.last_change = st.st_mtime  # first sight: the job last changed when the file did
-        elif st.st_mtime_ns != w.mtime_ns:
-            w.last_change = now
-        identity = (st.st_dev, st.st_ino)
-        if w.identity is not None and identity != w.identity:
-            self._restart(w, "replaced")
-        elif st.st_size < w.offset:
-            self._restart(w, "truncated")
-        total = 0
-        with f:
-            try:
-                if w.identity == identity and w.offset > 0 and _rewritten(fd, w):
-                    self._restart(w, "rewritten")
-                w.identity = identity
-                w.mtime_ns = st.st_mtime_ns
-                f.seek(w.offset)
-                while total < budget:
-                    chunk = f.read(min(CHUNK, budget - total))
-                    if not chunk:
-                        break
-                    if not w.head_len:
-                        _grow_head(w, chunk)
-                    w.offset += len(chunk)
-                    w.tail = (w.tail + chunk[-TAIL_BYTES:])[-TAIL_BYTES:]
-                    total += len(chunk)
-                    # the records were written by the file's mtime, not when we read them
-                    self._records += w.job.feed(w.reader.feed(chunk), min(now, st.st_mtime))
-            except OSError as exc:
-                self._file_problem(w, READ_FAILED, f"read failed: {exc.strerror or exc}")
-                return total
-        if w.offset >= st.st_size:
-            w.backlog = False
-        if w.problem is not None:
-            log.info("%s is readable again", _shown(w.path), extra={"path": _shown(w.path)})
-            w.problem = None
-        self._count_rejections(w)
-        self._check_format(w)
-        return total
-
-    def _check_format(self, w: Watched) -> None:
-        """A file none of whose lines is a verl record: listed once, with the logger setting
-        that writes verl's format; cleared by its first record."""
-        if w.not_verl and w.reader.records:
-            w.not_verl = False
-            self._problems.clear(f"file {w.spath}", "it holds verl records now")
-        elif not w.not_verl:
-            found = verl_layout.not_verl(w.spath, w.reader.records, w.reader.rejected)
-            if found is not None:
-                w.not_verl = True
-                self._problems.set(f"file {w.spath}", NOT_VERL_RECORDS, *found)
 
     def poll(self) -> PollResult:
         now = self.clock()
@@ -576,10 +400,10 @@ class VerlFileSource(PollingSource, JobMaker):
                 self._rotate += i
                 break
             try:
-                left -= self._read(w, min(self.file_budget, left), now)
+                left -= self._tail.read(w, min(self.file_budget, left), now)
             except Exception:  # never lets one file stop the others
-                self._file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
-                log.debug("internal error reading %s", _shown(w.path), exc_info=True)
+                self._tail.file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
+                log.debug("internal error reading %s", shown(w.path), exc_info=True)
         parts: list[Sequence[Sample]] = []
         summaries: list[dict[str, Any]] = []
         cached = self._summary_of
@@ -606,15 +430,15 @@ class VerlFileSource(PollingSource, JobMaker):
                     self._broken.add(w.job.labels)
                     self._rejected[INTERNAL_ERROR] += 1
                     log.error("%s: building its series failed (a bug); not exported",
-                              _shown(w.path), exc_info=True,
-                              extra={"path": _shown(w.path), "reason": INTERNAL_ERROR})  # fmt: skip
+                              shown(w.path), exc_info=True,
+                              extra={"path": shown(w.path), "reason": INTERNAL_ERROR})  # fmt: skip
                 continue
             parts.append(part)
             # a job's summary changes only with its samples (the same tuple while unchanged)
             hit = cached.get(w.path)
             if hit is None or hit[0] is not part:
                 self.stats["summaries_built"] += 1
-                hit = (part, {**w.job.summary(), "source": _shown(w.path)})
+                hit = (part, {**w.job.summary(), "source": shown(w.path)})
             self._summary_of[w.path] = hit
             summaries.append(hit[1])
         if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
@@ -631,7 +455,7 @@ class VerlFileSource(PollingSource, JobMaker):
             )
         return PollResult(
             self._rest,
-            self._records,
+            self._tail.records,
             dict(self._rejected),
             down,
             self._parts,
@@ -723,38 +547,3 @@ def _finished_file(path: str) -> tuple[bool, float | None]:
     if not stat.S_ISREG(st.st_mode):
         return False, None
     return True, st.st_mtime
-
-
-def _shown(path: Path | str) -> str:
-    """A path as valid UTF-8 text for logs and the job list."""
-    return clean_label(str(path))[0]
-
-
-def _grow_head(w: Watched, chunk: bytes) -> None:
-    """Collect the first line; once it is complete (or HEAD_BYTES long), fingerprint it."""
-    part = chunk[: HEAD_BYTES - len(w.head)]
-    nl = part.find(b"\n")
-    if nl >= 0:
-        part = part[: nl + 1]
-    w.head += part
-    if nl >= 0 or len(w.head) >= HEAD_BYTES:
-        w.head_len = len(w.head)
-        w.head_digest = hashlib.blake2b(w.head, digest_size=16).digest()
-        w.head = b""
-
-
-def _rewritten(fd: int, w: Watched) -> bool:
-    """Whether the file no longer starts with the first line read, or no longer holds the
-    bytes read just before `offset` (a rewrite that kept the start and grew past the old
-    size between two polls)."""
-    if w.head_len:
-        head = os.pread(fd, w.head_len, 0)
-        if hashlib.blake2b(head, digest_size=16).digest() != w.head_digest:
-            return True
-    elif w.head and os.pread(fd, len(w.head), 0) != w.head:
-        return True
-    if w.tail:
-        start = w.offset - len(w.tail)
-        if os.pread(fd, len(w.tail), start) != w.tail:
-            return True
-    return False
