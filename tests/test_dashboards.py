@@ -140,7 +140,7 @@ def test_ids_are_unique_and_every_target_has_a_ref_id(board):
 
 
 def test_ids_are_stable(generated):
-    """Ids are given by the definitions, not by position: a link to ?viewPanel=301 keeps working."""
+    """Ids follow from each row's number (row + position): a link to ?viewPanel=301 keeps working."""
     job = json.loads(generated[JOB_PATH])
     by_id = {p["id"]: p["title"] for p in panels(job)}
     assert by_id[101] == "Verdict and reason over time"
