@@ -176,7 +176,7 @@ OPTIONS: tuple[Option, ...] = (
         _bool,
         False,
         'deprecated, removed in the next release: serve a steady step as kind="none" '
-        '(the value before issue 38) instead of kind="steady" in rlhf_change and '
+        '(the previous release\'s value) instead of kind="steady" in rlhf_change and '
         "rlhf_change_steps_total, for dashboards not yet migrated (docs/metrics.md); the "
         "shipped rules and dashboards read either",
     ),
@@ -435,7 +435,7 @@ OPTIONS: tuple[Option, ...] = (
         "ray",
         "IP",
     ),
-    # verl's printed steps, read from Ray (issue 47; sources/console.py, docs/serve.md)
+    # verl's printed steps, read from Ray (sources/console.py, docs/serve.md)
     Option(
         "console",
         _bool,
@@ -467,7 +467,7 @@ OPTIONS: tuple[Option, ...] = (
         "console",
         "BYTES",
     ),
-    # stacks of a stalled job (issue 39; sources/stacks.py, docs/runbooks.md#rlhfjobstalled)
+    # stacks of a stalled job (sources/stacks.py, docs/runbooks.md#rlhfjobstalled)
     Option(
         "stacks",
         _bool,

@@ -60,7 +60,7 @@ Endpoints:
   /                   the job view: every job (who needs attention first), sources' health,
                       set-up problems, how to scrape; /jobs/<project>/<experiment> one job's
                       step anatomy; /api/v1/jobs as JSON; /api/v1/jobs/<project>/<experiment>/
-                      stacks a stalled job's stacks and where each role waits (issue 39)
+                      stacks a stalled job's stacks and where each role waits
   /api/v1/status      JSON: readiness, each source's state, last success and errors, and the
                       set-up problems ({{source, kind, message, hint}}): a verl root one level
                       off or missing, a file in another format, no source that sees a job
@@ -128,10 +128,10 @@ class Sidecar:
         self.demo = self._demo_job(settings)
         self.demo_devices: DemoDevices | None = None  # the demo's simulated GPUs and Ray actors
         extra_roots = [self.tempdir] if self.tempdir is not None else []
-        # issue 17: GPU time by step window (the demo's simulated GPUs join it too); issue 23:
-        # a head sidecar without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step
-        # windows, for its worker sidecars to read (GET /api/v1/windows); issue 29: the engine
-        # evidence joins each step's rollout window through the same board
+        # GPU time by step window (the demo's simulated GPUs join it too); a head sidecar
+        # without GPUs (`sidecar.head.nvml: false`) still keeps its jobs' step windows, for
+        # its worker sidecars to read (GET /api/v1/windows); the engine evidence joins each
+        # step's rollout window through the same board
         gpu_windows = bool(
             (settings.nvml or self.demo is not None or _reads_jobs(settings))
             and settings.gpu_windows
@@ -151,7 +151,7 @@ class Sidecar:
         ray = None
         if ray_source is not None and not isinstance(ray_source, UnavailableSource):
             ray = cast("RaySource", ray_source)
-        trainers = ray if ray is not None and settings.ray_actors else None  # issue 47
+        trainers = ray if ray is not None and settings.ray_actors else None
         facts = ray.facts() if ray is not None else None
         context = replace(context, ray=ray, facts=facts, trainers=trainers)
         # in the demo the board holds the simulated job's steps, which no real GPU serves:
@@ -164,7 +164,7 @@ class Sidecar:
         found_by_ray = ray is not None and settings.ray_actors
         targets = found_by_ray or _engine_targets(settings) or self.demo_engines is not None
         if engines_on and windows is not None and targets:
-            # issue 29: the rollout engines' evidence (Ray's rollout servers, or targets)
+            # the rollout engines' evidence (Ray's rollout servers, or targets)
             from ..sources.engines import EngineSource
 
             self.engines = EngineSource.from_settings(self._engine_settings(settings), context)
@@ -185,7 +185,7 @@ class Sidecar:
 
             self.demo_devices = DemoDevices.for_job(self.demo, context)
         self.ray = ray_source
-        self.stacks = self._stacks(settings, ray, context)  # issue 39
+        self.stacks = self._stacks(settings, ray, context)
         built = (self.verl, self.console, self.push, ray_source, self.nvml, remote,
                  self.demo_devices, self.engines, self.stacks)  # fmt: skip
         self.sources: list[Source] = [s for s in built if s is not None]
@@ -198,7 +198,7 @@ class Sidecar:
         )
 
     def _console(self, settings: Settings, context: Context) -> ConsoleSource | None:
-        """Every verl job's printed steps, streamed from Ray (issue 47)."""
+        """Every verl job's printed steps, streamed from Ray."""
         if not settings.console or context.trainers is None:
             return None
         from ..sources.console import ConsoleSource
@@ -247,7 +247,7 @@ class Sidecar:
             stacks_of=self.stacks.round_of if self.stacks is not None else None,
             blind=self._blind(settings),
         )
-        # a verl poll's new steps are encoded at once, off the scrape path (issue 37); not the
+        # a verl poll's new steps are encoded at once, off the scrape path; not the
         # engines' polls, 10 a second while a job steps (the warm thread's tick covers them)
         for source in (self.verl, self.console):
             if source is not None:

@@ -191,9 +191,9 @@ UNRELIABLE_KEYS: Mapping[str, str] = {
 }
 
 # Values verl writes for "not reported": such a value is missing, and is no evidence that the
-# key was seen. `agent_loop/num_preempted/*` is -1 when the engine does not report preemptions
-# (verl 0.9.1 experimental/agent_loop/agent_loop.py:85, single_turn_agent_loop.py:81-82);
-# MFU is 0 on a GPU verl does not know (utils/flops_counter.py: get_device_flops() is inf).
+# key was seen. `agent_loop/num_preempted/*` is -1 when the engine does not report preemptions;
+# MFU is 0 on a GPU verl does not know (its flops counter's device peak is inf): the verl
+# sources are cited in docs/verl-support.md, "Verified in verl source".
 # Any other value that is not a usable number (null, NaN, a negative) is missing too.
 NOT_REPORTED: Mapping[str, float] = {
     "timing_s/agent_loop/num_preempted/max": -1.0,

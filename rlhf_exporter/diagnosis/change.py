@@ -18,7 +18,7 @@ from .values import num
 from .windows import Windows
 
 STEADY, WORKLOAD_SHIFT, REGRESSION = "steady", "workload_shift", "regression"
-NONE = STEADY  # no change found; the kind was "none" before issue 38 (docs/metrics.md)
+NONE = STEADY  # no change found; the kind was named "none" before (docs/metrics.md)
 CHANGES = (STEADY, WORKLOAD_SHIFT, REGRESSION)
 CONTRACT_NONE = "none"  # the decision table's word for STEADY in diagnose's JSON (§4, §5)
 

@@ -26,9 +26,9 @@ Decisions where the contract is silent (docs/decision-table.md, "Engine evidence
   jointly covered time), so a missing replica never reads as an idle one;
 - W is measured only when its place in time is known to within `engine.max_placement_error`
   of its length: verl logs durations, and the untimed remainder R is spread over the step
-  (diagnosis/timeline.py), so W's edges are uncertain by up to R. The real V1 job's first
-  step (issue 32) has R 10-14 s beside a 6-12 s `gen`: its W was placed 10 s before the
-  engine's requests ran, and read "0 running" there.
+  (diagnosis/timeline.py), so W's edges are uncertain by up to R. A real V1 job's first
+  step has R 10-14 s beside a 6-12 s `gen`: its W was placed 10 s before the engine's
+  requests ran, and read "0 running" there.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def _pieces(
             # a gauge read at s.t says how the engine was at s.t: it stands for the time
             # since the replica's previous read only inside the span of W holding s.t. A read
             # after W ended (or between two of its spans) says nothing about W: a 0.2 s
-            # rollout between two reads 1 s apart is uncovered, not "0 running" (issue 32)
+            # rollout between two reads 1 s apart is uncovered, not "0 running"
             start = _span_start(s.t, spans)
             if prev_t is not None and s.t > prev_t and start is not None:
                 a = max(prev_t, s.t - gap, start)

@@ -1,6 +1,6 @@
 """A job's stall limit: how long it may go without a step before `RLHFJobStalled` counts it
 stalled. Pure. The one definition the exporter's own readers use (the job view's "stalled"
-tag, the stacks collector's trigger: issue 39); the recording rule
+tag, the stacks collector's trigger); the recording rule
 `project_experiment:rlhf_job_stall_budget:ratio` (render/rules/recording.py) writes the same
 formula in PromQL from the same `StallLimit.of(alerts)`, and tests/test_stall_limit.py checks
 that Prometheus and this module agree:

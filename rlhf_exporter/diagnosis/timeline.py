@@ -217,16 +217,12 @@ def _lay(
 
 # Fully-async (verl 0.8.0 and 0.9.1): each trainer record sums `trigger_parameter_sync_step`
 # (N) sub-steps, shifted by one. The aggregate is logged when the cycle's last sub-step
-# syncs the weights, before that sub-step's own metrics join the aggregator (0.9.1
-# `experimental/fully_async_policy/fully_async_trainer.py`: logged at 603 via
-# `_fit_log_aggregated_training_metrics` 790-810, the sub-step added at 910 in
-# `_fit_postprocess_step`; verl's own comment at `detach_utils.py:395-400`; 0.8.0
-# `fully_async_trainer.py`: logged at 531-533 inside `_fit_update_weights`, added at 628). So
-# the record of step k holds the previous cycle's last sub-step (the one with `param_sync`,
-# and `save_checkpoint` after it) and the first N-1 sub-steps of cycle k; a run's first
-# record holds N-1. `training/global_step` counts sub-steps from 1 (0.9.1 `:513`, `:901`) and
-# is aggregated as the last value (`detach_utils.py:219`), so consecutive records differ by
-# the number of sub-steps in the later one.
+# syncs the weights, before that sub-step's own metrics join the aggregator (verl's source:
+# docs/verl-support.md, "Fully-async records are shifted by one sub-step"). So the record of
+# step k holds the previous cycle's last sub-step (the one with `param_sync`, and
+# `save_checkpoint` after it) and the first N-1 sub-steps of cycle k; a run's first record
+# holds N-1. `training/global_step` counts sub-steps from 1 and is aggregated as the last
+# value, so consecutive records differ by the number of sub-steps in the later one.
 GLOBAL_STEP_KEY = "training/global_step"
 FULLY_ASYNC_PREFIX = "fully_async/"
 SHIFT_TIMER = "param_sync"  # only the cycle's last sub-step syncs: the shifted one
@@ -323,8 +319,7 @@ class Placer:
 
     def empty(self, arrival: float, step: int) -> None:
         """verl 0.8.0's empty trainer record (no sub-step yet in the aggregate when the first
-        cycle synced, 0.8.0 `detach_utils.py:295-296` and `fully_async_trainer.py:531-533`):
-        nothing to place, but it marks when the weights were synced. On a fresh run (step 1,
+        cycle synced; docs/verl-support.md cites the source): nothing to place, but it marks when the weights were synced. On a fresh run (step 1,
         the first cycle) no sub-step came before it: the count starts at 0."""
         self._anchor = arrival
         if self._global_step is None and step <= 1:

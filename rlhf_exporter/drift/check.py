@@ -37,7 +37,7 @@ NOT_TIMERS: Mapping[str, str] = {
     "rollouter/validate_time": "fully-async's validation time, logged without the timing_s/ "
     "prefix: not a timer",
     # verl 0.6's sharding managers time the weight reshard into their own `self.timing`,
-    # which nothing reads (workers/sharding_manager/fsdp_vllm.py:195 in 0.6.1)
+    # which nothing reads (docs/verl-support.md, "Verified in verl source")
     "reshard": "timed into verl 0.6's sharding manager's own dict, which never reaches the log",
 }
 """Names verl times that never reach the log as `timing_s/<name>` windows."""

@@ -1,4 +1,4 @@
-"""Where the verl side and the NVML side of the GPU-window join meet (issue 17).
+"""Where the verl side and the NVML side of the GPU-window join meet.
 
 - Jobs post each classified step's `Timeline` (rlhf_exporter/diagnosis/timeline.py) to the
   `WindowBoard`, which keeps the last `keep` steps per job (bounded in steps and in jobs).
@@ -109,7 +109,7 @@ class WindowJoiner:
         # one history: its per-GPU `done` mark keeps a GPU-second from counting twice
         self._join = GpuWindowJoin(horizon)
         # the same steps' windows (as the busy join placed them) over each GPU's throttle
-        # readings: 1 while its clocks were held down by heat or hardware, else 0 (issue 23)
+        # readings: 1 while its clocks were held down by heat or hardware, else 0
         self._throttle = GpuWindowJoin(horizon)
         self._skipped_logged = False
         self._pending: list[tuple[tuple[str, str], Timeline]] = []
@@ -165,7 +165,7 @@ class WindowJoiner:
                 placed: tuple[Timeline, ...] = (self._join.add_timeline(tls[0], labels),)
             else:
                 placed = self._join.add_timelines(tls, labels)
-            for tl in placed:  # throttled time per window, as placed (issue 23)
+            for tl in placed:  # throttled time per window, as placed
                 self._throttle.attribute(tl, labels)
             for tl in tls:
                 self._wall[labels] = self._wall.get(labels, 0.0) + (tl.end - tl.start)

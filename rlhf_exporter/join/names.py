@@ -1,6 +1,6 @@
 """One job name, one job: a job read from a verl file always wins its (project, experiment)
-over a pushed one (issue 10) and over one read from a trainer's printed steps (the console
-source, issue 47), and a job read from printed steps wins its name over a pushed one. The verl file source `take`s a name when it starts watching a
+over a pushed one and over one read from a trainer's printed steps (the console source),
+and a job read from printed steps wins its name over a pushed one. The verl file source `take`s a name when it starts watching a
 file and `release`s it when the file's job expires; the push source refuses a name that is
 `taken` (409) and, having said it `yields` to files, gives up a pushed job whose name a new
 file takes. The console source `claim`s the names of the jobs it reads (`unclaim` when one

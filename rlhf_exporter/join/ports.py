@@ -104,7 +104,7 @@ class ActorPids(Protocol):
 
 class JobProcess(NamedTuple):
     """A live process of a Ray job: an ALIVE actor's worker, or the job's driver (what the
-    stacks source asks Ray's dashboard for the stack of: issue 39)."""
+    stacks source asks Ray's dashboard for the stack of)."""
 
     role: str
     class_name: str

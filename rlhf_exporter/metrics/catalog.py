@@ -695,8 +695,8 @@ LABELS: Mapping[str, str] = {
 }
 
 LEGACY_STEADY = "none"
-"""The change kind `steady` (a step in line with the job's baseline) as it was named before
-issue 38; served instead of `steady` only with the deprecated legacy_change_none setting,
+"""The change kind `steady` (a step in line with the job's baseline) as it was named in the
+previous release; served instead of `steady` only with the deprecated legacy_change_none setting,
 never beside it (rlhf_change is one-hot: both would count a step twice). Removed in the
 next release."""
 
@@ -733,7 +733,7 @@ KNOWN_ERRORS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
             "late_record",
         ),
     },
-    "console": {  # what the console reader drops (issue 47: rlhf_exporter/sources/console.py)
+    "console": {  # what the console reader drops (rlhf_exporter/sources/console.py)
         "rlhf_exporter_record_errors_total": (
             "too_long",
             "foreign_step",

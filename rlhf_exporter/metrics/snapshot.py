@@ -68,7 +68,7 @@ _LAYOUTS: weakref.WeakValueDictionary[
 
 
 class PackedSamples(Sequence[Sample]):
-    """One job's samples, packed (issue 37: ~130 `Sample`s a job were 21 KB of tuples and
+    """One job's samples, packed (~130 `Sample`s a job would be 21 KB of tuples and
     floats; packed they are a shared `Layout` and one array of doubles, ~1.2 KB). Immutable;
     iterating gives the very `Sample`s the tuple held (`head` + the row's labels), so every
     reader of a `Snapshot`'s parts reads it as it read the tuple. Equal to any sequence of

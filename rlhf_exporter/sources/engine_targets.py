@@ -17,7 +17,7 @@ In order, merged (one target per URL):
    answers `GET /metrics` with Prometheus text is kept for that PID (a server whose port is
    not found yet, still loading its model, is probed again after 1, 2, 4, ... seconds, at
    most PROBE_RETRY (10 s) apart: a real vLLM server listens tens of seconds after its actor
-   is ALIVE, and a fixed 30 s retry missed a short job's whole rollout, issue 32). While
+   is ALIVE, and a fixed 30 s retry would miss a short job's whole rollout). While
    such a server's actor is alive a verl job runs on this node, so the engine source reads
    at its fast interval (`ray_servers`), from the first step on.
 2. **verl's Prometheus config** (`actor_rollout_ref.rollout.prometheus.enable=True` writes
@@ -105,11 +105,10 @@ class RolloutServer(NamedTuple):
 
 def rollout_replica(actor_name: str) -> RolloutServer | None:
     """What a rollout server actor's name says, or None (reward, teacher and every other
-    actor). verl 0.9.1: `vllm_rollout/vllm_async_server.py:1365-1371` (`vllm_server_<r>_<n>`),
-    `vllm_rollout/vllm_pd_replica.py:154,185` (prefill `vllm_server_<r>_0`, decode
-    `vllm_server_decode_<r>_<i>`), `sglang_rollout/async_sglang_server.py:839-843`,
-    `sglang_rollout/sglang_pd_replica.py:136,163`, `trtllm_rollout/trtllm_async_server.py:632-636`
-    (`trtllm_server_<r>`); the `_<name_suffix>` of `replica.py:120`."""
+    actor): `vllm_server_<r>_<n>`, a PD pair's prefill `vllm_server_<r>_0` and decode
+    `vllm_server_decode_<r>_<i>`, SGLang's and TensorRT-LLM's `<engine>_server_<r>...`, each
+    with the replica's `_<name_suffix>` (verl's source: docs/verl-support.md, "Verified in
+    verl source")."""
     m = ROLLOUT_SERVER.fullmatch(actor_name)
     if m is None:
         return None

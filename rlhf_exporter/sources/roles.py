@@ -56,10 +56,10 @@ class Rule:
 
 # Actor names verl gives the servers and worker groups of a reward model or a distillation
 # teacher, which run the rollout classes (vLLMHttpServer, SGLangHttpServer, TRTLLMHttpServer,
-# CheckpointEngineWorker). verl 0.9.1: vllm_async_server.py:1366-1371 and
-# async_sglang_server.py:839-843 (`<engine>_server_reward_<replica>_<node>`,
-# `<engine>_server_teacher_...`), trtllm_async_server.py:632-636, and replica.py:171-216 for
-# the worker groups (`rollout_reward_colocate_<replica>...`, `rollout_teacher_standalone_...`).
+# CheckpointEngineWorker): `<engine>_server_reward_<replica>_<node>`,
+# `<engine>_server_teacher_...`, and for the worker groups `rollout_reward_colocate_<replica>...`,
+# `rollout_teacher_standalone_...` (verl's source: docs/verl-support.md, "Verified in verl
+# source").
 DEFAULT_NAME_RULES: tuple[tuple[str, str], ...] = (
     ("reward", r"(?:\w+_)?server_reward_.*|rollout_reward_.*"),
     ("teacher", r"(?:\w+_)?server_teacher_.*|rollout_teacher_.*"),
@@ -68,7 +68,7 @@ DEFAULT_NAME_RULES: tuple[tuple[str, str], ...] = (
 DEFAULT_RULES: tuple[tuple[str, str], ...] = (
     # the driver: main_ppo's TaskRunner (V1: TaskRunnerV1), one-step-off's and fully-async's;
     # with V1, the TransferQueue that holds the driver's batches (its controller and storage
-    # units, made by `tq.init()` in verl/trainer/main_ppo.py:149; seen in real V1 runs)
+    # units, made by `tq.init()` in verl's main_ppo; seen in real V1 runs)
     (
         "driver",
         r"TaskRunner(V\d+)?|OneStepTaskRunner|FullyAsyncTaskRunner"

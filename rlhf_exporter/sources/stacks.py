@@ -1,4 +1,4 @@
-"""Stacks of a stalled job, through Ray's dashboard (issue 39).
+"""Stacks of a stalled job, through Ray's dashboard.
 
 Every `stacks_interval` the source reads the jobs the verl and push sources export. A running
 job past its stall limit (diagnosis/stall.py: the limit `RLHFJobStalled` reads) gets a stack

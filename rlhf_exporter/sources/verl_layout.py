@@ -1,4 +1,4 @@
-"""What the `verl` source says when its settings cannot show a job (issue 48): a root one
+"""What the `verl` source says when its settings cannot show a job: a root one
 level off, a root that is missing, a file in another format. Each is a `Problem`: a short,
 fixed statement and the setting to change, never text read from a file (paths are the
 operator's own settings and what is under them, shortened by `short_path`).

@@ -160,7 +160,7 @@ def _groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
     return {
         RECORDING_FILE: [
             # the window's records in three groups, each evaluated in a few % of its interval at
-            # 1,000 jobs x 24 h (issue 37); a group reads another's records only after it
+            # 1,000 jobs x 24 h; a group reads another's records only after it
             {"name": "rlhf-exporter.recording", "rules": window_records(ctx)},
             {"name": "rlhf-exporter.recording.reasons", "rules": reason_records(ctx)},
             {

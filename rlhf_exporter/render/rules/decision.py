@@ -1,7 +1,7 @@
 """The decision table's alerts: one function per row (the bound alerts, each with its evidence
 beside it), the regression alert and the throughput alert.
 
-A bound alert fires only when it says something new about the job (issue 18): the job is
+A bound alert fires only when it says something new about the job: the job is
 X-bound over `alerts.window` and either
 
 - **moved**: another verdict dominated the reference window (`alerts.bound_reference`, the

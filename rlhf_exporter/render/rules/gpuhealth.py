@@ -1,4 +1,4 @@
-"""GPU health (issue 23): a lost GPU, uncorrectable memory errors, bad XIDs, throttling.
+"""GPU health: a lost GPU, uncorrectable memory errors, bad XIDs, throttling.
 
 Their own file, `alerts/gpu-health.rules.yaml`: a recording group (the throttled share of a
 job's step windows, summed across its nodes) and an alerting group, one function per alert
@@ -60,8 +60,8 @@ def records(ctx: Context) -> list[dict[str, str]]:
                 f"/ (sum without ({NODES}) (increase({TOTAL}[{w}])) > 0)"
             ),
         },
-        {  # one series per GPU with errors now, none for a healthy one (issue 37: the fleet
-            # table reads these over its range, not every GPU's counters)
+        {  # one series per GPU with errors now, none for a healthy one (the fleet table
+            # reads these over its range, not every GPU's counters)
             "record": with_errors(ctx),
             "expr": (
                 f"max without ({WHICH_ERROR}) (\n  {grew}\n  or rlhf_gpu_row_remap_failed == 1\n)"
@@ -237,7 +237,7 @@ def alerts(ctx: Context) -> list[Alert]:
 
 def groups(ctx: Context) -> list[dict[str, Any]]:
     base = ctx.a["runbook_url"]
-    every = ctx.dur("gpu_interval")  # every GPU's counters over [1h]: not every 15 s (issue 37)
+    every = ctx.dur("gpu_interval")  # every GPU's counters over [1h]: not every 15 s
     return [
         {"name": "rlhf-exporter.gpu-health.recording", "interval": every, "rules": records(ctx)},
         {

@@ -1,4 +1,4 @@
-"""GPU time by step window (issue 17): idle GPU-hours, and who waits on whom.
+"""GPU time by step window: idle GPU-hours, and who waits on whom.
 
 Their own file, `alerts/gpu-windows.rules.yaml`: a recording group (idle GPU-seconds per job,
 window group and GPU role; summed across a job's nodes; fleet-wide; the two sides' idle
@@ -211,7 +211,7 @@ def alerts(ctx: Context) -> list[Alert]:
 
 def groups(ctx: Context) -> list[dict[str, Any]]:
     base = ctx.a["runbook_url"]
-    every = ctx.dur("gpu_interval")  # every GPU's window counters over [30m] (issue 37)
+    every = ctx.dur("gpu_interval")  # every GPU's window counters over [30m]
     return [
         {"name": "rlhf-exporter.gpu-windows.recording", "interval": every, "rules": records(ctx)},
         {

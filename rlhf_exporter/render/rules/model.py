@@ -66,10 +66,10 @@ JOB_NAME = "{{ $labels.project }}/{{ $labels.experiment }}"
 
 # A job's identity across scrape targets: its head and worker sidecars are different targets
 # (`instance`, `pod`) of one job. Joins between a job's series from different targets match
-# `on (JOB_KEY)`; sums over a job's nodes drop `NODES` (issue 23: never `on (job, instance)`).
+# `on (JOB_KEY)`; sums over a job's nodes drop `NODES` (never `on (job, instance)`).
 JOB_KEY = "cluster, namespace, project, experiment"
 # A scrape target across clusters: two clusters may reuse a pod address, so a join between one
-# exporter's series matches `on (EXPORTER_KEY)` (issue 49; `cluster` absent groups as empty).
+# exporter's series matches `on (EXPORTER_KEY)` (`cluster` absent groups as empty).
 EXPORTER_KEY = "cluster, job, instance"
 NODES = "instance, pod"
 
@@ -180,7 +180,7 @@ class Context:
 
     @property
     def gpus_busy(self) -> str:
-        """The mean busy ratio of a job's GPUs, across every node that serves it (issue 23)."""
+        """The mean busy ratio of a job's GPUs, across every node that serves it."""
         return f"project_experiment:rlhf_gpu_busy:ratio_rate{self.window}"
 
     # the bound alerts' evidence, precomputed so that their templates read one series
@@ -256,7 +256,7 @@ class Context:
     @property
     def regression_steps_fleet(self) -> str:
         """Steps diagnosed a regression of each group over the fleet interval (the values tile
-        the time: the fleet's regression panels sum them instead of raw counters, issue 37)."""
+        the time: the fleet's regression panels sum them instead of raw counters)."""
         return f"project_experiment_group:rlhf_regression_steps:increase{self.fleet_interval}"
 
     @property

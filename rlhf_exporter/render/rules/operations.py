@@ -26,7 +26,7 @@ from .model import (
 
 
 def where_it_hangs() -> str:
-    """Each role's wait from the job's last stack round (`rlhf_job_stalled_in`, issue 39), or
+    """Each role's wait from the job's last stack round (`rlhf_job_stalled_in`), or
     why there are none: the page fires the same either way."""
     unread = query_first(
         f"max by (reason) (rlhf_job_stacks_unread{{{JOB_MATCH}}})",
@@ -273,7 +273,7 @@ def actors_pending(ctx: Context) -> Alert:
 
 
 def gpus_idle(ctx: Context) -> Alert:
-    """The job's GPUs on every node (head and workers: GPU series carry their job, issue 23)
+    """The job's GPUs on every node (head and workers: GPU series carry their job)
     against the job's own step rate from the head: joined `on` the job, never on a target."""
     w, ratio = ctx.window, ctx.a["gpu_idle_ratio"]
     nodes = _tq(f"count(count by ({NODES}) ({ctx.gpu_busy}{{{JOB_MATCH}}}))", 'printf "%.0f"')

@@ -29,7 +29,7 @@ def verdict_code_expr() -> str:
 # absent), one per job (`JOB_KEY`: a job's replicas and pods folded at record time), recorded
 # every `alerts.fleet_interval`: the fleet's "Jobs per verdict" counts it by a label it already
 # has, with no aggregation of its own at every step, instead of `count_values` over the codes
-# (which formats every sample's value into a new label at every step: issue 37).
+# (which formats every sample's value into a new label at every step).
 VERDICT_HOT = "project_experiment_verdict:rlhf_bottleneck:hot"
 
 
@@ -59,7 +59,7 @@ def job_gpus_expr() -> str:
 
 
 def fleet_records(ctx: Context) -> list[dict[str, str]]:
-    """The fleet dashboard's steps per verdict, regressed and changed steps (issue 37) and GPU
+    """The fleet dashboard's steps per verdict, regressed and changed steps and GPU
     time, one record per job and verdict, group or kind every `alerts.fleet_interval`, over
     that interval: consecutive values tile the
     time, so a panel sums them over its range (`sum_over_time`) instead of reading every
@@ -154,7 +154,7 @@ def change_gpu_records(ctx: Context) -> list[dict[str, str]]:
         {"record": ctx.gpu_busy, "expr": f"rate(rlhf_gpu_busy_seconds_total[{w}])"},
         {
             "record": ctx.gpus_busy,
-            # every node's GPUs of the job (GPU series carry their job: issue 23)
+            # every node's GPUs of the job (GPU series carry their job)
             "expr": (
                 f"avg without (gpu, uuid, {NODES}) (\n"
                 f'  rate(rlhf_gpu_busy_seconds_total{{project!=""}}[{w}])\n)'
