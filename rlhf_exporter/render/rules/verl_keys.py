@@ -167,13 +167,13 @@ ENGINE_VARIANTS: Mapping[str, str] = {
     "actor_rollout_ref.ref.fsdp_config.param_offload": "actor_rollout_ref.ref.megatron.param_offload",
 }
 
-# Keys that must be set together: (key, must equal key, why).
+# Keys that must be set together: (key, must equal key, why). The verl source behind each
+# "why" here and below: docs/verl-support.md, "Verified in verl source".
 MOVE_TOGETHER: tuple[tuple[str, str, str], ...] = (
     (
         "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz",
         "actor_rollout_ref.actor.use_dynamic_bsz",
-        "enforced: verl asserts they are equal (verl 0.9.1 workers/engine_workers.py:616); "
-        "its config interpolates one from the other",
+        "enforced: verl asserts they are equal; its config interpolates one from the other",
     ),
     (
         "actor_rollout_ref.ref.log_prob_use_dynamic_bsz",
@@ -199,19 +199,17 @@ OLDER_KEYS: Mapping[str, tuple[str, str]] = {
 # (a key or a prefix ending in "."): never name them as something to change.
 DEAD_KEYS: Mapping[str, str] = {
     "reward_model.": (
-        "legacy; only fully-async copies it to reward.* "
-        "(verl/experimental/fully_async_policy/fully_async_main.py:237 calls "
-        "migrate_legacy_reward_impl, verl/experimental/reward_loop/reward_loop.py:39); "
+        "legacy; only fully-async copies it to reward.* (migrate_legacy_reward_impl); "
         "main_ppo and one-step-off ignore it"
     ),
     "custom_reward_function.": (
-        "legacy; only fully-async copies it to reward.custom_reward_function "
-        "(verl/experimental/reward_loop/reward_loop.py:59-60); main_ppo and one-step-off ignore it"
+        "legacy; only fully-async copies it to reward.custom_reward_function; main_ppo and "
+        "one-step-off ignore it"
     ),
     "actor_rollout_ref.nccl_timeout": (
-        "read by nothing in 0.8+: verl/workers/engine_workers.py:89 passes timeout_second=None"
+        "read by nothing in 0.8+: its workers pass timeout_second=None"
     ),
     "actor_rollout_ref.rollout.over_sample_rate": (
-        "read by nothing in 0.7.1+: only declared in verl/workers/config/rollout.py:179"
+        "read by nothing in 0.7.1+: only declared in the rollout config"
     ),
 }
