@@ -209,7 +209,7 @@ class Scripted:
                 max_size=10))  # fmt: skip
 def test_any_ray_answer_is_a_counted_failure_or_a_poll_never_a_crash(bodies: list[bytes]) -> None:
     src = RaySource("http://127.0.0.1:1", node_ips=["127.0.0.1"])
-    src._http = Scripted(bodies)  # type: ignore[assignment]
+    src._api.http = Scripted(bodies)  # type: ignore[assignment]
     for _ in range(3):
         snap = src.poll_once()
         assert snap.errors.get("exception", 0) == 0, snap.errors  # no bug reached

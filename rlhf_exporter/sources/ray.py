@@ -1,10 +1,11 @@
 """Ray actors by role and state, read from Ray's state API over HTTP (the dashboard port).
 
-The sidecar's bounded HTTP client (sources/http.py), never `import ray`: a sidecar must not
-pin the cluster's Ray version or pay its import cost. Each request has one deadline of
---ray-timeout over connect, headers and body, follows no redirect, takes no encoded answer
-and at most MAX_BODY bytes; an answer that would parse into more than MAX_CONTAINERS objects
-and lists is refused before it is parsed (`too_many_elements`). Labels from an answer
+The sidecar's bounded HTTP client (sources/http.py, by sources/ray_state_api.py), never
+`import ray`: a sidecar must not pin the cluster's Ray version or pay its import cost. Each
+request has one deadline of --ray-timeout over connect, headers and body, follows no
+redirect, takes no encoded answer and at most MAX_BODY bytes; an answer that would parse into
+more than MAX_CONTAINERS objects and lists is refused before it is parsed
+(`too_many_elements`). Labels from an answer
 (`ray_version`, `session_name`) are cleaned and cut (sources/labels.py). One poll (default
 every 15 s):
 
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import re
 import socket
 import threading
@@ -45,9 +45,6 @@ import time
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlencode
-
-import orjson
 
 from ..join.ports import ActorProcess, JobFacts, JobProcess, TrainerActor
 from ..lifecycle import RayFact, is_failure
@@ -57,16 +54,13 @@ from . import http
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 from .labels import outside_label
 from .ray_jobs import JobBook
-from .ray_token import RayToken, auth_error
+from .ray_state_api import DEFAULT_ADDRESS, StateApi, as_count
+from .ray_state_api import resolve_address as resolve_address  # the setting's reader, for all
+from .ray_token import RayToken
 from .roles import ROLES, TRAINER_CLASSES, RoleMap
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ADDRESS = "http://127.0.0.1:8265"
-LIMIT = 10_000  # the state API's most rows per answer (RAY_MAX_LIMIT_FROM_API_SERVER)
-MAX_BODY = 16 << 20  # bytes; 10,000 detailed actors are ~10 MB (the state API's most rows)
-MAX_CONTAINERS = 500_000  # JSON objects and lists in one answer (10,000 actors: ~100,000)
-MAX_ITEMS = 4_000_000  # values in one answer, counted as commas (an upper bound)
 KNOWN_ERRORS = (*http.REASONS, "too_many_elements", "invalid_json", "bad_response", "ray_error")
 STATES = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "ALIVE", "RESTARTING", "DEAD")
 SUMMARIZED = ("DEPENDENCIES_UNREADY", "PENDING_CREATION", "DEAD")  # counts only
@@ -103,27 +97,6 @@ _CONTEXT_REASONS = (  # death_cause is a oneof; these contexts carry no reason e
 MAX_JOB_PROCESSES = 4096  # live processes remembered per Ray job (the stacks source reads few)
 
 
-def resolve_address(setting: str | None, environ: Mapping[str, str] | None = None) -> str:
-    """--ray-address, else $RAY_DASHBOARD_ADDRESS, else $RAY_ADDRESS when it is an HTTP URL
-    (Ray's job CLI convention; a bare GCS `host:6379`, `auto` or `ray://` is not the
-    dashboard), else http://127.0.0.1:8265."""
-    environ = os.environ if environ is None else environ
-    for value, strict in (
-        (setting, False),
-        (environ.get("RAY_DASHBOARD_ADDRESS"), False),
-        (environ.get("RAY_ADDRESS"), True),
-    ):
-        if not value:
-            continue
-        value = value.strip().rstrip("/")
-        if value.startswith(("http://", "https://")):
-            return value
-        if strict:
-            continue
-        return "http://" + value
-    return DEFAULT_ADDRESS
-
-
 def death_reason(row: Mapping[str, Any]) -> str:
     """A short, bounded label from an actor's `death_cause`."""
     cause = row.get("death_cause")
@@ -142,14 +115,6 @@ def death_reason(row: Mapping[str, Any]) -> str:
         if key in cause:
             return name
     return "UNKNOWN"
-
-
-def _int(value: Any) -> int:
-    """num_restarts and friends arrive as strings (protobuf int64 -> JSON)."""
-    try:
-        return max(0, int(value))
-    except (TypeError, ValueError):
-        return 0
 
 
 def local_addresses() -> frozenset[str]:
@@ -188,12 +153,12 @@ class RaySource(PollingSource):
         super().__init__("ray", interval, stale_after, wall=clock)
         self.token = token  # sent as `Authorization: Bearer` (Ray's token authentication)
         self.address = address.rstrip("/")
+        self._api = StateApi(address, timeout, token, self._warn_once)  # Ray's state API
         self.timeout = timeout
         self.actors = actors
         self.per_class = per_class
         self.roles = roles or RoleMap.default()
         self.node_ips = frozenset(node_ips) if node_ips else local_addresses()
-        self._http = http.Client(timeout=timeout, max_bytes=MAX_BODY, accept="application/json")
         self._errors.update(dict.fromkeys(KNOWN_ERRORS, 0))
         # bookkeeping between polls (only the poll thread touches it)
         self._polls = 0
@@ -247,7 +212,7 @@ class RaySource(PollingSource):
         return f"ray ({self.address}, every {self.interval:g}s, {mode}{auth})"
 
     def close(self) -> None:
-        self._http.close()
+        self._api.close()
 
     # -- for the NVML source ----------------------------------------------------------------
     def pid_actors(self, max_age: float | None = None) -> Mapping[int, ActorProcess]:
@@ -325,94 +290,9 @@ class RaySource(PollingSource):
     def pid_roles(self, max_age: float | None = None) -> dict[int, str]:
         return {pid: actor.role for pid, actor in self.pid_actors(max_age).items()}
 
-    # -- HTTP -------------------------------------------------------------------------------
-    def _get(self, path: str, params: list[tuple[str, str]] | None = None) -> Any:
-        """GET JSON; every failure is a SourceError with a short reason: the HTTP client's
-        (sources/http.py: one deadline over the whole read, identity encoding, no redirect,
-        at most MAX_BODY bytes), or `too_many_elements` (an answer that would become more
-        than MAX_CONTAINERS objects and lists, or MAX_ITEMS values), or `invalid_json`."""
-        url = self.address + path + (("?" + urlencode(params)) if params else "")
-        headers = self.token.header() if self.token is not None else None
-        try:
-            raw = self._http.get(url, headers=headers)
-        except http.HttpFailure as exc:
-            if exc.status in (401, 403):
-                raise auth_error(exc.status, path, self.token) from None
-            raise SourceError(exc.reason, str(exc)) from None
-        if too_many_elements(raw):
-            raise SourceError(
-                "too_many_elements",
-                f"GET {path}: more than {MAX_CONTAINERS} objects or {MAX_ITEMS} values",
-            )
-        try:
-            return orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise SourceError("invalid_json", f"GET {path}: not JSON ({exc})") from None
-
-    def _state_api(self, path: str, params: list[tuple[str, str]]) -> Mapping[str, Any]:
-        """The state API's envelope {result, msg, data: {result: {...}}} -> the inner result."""
-        body = self._get(path, params)
-        try:
-            if body.get("result") is False:
-                raise SourceError(
-                    "ray_error", f"GET {path}: Ray says: {str(body.get('msg'))[:200]}"
-                )
-            inner = body["data"]["result"]
-            if not isinstance(inner, Mapping):
-                raise TypeError
-        except (AttributeError, KeyError, TypeError):
-            raise SourceError("bad_response", f"GET {path}: not a state API answer") from None
-        if _truncated(inner):
-            what = path + "".join(f" {v}" for k, v in params if k == "filter_values")
-            self._warn_once(
-                f"truncated {what}",
-                "Ray answered %s with %s of %s rows (the state API's limit is %d): "
-                "counts are lower bounds",
-                what,
-                inner.get("num_after_truncation"),
-                inner.get("total"),
-                LIMIT,
-            )
-        return inner
-
-    def _list(
-        self, resource: str, state: str, detail: bool, extra: tuple[tuple[str, str], ...] = ()
-    ) -> tuple[list[Any], bool]:
-        params = [
-            ("limit", str(LIMIT)),
-            ("filter_keys", "state"),
-            ("filter_predicates", "="),
-            ("filter_values", state),
-        ]
-        for key, value in extra:
-            params += [("filter_keys", key), ("filter_predicates", "="), ("filter_values", value)]
-        if detail:
-            params.append(("detail", "1"))
-        inner = self._state_api(f"/api/v0/{resource}", params)
-        rows = inner.get("result")
-        if not isinstance(rows, list):
-            raise SourceError("bad_response", f"/api/v0/{resource}: 'result' is not a list")
-        return [r for r in rows if isinstance(r, Mapping)], _truncated(inner)
-
-    def _summary(self, state: str) -> tuple[dict[str, int], bool]:
-        """class_name -> count of actors in `state`."""
-        params = [("filter_keys", "state"), ("filter_predicates", "="), ("filter_values", state)]
-        inner = self._state_api("/api/v0/actors/summarize", params)
-        try:
-            summary = inner["result"]["node_id_to_summary"]["cluster"]["summary"]
-            counts: dict[str, int] = {}
-            for key, entry in summary.items():
-                name = str(entry.get("class_name") or key)
-                counts[name] = counts.get(name, 0) + _int(entry.get("state_counts", {}).get(state))
-        except (AttributeError, KeyError, TypeError):
-            raise SourceError(
-                "bad_response", "/api/v0/actors/summarize: unexpected shape"
-            ) from None
-        return counts, _truncated(inner)
-
     # -- one poll ---------------------------------------------------------------------------
     def poll(self) -> PollResult:
-        version = self._get("/api/version")
+        version = self._api.get("/api/version")
         if not isinstance(version, Mapping):
             raise SourceError("bad_response", "/api/version: not a JSON object")
         ray_version = outside_label(version.get("ray_version") or "unknown")
@@ -439,7 +319,7 @@ class RaySource(PollingSource):
             for node in sorted(
                 local_nodes
             ):  # node_id is filtered in the dashboard, state in the GCS
-                rows += self._list("actors", "ALIVE", False, (("node_id", node),))[0]
+                rows += self._api.list("actors", "ALIVE", False, (("node_id", node),))[0]
             self._publish_pids(rows, local_nodes)
         self._session = session
         self._baseline = False
@@ -447,7 +327,7 @@ class RaySource(PollingSource):
         return PollResult(tuple(samples))
 
     def _local_nodes(self) -> set[str]:
-        rows, _ = self._list("nodes", "ALIVE", False)
+        rows, _ = self._api.list("nodes", "ALIVE", False)
         nodes = {str(r.get("node_id")) for r in rows if r.get("node_ip") in self.node_ips}
         if not nodes:
             self._warn_once(
@@ -461,7 +341,7 @@ class RaySource(PollingSource):
     def _publish_pids(self, rows: Iterable[Mapping[str, Any]], local_nodes: set[str]) -> None:
         pids = {}
         for row in rows:
-            pid = _int(row.get("pid"))
+            pid = as_count(row.get("pid"))
             if pid > 0 and row.get("node_id") in local_nodes:
                 name = str(row.get("class_name") or "")
                 actor = _actor_name(row)
@@ -473,7 +353,7 @@ class RaySource(PollingSource):
     def _poll_actors(self, local_nodes: set[str]) -> list[Sample]:
         by_class: dict[tuple[str, str], int] = {}
         for state in SUMMARIZED:
-            counts, truncated = self._summary(state)
+            counts, truncated = self._api.summary(state)
             for name, n in counts.items():
                 by_class[name, state] = by_class.get((name, state), 0) + n
             if state == "DEAD":
@@ -481,7 +361,7 @@ class RaySource(PollingSource):
         live_rows = []
         by_role = {(role, state): 0 for role in ROLES for state in STATES}
         for state in LISTED:
-            rows, _ = self._list("actors", state, True)
+            rows, _ = self._api.list("actors", state, True)
             for row in rows:
                 name = str(row.get("class_name") or "")
                 by_class[name, state] = by_class.get((name, state), 0) + 1
@@ -492,7 +372,7 @@ class RaySource(PollingSource):
             live_rows += rows
         self._count_restarts(live_rows)
         if dead_truncated or dead_counts != self._dead_counts:
-            rows, _ = self._list("actors", "DEAD", True)
+            rows, _ = self._api.list("actors", "DEAD", True)
             self._count_deaths(rows)
             self._dead_counts = dead_counts
         self._publish_pids((r for r in live_rows if r.get("state") == "ALIVE"), local_nodes)
@@ -542,7 +422,7 @@ class RaySource(PollingSource):
     def _publish_job_processes(self, rows: Iterable[Mapping[str, Any]]) -> None:
         by_job: dict[str, list[JobProcess]] = {}
         for row in rows:
-            pid, node, job = _int(row.get("pid")), row.get("node_id"), row.get("job_id")
+            pid, node, job = as_count(row.get("pid")), row.get("node_id"), row.get("job_id")
             name = str(row.get("class_name") or "")
             if row.get("state") != "ALIVE" or pid <= 0 or not isinstance(node, str):
                 continue
@@ -564,7 +444,7 @@ class RaySource(PollingSource):
         poll = self._polls
         for row in rows:
             actor_id = str(row.get("actor_id"))
-            n = _int(row.get("num_restarts"))
+            n = as_count(row.get("num_restarts"))
             previous = self._restarts.get(actor_id)
             seen = previous[0] if previous else 0
             if n > seen and (previous is not None or not self._baseline):
@@ -578,7 +458,7 @@ class RaySource(PollingSource):
     def _poll_jobs(self) -> list[Sample]:
         """The Jobs API's entries: each verl job's submission status, and counts by status."""
         try:
-            entries = self._get("/api/jobs/")
+            entries = self._api.get("/api/jobs/")
             if not isinstance(entries, list):
                 raise SourceError("bad_response", "/api/jobs/: not a list")
         except SourceError as exc:
@@ -632,20 +512,6 @@ class RaySource(PollingSource):
             log.warning(message, *args, extra={"collector": self.name})
 
 
-def too_many_elements(raw: bytes) -> bool:
-    """Whether a JSON answer would parse into more than MAX_CONTAINERS objects and lists or
-    MAX_ITEMS values. Counted on the bytes (braces and commas inside strings count too: an
-    upper bound), so 60 MB of `{},` is refused before it becomes 20 million dicts."""
-    containers = items = 0
-    for at in range(0, len(raw), 1 << 20):  # by the MiB: no call holds the lock for long
-        end = at + (1 << 20)
-        containers += raw.count(b"{", at, end) + raw.count(b"[", at, end)
-        items += raw.count(b",", at, end)
-        if containers > MAX_CONTAINERS or items > MAX_ITEMS:
-            return True
-    return False
-
-
 def _drivers(entries: Iterable[Any]) -> dict[str, JobProcess]:
     """Each running Jobs API entry's driver process (`driver_info.pid` on
     `driver_node_id`), by Ray job id."""
@@ -656,16 +522,11 @@ def _drivers(entries: Iterable[Any]) -> dict[str, JobProcess]:
         info, node, job = entry.get("driver_info"), entry.get("driver_node_id"), entry.get("job_id")
         if not isinstance(info, Mapping) or not isinstance(job, str):
             continue
-        pid = _int(info.get("pid"))
+        pid = as_count(info.get("pid"))
         if pid > 0 and isinstance(node, str) and node:
             ident = str(entry.get("submission_id") or job)[:128]
             out[job] = JobProcess("driver", "driver", ident, pid, node)
     return out
-
-
-def _truncated(inner: Mapping[str, Any]) -> bool:
-    total, kept = inner.get("total"), inner.get("num_after_truncation")
-    return isinstance(total, int) and isinstance(kept, int) and kept < total
 
 
 def _actor_name(row: Mapping[str, Any]) -> str:
