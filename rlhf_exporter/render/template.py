@@ -59,13 +59,18 @@ def flat(document: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
 
 @cache
 def sections(name: str) -> Mapping[str, tuple[str, ...]]:
-    """The template `name` as `## heading` sections, each as its entries (placeholders not yet
-    filled): the paragraphs, or the items of a list (`- ` or `1. `), each joined into one
-    line, so a wrapped line is one text. Text before the first heading is a comment."""
+    """The template `name` as its sections (`parse`), placeholders not yet filled."""
+    return parse(text(name))
+
+
+def parse(markdown: str) -> dict[str, tuple[str, ...]]:
+    """`## heading` sections, each as its entries: the paragraphs, or the items of a list (`- `
+    or `1. `), each joined into one line, so a wrapped line is one text. Text before the first
+    heading is a comment."""
     out: dict[str, list[list[str]]] = {}
     entries: list[list[str]] = []
     fresh = True  # the next line of text starts an entry
-    for line in text(name).splitlines():
+    for line in markdown.splitlines():
         heading = HEADING.match(line)
         if heading:
             entries = out[heading[1]] = []
