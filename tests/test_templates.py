@@ -56,7 +56,9 @@ def test_every_alert_has_its_runbook_template_and_none_is_orphaned() -> None:
     names = {a.name for a in all_alerts(Context(Thresholds.from_documents(default_document())))}
     files = {p.stem for p in (template.FOLDER / "runbooks").glob("*.md")}
     bound = {n for n in names if n.endswith("Bound")}
-    assert files - {"bound", "shared"} == names - bound
+    missing, orphaned = names - bound - files, files - {"bound", "shared"} - names
+    assert not missing, f"write the runbook as render/templates/runbooks/<Alert>.md: {missing}"
+    assert not orphaned, f"no alert reads these runbook templates: {orphaned}"
     for alert in all_alerts(Context(Thresholds.from_documents(default_document()))):
         assert alert.runbook.meaning and alert.runbook.change, alert.name
 
