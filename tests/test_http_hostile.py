@@ -11,9 +11,9 @@ import threading
 import pytest
 import requests
 
-from rlhf_exporter.server import pages as server_mod
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.server import Endpoints, PageCache, make_server
+from rlhf_exporter.server import pages as server_mod
 from rlhf_exporter.sources.push import PushSource
 
 
