@@ -64,7 +64,7 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("view", ("rlhf_exporter/view/",)),
     ("reading records", ("verl_reader.py", "orjson", "json/")),
     ("file polling", ("verl_files.py",)),
-    ("job state / snapshot", ("rlhf_exporter/jobs.py", "metrics/snapshot.py", "lifecycle.py")),
+    ("job state / snapshot", ("rlhf_exporter/job/", "metrics/snapshot.py", "lifecycle.py")),
     ("sources (other)", ("rlhf_exporter/sources/",)),
     ("HTTP server", ("rlhf_exporter/server.py", "http/server.py", "socketserver.py")),
 )

@@ -18,7 +18,8 @@ from rlhf_exporter.auth import AuthGuard
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import CHANGES, GROUPS, Record
 from rlhf_exporter.diagnosis.gpujoin import GPU_ROLES
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.limits import Limits
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.lifecycle import STATES
 from rlhf_exporter.metrics.catalog import (
     CATALOG,
@@ -29,7 +30,6 @@ from rlhf_exporter.metrics.catalog import (
 )
 from rlhf_exporter.metrics.collector import health_samples
 from rlhf_exporter.metrics.snapshot import Snapshot
-from rlhf_exporter.records import Limits
 from rlhf_exporter.render.docs import HEADER, metrics_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +155,7 @@ def test_every_error_counters_known_reasons_are_served_at_zero() -> None:
             if metric.startswith("rlhf_exporter_"):  # the exporter's own: health_samples
                 assert all(served[metric, r] == 0.0 for r in reasons), (collector, metric)
     # per GPU (tests/test_nvml_source.py, test_nvml_health.py poll the fake NVML)
-    from rlhf_exporter.sources.nvml import Gpu
+    from rlhf_exporter.sources.nvml_readings import Gpu
 
     assert Gpu(0).errors == dict.fromkeys(KNOWN_ERRORS["nvml"]["rlhf_gpu_errors_total"], 0)
     guard = AuthGuard("s3cret-token", "push")

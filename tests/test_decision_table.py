@@ -205,7 +205,7 @@ def test_generate_sequences_is_ignored_when_larger_than_gen_or_without_it(timers
 
 
 def test_the_sidecar_exports_the_weight_load_as_a_phase():
-    from rlhf_exporter.jobs import Job
+    from rlhf_exporter.job.state import Job
 
     job = Job("p", "e", TH)
     job.feed([Record(1, {**step(**V06), **V06_STATS})])

@@ -20,7 +20,7 @@ from rlhf_exporter.diagnosis import (
 )
 from rlhf_exporter.diagnosis.change import Baseline
 from rlhf_exporter.diagnosis.windows import named_timers
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 
 TH = load_thresholds()
 

@@ -22,7 +22,7 @@ from rlhf_exporter.demo.job import DemoJob
 from rlhf_exporter.demo.scenario import LONG_TAIL, PREEMPTION, QUEUEING, Phase, scenario
 from rlhf_exporter.demo.simulator import encode
 from rlhf_exporter.diagnosis.engines import EngineLimits
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.join.ports import WALL
 from rlhf_exporter.render.addresses import JOB_PATH

@@ -17,7 +17,7 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.diagnosis.engines import EngineLimits, rollout_spans
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource

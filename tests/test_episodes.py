@@ -179,7 +179,7 @@ def test_the_summary_tells_every_episode_and_what_to_look_at():
 
 
 def test_episodes_of_the_sidecar_history_match_the_batch_ones():
-    """The sidecar's points (built by jobs.py from the same records) give the same episodes
+    """The sidecar's points (built by job/state.py from the same records) give the same episodes
     as `diagnose` (the view draws them from the job's history)."""
     from rlhf_exporter.diagnosis.history import point
 

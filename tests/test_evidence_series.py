@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.catalog import BY_NAME
 from tests.support.families import render_samples
 

@@ -1,6 +1,6 @@
 """The exporter's per-job memory (issue 37): what is kept compactly is kept exactly.
 
-- The job view's history, packed (`rlhf_exporter.job_history`), gives back the very
+- The job view's history, packed (`rlhf_exporter.job.packed_history`), gives back the very
   `StepPoint`s it was given, the last `limit` of them, whatever strings and missing numbers.
 - A chunk of the exposition holds its fragments' lines (no fragment keeps its own copy); a
   chunk rebuilt after steps, new jobs and shifted chunk boundaries slices its unchanged
@@ -22,7 +22,7 @@ from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.diagnosis.history import StepPoint
-from rlhf_exporter.job_history import MAX_STRINGS, StepHistory, history_of
+from rlhf_exporter.job.packed_history import MAX_STRINGS, StepHistory, history_of
 from rlhf_exporter.metrics import chunks as mod
 from rlhf_exporter.metrics.exposition import Exposition
 from rlhf_exporter.sources.verl_files import VerlFileSource

@@ -599,13 +599,13 @@ def test_worker_sidecar_matches_a_single_node_run(tmp_path, monkeypatch):
     import urllib.error
     import urllib.request
 
+    from rlhf_exporter.job.windows_wire import WINDOWS_PATH, WindowsApi
     from rlhf_exporter.join.board import WindowBoard
     from rlhf_exporter.server import Endpoints, make_server
     from rlhf_exporter.sources.nvml import NvmlSource
     from rlhf_exporter.sources.ray import ActorProcess
     from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
     from rlhf_exporter.sources.verl_files import VerlFileSource
-    from rlhf_exporter.windows_api import WINDOWS_PATH, WindowsApi
     from tests.support.fake_pynvml import FakeRay
 
     roles = ["rollout", "rollout", "trainer", "trainer"]
@@ -1028,7 +1028,7 @@ def _latest_anchors(posted):
 
 
 def _fully_async_job(records, keep=64):
-    from rlhf_exporter.jobs import Job
+    from rlhf_exporter.job.state import Job
     from rlhf_exporter.join.board import WindowBoard
 
     board = WindowBoard(keep=keep)

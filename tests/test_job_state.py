@@ -14,7 +14,7 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.lifecycle import RayFact, is_failure, job_state
 from rlhf_exporter.sources.ray_jobs import JobBook, tie
 from rlhf_exporter.sources.verl_files import CHUNK, VerlFileSource

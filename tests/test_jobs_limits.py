@@ -9,8 +9,9 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job
-from rlhf_exporter.records import Limits, clean_label
+from rlhf_exporter.job.cleaning import clean_label
+from rlhf_exporter.job.limits import Limits
+from rlhf_exporter.job.state import Job
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_unknown_timers_mfu_stages_and_long_keys_are_capped(th):
 def test_fully_async_idle_components_are_capped_per_job(th):
     """At most MAX_COMPONENTS `fully_async/<component>/idle_ratio` components per job (each
     one is a label value): the rest are dropped and counted, in every later record too."""
-    from rlhf_exporter.records import MAX_COMPONENTS
+    from rlhf_exporter.job.limits import MAX_COMPONENTS
 
     rejected: Counter[str] = Counter()
     job = Job("p", "e", th, rejected=rejected)

@@ -13,7 +13,8 @@ import pytest
 from rlhf_exporter.diagnosis.timeline import Timeline
 from rlhf_exporter.diagnosis.xid import BAD_GPU, DEGRADED, LABELLED, LOST, xid_label
 from rlhf_exporter.join.board import WindowBoard
-from rlhf_exporter.sources.nvml import MAX_EVENTS, NvmlSource
+from rlhf_exporter.sources.nvml import NvmlSource
+from rlhf_exporter.sources.nvml_readings import MAX_EVENTS
 from tests.support import fake_pynvml
 from tests.support.fake_pynvml import HEALTH_CALLS, FakeClock, FakeGpu, make_module
 

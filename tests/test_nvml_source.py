@@ -25,7 +25,8 @@ from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.metrics.collector import families
 from rlhf_exporter.settings import resolve as resolve_settings
 from rlhf_exporter.sources.base import Context
-from rlhf_exporter.sources.nvml import NvmlSource, error_reason
+from rlhf_exporter.sources.nvml import NvmlSource
+from rlhf_exporter.sources.nvml_readings import error_reason
 from rlhf_exporter.sources.ray import ActorProcess
 from tests.support import fake_pynvml
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module
@@ -92,7 +93,7 @@ def test_fake_mirrors_real_pynvml_names_values_and_exceptions():
         assert name in used, name
         assert len(inspect.signature(getattr(real, name)).parameters) == _arity(fake, name), name
     # the source's own copies of the throttle bits are pynvml's
-    from rlhf_exporter.sources.nvml import THROTTLE_REASONS, XID_EVENT
+    from rlhf_exporter.sources.nvml_readings import THROTTLE_REASONS, XID_EVENT
 
     assert real.nvmlEventTypeXidCriticalError == XID_EVENT
     assert {

@@ -14,7 +14,7 @@ from rlhf_exporter.commands import serve as serve_mod
 from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.collector import families
 from rlhf_exporter.server import Endpoints
 from rlhf_exporter.sources.push import PushSource

@@ -12,7 +12,7 @@ from prometheus_client.utils import floatToGoString
 
 from rlhf_exporter.demo.simulator import DEMO_PLAN, records
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics import lines as direct
 from rlhf_exporter.metrics import snapshot
 from rlhf_exporter.metrics.catalog import BY_NAME

@@ -48,7 +48,7 @@ from rlhf_exporter.diagnosis.change import CONTRACT_NONE, STEADY
 from rlhf_exporter.diagnosis.engines import ENGINE_REASONS
 from rlhf_exporter.diagnosis.thresholds import seconds
 from rlhf_exporter.diagnosis.windows import timer_name
-from rlhf_exporter.records import known_timers
+from rlhf_exporter.job.cleaning import known_timers
 from rlhf_exporter.render import rules as rules_mod
 from rlhf_exporter.sources.roles import RoleMap
 from rlhf_exporter.sources.verl_reader import RecordReader

@@ -19,7 +19,7 @@ import pytest
 
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.diagnosis.windows import timer_name
-from rlhf_exporter.records import known_timers
+from rlhf_exporter.job.cleaning import known_timers
 from rlhf_exporter.sources.engines import parse
 from rlhf_exporter.sources.ray_jobs import tie
 from rlhf_exporter.sources.roles import RoleMap

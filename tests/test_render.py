@@ -176,7 +176,7 @@ def test_help_lines_are_short_and_known_error_reasons_exist():
     each known error reason served at 0 is one a source really counts."""
     from pathlib import Path
 
-    from rlhf_exporter import records
+    from rlhf_exporter.job import cleaning
     from rlhf_exporter.metrics.catalog import CATALOG, HELP_MAX, KNOWN_ERRORS
     from rlhf_exporter.sources import (
         console,
@@ -193,10 +193,10 @@ def test_help_lines_are_short_and_known_error_reasons_exist():
     for m in CATALOG:
         assert len(m.summary) < HELP_MAX and m.summary.endswith((".", "…")), m.name
         assert m.help.startswith(m.summary.rstrip(".…")), m.name
-    sources = (push, ray, ray_token, verl_files, verl_layout, verl_reader, verl_tail, records,
+    sources = (push, ray, ray_token, verl_files, verl_layout, verl_reader, verl_tail, cleaning,
                console, console_reader)  # fmt: skip
     code = "".join(Path(mod.__file__).read_text() for mod in sources)
-    from rlhf_exporter.sources.nvml import error_reason
+    from rlhf_exporter.sources.nvml_readings import error_reason
 
     # NVML's reasons are its exception names (NVMLError_GpuIsLost -> gpu_is_lost)
     nvml = {error_reason(type(f"NVMLError_{n}", (Exception,), {})()) for n in ("GpuIsLost",)}

@@ -30,12 +30,12 @@ from prometheus_client.exposition import choose_encoder
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
 from rlhf_exporter.diagnosis.thresholds import GROUPS
+from rlhf_exporter.job.cleaning import clean_label
+from rlhf_exporter.job.windows_wire import parse_board
 from rlhf_exporter.join.board import WindowBoard
-from rlhf_exporter.records import clean_label
 from rlhf_exporter.sources import verl_files
 from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
-from rlhf_exporter.windows_api import parse_board
 from tests.support.serve import Exporter
 from tests.test_exposition import KNOWN_ACCEPTS
 from tests.test_windows_hostile import FakeHead, json_answer

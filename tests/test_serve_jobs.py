@@ -1,4 +1,4 @@
-"""rlhf_exporter/jobs.py: one job's state, in process (fast), against the catalog and the offline diagnoser."""
+"""rlhf_exporter/job/state.py: one job's state, in process (fast), against the catalog and the offline diagnoser."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records
 from rlhf_exporter.diagnosis import CHANGES, COST_GROUPS, GROUPS, VERDICTS, BatchDiagnoser, Record
-from rlhf_exporter.job_series import GIB, verl_metric_names
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.record_keys import GIB
+from rlhf_exporter.job.series import verl_metric_names
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.catalog import BY_NAME
 from tests.support.families import render_samples
 

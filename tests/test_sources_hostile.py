@@ -22,7 +22,7 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from rlhf_exporter.diagnosis import Record
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.lifecycle import END_GRACE, RayFact
 from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource, parse

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlhf_exporter.diagnosis import BatchDiagnoser, StreamDiagnoser
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.sources.verl_reader import RecordReader
 from rlhf_exporter.view.report import step_json
 

@@ -14,7 +14,7 @@ import time
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.lifecycle import RayFact
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource

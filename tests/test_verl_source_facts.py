@@ -200,8 +200,8 @@ def test_the_fully_async_shift_is_in_verls_source(verl):
 
 
 def test_not_reported_values_and_new_evidence_keys_are_verls(verl):
-    from rlhf_exporter import job_series as jobs
     from rlhf_exporter.diagnosis.advice import NOT_REPORTED
+    from rlhf_exporter.job import record_keys as jobs
 
     agent_loop = (verl / "experimental/agent_loop/agent_loop.py").read_text()
     assert "num_preempted: int = -1  # -1 means not available" in agent_loop

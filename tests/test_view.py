@@ -19,7 +19,7 @@ from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_json
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
 from rlhf_exporter.diagnosis.advice import EVIDENCE_KEYS, look_at
 from rlhf_exporter.diagnosis.history import HISTORY_STEPS, point
-from rlhf_exporter.jobs import Job
+from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.snapshot import Snapshot
 from rlhf_exporter.render.dashboards.style import VERDICT_COLOURS
 from rlhf_exporter.sources.verl_reader import RecordReader

@@ -19,10 +19,10 @@ import pytest
 from rlhf_exporter import logs
 from rlhf_exporter.diagnosis.thresholds import GROUPS
 from rlhf_exporter.diagnosis.timeline import Interval, Timeline
+from rlhf_exporter.job.windows_wire import WIRE_BODY_BYTES, WindowsApi, board_json, parse_board
 from rlhf_exporter.join.board import WindowBoard, WindowJoiner
 from rlhf_exporter.metrics.exposition import Exposition
 from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
-from rlhf_exporter.windows_api import MAX_BODY, WindowsApi, board_json, parse_board
 
 
 def step_json(step: int, group: str = "rollout", timer: str = "gen", t0: float = 1000.0) -> dict:
@@ -171,7 +171,7 @@ def test_the_heads_answer_fits_the_workers_cap_and_keeps_the_newest_steps():
             )
             board.post((f"project-{j}", "experiment-name"), Timeline(step, t, t + 39, ivs, 0.5))
     body = board_json(board)
-    assert len(body) <= MAX_BODY  # 64 jobs x 32 steps x 39 timers: ~9 MB before
+    assert len(body) <= WIRE_BODY_BYTES  # 64 jobs x 32 steps x 39 timers: ~9 MB before
     parsed = parse_board(orjson.loads(body))
     assert {labels for labels, _ in parsed} == {
         (f"project-{j}", "experiment-name") for j in range(64)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 from .. import __version__
 from .. import settings as settings_mod
 from ..config import ConfigError, load_thresholds
+from ..job.windows_wire import WindowsApi
 from ..join.board import WindowBoard
 from ..join.names import JobNames
 from ..join.ports import WALL
@@ -32,7 +33,6 @@ from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
-from ..windows_api import WindowsApi
 
 if TYPE_CHECKING:
     from ..demo.devices import DemoDevices

@@ -2,7 +2,7 @@
 
 The project's knowledge comes from where it lives: timers from the thresholds' timer map
 (`diagnosis.windows.named_timers`), MFU stages and the keys the exporter reads from `jobs`,
-the agent-loop statistics from `jobs.AGENT_PARTS`, actor names from the Ray role map
+the agent-loop statistics from `job.record_keys.AGENT_PARTS`, actor names from the Ray role map
 (`sources.roles`). Only the few facts no other module needs are held here (`NOT_TIMERS`, the
 file logger's variables and format, the words of the server names).
 """
@@ -17,16 +17,18 @@ from ..diagnosis import Record, Thresholds
 from ..diagnosis.advice import EVIDENCE_KEYS
 from ..diagnosis.values import AGENT_LOOP, TIMER_PREFIX
 from ..diagnosis.windows import named_timers, timer_name
-from ..job_series import (
+from ..job.record_keys import (
     ABORTED_KEY,
     AGENT_PARTS,
     MEMORY_KEYS,
+    MFU_PREFIX,
+    MFU_STAGES,
+    NON_ABORTED_PREFIX,
     PROCESSING_PREFIX,
     PROCESSING_STATS,
     RESOURCE_KEYS,
     RESPONSE_STATS,
 )
-from ..records import MFU_PREFIX, MFU_STAGES, NON_ABORTED_PREFIX
 from ..settings import VERL_FILE_LOGGER_PATH
 from ..sources.roles import RoleMap
 from .source import Timer, Tree

@@ -10,12 +10,12 @@ from urllib.parse import unquote
 
 from .. import __version__
 from ..diagnosis.stacks import StackRound
+from ..job.windows_wire import WindowsApi
 from ..join.board import WindowJoiner
 from ..metrics.exposition import Exposition
 from ..metrics.snapshot import Problem, SnapshotFn
 from ..sources.push import PushSource
 from ..view.pages import source_state
-from ..windows_api import WindowsApi
 from .page_cache import PageCache
 
 EXPOSITION_WARM_INTERVAL = 0.25  # seconds: encode new job series off the scrape path
@@ -38,7 +38,7 @@ class Endpoints:
     demo_story: Callable[[], str] | None = None
     demo_clock: tuple[str, str, Callable[[float], float]] | None = None
     pages: PageCache = field(default_factory=lambda: PageCache())  # the job view's pages
-    windows_api: WindowsApi | None = None  # GET /api/v1/windows (windows_api.py): None when off
+    windows_api: WindowsApi | None = None  # GET /api/v1/windows (job/windows_wire.py): or None
     # the NVML source's WindowJoiner: GPU time by window in the job view
     window_view: WindowJoiner | None = None
     balance_limits: Mapping[str, Any] = field(default_factory=dict)  # thresholds' balance:

@@ -41,12 +41,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..diagnosis import Record, Thresholds
-from ..jobs import Job
+from ..job.cleaning import INTERNAL_ERROR, clean_label
+from ..job.limits import DEFAULT_LIMITS, Limits, limits_from_settings
+from ..job.state import Job
 from ..join.names import JobNames
 from ..join.ports import Engines, JobFacts, Labels, StepWindows, TrainerActor, TrainerActors
 from ..lifecycle import ENDED_STATUSES
 from ..metrics.snapshot import Sample
-from ..records import DEFAULT_LIMITS, INTERNAL_ERROR, Limits, clean_label, limits_from_settings
 from ..settings import Settings
 from . import http
 from .base import Clock, Context, PollingSource, PollResult

@@ -52,11 +52,11 @@ from collections.abc import Generator, Iterator
 from typing import NamedTuple
 
 from ..diagnosis import Record
+from ..job.limits import MAX_STEP
 from .roles import TRAINER_CLASSES
 
 MAX_LINE_BYTES = 1 << 20
 MAX_KEYS = 4096  # keys of one step line at most
-MAX_STEP = 1 << 53
 MAX_DIGITS = 400  # an int printed with more digits is no metric (int() limits at 4300)
 MAX_WRAP_LINES = 32  # a name pprint wrapped over more lines is left unknown
 

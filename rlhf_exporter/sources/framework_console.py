@@ -31,10 +31,10 @@ from typing import Any
 
 from ..diagnosis import Record
 from ..frameworks import AREAL, NEMO_RL, OPENRLHF, ROLL, SLIME, Translator
+from ..job.limits import MAX_STEP
 from .console_reader import _ANSI, _PREFIX
 
 MAX_LINE_BYTES = 1 << 20
-MAX_STEP = 1 << 53
 MAX_KEYS = 4096
 MAX_TABLE_ROWS = 4096  # rows of one AReaL table or NeMo-RL block at most
 

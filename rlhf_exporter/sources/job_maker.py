@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections import Counter
 
 from ..diagnosis import Thresholds
-from ..jobs import Job
+from ..job.limits import Limits
+from ..job.state import Job
 from ..join.ports import WALL, Engines, JobClock, StepWindows
-from ..records import Limits
 from .base import Clock
 
 

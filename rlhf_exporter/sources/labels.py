@@ -2,16 +2,16 @@
 
 A Ray head's `ray_version`, an engine target's name or `engine` label, anything an answer
 or a target list says, becomes a label value only through `outside_label`: control
-characters and lone surrogates become U+FFFD (as in job names, rlhf_exporter.records.clean_label)
+characters and lone surrogates become U+FFFD (as in job names, rlhf_exporter.job.cleaning.clean_label)
 and the value is cut to MAX_OUTSIDE_LABEL characters, so a 1 MB string never becomes a
 1 MB label on every scrape.
 """
 
 from __future__ import annotations
 
-from ..records import clean_label
+from ..job.cleaning import clean_label
 
-MAX_OUTSIDE_LABEL = 120  # characters (as records.MAX_LABEL_CHARS)
+MAX_OUTSIDE_LABEL = 120  # characters (as long as job.limits.KEY_LABEL_CHARS)
 
 
 def outside_label(value: object, limit: int = MAX_OUTSIDE_LABEL) -> str:

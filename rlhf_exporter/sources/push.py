@@ -40,11 +40,11 @@ import orjson
 
 from ..auth import AuthGuard, client_key
 from ..diagnosis import Record, Thresholds
-from ..jobs import Job
+from ..job.limits import DEFAULT_LIMITS, MAX_STEP, Limits, limits_from_settings
+from ..job.state import Job
 from ..join.names import JobNames
 from ..join.ports import Engines, JobFacts, StepWindows
 from ..metrics.snapshot import Sample, Snapshot
-from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, limits_from_settings
 from ..settings import Settings
 from .base import Clock, Context
 from .job_maker import JobMaker
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 NAME = "push"
 PATH = "/api/v1/records"
-MAX_LABEL_CHARS = 200
+PUSHED_NAME_CHARS = 200  # a pushed job's project or experiment
 MAX_JOBS = 1000
 MAX_JOBS_PER_CLIENT = 100
 BODY_KEYS = frozenset({"project", "experiment", "records", "step", "data"})
@@ -94,8 +94,8 @@ def _label(body: dict[str, Any], key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value:
         raise Rejected(400, BAD_SCHEMA, f"'{key}' must be a non-empty string")
-    if len(value) > MAX_LABEL_CHARS:
-        raise Rejected(400, BAD_SCHEMA, f"'{key}' is longer than {MAX_LABEL_CHARS} characters")
+    if len(value) > PUSHED_NAME_CHARS:
+        raise Rejected(400, BAD_SCHEMA, f"'{key}' is longer than {PUSHED_NAME_CHARS} characters")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise Rejected(400, BAD_SCHEMA, f"'{key}' contains control characters")
     if value in (".", ".."):  # its job page's link would resolve to another path

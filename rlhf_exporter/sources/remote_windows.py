@@ -21,9 +21,9 @@ import orjson
 
 from ..auth import check_token
 from ..config import ConfigError
+from ..job.windows_wire import WINDOWS_PATH, WIRE_BODY_BYTES, parse_board
 from ..join.board import WindowBoard
 from ..settings import Settings
-from ..windows_api import MAX_BODY, WINDOWS_PATH, parse_board
 from . import http
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 
@@ -35,7 +35,7 @@ class RemoteWindowsSource(PollingSource):
     The transport is as strict as the answer's check (`parse_board`): no redirect is followed (a 3xx is an error, `redirect`: the token is
     sent to the configured head only), the whole request has a deadline of `timeout`
     seconds (a head that trickles bytes is cut off and counted, `timeout`), at most
-    MAX_BODY bytes are read (`too_large`), and an answer identical to the last one is not
+    WIRE_BODY_BYTES bytes are read (`too_large`), and an answer identical to the last one is not
     parsed again. Failures are counted in `rlhf_exporter_collector_errors_total` by reason
     and logged without any value from the answer."""
 
@@ -58,7 +58,9 @@ class RemoteWindowsSource(PollingSource):
         self.token = check_token(token, "the windows token")  # never sent with a newline
         self.timeout = timeout
         # the sidecar's bounded client (sources/http.py): one deadline, no redirect, a cap
-        self._http = http.Client(timeout=timeout, max_bytes=MAX_BODY, accept="application/json")
+        self._http = http.Client(
+            timeout=timeout, max_bytes=WIRE_BODY_BYTES, accept="application/json"
+        )
         self._errors.update(dict.fromkeys(http.REASONS, 0))
         self._seen: dict[tuple[str, str], float] = {}  # job -> the last step end posted
         self._last_digest = b""  # of the last answer parsed and posted

@@ -54,10 +54,11 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnosis import Thresholds
+from ..job.cleaning import clean_label
+from ..job.limits import DEFAULT_LIMITS, MAX_STEP, Limits, limits_from_settings
 from ..join.names import JobNames
 from ..join.ports import WALL, Engines, JobClock, JobFacts, StepWindows
 from ..metrics.snapshot import Sample
-from ..records import DEFAULT_LIMITS, MAX_STEP, Limits, clean_label, limits_from_settings
 from ..settings import Settings
 from . import verl_layout
 from .base import Clock, Context, PollingSource, PollResult, Problems

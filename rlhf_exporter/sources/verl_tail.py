@@ -12,8 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..jobs import Job
-from ..records import clean_label
+from ..job.cleaning import clean_label
+from ..job.state import Job
 from . import verl_layout
 from .base import Problems
 from .verl_layout import NOT_VERL_RECORDS

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlhf_exporter.diagnosis.thresholds import GROUPS
-from rlhf_exporter.sources.nvml import ALERTED_XIDS, ECC, ECC_SCOPES, THROTTLE_REASONS
+from rlhf_exporter.sources.nvml_readings import ALERTED_XIDS, ECC, ECC_SCOPES, THROTTLE_REASONS
 
 from .simday import JOB, SCRAPE
 

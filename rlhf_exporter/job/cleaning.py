@@ -1,4 +1,5 @@
-"""Cleaning a verl job's records before anything becomes a `Sample` (what `Job` keeps).
+"""Where a record is parsed into what a job keeps: each verl record is cleaned here before
+anything becomes a `Sample` (rlhf_exporter/job/state.py's `Job` feeds it on).
 
 Hostile or broken input is stopped here (see `Limits`):
 - a label value that is not valid UTF-8 (a lone surrogate from an undecodable file name or
@@ -27,28 +28,14 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
-from typing import Any, NamedTuple
+from typing import Any
 
-from .diagnosis import Record, Thresholds
-from .diagnosis.values import AGENT_LOOP, TIMER_PREFIX
-from .diagnosis.windows import timer_name
-from .settings import Settings
-
-MFU_PREFIX = "perf/mfu/"
-NON_ABORTED_PREFIX = "response_length_non_aborted/"
-FULLY_ASYNC_PREFIX = "fully_async/"
-IDLE_SUFFIX = "/idle_ratio"
-MAX_LABEL_CHARS = 120  # a verl key used as a label value (phase, stage, component)
-MFU_STAGES = frozenset({"actor", "actor_infer", "critic", "ref"})  # verl's perf/mfu/<stage>
-MAX_COMPONENTS = 16  # fully_async/<component>/idle_ratio components per job
-MAX_STEP = 1 << 53  # a step beyond this is not exactly a double
-ACCEPTED_KEYS = 1024  # keys a job remembers as already checked (a bounded memo)
-MAX_INT = 1 << 63  # an integer value beyond this is no verl number (and may overflow a float)
-# keys the exporter reads: kept first when a step has more keys than Limits.step_keys
-_USED_PREFIXES = (TIMER_PREFIX, "perf/", "response_length/", "actor/perf/", FULLY_ASYNC_PREFIX,
-                  AGENT_LOOP, "response/", NON_ABORTED_PREFIX, "dynamic_resource/",
-                  "training/global_step")  # fmt: skip
-
+from ..diagnosis import Record, Thresholds
+from ..diagnosis.timeline import FULLY_ASYNC_PREFIX
+from ..diagnosis.values import TIMER_PREFIX
+from ..diagnosis.windows import timer_name
+from .limits import ACCEPTED_KEYS, MAX_COMPONENTS, MAX_INT, MAX_STEP, Limits
+from .record_keys import IDLE_SUFFIX, MFU_PREFIX, MFU_STAGES, USED_PREFIXES
 
 # record_errors reasons for what ingestion drops (the sources add their own)
 LABEL_NOT_UTF8 = "label_not_utf8"
@@ -64,31 +51,6 @@ INTERNAL_ERROR = "internal_error"
 LATE_RECORD = "late_record"  # a step's record after the step was classified (kept, counted)
 
 log = logging.getLogger(__name__)
-
-
-class Limits(NamedTuple):
-    """Per-job bounds on what a job keeps (settings max_unknown_timers, max_step_keys,
-    max_key_chars)."""
-
-    unknown_timers: int = 32  # distinct timers outside the thresholds' map, per job
-    step_keys: int = 1024  # keys of one step's merged data
-    key_chars: int = 256  # longest key kept
-    # not a bound: the deprecated legacy_change_none setting, which every job of a source
-    # shares like the bounds (kind="none" for a steady step; removed in the next release)
-    legacy_change_none: bool = False
-
-
-DEFAULT_LIMITS = Limits()
-
-
-def limits_from_settings(settings: Settings) -> Limits:
-    """The per-job bounds from `serve`'s settings (shared by the verl and push sources)."""
-    return Limits(
-        unknown_timers=settings.max_unknown_timers,
-        step_keys=settings.max_step_keys,
-        key_chars=settings.max_key_chars,
-        legacy_change_none=settings.legacy_change_none,
-    )
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -240,7 +202,7 @@ class RecordCleaner:
         room = bound - len(seen)
         over = len(new) > room
         if over:
-            new.sort(key=lambda k: not k.startswith(_USED_PREFIXES))  # stable: used keys first
+            new.sort(key=lambda k: not k.startswith(USED_PREFIXES))  # stable: used keys first
             for key in new[max(room, 0) :]:
                 del out[key]
             self.drop(TOO_MANY_KEYS, len(new) - max(room, 0))

@@ -1,4 +1,4 @@
-"""A job's last steps for the job view, packed: one `bytes` row per step (issue 37).
+"""A job's last steps for the job view, packed: one `bytes` row per step.
 
 The sidecar keeps `history.HISTORY_STEPS` `StepPoint`s of every job. As named tuples each
 costs about 500 bytes (a tuple, a tuple of group seconds, a float object per number); packed
@@ -17,8 +17,8 @@ import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
-from .diagnosis import GROUPS
-from .diagnosis.history import HISTORY_STEPS, StepPoint
+from ..diagnosis import GROUPS
+from ..diagnosis.history import HISTORY_STEPS, StepPoint
 
 _NONE = 0xFFFF  # string index of None
 _ROW = struct.Struct(f"<qq4H{len(GROUPS) + 6}d")  # run, step, 4 strings, the numbers

@@ -1,4 +1,4 @@
-"""The window board on the wire (issue 17): worker sidecars read the head's recent step
+"""The window board on the wire: worker sidecars read the head's recent step
 windows. `board_json` encodes a `WindowBoard` as the head's `GET /api/v1/windows` answer,
 `parse_board` checks a worker's copy of it as strictly as a pushed record, and `WindowsApi`
 is the endpoint `server.py` serves it from (read-only, behind the push token).
@@ -14,17 +14,18 @@ from collections import Counter
 
 import orjson
 
-from .auth import AuthGuard
-from .diagnosis.thresholds import GROUPS
-from .diagnosis.timeline import Interval, Timeline
-from .join.board import MAX_JOBS, WindowBoard
-from .records import MAX_STEP, clean_label
+from ..auth import AuthGuard
+from ..diagnosis.thresholds import GROUPS
+from ..diagnosis.timeline import Interval, Timeline
+from ..join.board import MAX_JOBS, WindowBoard
+from .cleaning import clean_label
+from .limits import MAX_STEP
 
 WINDOWS_PATH = "/api/v1/windows"
-MAX_BODY = 4 << 20  # bytes a worker reads from the head at most; the head's answer fits it
+WIRE_BODY_BYTES = 4 << 20  # bytes a worker reads from the head at most; the head's answer fits it
 MAX_INTERVALS = 64  # intervals per step a worker accepts
-MAX_LABEL_CHARS = 256  # project and experiment (a file job's names: a directory name's length)
-MAX_TIMER_CHARS = 256  # a timer's name (a record key's limit)
+WIRE_NAME_CHARS = 256  # a job's project and experiment on the wire (a directory name's length)
+WIRE_TIMER_CHARS = 256  # a timer's name on the wire (as long as a record key may be)
 MAX_STEPS_PER_JOB = 1024  # steps per job in an answer; more rejects it (a head keeps 32)
 _GROUPS = frozenset(GROUPS)
 
@@ -42,21 +43,21 @@ def timeline_json(tl: Timeline) -> dict[str, object]:
         "end": tl.end,
         "error_seconds": tl.error_seconds,
         "intervals": [
-            [_sendable(iv.timer, MAX_TIMER_CHARS), iv.group, iv.start, iv.end]
+            [_sendable(iv.timer, WIRE_TIMER_CHARS), iv.group, iv.start, iv.end]
             for iv in tl.intervals[:MAX_INTERVALS]
         ],
     }
 
 
-def board_json(board: WindowBoard, max_bytes: int = MAX_BODY) -> bytes:
+def board_json(board: WindowBoard, max_bytes: int = WIRE_BODY_BYTES) -> bytes:
     """The board as the windows API's JSON answer, at most `max_bytes` long: when every
     job's kept steps do not fit (64 jobs x 32 steps x 39 timers is ~9 MB), the oldest steps
-    are left out, so a worker always gets the newest ones (it reads at most MAX_BODY)."""
+    are left out, so a worker always gets the newest ones (it reads at most WIRE_BODY_BYTES)."""
     jobs = board.snapshot()
     encoded = [
         (
-            _sendable(p, MAX_LABEL_CHARS),
-            _sendable(e, MAX_LABEL_CHARS),
+            _sendable(p, WIRE_NAME_CHARS),
+            _sendable(e, WIRE_NAME_CHARS),
             [orjson.dumps(timeline_json(tl)) for tl in tls],
             [tl.end for tl in tls],
         )
@@ -103,7 +104,7 @@ def _num(x: object, what: str) -> float:
     return value
 
 
-def _label(x: object, what: str, limit: int = MAX_LABEL_CHARS) -> str:
+def _label(x: object, what: str, limit: int = WIRE_NAME_CHARS) -> str:
     """A label value from the head, checked as a pushed job's name is (but up to 256
     characters: a file job is named after directories): a non-empty string, valid UTF-8 (no
     lone surrogate), no control character."""
@@ -127,7 +128,7 @@ def parse_board(
     at most MAX_STEPS_PER_JOB steps (of which the newest `max_steps` are returned: the
     worker's board keeps no more, whatever the head's `gpu_windows_keep`), each of at most
     MAX_INTERVALS intervals; job names checked as push checks them; groups only the decision
-    table's (`GROUPS`); timer names valid label text of at most MAX_TIMER_CHARS; steps
+    table's (`GROUPS`); timer names valid label text of at most WIRE_TIMER_CHARS; steps
     integers in 0..2^53, times finite. Anything else raises ValueError (whose message holds
     no value from the answer) and the whole answer is rejected, as a push would be."""
     if not isinstance(doc, dict):
@@ -163,7 +164,7 @@ def parse_board(
                     raise ValueError(f"{where}.intervals[{n}]: not a decision-table group")
                 intervals.append(
                     Interval(
-                        _label(timer, "a timer", MAX_TIMER_CHARS),
+                        _label(timer, "a timer", WIRE_TIMER_CHARS),
                         group,
                         _num(a, "an interval's start"),
                         _num(b, "an interval's end"),
@@ -182,7 +183,7 @@ class WindowsApi:
     """`GET /api/v1/windows` on the head sidecar: its jobs' recent step windows, read-only,
     behind the push token when one is set (`Authorization: Bearer <token>`, as for push;
     failures counted and rate-limited by `guard`). The answer is encoded once per change of
-    the board (any number of workers polling cost one encoding) and fits MAX_BODY."""
+    the board (any number of workers polling cost one encoding) and fits WIRE_BODY_BYTES."""
 
     def __init__(self, board: WindowBoard, token: str | None, guard: AuthGuard | None = None):
         self.board = board
