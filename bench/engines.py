@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlhf_exporter.sources import engines as engines_mod  # noqa: E402
+from rlhf_exporter.sources import engine_page as engines_mod  # noqa: E402
 from rlhf_exporter.sources.engine_targets import Targets  # noqa: E402
 from rlhf_exporter.sources.engines import EngineSource, fetch  # noqa: E402
 
