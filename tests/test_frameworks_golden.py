@@ -70,6 +70,6 @@ def test_diagnose_gives_the_scripted_labels(expected: Path, source: Path) -> Non
 
 
 def test_framework_directories_are_named_as_the_frameworks() -> None:
-    for d in ROOT.iterdir():
-        if d.is_dir() and not d.name.startswith("_"):
+    for d in ROOT.iterdir():  # (a directory of fixtures; not the truth's tools beside them)
+        if d.is_dir() and not d.name.startswith("_") and any(d.glob("*.expected.jsonl")):
             assert d.name in FRAMEWORKS, d.name

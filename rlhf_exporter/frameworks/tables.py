@@ -47,6 +47,8 @@ class Framework(NamedTuple):
     lagged: frozenset[str] = frozenset()
     # the prefix a TensorBoard tag carries that the metrics dict does not (stripped)
     tensorboard_prefix: str = ""
+    # added to a TensorBoard event's step to number it as the console does
+    tensorboard_step_offset: int = 0
     # a key under `timer_prefixes` is a timer only when it ends so (slime's perf/ also
     # holds rates and counts)
     timer_suffix: str = ""
@@ -89,6 +91,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             ),
             step_total=None,
             not_windows=frozenset(("timeperf/eval",)),
+            # its TensorBoard step is the 0-based global step; it prints global step + 1
+            tensorboard_step_offset=1,
             # the actor's token-count denominator, summed over the batch (ppo/actor.py)
             values=_values(perf__total_num_tokens="ppo_actor/n_tokens"),
         ),
@@ -127,6 +131,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 )
             ),
             values=_values(perf__total_num_tokens="train/total_num_tokens"),
+            # its printed steps hold no token count: E2E tokens/s (per group) x the step time
+            tokens_product=("console:e2e_tokens_per_sec", "timing/train/total_step_time"),
         ),
         SLIME: Framework(
             name=SLIME,
@@ -146,9 +152,6 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             values=_values(perf__total_num_tokens="perf/actor_train_tokens"),
             # slime logs no token count: its trainer's tokens/s times its train time is one
             tokens_product=("perf/actor_train_tok_per_s", "perf/actor_train_time"),
-            # the trainer syncs weights after it logs its step's perf: the next step's line
-            # carries it
-            lagged=frozenset(("perf/update_weights_time",)),
             timer_suffix="_time",
         ),
         ROLL: Framework(
@@ -162,6 +165,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 Window("time/step_model_update", "update_weights"),
             ),
             step_total="time/step_total",
+            # the pipeline logs the step's total with the next step's metrics
+            lagged=frozenset(("time/step_total",)),
         ),
     }
 )

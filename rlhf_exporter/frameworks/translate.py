@@ -37,7 +37,8 @@ def to_record(framework: str, step: int, raw: Mapping[str, Any]) -> Record:
     timed = _windows(fw, raw, data)
     _unnamed(fw, raw, data, timed)
     if fw.step_total is not None:
-        data[STEP_KEY] = raw.get(fw.step_total)
+        if fw.step_total in raw:
+            data[STEP_KEY] = raw[fw.step_total]
     elif timed:
         data[STEP_KEY] = sum(timed.values())
     for verl_key, key in fw.values.items():

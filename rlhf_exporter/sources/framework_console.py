@@ -9,7 +9,8 @@
   `Train step N/M done.` (each `Stats (i/n):` table is step N-1+i-1, as AReaL logs it);
 - NeMo-RL: the `⏱️  Timing:` block after `Step N/M`: `• Total step time: Xs`, then
   `• name: Xs (p%)` a line (timer names as its TensorBoard tags hold them, under
-  `timing/train/`).
+  `timing/train/`), and the `🔍 Performance Metrics` after it, for its per-group
+  `E2E (Tokens/sec)`.
 
 The framework is the first one whose line is seen (`framework`); a line of another framework
 after that is `foreign_step`. Lines are complete at `\\n`; one longer than `max_line` is
@@ -57,6 +58,8 @@ _NEMO_TIMING = "⏱️  Timing:"
 _NEMO_TOTAL = re.compile(r"• Total step time: ([-+0-9.eE]+|nan|inf)s")
 _NEMO_TIMER = re.compile(r"• (\S+): ([-+0-9.eE]+|nan|inf)s \([^()]*\)")
 _NEMO_PREFIX = "timing/train/"
+_NEMO_E2E = re.compile(r"- E2E \(Tokens/sec\): ([-+0-9.eE]+|nan|inf)$")
+NEMO_E2E_KEY = "console:e2e_tokens_per_sec"  # (the printed per-group rate: no metric key)
 _HALLMARKS = (
     (OPENRLHF, re.compile(rb"Global step -?\d+: \{")),
     (SLIME, re.compile(rb"\bperf -?\d+: \{")),
@@ -244,7 +247,11 @@ class FrameworkConsoleReader:
         if (m := _NEMO_TIMER.search(text)) is not None:
             self._block[_NEMO_PREFIX + m.group(1)] = _float(m.group(2))
             return True
-        return not text  # the block ends at its first line of other text
+        if (m := _NEMO_E2E.search(text)) is not None:
+            self._block[NEMO_E2E_KEY] = _float(m.group(1))
+            return True
+        # the performance block after it belongs to the step; other text ends it
+        return not text or text.lstrip().startswith(("•", "-", "🔍"))
 
     def _close_block(self) -> Iterator[Record]:
         block, step = self._block, self._block_step

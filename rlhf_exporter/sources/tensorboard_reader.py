@@ -8,7 +8,7 @@ another step; the framework is detected from the tags (tables.py: a window or st
 after the framework's TensorBoard prefix), then the step goes through its `Translator`. A
 file that is not an event file, or is cut short, ends its reading where it breaks, counted
 (`bad_event`); one that holds no step of a known framework gives no record (`unknown_tags`,
-counted per step, for the first MAX_UNDETECTED steps held while looking).
+counted per step).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from ..frameworks import TABLES, VERL, Translator
 from ..frameworks.tables import Framework
 
 MAX_FILES = 256  # event files of one directory read at most
-MAX_UNDETECTED = 64  # steps held while the framework is not known yet
+MAX_HELD_STEPS = 4096  # steps held at most (a file behind the others, an unknown framework)
+IDLE_POLLS = 30  # polls a file brings nothing before its last step stops holding others
 MAX_KEYS = 4096  # scalars of one step kept at most
 BAD_EVENT = "bad_event"
 UNKNOWN_TAGS = "unknown_tags"
@@ -112,10 +113,15 @@ class _File:
         self.step: int | None = None
         self.data: dict[str, float | None] = {}
         self.broken = False
+        self.idle = 0  # polls in a row that brought it nothing
 
 
 class TensorBoardReader:
-    """The records of the event files under one path (a file or a directory)."""
+    """The records of the event files under one path (a file or a directory).
+
+    Several files of one job (slime's rollout manager and trainer each write one) are
+    merged by step: a step is given out once every file still writing has moved past it
+    (a file that brought nothing for IDLE_POLLS polls stops holding the others back)."""
 
     def __init__(self, path: str | Path, framework: str | None = None):
         self.root = Path(path)
@@ -125,7 +131,8 @@ class TensorBoardReader:
         self.pending_bytes = 0  # (the loader holds no partial line)
         self._files: dict[Path, _File] = {}
         self._translator = Translator(framework) if framework else None
-        self._undetected: list[tuple[int, dict[str, float | None]]] = []
+        self._merged: dict[int, dict[str, float | None]] = {}  # complete in their files
+        self._given = -(1 << 62)  # the last step given out
 
     def poll(self) -> Iterator[Record]:
         """The steps completed since the last poll (new files are found too)."""
@@ -134,25 +141,27 @@ class TensorBoardReader:
             if f is None:
                 if len(self._files) >= MAX_FILES:
                     continue
-                for older in self._files.values():  # a new file: the writer moved on
-                    yield from self._step_done(older)
                 f = self._files[path] = _File(path)
             if not f.broken:
-                yield from self._read(f)
+                self._read(f)
+        open_steps = [f.step for f in self._files.values() if f.step is not None]
+        yield from self._give(min(open_steps) if open_steps else None)
 
     def finish(self) -> Iterator[Record]:
         """The input has ended: each file's last step, then what was held."""
         for f in self._files.values():
-            yield from self._step_done(f)
-        if self._undetected:
-            self.rejected[UNKNOWN_TAGS] += len(self._undetected)
-            self._undetected.clear()
+            self._step_done(f)
+        yield from self._give(None)
+        if self._merged:
+            self.rejected[UNKNOWN_TAGS] += len(self._merged)
+            self._merged.clear()
         if self._translator is not None:
             for record in self._translator.finish():
                 self.records += 1
                 yield record
 
-    def _read(self, f: _File) -> Iterator[Record]:
+    def _read(self, f: _File) -> None:
+        before = (f.step, len(f.data))
         try:
             if f.loader is None:
                 f.loader = _loader(f.path)
@@ -160,7 +169,7 @@ class TensorBoardReader:
                 if not event.HasField("summary"):
                     continue
                 if event.step != f.step:
-                    yield from self._step_done(f)
+                    self._step_done(f)
                     f.step = int(event.step)
                 for value in event.summary.value:
                     self._add(f, value)
@@ -169,6 +178,10 @@ class TensorBoardReader:
         except Exception:  # a corrupt or foreign file: what it gave so far stands
             f.broken = True
             self.rejected[BAD_EVENT] += 1
+            self._step_done(f)
+        f.idle = f.idle + 1 if (f.step, len(f.data)) == before else 0
+        if f.idle >= IDLE_POLLS:
+            self._step_done(f)
 
     def _add(self, f: _File, value: Any) -> None:
         number = _scalar(value)
@@ -179,31 +192,40 @@ class TensorBoardReader:
             return
         f.data[value.tag] = number
 
-    def _step_done(self, f: _File) -> Iterator[Record]:
+    def _step_done(self, f: _File) -> None:
         step, data = f.step, f.data
         f.step, f.data = None, {}
         if step is None or not data:
             return
+        merged = self._merged.get(step)
+        if merged is None:
+            if len(self._merged) >= MAX_HELD_STEPS:
+                self.rejected[UNKNOWN_TAGS] += 1  # never detected, or a file far behind
+                del self._merged[min(self._merged)]
+            merged = self._merged[step] = {}
+        merged.update(data)
+
+    def _give(self, below: int | None) -> Iterator[Record]:
+        """The merged steps lower than `below` (every one when None), in order."""
         if self._translator is None:
-            self.framework = detect(data)
+            self.framework = next((fw for d in self._merged.values() if (fw := detect(d))), None)
             if self.framework is None:
-                if len(self._undetected) < MAX_UNDETECTED:
-                    self._undetected.append((step, data))
-                else:
-                    self.rejected[UNKNOWN_TAGS] += 1
                 return
             self._translator = Translator(self.framework)
-            held, self._undetected = self._undetected, []
-            for s, d in held:
-                yield from self._translate(s, d)
-        yield from self._translate(step, data)
+        for step in sorted(self._merged):
+            if below is not None and step >= below:
+                break
+            yield from self._translate(step, self._merged.pop(step))
 
     def _translate(self, step: int, data: dict[str, float | None]) -> Iterator[Record]:
         assert self._translator is not None and self.framework is not None
         fw: Framework | None = TABLES.get(self.framework)
-        prefix = fw.tensorboard_prefix if fw is not None else ""
-        if prefix:
-            data = {k[len(prefix) :] if k.startswith(prefix) else k: v for k, v in data.items()}
-        for record in self._translator.feed(step, data):
+        if fw is not None and fw.tensorboard_prefix:
+            cut = len(fw.tensorboard_prefix)
+            data = {
+                k[cut:] if k.startswith(fw.tensorboard_prefix) else k: v for k, v in data.items()
+            }
+        offset = fw.tensorboard_step_offset if fw is not None else 0
+        for record in self._translator.feed(step + offset, data):
             self.records += 1
             yield record

@@ -92,10 +92,8 @@ def print_openrlhf(steps: list[Step]) -> str:
 
 
 def print_slime(steps: list[Step]) -> str:
-    """Two lines a step: the rollout manager's, then the trainer's (which carries the weight
-    sync of the step before: it syncs after it logs)."""
+    """Two lines a step: the rollout manager's, then the trainer's."""
     lines = []
-    previous_sync = None
     for s in steps:
         lines.append(f"INFO rollout.py:1 - perf {s.step}: { ({'perf/rollout_time': s.gen}) }")
         trainer = {
@@ -104,33 +102,36 @@ def print_slime(steps: list[Step]) -> str:
             "perf/actor_train_tflops": 123.0,
             "perf/actor_train_tokens": s.tokens,
             "perf/step_time": s.total,
+            "perf/update_weights_time": s.sync,
         }
-        if previous_sync is not None:
-            trainer["perf/update_weights_time"] = previous_sync
-        previous_sync = s.sync
         lines.append(f"INFO train_metric_utils.py:2 - perf {s.step}: {trainer}")
     return "\n".join(lines) + "\n"
 
 
-def _roll_metrics(s: Step) -> dict[str, float]:
+def _roll_metrics(s: Step, previous: Step | None) -> dict[str, float]:
+    """ROLL's metrics of a step: its step total is the step before's (0 at the first)."""
     return {
         "time/step_generate": s.gen,
         "time/old_log_probs": s.logprob,
         "time/step_train": s.update,
         "time/step_model_update": s.sync,
-        "time/step_total": s.total,
+        "time/step_total": previous.total if previous is not None else 0,
     }
+
+
+def _roll_steps(steps: list[Step]) -> list[tuple[Step, dict[str, float]]]:
+    return [(s, _roll_metrics(s, steps[i - 1] if i else None)) for i, s in enumerate(steps)]
 
 
 def print_roll(steps: list[Step]) -> str:
     lines = [
-        f"metrics_tag: {json.dumps({'step': s.step, 'metrics': _roll_metrics(s)})}" for s in steps
+        f"metrics_tag: {json.dumps({'step': s.step, 'metrics': m})}" for s, m in _roll_steps(steps)
     ]
     return "\n".join(lines) + "\n"
 
 
 def roll_jsonl(steps: list[Step]) -> str:
-    return "".join(json.dumps({"step": s.step, "metrics": _roll_metrics(s)}) + "\n" for s in steps)
+    return "".join(json.dumps({"step": s.step, "metrics": m}) + "\n" for s, m in _roll_steps(steps))
 
 
 def print_areal(steps: list[Step]) -> str:
@@ -165,6 +166,11 @@ def print_areal(steps: list[Step]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _nemo_rate(s: Step) -> float:
+    """NeMo-RL's printed E2E tokens/s (per group): its tokens over its step time."""
+    return s.tokens / (s.total + 1.0)
+
+
 def print_nemo_rl(steps: list[Step]) -> str:
     lines = []
     for s in steps:
@@ -180,6 +186,8 @@ def print_nemo_rl(steps: list[Step]) -> str:
         lines.append(f"  • Total step time: {s.total + 1.0:.2f}s")
         for k, v in sorted(timers.items(), key=lambda kv: kv[1], reverse=True):
             lines.append(f"  • {k}: {v:.2f}s ({100 * v / (s.total + 1.0):.1f}%)")
+        lines += ["", "🔍 Performance Metrics:", "  • Throughputs (per Group):"]
+        lines.append(f"    - E2E (Tokens/sec): {_nemo_rate(s):.2f}")
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -187,6 +195,7 @@ def print_nemo_rl(steps: list[Step]) -> str:
 def tensorboard_scalars(framework: str, steps: list[Step]) -> list[tuple[int, dict[str, float]]]:
     """What each framework's `tensorboard` logger writes per step (tag -> value)."""
     out = []
+    roll = dict((s.step, m) for s, m in _roll_steps(steps))
     for s in steps:
         if framework == "openrlhf":
             d = {
@@ -201,7 +210,7 @@ def tensorboard_scalars(framework: str, steps: list[Step]) -> list[tuple[int, di
         elif framework == "verl":
             d = verl_records([s])[0]["data"]
         elif framework == "roll":
-            d = _roll_metrics(s)
+            d = roll[s.step]
         elif framework == "nemo_rl":
             d = {
                 "timing/train/generation": s.gen,
@@ -220,7 +229,7 @@ def tensorboard_scalars(framework: str, steps: list[Step]) -> list[tuple[int, di
             }
         else:
             raise ValueError(framework)
-        out.append((s.step, d))
+        out.append((s.step - (framework == "areal"), d))  # AReaL's: its 0-based global step
     return out
 
 
@@ -247,20 +256,23 @@ PRINTED = {
     "slime": (print_slime, {"tokens": True, "untimed": True}),
     "roll": (print_roll, {"tokens": False, "untimed": True}),
     "areal": (print_areal, {"tokens": False, "untimed": False}),
-    "nemo_rl": (print_nemo_rl, {"tokens": False, "untimed": True}),
+    "nemo_rl": (print_nemo_rl, {"tokens": True, "untimed": True}),
 }
 
 
 def expected_records(framework: str, steps: list[Step]) -> list[dict]:
     """verl's records of what `framework`'s printed `steps` carry."""
     rows = verl_records(steps, **PRINTED[framework][1])
-    for row, s in zip(rows, steps, strict=True):
+    for row in rows:
         if framework == "openrlhf":
             row["data"]["response_length/mean"] = 500.0
-        if framework == "slime" and s is steps[-1]:
-            del row["data"]["timing_s/update_weights"]  # its sync is logged with no later step
+        if framework == "roll" and row is rows[-1]:
+            del row["data"]["timing_s/step"]  # its total is logged with no later step
         if framework == "nemo_rl":
             row["data"]["timing_s/step"] += 1.0  # the preparation around the weight transfer
+            step_time = row["data"]["timing_s/step"]  # K: the printed rate (2 decimals) x S
+            rate = float(f"{row['data']['perf/total_num_tokens'] / step_time:.2f}")
+            row["data"]["perf/total_num_tokens"] = rate * step_time
     return rows
 
 
@@ -296,7 +308,7 @@ def write_unit_fixtures(root: Path) -> None:
     steps = regime("regression")
     (root / "roll_regression.jsonl").write_text(roll_jsonl(steps), encoding="utf-8")
     (root / "roll_regression.expected.jsonl").write_text(
-        labels(verl_records(steps, tokens=False)), encoding="utf-8"
+        labels(expected_records("roll", steps)), encoding="utf-8"
     )
     for framework in ("nemo_rl", "openrlhf"):
         tb = root / f"{framework}_tb_regression.tfevents"
