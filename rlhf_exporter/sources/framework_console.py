@@ -67,7 +67,7 @@ _HALLMARKS = (
     (AREAL, re.compile(rb"Train step -?\d+/\d+ done\.")),
     (NEMO_RL, re.compile(rb"\xe2\x8f\xb1\xef\xb8\x8f  Timing:|=+ Step -?\d+/\d+ =+")),
 )
-_ROLL_JSONL = re.compile(rb'^\s*\{[^\n]{0,4096}"(?:global_)?step"')
+_ROLL_JSONL = re.compile(rb'^\s*\{\s*"(?:global_)?step"\s*:\s*-?\d+\s*,\s*"metrics"\s*:\s*\{')
 
 
 def detect(head: bytes) -> str | None:
@@ -75,7 +75,7 @@ def detect(head: bytes) -> str | None:
     found = [(m.start(), name) for name, rx in _HALLMARKS if (m := rx.search(head))]
     if found:
         return min(found)[1]
-    return ROLL if _ROLL_JSONL.match(head) and b'"metrics"' in head[:65536] else None
+    return ROLL if _ROLL_JSONL.match(head) else None
 
 
 class FrameworkConsoleReader:

@@ -62,8 +62,11 @@ from ..metrics.snapshot import Sample
 from ..settings import Settings
 from . import verl_layout
 from .base import Clock, Context, PollingSource, PollResult, Problems
+from .event_tail import EventTail, holds_events
+from .file_records import FileRecordReader
 from .job_maker import JobMaker
 from .small_file import SmallFileError, read_small
+from .tensorboard_reader import TensorBoardReader
 from .verl_layout import (
     FILES_IN_ROOT,
     FILES_TOO_DEEP,
@@ -71,7 +74,6 @@ from .verl_layout import (
     ROOT_NOT_A_DIRECTORY,
     ROOT_PERMISSION_DENIED,
 )
-from .verl_reader import RecordReader
 from .verl_tail import (
     CHUNK,
     FILE_DELETED,
@@ -167,6 +169,7 @@ class VerlFileSource(PollingSource, JobMaker):
         # set-up mistakes shown on `/` and in /api/v1/status, each logged once (verl_layout)
         self._problems = Problems(NAME)
         self._tail = FileTail(self._rejected, self._problems)  # reads what is new in a file
+        self._events = EventTail(self._rejected)  # an event directory's new steps
         self._layout_at: dict[Path, float] = {}  # root -> monotonic time of its next deep look
         self._folder_problems: dict[str, str] = {}  # project folder -> reason (logged once)
         # project folder -> (st_dev, st_ino, st_mtime_ns) of its last full listing
@@ -259,12 +262,16 @@ class VerlFileSource(PollingSource, JobMaker):
             log.info("%s is readable again", shown(folder.path), extra={"path": shown(folder.path)})
         known = self._known
         for entry in entries:  # no Path made for the files already watched
-            if entry.name.endswith(SUFFIX) and entry.path not in known:
+            if entry.path in known:
+                continue
+            if entry.name.endswith(SUFFIX) or _event_dir(entry):
                 if len(self._watched) >= self.max_files and TOO_MANY_FILES in self._rejected:
                     break  # full, and said so: the rest is not examined
                 path = Path(entry.path)
                 if path not in self._watched:
-                    self._watch(path, folder.name, entry.name[: -len(SUFFIX)])
+                    events = not entry.name.endswith(SUFFIX)
+                    name = entry.name if events else entry.name[: -len(SUFFIX)]
+                    self._watch(path, folder.name, name, events)
         if st.st_mtime_ns < scanned_at - RACY_NS:
             if len(self._folders) >= self.max_files:  # bounded: forget, list again
                 self._folders.clear()
@@ -314,7 +321,7 @@ class VerlFileSource(PollingSource, JobMaker):
             return self.job_clock
         return WALL
 
-    def _watch(self, path: Path, project: str, experiment: str) -> None:
+    def _watch(self, path: Path, project: str, experiment: str, events: bool = False) -> None:
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
         if experiment in (".", "..", ""):  # `..jsonl`: its job page's link would resolve
@@ -378,7 +385,8 @@ class VerlFileSource(PollingSource, JobMaker):
             project,
             experiment,
             self.new_job(project, experiment, self._job_clock_of(path)),
-            RecordReader(self.max_line),
+            FileRecordReader(self.max_line),
+            events=TensorBoardReader(path) if events else None,
         )
         log.info(
             "watching verl job %s/%s in %s",
@@ -401,6 +409,9 @@ class VerlFileSource(PollingSource, JobMaker):
                 self._rotate += i
                 break
             try:
+                if w.events is not None:
+                    self._events.read(w, now)
+                    continue
                 left -= self._tail.read(w, min(self.file_budget, left), now)
             except Exception:  # never lets one file stop the others
                 self._tail.file_problem(w, INTERNAL_ERROR, "reading failed unexpectedly (a bug)")
@@ -456,7 +467,7 @@ class VerlFileSource(PollingSource, JobMaker):
             )
         return PollResult(
             self._rest,
-            self._tail.records,
+            self._tail.records + self._events.records,
             dict(self._rejected),
             down,
             self._parts,
@@ -536,6 +547,14 @@ class VerlFileSource(PollingSource, JobMaker):
             job_clock=context.job_clock,
             job_clock_roots=context.extra_roots,
         )
+
+
+def _event_dir(entry: os.DirEntry[str]) -> bool:
+    """A project folder's subdirectory that holds TensorBoard event files (event_tail)."""
+    try:
+        return entry.is_dir(follow_symlinks=False) and holds_events(entry.path)
+    except OSError:
+        return False
 
 
 def _finished_file(path: str) -> tuple[bool, float | None]:

@@ -16,8 +16,9 @@ from ..job.cleaning import clean_label
 from ..job.state import Job
 from . import verl_layout
 from .base import Problems
+from .file_records import FileRecordReader
+from .tensorboard_reader import TensorBoardReader
 from .verl_layout import NOT_VERL_RECORDS
-from .verl_reader import RecordReader
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class Watched:
     project: str
     experiment: str
     job: Job
-    reader: RecordReader
+    reader: FileRecordReader  # verl's JSONL, or another framework's lines (file_records)
     identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file being read
     offset: int = 0
     head: bytes = b""  # the first line (up to HEAD_BYTES) while it is being read
@@ -56,6 +57,7 @@ class Watched:
     rejected_seen: Counter[str] = field(default_factory=Counter)  # reader.rejected already counted
     logged: set[str] = field(default_factory=set)  # line problems already logged
     not_verl: bool = False  # listed as a file in another format (verl_layout.not_verl)
+    events: TensorBoardReader | None = None  # an event directory's (event_tail), not a file
     spath: str = field(init=False)  # the path as str: a poll stats every file
 
     def __post_init__(self) -> None:
