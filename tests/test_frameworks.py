@@ -326,3 +326,25 @@ def test_verl_output_still_reads_as_verl() -> None:
     assert detect(text) is None
     got = _diagnose_bytes(text)
     assert got[0]["verdict"] == "rollout"
+
+
+# -- serve's console route: which actors, which reader ----------------------------------------
+def test_the_console_route_reads_a_framework_actor_with_its_reader() -> None:
+    from rlhf_exporter.join.ports import TrainerActor
+    from rlhf_exporter.sources.console import ConsoleSource
+    from rlhf_exporter.sources.console_reader import ConsoleReader
+    from rlhf_exporter.sources.roles import TRAINER_CLASSES
+
+    for cls in ("PPOTrainer", "TrainingActor", "TaskRunner", "FullyAsyncTrainer"):
+        assert TRAINER_CLASSES.fullmatch(cls), cls
+    assert not TRAINER_CLASSES.fullmatch("RolloutRayActor")
+    src = ConsoleSource.__new__(ConsoleSource)
+    src.max_line = 1 << 20
+    ppo = src._reader(TrainerActor("a", "openrlhf.trainer.PPOTrainer", "j", "", None))
+    assert isinstance(ppo, FrameworkConsoleReader) and ppo.framework == "openrlhf"
+    assert ppo.identity is None
+    verl = src._reader(TrainerActor("b", "TaskRunner", "j", "", None))
+    assert isinstance(verl, ConsoleReader)
+    # an actor's own stdout: OpenRLHF's logger lines, read as verl records
+    got = list(ppo.feed(fo.print_openrlhf(fo.regime("update", 3)).encode()))
+    assert [r.step for r in got] == [1, 2, 3]

@@ -13,6 +13,7 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.change import contract_change
+from rlhf_exporter.frameworks import FRAMEWORKS
 from rlhf_exporter.sources.tensorboard_reader import IDLE_POLLS
 from rlhf_exporter.sources.verl_files import VerlFileSource
 
@@ -67,7 +68,24 @@ def test_serve_gives_the_scripted_labels(source: Path, tmp_path: Path) -> None:
                 f.write(line)
             src.poll_once()
     assert served_labels(src) == expected_labels(source)
+    # the framework, detected from the output: a label and on `/` (the job's summary)
+    framework = source.parent.name if not source.parent.name.startswith("_") else None
+    snap = src.poll_once()
+    (info,) = [x for x in snap.rest if x.name == "rlhf_job_framework_info"]
+    (summary,) = src.jobs()
+    assert info.labels[2] == summary["framework"] == (framework or info.labels[2])
+    assert info.labels[2] in FRAMEWORKS[1:] and info.value == 1.0
 
 
 def test_there_are_event_directories_and_json_lines() -> None:
     assert {s.suffix for s in CASES} == {".tfevents", ".jsonl"}
+
+
+def test_a_verl_job_is_labelled_verl(tmp_path: Path) -> None:
+    path = tmp_path / "root" / "p" / "e.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"step": 1, "data": {"timing_s/step": 10.0, "timing_s/gen": 8.0}}\n')
+    src = VerlFileSource(TH, [tmp_path / "root"])
+    snap = src.poll_once()
+    info = [x for x in snap.rest if x.name == "rlhf_job_framework_info"]
+    assert [x.labels for x in info] == [("p", "e", "verl")]

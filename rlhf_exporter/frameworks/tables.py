@@ -49,6 +49,9 @@ class Framework(NamedTuple):
     tensorboard_prefix: str = ""
     # added to a TensorBoard event's step to number it as the console does
     tensorboard_step_offset: int = 0
+    # the Ray actor classes whose stdout holds its printed steps (serve's console route);
+    # none where its driver prints them
+    actor_classes: tuple[str, ...] = ()
     # a key under `timer_prefixes` is a timer only when it ends so (slime's perf/ also
     # holds rates and counts)
     timer_suffix: str = ""
@@ -74,6 +77,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             values=_values(response_length__mean="rollout/response_length_mean"),
             tokens_product=("rollout/num_samples", "rollout/response_length_mean"),
             tensorboard_prefix="train/",
+            # the PPO trainer actor; the async trainer's training actor
+            actor_classes=("PPOTrainer", "TrainingActor"),
         ),
         AREAL: Framework(
             name=AREAL,
@@ -170,6 +175,11 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
         ),
     }
 )
+
+ACTOR_FRAMEWORKS: Mapping[str, str] = MappingProxyType(
+    {c: fw.name for fw in TABLES.values() for c in fw.actor_classes}
+)
+"""The framework by the Ray actor class that prints its steps."""
 
 FRAMEWORKS = (VERL, *TABLES)
 """Every framework read, verl first (its records are verl's own: the identity)."""

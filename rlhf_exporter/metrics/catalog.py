@@ -62,6 +62,14 @@ VERL = _section(
     ),
     _job("rlhf_steps_total", COUNTER, "Steps ingested, classified or not."),
     _job(
+        "rlhf_job_framework_info",
+        GAUGE,
+        "1 for the RLHF framework whose output the job's records were read from (verl, "
+        "openrlhf, areal, nemo_rl, slime, roll; docs/frameworks.md), detected from the output "
+        "itself; absent until the job's first record.",
+        "framework",
+    ),
+    _job(
         "rlhf_last_step_timestamp_seconds",
         GAUGE,
         "Unix time at which the last step's first record was read.",
@@ -650,6 +658,8 @@ LABELS: Mapping[str, str] = {
     # names them.
     "project": "verl's trainer.project_name: with `experiment`, the job",
     "experiment": "verl's trainer.experiment_name: with `project`, the job",
+    "framework": "the RLHF framework a job's records were read from: verl, openrlhf, areal, "
+    "nemo_rl, slime or roll",
     "phase": "a verl timer name, as in timing_s/<phase>",
     "group": "a decision-table window group (rollout, reward, logprob, update, sync, "
     "checkpoint, other): the unit step time is counted in",

@@ -41,6 +41,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..diagnosis import Record, Thresholds
+from ..frameworks import ACTOR_FRAMEWORKS, VERL
 from ..job.cleaning import INTERNAL_ERROR, clean_label
 from ..job.limits import DEFAULT_LIMITS, Limits, limits_from_settings
 from ..job.state import Job
@@ -52,6 +53,8 @@ from ..settings import Settings
 from . import http
 from .base import Clock, Context, PollingSource, PollResult
 from .console_reader import ConsoleReader
+from .framework_console import FrameworkConsoleReader
+from .framework_info import framework_samples
 from .job_maker import JobMaker
 from .log_stream import LogStream, StreamEnded, wait_readable
 from .ray import resolve_address
@@ -85,7 +88,7 @@ class Tail:
     """One trainer actor's stdout, as far as it was read."""
 
     actor: TrainerActor
-    reader: ConsoleReader
+    reader: ConsoleReader | FrameworkConsoleReader  # verl's, or another framework's
     stream: LogStream | None = None  # while connected
     delivered: int = 0  # bytes read over every connection (skipped after a reconnect)
     retry_at: float = 0.0  # monotonic: when a failed stream may be opened again
@@ -250,11 +253,15 @@ class ConsoleSource(PollingSource, JobMaker):
             if cj is None:
                 cj = ConsoleJob(actor.job_id, actor.submission_id, actor.named, last_change=now)
                 self._jobs[actor.job_id] = cj
-            cj.tails[actor_id] = Tail(actor, self._reader(), heard_at=mono)
+            cj.tails[actor_id] = Tail(actor, self._reader(actor), heard_at=mono)
             cj.ended_at = None
             live += 1
 
-    def _reader(self) -> ConsoleReader:
+    def _reader(self, actor: TrainerActor) -> ConsoleReader | FrameworkConsoleReader:
+        """verl's reader, or the reader of the framework whose actor class it is."""
+        framework = ACTOR_FRAMEWORKS.get(actor.class_name.rpartition(".")[2])
+        if framework is not None:
+            return FrameworkConsoleReader(self.max_line, framework)
         return ConsoleReader(self.max_line)
 
     def _read_all(self, now: float, mono: float) -> None:
@@ -368,7 +375,7 @@ class ConsoleSource(PollingSource, JobMaker):
                     "(truncated in place?): reading it again from its first byte",
                     extra={"collector": NAME, "reason": STALE})  # fmt: skip
         tail.delivered, tail.last_bytes, tail.suspect = 0, b"", False
-        tail.reader = self._reader()
+        tail.reader = self._reader(tail.actor)
         tail.retry_at = mono
 
     def _read_safely(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
@@ -524,9 +531,11 @@ class ConsoleSource(PollingSource, JobMaker):
                           exc_info=True, extra={"collector": NAME})  # fmt: skip
                 continue
             source = f"console (Ray job {cj.submission_id or cj.job_id})"
-            summaries.append({**job.summary(), "source": source, "ray_job_id": cj.job_id})
+            summary = {**job.summary(), "source": source, "ray_job_id": cj.job_id}
+            summaries.append({**summary, "framework": _framework(cj)})
         self._summaries = tuple(summaries)
-        rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
+        jobs = Sample("rlhf_exporter_jobs", (NAME,), float(len(parts)))
+        rest = (jobs, *framework_samples(summaries))
         return PollResult(rest, self._records, dict(self._rejected), None, tuple(parts))
 
     def _job_state(self, cj: ConsoleJob, job: Job) -> None:
@@ -551,6 +560,14 @@ class ConsoleSource(PollingSource, JobMaker):
 
     def _auth(self) -> dict[str, str] | None:
         return self.token.header() if self.token is not None else None
+
+
+def _framework(cj: ConsoleJob) -> str:
+    """The framework a job's trainer actors print as (verl's unless another's reader)."""
+    for tail in cj.tails.values():
+        if isinstance(tail.reader, FrameworkConsoleReader) and tail.reader.framework:
+            return tail.reader.framework
+    return VERL
 
 
 def _drained(tail: Tail, mono: float) -> bool:

@@ -99,6 +99,18 @@ class FrameworkConsoleReader:
     def pending_bytes(self) -> int:
         return len(self._partial)
 
+    @property
+    def identity(self) -> None:
+        """The job's names as its output prints them: none of these frameworks prints them
+        in a form read here (the console source names the job from its submission)."""
+        return None
+
+    def reset(self) -> None:
+        """Forget a partial line and a half-read block (the input started over)."""
+        self._partial.clear()
+        self._skipping = False
+        self._block = self._block_step = None
+
     def feed(self, chunk: bytes) -> Iterator[Record]:
         if not chunk:
             return

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import ConfigError, read_yaml
+from ..frameworks import ACTOR_FRAMEWORKS
 
 ROLES: tuple[str, ...] = (
     "trainer",
@@ -43,6 +44,7 @@ UNMATCHED = "other"
 # runner and its trainer (which logs the steps); matched against a class name's last part
 TRAINER_CLASSES = re.compile(
     r"TaskRunner(?:V\d+)?|OneStepTaskRunner|FullyAsyncTaskRunner|FullyAsyncTrainer"
+    + "".join("|" + re.escape(c) for c in ACTOR_FRAMEWORKS)  # other frameworks' (frameworks/)
 )
 ON = ("pattern", "name")  # what a rule matches: the class name, or the actor name
 

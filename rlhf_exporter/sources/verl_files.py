@@ -64,6 +64,7 @@ from . import verl_layout
 from .base import Clock, Context, PollingSource, PollResult, Problems
 from .event_tail import EventTail, holds_events
 from .file_records import FileRecordReader
+from .framework_info import framework_samples
 from .job_maker import JobMaker
 from .small_file import SmallFileError, read_small
 from .tensorboard_reader import TensorBoardReader
@@ -450,14 +451,15 @@ class VerlFileSource(PollingSource, JobMaker):
             hit = cached.get(w.path)
             if hit is None or hit[0] is not part:
                 self.stats["summaries_built"] += 1
-                hit = (part, {**w.job.summary(), "source": shown(w.path)})
+                hit = (part, {**w.job.summary(), "source": shown(w.path), "framework": w.framework})
             self._summary_of[w.path] = hit
             summaries.append(hit[1])
         if not (len(parts) == len(self._parts) and all(a is b for a, b in zip(parts, self._parts))):
             # something changed: a new parts tuple (an unchanged one lets scrapes reuse bytes);
             # the jobs' samples are referenced, never copied into one flat tuple
             self._parts = tuple(parts)
-            self._rest = (Sample("rlhf_exporter_jobs", (NAME,), float(len(parts))),)
+            jobs = Sample("rlhf_exporter_jobs", (NAME,), float(len(parts)))
+            self._rest = (jobs, *framework_samples(summaries))
             self._summaries = tuple(summaries)
         down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
         if down is None:  # a configured --verl-file that cannot be read: down, with its reason

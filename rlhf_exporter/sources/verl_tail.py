@@ -63,6 +63,11 @@ class Watched:
     def __post_init__(self) -> None:
         self.spath = str(self.path)
 
+    @property
+    def framework(self) -> str | None:
+        """The framework whose output it holds (None until its first bytes are read)."""
+        return self.events.framework if self.events is not None else self.reader.framework
+
 
 class FileTail:
     """Reads what is new in watched files; counts their problems and line rejections in
