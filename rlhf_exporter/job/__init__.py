@@ -7,6 +7,7 @@ before it, never one after):
 - `counts`: what its classified steps add up to, and the engines' evidence over them;
 - `end_signals`: how its end is known (Ray, a marker, a file, its total steps);
 - `packed_history`: its last steps for the job view, packed;
+- `placement`: where its steps go in time (the window board) and meet the engines' evidence;
 - `series`: where its families are exposed (`EXTRA_SERIES`: which verl key feeds which metric);
 - `summary`: what the landing page and the job view show of it;
 - `state`: `Job`, which composes all of the above;

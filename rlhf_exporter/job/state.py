@@ -23,9 +23,8 @@ from typing import Any
 
 from ..diagnosis import Record, StepDiagnosis, StreamDiagnoser, Thresholds, history
 from ..diagnosis.advice import EVIDENCE_KEYS, SHAPE_RECORDS, job_shape, shown_evidence
-from ..diagnosis.engines import EngineEvidence, refine, rollout_spans
-from ..diagnosis.episodes import Episode, episodes
-from ..diagnosis.timeline import Placer, Timeline
+from ..diagnosis.engines import EngineEvidence
+from ..diagnosis.episodes import Episode
 from ..diagnosis.values import num
 from ..join.ports import WALL, Engines, JobClock, StepWindows
 from ..lifecycle import FAILED, FINISHED, RayFact
@@ -35,9 +34,10 @@ from .counts import EngineCounts, StepCounts
 from .end_signals import EndSignals
 from .limits import DEFAULT_LIMITS, Limits
 from .packed_history import StepHistory
+from .placement import Placement
 from .record_keys import BETWEEN_STEPS, FINISHED_KEY
 from .series import JobStatus, Series, extra_values, series_rows
-from .summary import job_summary
+from .summary import EpisodeCache, job_summary
 
 
 class Job:
@@ -72,18 +72,11 @@ class Job:
         self._run_base = 0  # runs before the current diagnoser (explicit new_run calls)
         self._clock = clock
         self._end = EndSignals(clock, total_steps)
-        self._windows = windows  # a WindowBoard: each classified step's timeline goes there
-        # the engine source: a step's rollout window joins the engines' samples through it
-        self._engines = engines if windows is not None else None
-        self._placer = Placer(th)  # places steps in time (fully-async: shifted sub-steps)
-        self._job_clock = job_clock  # the clock the placer anchors arrivals on (join/ports.py)
+        # where its steps go in time (`windows`: a WindowBoard) and meet the engines' evidence
+        self._placement = Placement(
+            self.labels, th, windows, engines, job_clock, self._classified, self._failed
+        )
         self._arrival = 0.0  # when the record being fed was read
-        # the batch's last trainer record (classified or held at its S, or fully-async's
-        # empty one) not yet known to be followed by another record: the placer's anchor
-        self._open: Record | None = None
-        self._own: StepDiagnosis | None = None  # its diagnosis, awaiting its placement
-        # a held step's trainer record and its arrival (None: unknown), until it is classified
-        self._held: tuple[Record, float | None] | None = None
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
         self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
         self._shape: set[str] = set()  # what its keys say it does (advice.job_shape)
@@ -93,12 +86,11 @@ class Job:
         self.last_step_time: float | None = None
         self.steps = 0
         self.counts = StepCounts()
-        self.engine_counts = EngineCounts()  # engine evidence (diagnosis/engines.py)
         self._extra: dict[Series, float] = {}
         self._samples: Sequence[Sample] | None = None
         self._history = StepHistory()  # the last steps, for the job view (packed)
         # the change episodes of `_history`, computed when first shown after a step
-        self._episodes: tuple[Sequence[history.StepPoint], tuple[Episode, ...]] = ((), ())
+        self._episodes = EpisodeCache()
 
     # -- what others read ------------------------------------------------------------------
     @property
@@ -115,9 +107,18 @@ class Job:
         return last.verdict if last else None
 
     @property
+    def engine_counts(self) -> EngineCounts:
+        """The engines' evidence over its rollout windows (diagnosis/engines.py)."""
+        return self._placement.engine_counts
+
+    @property
     def engine(self) -> EngineEvidence | None:
         """The engines' evidence over the last measured rollout window."""
-        return self.engine_counts.last
+        return self._placement.engine_counts.last
+
+    @property
+    def _job_clock(self) -> JobClock:
+        return self._placement.job_clock
 
     @property
     def verdict_steps(self) -> dict[str, int]:
@@ -193,7 +194,7 @@ class Job:
             self.counts,
             self.engine_counts,
             self._history,
-            self.episodes,
+            self._episodes.of,
             len(self._diagnoser.baseline),
             self._th,
             self._evidence_seen | self._shape,
@@ -201,15 +202,8 @@ class Job:
 
     def episodes(self, kept: Sequence[history.StepPoint] | None = None) -> tuple[Episode, ...]:
         """The change episodes of the kept steps (rlhf_exporter/diagnosis/episodes.py),
-        computed once per new step, when a page first asks (`kept`: of that history)."""
-        if kept is None:
-            kept = self._history  # replaced whole by the source's thread: read once
-        cached = self._episodes
-        if cached[0] is not kept:
-            cached = (kept, tuple(episodes(kept)))
-            if kept is self._history:
-                self._episodes = cached
-        return cached[1]
+        computed once per history, when a page first asks (`kept`: of that history)."""
+        return self._episodes.of(self._history if kept is None else kept)
 
     # -- what decides its state besides its records ----------------------------------------
     def _refresh_state(self) -> tuple[str, str]:
@@ -241,14 +235,14 @@ class Job:
         if self._diagnoser.run >= 0:
             held = self._diagnoser.close()  # complete: nothing of its run comes any more
             if held is not None:
-                self._settle(held)
+                self._settled(held)
             self._run_base += self._diagnoser.run + 1
             self._diagnoser = StreamDiagnoser(self._th, self._diagnoser.holds)
             self._run_reset()
             self._samples = None
 
     def _run_reset(self) -> None:
-        self._placer.reset()
+        self._placement.reset()
         self._extra.clear()
         self.between_steps_max = 0.0
         self._end.marker = False
@@ -258,7 +252,7 @@ class Job:
         """Ingest records in order; returns how many."""
         n = 0
         self._arrival = self._clock() if now is None else now
-        self._open = None
+        self._placement.begin()
         self._release(self._arrival)  # a held step complete before these records came
         for record in records:
             try:
@@ -272,7 +266,8 @@ class Job:
         try:
             # GPU windows: only the batch's last record has a known arrival time (the file's
             # mtime, or the push); earlier records of a backlog were written before it
-            self._placed(self._job_clock.at(self._arrival))  # the wall's, but for the demo
+            placement = self._placement
+            placement.placed(placement.job_clock.at(self._arrival))  # the wall's, but the demo's
             self._release(self._arrival)
         except Exception:
             self._cleaner.drop(INTERNAL_ERROR, exc_info=True)
@@ -286,15 +281,15 @@ class Job:
         if clean is None:
             return 0
         event = self._diagnoser.feed(clean, self._arrival)
-        self._placed(None)  # an earlier record of the batch was followed by this one
+        self._placement.placed(None)  # an earlier record of the batch was followed by this one
         if event.released and event.diagnosis is not None:
-            self._settle(event.diagnosis)  # before the new record's run and values
+            self._settled(event.diagnosis)  # before the new record's run and values
         if event.late:
             self._cleaner.drop(LATE_RECORD)
         if event.new_run:
             self._run_reset()
         if event.timed or not clean.data:  # where the placer anchors (below)
-            self._open = clean
+            self._placement.anchor(clean)
         if event.new_step:
             self.steps += 1
             self.last_step_time = self._arrival
@@ -303,9 +298,7 @@ class Job:
         self._between_steps(clean.data)
         self._remember_evidence(clean.data)
         if event.diagnosis is not None and not event.released:
-            self._own = event.diagnosis
-            if self._engines is None:
-                self._classified(event.diagnosis)
+            self._placement.classified(event.diagnosis)
         return 1
 
     def _remember_evidence(self, data: Mapping[str, Any]) -> None:
@@ -329,49 +322,10 @@ class Job:
         if num(data.get(FINISHED_KEY)):
             self._end.marker = True
 
-    # -- steps placed in time and counted --------------------------------------------------
-    def _placed(self, arrival: float | None) -> None:
-        """The batch's open trainer record (one classified or held at its S, or fully-async's
-        empty one) is known to have arrived at `arrival` (None: unknown, another record of
-        the batch followed it): its step is placed in time, or waits for its diagnosis."""
-        record, self._open = self._open, None
-        if record is None:
-            return
-        own, self._own = self._own, None
-        if own is not None:
-            self._place(own, record, arrival)
-        elif not record.data:  # fully-async's empty trainer record (verl 0.8.0)
-            if arrival is None:
-                self._placer.unplaced(record.data)
-            elif self._windows is not None:
-                self._placer.empty(arrival, record.step)
-        else:  # held: placed once its step is complete
-            self._held = (record, arrival)
-
-    def _place(self, d: StepDiagnosis, record: Record, arrival: float | None) -> None:
-        """Place a classified step in time (the placer's anchor: its trainer record, which
-        arrived at `arrival`); with engine evidence, its reason waits for its timeline."""
-        engines = self._engines
-        if arrival is None:
-            self._placer.unplaced(record.data)  # followed by another record: arrival unknown
-        elif self._windows is not None:
-            timelines = self._placer.place(d.step, d.windows, d.timers, record.data, arrival)
-            if engines is not None and timelines:
-                d = self._with_engines(d, timelines, engines)
-            for timeline in timelines:
-                self._windows.post(self.labels, timeline)
-        if engines is not None:
-            self._classified(d)
-
-    def _settle(self, d: StepDiagnosis) -> None:
-        """A held step is complete: place it at its trainer record's arrival and count it."""
-        held, self._held = self._held, None
-        if self._engines is None:
-            self._classified(d)
-        if held is not None:
-            self._place(d, *held)
-        elif self._engines is not None:
-            self._classified(d)
+    # -- steps counted -----------------------------------------------------------------------
+    def _settled(self, d: StepDiagnosis) -> None:
+        """A held step is complete: placed at its trainer record's arrival, and counted."""
+        self._placement.settle(d)
         self._samples = None
 
     def _release(self, now: float) -> None:
@@ -384,7 +338,7 @@ class Job:
         if d is None and self._ended():
             d = diagnoser.close()
         if d is not None:
-            self._settle(d)
+            self._settled(d)
 
     def _ended(self) -> bool:
         """Whether the job has ended, for a held step: finished or failed, but not by its
@@ -411,28 +365,9 @@ class Job:
             self._samples = None
             return False
 
-    def _with_engines(
-        self, d: StepDiagnosis, timelines: Sequence[Timeline], engines: Engines
-    ) -> StepDiagnosis:
-        """The step's reason and evidence with the engines' evidence over its rollout window
-        (a `rollout` verdict's reason comes from the engines when usable and one holds); a
-        fully-async record places several sub-steps: their rollout spans together."""
-        try:
-            spans = rollout_spans([iv for tl in timelines for iv in tl.intervals])
-            error = max(tl.error_seconds for tl in timelines)
-            ev = engines.evidence(spans, error) if spans else None
-        except Exception:  # the engine side must never cost a step its diagnosis
-            self._cleaner.drop(INTERNAL_ERROR, exc_info=True)
-            return d
-        if ev is None:
-            return d
-        self.engine_counts.count(ev, d.step)
-        reason, evidence = refine(
-            d.verdict, d.reason, d.evidence, ev if ev.usable else None, engines.limits
-        )
-        if not ev.usable:
-            evidence.update(ev.numbers())
-        return d._replace(reason=reason, evidence=evidence)
+    def _failed(self) -> None:
+        """A bug or an input no check foresaw (called in its `except`): counted, logged."""
+        self._cleaner.drop(INTERNAL_ERROR, exc_info=True)
 
     def _classified(self, d: StepDiagnosis) -> None:
         self.counts.count(d)

@@ -10,7 +10,7 @@ from typing import Any, overload
 from ..diagnosis import Thresholds, history
 from ..diagnosis.advice import missing_evidence
 from ..diagnosis.engines import EngineEvidence
-from ..diagnosis.episodes import Episode
+from ..diagnosis.episodes import Episode, episodes
 from .counts import EngineCounts, StepCounts
 from .series import JobStatus
 
@@ -66,6 +66,26 @@ def job_summary(
     if engines.last is not None:  # a sidecar without engines: the summary as before
         out["engine"] = _engine_summary(engines.last, engines.step)
     return out
+
+
+class EpisodeCache:
+    """A job's change episodes (rlhf_exporter/diagnosis/episodes.py) of each history, computed
+    once, when a page first asks: the last two histories asked for are kept (the job's current
+    one and the one a page may still be drawing). Replaced whole, never changed in place."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: tuple[tuple[Sequence[history.StepPoint], tuple[Episode, ...]], ...] = ()
+
+    def of(self, kept: Sequence[history.StepPoint]) -> tuple[Episode, ...]:
+        cached = self._kept
+        for points, found in cached:
+            if points is kept:
+                return found
+        found = tuple(episodes(kept))
+        self._kept = ((kept, found), *cached[:1])
+        return found
 
 
 class LazyEpisodes(Sequence[Episode]):
