@@ -1,12 +1,16 @@
-"""What a job's classified steps add up to (`StepCounts`) and what the engines said over
-their rollout windows (`EngineCounts`): counters that only ever grow, across runs, kept by
-`Job` (rlhf_exporter/job/state.py) and read by its series and summary."""
+"""What a job's classified steps add up to (`StepCounts`), what the engines said over their
+rollout windows (`EngineCounts`) and what its records' keys have shown (`KeysShown`): they
+only ever grow, across runs, kept by `Job` (rlhf_exporter/job/state.py) and read by its
+series and summary."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..diagnosis import CHANGES, COST_GROUPS, GROUPS, REASONS, VERDICTS, StepDiagnosis
+from ..diagnosis.advice import EVIDENCE_KEYS, SHAPE_RECORDS, job_shape, shown_evidence
 from ..diagnosis.engines import EngineEvidence
 
 # every job's (verdict, reason) counter keys: one set of tuples, not one per job
@@ -62,3 +66,25 @@ class EngineCounts:
         self.windows["true" if ev.usable else "false"] += 1
         if ev.usable:
             self.preemptions += ev.preemptions
+
+
+@dataclass(slots=True, eq=False)
+class KeysShown:
+    """Which of the keys the reasons need this job's log has reported (either spelling of
+    agent-loop keys; verl's "not reported" values such as a -1 preemption count are not
+    evidence), and what its first records' keys say it does (advice.job_shape): what it has
+    never reported, its verdicts cannot say."""
+
+    evidence: set[str] = field(default_factory=set)  # EVIDENCE_KEYS the log has shown
+    shape: set[str] = field(default_factory=set)
+    shape_left: int = SHAPE_RECORDS  # records still to look at for its shape
+
+    def remember(self, data: Mapping[str, Any]) -> None:
+        if len(self.evidence) < len(EVIDENCE_KEYS):
+            self.evidence |= shown_evidence(data)
+        if self.shape_left > 0:
+            self.shape_left -= 1
+            self.shape |= job_shape(data)
+
+    def shown(self) -> set[str]:
+        return self.evidence | self.shape

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..diagnosis import Record, StepDiagnosis, StreamDiagnoser, Thresholds, history
-from ..diagnosis.advice import EVIDENCE_KEYS, SHAPE_RECORDS, job_shape, shown_evidence
 from ..diagnosis.engines import EngineEvidence
 from ..diagnosis.episodes import Episode
 from ..diagnosis.values import num
@@ -30,7 +29,7 @@ from ..join.ports import WALL, Engines, JobClock, StepWindows
 from ..lifecycle import FAILED, FINISHED, RayFact
 from ..metrics.snapshot import Sample, pack
 from .cleaning import INTERNAL_ERROR, LATE_RECORD, RecordCleaner, clean_label
-from .counts import EngineCounts, StepCounts
+from .counts import EngineCounts, KeysShown, StepCounts
 from .end_signals import EndSignals
 from .limits import DEFAULT_LIMITS, Limits
 from .packed_history import StepHistory
@@ -78,9 +77,7 @@ class Job:
         )
         self._arrival = 0.0  # when the record being fed was read
         self.between_steps_max = 0.0  # this run's longest testing + save_checkpoint
-        self._evidence_seen: set[str] = set()  # EVIDENCE_KEYS the log has shown
-        self._shape: set[str] = set()  # what its keys say it does (advice.job_shape)
-        self._shape_left = SHAPE_RECORDS  # records still to look at for it
+        self._keys = KeysShown()  # what its records' keys have shown (for `cannot_show`)
         self.records = 0
         self.step: int | None = None
         self.last_step_time: float | None = None
@@ -197,7 +194,7 @@ class Job:
             self._episodes.of,
             len(self._diagnoser.baseline),
             self._th,
-            self._evidence_seen | self._shape,
+            self._keys.shown(),
         )
 
     def episodes(self, kept: Sequence[history.StepPoint] | None = None) -> tuple[Episode, ...]:
@@ -296,20 +293,10 @@ class Job:
         self.step = clean.step
         self._extra.update(extra_values(clean.data))
         self._between_steps(clean.data)
-        self._remember_evidence(clean.data)
+        self._keys.remember(clean.data)
         if event.diagnosis is not None and not event.released:
             self._placement.classified(event.diagnosis)
         return 1
-
-    def _remember_evidence(self, data: Mapping[str, Any]) -> None:
-        """Which of the keys the reasons need this job's log has reported (either spelling of
-        agent-loop keys; verl's "not reported" values such as a -1 preemption count are not
-        evidence): what it has never reported, its verdicts cannot say."""
-        if len(self._evidence_seen) < len(EVIDENCE_KEYS):
-            self._evidence_seen |= shown_evidence(data)
-        if self._shape_left > 0:
-            self._shape_left -= 1
-            self._shape |= job_shape(data)
 
     def _between_steps(self, data: Mapping[str, Any]) -> None:
         outside = 0.0
