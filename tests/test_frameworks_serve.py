@@ -89,3 +89,16 @@ def test_a_verl_job_is_labelled_verl(tmp_path: Path) -> None:
     snap = src.poll_once()
     info = [x for x in snap.rest if x.name == "rlhf_job_framework_info"]
     assert [x.labels for x in info] == [("p", "e", "verl")]
+
+
+def test_the_framework_is_on_the_landing_page(tmp_path: Path) -> None:
+    from rlhf_exporter.view.pages import Facts, Links, index_page
+
+    source = next(s for s in CASES if s.suffix == ".tfevents")
+    shutil.copytree(source, tmp_path / "root" / "p" / "e")
+    src = VerlFileSource(TH, [tmp_path / "root"])
+    src.poll_once()
+    (summary,) = src.jobs()
+    page = index_page([summary], [], Facts("test", "http://127.0.0.1:9", "verl"), Links(""))
+    assert f'<span class="muted framework">{summary["framework"]}</span>' in page
+    assert summary["framework"] != "verl"

@@ -108,6 +108,14 @@ def no_job_yet(collectors: set[str]) -> str:
     return f'<p class="no-job">{said}Or try <code>rlhf-exporter serve --demo</code>.</p>'
 
 
+def _framework_note(job: Mapping[str, Any]) -> str:
+    """The framework whose output a job was read from, when not verl's (frameworks/)."""
+    framework = job.get("framework")
+    if not isinstance(framework, str) or framework == "verl":
+        return ""
+    return f' <span class="muted framework">{escape(framework)}</span>'
+
+
 def _job_row(job: Mapping[str, Any], stall: float | None, links: Links, now: float) -> str:
     """`/`'s row of one job: verdict, change, sparkline, step, age, what to look at."""
     verdict, reason, change = job.get("verdict"), job.get("reason"), job.get("change")
@@ -133,7 +141,7 @@ def _job_row(job: Mapping[str, Any], stall: float | None, links: Links, now: flo
         change_text += f' <span class="muted episode" title="{escape(whole)}">{latest}</span>'
     return (
         f'<tr class="job"><td class="name"><a href="{job_path(job["project"], job["experiment"])}">'
-        f"{job_name(job['project'], job['experiment'])}</a></td>"
+        f"{job_name(job['project'], job['experiment'])}</a>{_framework_note(job)}</td>"
         f"<td>{tag} {escape(reason or '')}{_engine_note(job)}</td><td>{change_text}</td>"
         f"<td>{draw.sparkline(history)}</td>"
         f"<td>{escape(str(job.get('step')))}</td><td>{_age(now, job.get('last_step_time'))}</td>"
