@@ -56,17 +56,23 @@ PY_SPY = Path(sys.executable).parent / "py-spy"
 # (area, substrings of a py-spy frame "function (file:line)"); the leaf-most frame that
 # matches one decides, so the more specific areas come first in each frame's test
 AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("gzip", ("_gzip (", "_deflate (", "_segments (", "gzip.py", "zlib")),
-    ("exposition: encoding", ("_encode (", "_split (", "_lines (", "prometheus_client/")),
-    ("exposition: assembly", ("metrics/exposition.py", "metrics/collector.py")),
+    ("gzip", ("metrics/gzip_member.py", "metrics/deflate.py", "gzip.py", "zlib")),
+    (
+        "exposition: encoding",
+        ("metrics/fragment_lines.py", "metrics/lines.py", "prometheus_client/"),
+    ),
+    (
+        "exposition: assembly",
+        ("metrics/exposition.py", "metrics/chunks.py", "metrics/collector.py"),
+    ),
     ("GPU join", ("gpuwindows/", "diagnosis/gpujoin.py")),
     ("decision table", ("rlhf_exporter/diagnosis/",)),
     ("view", ("rlhf_exporter/view/",)),
     ("reading records", ("verl_reader.py", "orjson", "json/")),
-    ("file polling", ("verl_files.py",)),
+    ("file polling", ("verl_files.py", "verl_tail.py")),
     ("job state / snapshot", ("rlhf_exporter/job/", "metrics/snapshot.py", "lifecycle.py")),
     ("sources (other)", ("rlhf_exporter/sources/",)),
-    ("HTTP server", ("rlhf_exporter/server.py", "http/server.py", "socketserver.py")),
+    ("HTTP server", ("rlhf_exporter/server/", "http/server.py", "socketserver.py")),
 )
 
 
