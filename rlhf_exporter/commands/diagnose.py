@@ -236,7 +236,9 @@ def no_record_message(path: str, rejected: Mapping[str, int], input_format: str 
         f"  - verl's `file`-logger JSONL: {FILE_LOGGER};\n"
         "  - or what a job printed: lines `step:N - key:value - ...` from verl's `console` "
         'logger (trainer.logger includes "console", the default): a driver log, `ray job '
-        "logs`, `kubectl logs` of the submitter pod, a trainer actor's .out"
+        "logs`, `kubectl logs` of the submitter pod, a trainer actor's .out;\n"
+        "  - or another framework's printed steps (OpenRLHF, AReaL, NeMo-RL, slime, ROLL and "
+        "ROLL's JSON lines) or a TensorBoard event file or directory (docs/frameworks.md)"
     )
 
 
