@@ -32,7 +32,7 @@ from rlhf_exporter.demo.devices import DemoDevices
 from rlhf_exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
 from rlhf_exporter.demo.simulator import encode
 from rlhf_exporter.join.board import WindowBoard
-from rlhf_exporter.render.rules import gpuhealth
+from rlhf_exporter.render.rules import gpuhealth, remotewrite
 from rlhf_exporter.render.rules.model import Context
 from rlhf_exporter.sources.base import SourceError
 from rlhf_exporter.sources.verl_files import VerlFileSource
@@ -227,6 +227,7 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     # promtool cases of tests/test_rules.py (issue 22)
     health = {a.name for a in gpuhealth.alerts(Context(day.th))}
     lifecycle = {"RLHFJobFailed", "RLHFJobUnwatched"}
+    lifecycle |= {a.name for a in remotewrite.alerts(Context(day.th))}  # no store in the demo
     assert {a for a, _ in [*JOB_ALERTS, *infra]} | health == _rule_alerts() - lifecycle
     day.checks.append(
         {

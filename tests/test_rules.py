@@ -168,7 +168,9 @@ def test_every_job_alert_links_to_the_job_dashboard_with_its_variables():
     assert {a for a, url in per_job.items() if url} >= job_alerts
     for alert, url in per_job.items():
         if url is None:
-            assert alert.startswith(("RLHFExporter", "RLHFRay", "RLHFGPUs")), alert
+            assert alert.startswith(("RLHFExporter", "RLHFRay", "RLHFGPUs", "RLHFRemoteWrite")), (
+                alert
+            )
             continue
         assert url.startswith(f"{base}/d/{job['uid']}/"), url
         assert set(re.findall(r"var-(\w+)=", url)) <= names

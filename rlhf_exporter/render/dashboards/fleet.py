@@ -14,7 +14,7 @@ from ...diagnosis.advice import CHANGE_MEANING
 from ..addresses import FLEET_UID, JOB_UID
 from ..rules import all_alerts
 from ..rules.recording import VERDICT_CODE, VERDICT_HOT
-from . import style
+from . import remotewrite, style
 from .context import DashboardContext
 from .fleet_table import jobs_table
 from .layout import Board, Cell, Row, header
@@ -437,6 +437,7 @@ ROWS = (
     verdicts_row,
     gpu_time_row,
     stalls_row,
+    remotewrite.store_row,
 )
 
 

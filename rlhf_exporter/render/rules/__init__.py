@@ -63,7 +63,7 @@ from typing import Any
 from ...diagnosis import Thresholds
 from ...diagnosis.thresholds import seconds
 from ..addresses import JOB_UID
-from . import decision, gpuhealth, gpuwindows, operations
+from . import decision, gpuhealth, gpuwindows, operations, remotewrite
 from .model import (
     BOUND_ALERTS,
     DECISION_FILE,
@@ -121,6 +121,7 @@ def all_alerts(ctx: Context) -> list[Alert]:
         + operations.alerts(ctx)
         + gpuwindows.alerts(ctx)
         + gpuhealth.alerts(ctx)
+        + remotewrite.alerts(ctx)
     )
 
 
@@ -196,6 +197,7 @@ def _groups(ctx: Context) -> dict[str, list[dict[str, Any]]]:
         ],
         gpuwindows.GPU_WINDOWS_FILE: gpuwindows.groups(ctx),
         gpuhealth.GPU_HEALTH_FILE: gpuhealth.groups(ctx),
+        remotewrite.REMOTE_WRITE_FILE: remotewrite.groups(ctx),
     }
 
 

@@ -8,7 +8,7 @@ import yaml
 
 from ...diagnosis.stacks import MEANING, WHERE
 from ..template import fill
-from . import decision, gpuhealth, gpuwindows, operations
+from . import decision, gpuhealth, gpuwindows, operations, remotewrite
 from .decision import STEADY_STATE
 from .model import Alert, Context, anchor
 from .recording import recording
@@ -42,6 +42,7 @@ def rule_files(groups: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
 
 def runbooks_markdown(r: Context) -> str:
     alerts = decision.alerts(r) + operations.alerts(r) + gpuwindows.alerts(r) + gpuhealth.alerts(r)
+    alerts += remotewrite.alerts(r)
     records = [
         (rec["record"], rec["expr"].replace("\n", " ").replace("|", "\\|")) for rec in recording(r)
     ]
