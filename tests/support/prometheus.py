@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,11 +102,19 @@ class Alertmanager(Proc):
         )
 
 
-def victoria_metrics(vm: str, data: Path, log: Path, procs: list[Proc]) -> str:
+def victoria_metrics(
+    vm: str,
+    data: Path,
+    log: Path,
+    procs: list[Proc],
+    port: int | None = None,
+    extra_args: Sequence[str] = (),
+) -> str:
     """A single-node VictoriaMetrics on 127.0.0.1 (data under `data`), its Proc appended to
     `procs` (the caller stops them), ready; returns its URL. Queries see samples at once
-    (no latency offset beyond 1 s, no cache), as a test's assertions need."""
-    port = free_port()
+    (no latency offset beyond 1 s, no cache), as a test's assertions need. `port` restarts a
+    store on the address it had."""
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     procs.append(
         Proc(
@@ -115,9 +124,43 @@ def victoria_metrics(vm: str, data: Path, log: Path, procs: list[Proc]) -> str:
                 f"-storageDataPath={data}",
                 "-search.latencyOffset=1s",
                 "-search.disableCache",
+                *extra_args,
             ],
             log,
         )
     )
     wait_until(lambda: requests.get(url + "/health", timeout=1).ok, 30, what="vm ready")
     return url
+
+
+def vm_binary(name: str) -> str:
+    """A binary of Debian's victoria-metrics package (victoria-metrics, vmagent, vmalert, ...)."""
+    path = shutil.which(name)
+    if path is None:
+        pytest.skip(f"{name} not installed (Debian package victoria-metrics)")
+    return path
+
+
+def vm_export(
+    url: str, match: str, start: float, end: float, auth: tuple[str, str] | None = None
+) -> list[dict]:
+    """Every raw sample of the series `match` selects in [start, end] (VictoriaMetrics'
+    /api/v1/export): one {"metric", "values", "timestamps" (ms)} per series, in time order
+    (the export may give one series in several blocks)."""
+    r = requests.get(
+        url + "/api/v1/export",
+        params={"match[]": match, "start": f"{start:.3f}", "end": f"{end:.3f}"},
+        auth=auth,
+        timeout=60,
+    )
+    r.raise_for_status()
+    merged: dict[frozenset, dict[int, float]] = {}
+    for line in r.text.splitlines():
+        if line.strip():
+            block = json.loads(line)
+            key = frozenset(block["metric"].items())
+            merged.setdefault(key, {}).update(zip(block["timestamps"], block["values"]))
+    return [
+        {"metric": dict(k), "timestamps": sorted(v), "values": [v[t] for t in sorted(v)]}
+        for k, v in merged.items()
+    ]
