@@ -208,12 +208,17 @@ class Sidecar:
     def _stacks(
         self, settings: Settings, ray: RaySource | None, context: Context
     ) -> StackSource | None:
-        """A stalled job's stacks through Ray's dashboard (sent the Ray token too)."""
+        """A stalled job's stacks through Ray's dashboard (sent the Ray token too); in the
+        demo without Ray, the demo job's through its simulated dashboard (demo/dashboard.py)."""
+        job_sources = [s for s in (self.verl, self.console, self.push) if s is not None]
+        if ray is None and self.demo is not None and settings.stacks:
+            from ..demo.dashboard import DemoStacks
+
+            return DemoStacks.for_job(self.demo, settings, [s.jobs for s in job_sources], context)
         if ray is None:
             return None
         from ..sources.stacks import build as build_stacks
 
-        job_sources = [s for s in (self.verl, self.console, self.push) if s is not None]
         token = ray.token
         return build_stacks(
             settings,

@@ -20,7 +20,7 @@ default 0.7 s per step:
 | 10 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 9 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
 | 11 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
 | 12 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
-| 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled); on the demo's clock (demo/clock.py: ~95 s of the job's time a step) it passes the stall limit within ~9 steps' time, so `/` and the job page say `stalled` for the rest of the pause, about 2 minutes into each loop |
+| 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled); on the demo's clock (demo/clock.py: ~95 s of the job's time a step) it passes the stall limit within ~9 steps' time, so `/` and the job page say `stalled` for the rest of the pause, about 2 minutes into each loop, and where it hangs: the trainer's ranks in two different collectives, read from the simulated Ray dashboard's stacks (demo/dashboard.py) by the real stacks source |
 
 179 steps and 87 steps' time of pauses: about 3 minutes per loop at 0.7 s a step (faster
 with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
@@ -84,6 +84,9 @@ class Phase:
     # (rlhf_exporter/demo/engines.py): "" follows the regime (a long tail where its
     # agent-loop spread says so, else steady), or one of ENGINE_BEHAVIOURS
     engine: str = ""
+    # its job's processes hang (the stall): the simulated Ray dashboard's stacks say where
+    # (rlhf_exporter/demo/dashboard.py); else they wait between tasks
+    hangs: bool = False
 
     @property
     def engines(self) -> str:
@@ -162,7 +165,7 @@ INCIDENTS: dict[str, list[Phase]] = {
             rollout_waits=True,
         )
     ],
-    "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85)],
+    "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85, hangs=True)],
 }
 
 
