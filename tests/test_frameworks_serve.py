@@ -71,7 +71,7 @@ def test_serve_gives_the_scripted_labels(source: Path, tmp_path: Path) -> None:
     # the framework, detected from the output: a label and on `/` (the job's summary)
     framework = source.parent.name if not source.parent.name.startswith("_") else None
     snap = src.poll_once()
-    (info,) = [x for x in snap.rest if x.name == "rlhf_job_framework_info"]
+    (info,) = [x for part in snap.parts for x in part if x.name == "rlhf_job_framework_info"]
     (summary,) = src.jobs()
     assert info.labels[2] == summary["framework"] == (framework or info.labels[2])
     assert info.labels[2] in FRAMEWORKS[1:] and info.value == 1.0
@@ -87,7 +87,7 @@ def test_a_verl_job_is_labelled_verl(tmp_path: Path) -> None:
     path.write_text('{"step": 1, "data": {"timing_s/step": 10.0, "timing_s/gen": 8.0}}\n')
     src = VerlFileSource(TH, [tmp_path / "root"])
     snap = src.poll_once()
-    info = [x for x in snap.rest if x.name == "rlhf_job_framework_info"]
+    info = [x for part in snap.parts for x in part if x.name == "rlhf_job_framework_info"]
     assert [x.labels for x in info] == [("p", "e", "verl")]
 
 

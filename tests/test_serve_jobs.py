@@ -50,6 +50,7 @@ def test_every_verl_metric_is_emitted_with_catalog_labels(thresholds):
             )
         ]
     )
+    job.set_framework("verl")  # as the source that read it detects it
     seen = by_name(job)
     assert set(seen) == verl_metric_names(), set(verl_metric_names()) ^ set(seen)
     for name, series in seen.items():

@@ -3,9 +3,10 @@ settings set (`Limits`) and the fixed ones cleaning applies to every record."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from ..settings import Settings
+if TYPE_CHECKING:
+    from ..settings import Settings
 
 MAX_STEP = 1 << 53  # a step beyond this is not exactly a double
 MAX_INT = 1 << 63  # an integer value beyond this is no verl number (and may overflow a float)

@@ -48,6 +48,9 @@ class Extra(NamedTuple):
     share: bool = False
 
 
+FRAMEWORK_INFO = "rlhf_job_framework_info"
+
+
 def _agent_loop(key: str, extra: Extra) -> list[tuple[str, Extra]]:
     """An agent-loop key under both its spellings: with verl's `timing_s/` prefix or not."""
     return [(AGENT_LOOP + key, extra), (TIMER_PREFIX + AGENT_LOOP + key, extra)]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 from ..diagnosis import Record, StepDiagnosis, StreamDiagnoser, Thresholds, history
@@ -35,7 +36,7 @@ from .limits import DEFAULT_LIMITS, Limits
 from .packed_history import StepHistory
 from .placement import Placement
 from .record_keys import BETWEEN_STEPS, FINISHED_KEY
-from .series import JobStatus, Series, extra_values, series_rows
+from .series import FRAMEWORK_INFO, JobStatus, Series, extra_values, series_rows
 from .summary import EpisodeCache, job_summary
 
 
@@ -85,6 +86,7 @@ class Job:
         self.counts = StepCounts()
         self._extra: dict[Series, float] = {}
         self._samples: Sequence[Sample] | None = None
+        self._framework: str | None = None  # whose output its records were read from
         self._history = StepHistory()  # the last steps, for the job view (packed)
         # the change episodes of `_history`, computed when first shown after a step
         self._episodes = EpisodeCache()
@@ -180,8 +182,17 @@ class Job:
             rows = series_rows(
                 self.status(), self.counts, self.engine_counts, self._extra, self._th, self.limits
             )
+            if self._framework is not None:
+                rows = chain(rows, ((FRAMEWORK_INFO, (self._framework,), 1.0),))
             self._samples = pack(self.labels, rows)
         return self._samples
+
+    def set_framework(self, framework: str | None) -> None:
+        """The framework whose output the job's records were read from, as its source
+        detected it (`rlhf_job_framework_info`); None until known."""
+        if framework != self._framework:
+            self._framework = framework
+            self._samples = None
 
     def summary(self) -> dict[str, Any]:
         """What the landing page shows for this job."""

@@ -54,7 +54,6 @@ from . import http
 from .base import Clock, Context, PollingSource, PollResult
 from .console_reader import ConsoleReader
 from .framework_console import FrameworkConsoleReader
-from .framework_info import framework_samples
 from .job_maker import JobMaker
 from .log_stream import LogStream, StreamEnded, wait_readable
 from .ray import resolve_address
@@ -524,6 +523,7 @@ class ConsoleSource(PollingSource, JobMaker):
             try:
                 self._job_state(cj, job)
                 job.tick(now)  # a held step complete without a new record (its S, an end)
+                job.set_framework(_framework(cj))
                 parts.append(job.samples())
             except Exception:
                 self._rejected[INTERNAL_ERROR] += 1
@@ -535,8 +535,7 @@ class ConsoleSource(PollingSource, JobMaker):
             summaries.append({**summary, "framework": _framework(cj)})
         self._summaries = tuple(summaries)
         jobs = Sample("rlhf_exporter_jobs", (NAME,), float(len(parts)))
-        rest = (jobs, *framework_samples(summaries))
-        return PollResult(rest, self._records, dict(self._rejected), None, tuple(parts))
+        return PollResult((jobs,), self._records, dict(self._rejected), None, tuple(parts))
 
     def _job_state(self, cj: ConsoleJob, job: Job) -> None:
         """The job's state from its own submission (None for a driver started by hand)."""

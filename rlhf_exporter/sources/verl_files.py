@@ -64,7 +64,6 @@ from . import verl_layout
 from .base import Clock, Context, PollingSource, PollResult, Problems
 from .event_tail import EventTail, holds_events
 from .file_records import FileRecordReader
-from .framework_info import framework_samples
 from .job_maker import JobMaker
 from .small_file import SmallFileError, read_small
 from .tensorboard_reader import TensorBoardReader
@@ -437,6 +436,7 @@ class VerlFileSource(PollingSource, JobMaker):
             try:
                 self._job_state(w, now, sole=len(self._watched) == 1)
                 w.job.tick(now)  # a held step complete without a new record (its S, an end)
+                w.job.set_framework(w.framework)
                 part = w.job.samples()
             except Exception:  # never lets one job remove the others' series
                 if w.job.labels not in self._broken:
@@ -459,7 +459,7 @@ class VerlFileSource(PollingSource, JobMaker):
             # the jobs' samples are referenced, never copied into one flat tuple
             self._parts = tuple(parts)
             jobs = Sample("rlhf_exporter_jobs", (NAME,), float(len(parts)))
-            self._rest = (jobs, *framework_samples(summaries))
+            self._rest = (jobs,)
             self._summaries = tuple(summaries)
         down = next((self._root_problems[r] for r in self.roots if r in self._root_problems), None)
         if down is None:  # a configured --verl-file that cannot be read: down, with its reason
