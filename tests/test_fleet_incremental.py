@@ -73,7 +73,10 @@ def test_a_new_step_summarises_one_job_and_copies_no_samples(tmp_path, th, monke
     # the summaries are those of the jobs as they are now
     fresh = {
         (j["project"], j["experiment"]): {**j}
-        for j in ({**w.job.summary(), "source": str(w.path), "framework": w.framework} for w in src._watched.values())
+        for j in (
+            {**w.job.summary(), "source": str(w.path), "framework": w.framework}
+            for w in src._watched.values()
+        )
     }
     calls["summary"] = 0
     assert {(j["project"], j["experiment"]): j for j in src.jobs()} == fresh
