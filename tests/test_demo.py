@@ -273,8 +273,9 @@ def test_serve_demo_runs_no_real_collector(tmp_path):
             for name, labels in parse_samples(text)
             if name == "rlhf_exporter_collector_up"
         }
-        # the engines collector is the real engine source, reading the demo's simulated vLLMs
-        assert collectors == {"verl", "push", "demo", "engines"}
+        # the engines and stacks collectors are the real sources, reading the demo's simulated
+        # vLLMs and its simulated Ray dashboard's py-spy dumps
+        assert collectors == {"verl", "push", "demo", "engines", "stacks"}
         page = exp.get("/").text
         assert 'data-up="0"' not in page and "Demo data" in page
 

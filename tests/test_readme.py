@@ -152,8 +152,8 @@ def serve(command: str, cwd: Path, env: dict[str, str], deadline: float, demo: b
                 for (n, labels), v in parse_samples(metrics.text).items()
                 if n == "rlhf_exporter_collector_up"
             }
-            # no real Ray or NVML; the engines collector reads the demo's simulated vLLMs
-            assert up == {"verl": 1.0, "push": 1.0, "demo": 1.0, "engines": 1.0}, up
+            # no real Ray or NVML; engines and stacks read the demo's simulated vLLMs and Ray
+            assert up == {"verl": 1.0, "push": 1.0, "demo": 1.0, "engines": 1.0, "stacks": 1.0}, up
             assert "Demo data" in page.text and 'data-up="0"' not in page.text
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
