@@ -230,7 +230,7 @@ class DemoDevices(PollingSource):
                 Sample("rlhf_gpu_sm_clock_hertz", key, 1.98e9),
                 *(Sample("rlhf_gpu_role_memory_bytes", (*key, r), v) for r, v in memory),
             ]
-        # every GPU series carries the job its GPUs serve (as NvmlSource's do: issue 23)
+        # every GPU series carries the job its GPUs serve (as NvmlSource's do)
         job = (getattr(self.job, "project", ""), getattr(self.job, "experiment", ""))
         out = [
             Sample(s.name, (*s.labels, *job), s.value)
