@@ -255,7 +255,8 @@ def test_every_query_returns_series_for_a_real_job(live, rel, experiment):
     range_ = f"{int(end - start) + 1}s"
     empty, skipped, checked, not_its_gpus = [], [], 0, []
     for where, expr, instant in _targets(dashboards[rel]):
-        if needs_absent_source(expr, absent):
+        if needs_absent_source(expr, absent) or "remote_write_lag" in expr:
+            # remote-write lag needs a Prometheus that remote-writes: test_fleet_outage_live
             skipped.append(where)
             continue
         result = query(prom, substitute(expr, PROJECT, experiment, range_), instant, start, end)
