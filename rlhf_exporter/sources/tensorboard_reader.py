@@ -132,7 +132,6 @@ class TensorBoardReader:
         self._files: dict[Path, _File] = {}
         self._translator = Translator(framework) if framework else None
         self._merged: dict[int, dict[str, float | None]] = {}  # complete in their files
-        self._given = -(1 << 62)  # the last step given out
 
     def poll(self) -> Iterator[Record]:
         """The steps completed since the last poll (new files are found too)."""
