@@ -489,6 +489,7 @@ class ConsoleSource(PollingSource, JobMaker):
         if cj.ended_at is not None and now - max(cj.ended_at, cj.last_change) > self.job_expiry:
             del self._jobs[cj.job_id]
             if cj.job is not None:
+                self._rejected.update(cj.job.take_drops())
                 self._labels.pop(cj.job.labels, None)
                 if self.names is not None:
                     self.names.unclaim(*cj.job.labels)
@@ -504,6 +505,8 @@ class ConsoleSource(PollingSource, JobMaker):
         for cj in ended[:over]:
             del self._jobs[cj.job_id]
             self._rejected[ENDED_FORGOTTEN] += 1
+            if cj.job is not None:
+                self._rejected.update(cj.job.take_drops())
             if cj.job is not None and self._labels.get(cj.job.labels) == cj.job_id:
                 del self._labels[cj.job.labels]
                 if self.names is not None:
@@ -515,6 +518,8 @@ class ConsoleSource(PollingSource, JobMaker):
         summaries: list[dict[str, Any]] = []
         for cj in self._jobs.values():
             job = cj.job
+            if job is not None:
+                self._rejected.update(job.take_drops())  # what its cleaning dropped
             if job is None or cj.yielded:
                 continue
             if not all(t.caught_up for t in cj.tails.values()):
@@ -548,9 +553,7 @@ class ConsoleSource(PollingSource, JobMaker):
             if key not in self._other_ends and len(self._other_ends) < 4096:
                 self._other_ends.add(key)  # another submission's end, never this job's
                 self._rejected[OTHER_SUBMISSION_END] += 1
-        if job.ends_ignored:
-            self._rejected.update(job.ends_ignored)
-            job.ends_ignored.clear()
+        self._rejected.update(job.take_drops())  # what it dropped, ends it outgrew too
 
     # -- HTTP ------------------------------------------------------------------------------
     def _url(self, actor: TrainerActor) -> str:
