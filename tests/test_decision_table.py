@@ -214,7 +214,7 @@ def test_the_sidecar_exports_the_weight_load_as_a_phase():
     }
     assert phases["gen_weight_load"] == pytest.approx(2.0)
     assert phases["gen"] == 7.0 and phases["generate_sequences"] == 5.0  # as verl logs them
-    assert not job.rejected  # generation_timing/* are known timers: no cap, no drop
+    assert not job.drops  # generation_timing/* are known timers: no cap, no drop
 
 
 def test_split_timers_are_one_key_of_the_thresholds_file():

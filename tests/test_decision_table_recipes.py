@@ -310,7 +310,7 @@ def test_wait_last_valid_in_a_second_record_is_read_alike_by_diagnose_and_serve(
             served.append(job.last.to_json())
     assert job.tick(float("inf"))  # the last step's S has passed
     assert served + [job.last.to_json()] == batch
-    assert job.rejected == {"late_record": 1}  # step 1's second record, after its verdict
+    assert job.drops == {"late_record": 1}  # step 1's second record, after its verdict
 
 
 def test_the_recipes_second_record_with_param_sync_reads_alike():

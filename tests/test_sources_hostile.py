@@ -318,7 +318,7 @@ def test_a_ray_end_does_not_outrank_a_job_that_still_steps() -> None:
     now[0] += END_GRACE + 60
     job.feed([Record(2, {"timing_s/step": 2.0})])
     assert job.state == "running"  # it stepped after that end: the end is not its own
-    assert job.ends_ignored == {"ray_end_ignored": 1}
+    assert job.drops == {"ray_end_ignored": 1}
     now[0] += 3600  # and when it stalls now, it stays running (the stall alert pages)
     assert job.state == "running"
 

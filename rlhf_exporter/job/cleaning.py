@@ -19,8 +19,9 @@ Hostile or broken input is stopped here (see `Limits`):
 - a record of a step that comes after the sidecar classified the step (a step written in two
   records, decision table v5) keeps the step's verdict and is counted (`late_record`, by
   `Job`); its values still count where they are not the step's diagnosis.
-Each drop is counted in the `rejected` counter the source passes in (exported as
-`rlhf_exporter_record_errors_total{reason}`) and logged once per job and reason.
+Each drop is counted in the cleaner's own `dropped` counter and logged once per job and
+reason; the job's source takes the counts (`Job.take_drops`) into its
+`rlhf_exporter_record_errors_total{reason}`.
 """
 
 from __future__ import annotations
@@ -93,14 +94,13 @@ def known_timers(th: Thresholds) -> frozenset[str]:
 class RecordCleaner:
     """One job's cleaning: what it has let through so far (its unknown timers, its
     fully-async components, the current step's keys, a memo of keys taken unchanged) and its
-    drops, counted in `rejected` and logged once per reason."""
+    drops, counted in `dropped` (until its job's source takes them) and logged once per
+    reason."""
 
-    def __init__(
-        self, project: str, experiment: str, th: Thresholds, limits: Limits, rejected: Counter[str]
-    ):
+    def __init__(self, project: str, experiment: str, th: Thresholds, limits: Limits):
         self.project, self.experiment = project, experiment
         self.limits = limits
-        self.rejected = rejected
+        self.dropped: Counter[str] = Counter()
         self._logged: set[str] = set()
         self._known_timers = known_timers(th)
         self._unknown_timers: set[str] = set()
@@ -109,7 +109,7 @@ class RecordCleaner:
         self._accepted: set[str] = set()  # keys taken unchanged before (a memo, bounded)
 
     def drop(self, reason: str, n: int = 1, exc_info: bool = False) -> None:
-        self.rejected[reason] += n
+        self.dropped[reason] += n
         if reason not in self._logged:
             self._logged.add(reason)
             log.warning(

@@ -49,7 +49,6 @@ class Job:
         experiment: str,
         th: Thresholds,
         limits: Limits = DEFAULT_LIMITS,
-        rejected: Counter[str] | None = None,
         *,
         clock: Callable[[], float] = time.time,
         total_steps: int | None = None,
@@ -57,11 +56,9 @@ class Job:
         engines: Engines | None = None,
         job_clock: JobClock = WALL,
     ):
-        # what ingestion drops is counted here (a source passes its record_errors counter)
-        self.rejected: Counter[str] = Counter() if rejected is None else rejected
         project, bad_p = clean_label(project)
         experiment, bad_e = clean_label(experiment)
-        self._cleaner = RecordCleaner(project, experiment, th, limits, self.rejected)
+        self._cleaner = RecordCleaner(project, experiment, th, limits)
         if bad_p or bad_e:
             self._cleaner.drop(bad_p or bad_e or "")
         self.project, self.experiment = project, experiment
@@ -136,9 +133,19 @@ class Job:
         return self.counts.regression_steps
 
     @property
-    def ends_ignored(self) -> Counter[str]:
-        """Ends the job outgrew, by reason: its source counts them and clears this."""
-        return self._end.ignored
+    def drops(self) -> Counter[str]:
+        """What it dropped since its source last took them, by reason: input its cleaning
+        stopped, and ends it outgrew (rlhf_exporter.lifecycle)."""
+        return self._cleaner.dropped + self._end.ignored
+
+    def take_drops(self) -> Counter[str]:
+        """`drops`, handed over once: its source adds them to its record errors."""
+        taken: Counter[str] = Counter()
+        for counts in (self._cleaner.dropped, self._end.ignored):
+            if counts:
+                taken.update(counts)
+                counts.clear()
+        return taken
 
     @property
     def state(self) -> str:

@@ -1,10 +1,9 @@
 """What the verl sources (files and pushes) share to create a job: the `Job` of a
-project/experiment built from the source's own thresholds, limits, record-error counter,
-clock, total steps and window board."""
+project/experiment built from the source's own thresholds, limits, clock, total steps and
+window board. What a job drops, the source takes from it (`Job.take_drops`) into its own
+record errors."""
 
 from __future__ import annotations
-
-from collections import Counter
 
 from ..diagnosis import Thresholds
 from ..job.limits import Limits
@@ -22,7 +21,6 @@ class JobMaker:
     total_steps: int | None
     windows: StepWindows | None  # where its jobs post step timelines (the WindowBoard)
     engines: Engines | None  # what its jobs ask for engine evidence
-    _rejected: Counter[str]  # what ingestion drops, by reason, shared by all its jobs
 
     def new_job(self, project: str, experiment: str, job_clock: JobClock = WALL) -> Job:
         """`job_clock`: where the job places its steps (the wall's; the demo job's own)."""
@@ -31,7 +29,6 @@ class JobMaker:
             experiment,
             self.th,
             self.limits,
-            self._rejected,
             clock=self.clock,
             total_steps=self.total_steps,
             windows=self.windows,

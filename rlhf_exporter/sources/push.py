@@ -267,6 +267,7 @@ class PushSource(JobMaker):
             pushed = self._jobs.pop((project, experiment), None)
             if pushed is None:
                 return False
+            self._rejected.update(pushed.job.take_drops())
             self._per_client[pushed.client] -= 1
             self._rejected[JOB_DISPLACED] += 1
             self._publish()
@@ -384,6 +385,7 @@ class PushSource(JobMaker):
     def _expire(self, now: float) -> None:
         for key in [k for k, p in self._jobs.items() if now - p.last_push > self.job_expiry]:
             pushed = self._jobs.pop(key)  # expired: forget it (a new push starts it afresh)
+            self._rejected.update(pushed.job.take_drops())
             self._per_client[pushed.client] -= 1
             if self._per_client[pushed.client] <= 0:
                 del self._per_client[pushed.client]
@@ -400,9 +402,7 @@ class PushSource(JobMaker):
                     p.job.set_ray(self.facts.job_fact(p.job.project, p.job.experiment, sole))
                 p.job.tick(now)  # a held step complete without a new push (its S, an end)
                 part = p.job.samples()
-                if p.job.ends_ignored:  # Ray ends the job outgrew (rlhf_exporter.lifecycle)
-                    self._rejected.update(p.job.ends_ignored)
-                    p.job.ends_ignored.clear()
+                self._rejected.update(p.job.take_drops())  # what it dropped, by reason
                 parts.append(part)
             except Exception:  # never lets one job remove the others' series
                 self._rejected["internal_error"] += 1

@@ -421,6 +421,7 @@ class VerlFileSource(PollingSource, JobMaker):
         cached = self._summary_of
         self._summary_of = {}
         for w in list(self._watched.values()):
+            self._rejected.update(w.job.take_drops())  # what its records' cleaning dropped
             if now - w.last_change > self.job_expiry:
                 if w.problem in (FILE_DELETED, FILE_MISSING) and w.identity is not None:
                     self._forget(w)
@@ -483,9 +484,7 @@ class VerlFileSource(PollingSource, JobMaker):
         finished, `<experiment>.total_steps` (an integer) gives its total steps."""
         if self.facts is not None:
             w.job.set_ray(self.facts.job_fact(w.project, w.experiment, sole))
-        if w.job.ends_ignored:  # ends the job outgrew (rlhf_exporter.lifecycle), counted
-            self._rejected.update(w.job.ends_ignored)
-            w.job.ends_ignored.clear()
+        self._rejected.update(w.job.take_drops())  # with the ends it outgrew
         if now - w.last_change < self.interval or now - w.markers_at < MARKER_EVERY:
             return
         w.markers_at = now
