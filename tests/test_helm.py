@@ -24,7 +24,7 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 prometheus_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.v1")
 
 import rlhf_exporter  # noqa: E402
-from rlhf_exporter import cli, settings  # noqa: E402
+from rlhf_exporter import cli, options, settings  # noqa: E402
 from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.render import chart as chart_render  # noqa: E402
 from tests.support import rendered_pods  # noqa: E402
@@ -109,7 +109,7 @@ def serve_settings(ctr: dict, labels: dict | None = None, namespace: str = "ray-
     expansion and downward-API fields, then `rlhf-exporter <args>` parsed by the real CLI."""
     any_secret: defaultdict[str, str] = defaultdict(lambda: "a-secret-token")
     env = rendered_pods.pod_env(ctr, labels or {}, namespace, any_secret)
-    known = {settings.env_name(o) for o in settings.OPTIONS}
+    known = {settings.env_name(o) for o in options.OPTIONS}
     unknown = sorted(k for k in env if k.startswith(settings.ENV_PREFIX) and k not in known)
     assert unknown == [], f"variables that `serve` does not know: {unknown}"
     args = cli.build_parser().parse_args(ctr["args"])
@@ -520,7 +520,7 @@ def test_all_features_render_valid_objects():
     )
     assert conf.push and conf.push_token == "a-secret-token" and conf.log_format == "text"
     (token,) = [
-        e for e in ctr["env"] if e["name"] == settings.env_name(settings.BY_NAME["push_token"])
+        e for e in ctr["env"] if e["name"] == settings.env_name(options.BY_NAME["push_token"])
     ]
     assert token["valueFrom"]["secretKeyRef"] == {"name": "push-token", "key": "token"}
 
@@ -563,11 +563,11 @@ def test_standalone_deployment_is_one_secure_replica_serving_on_the_pod_network(
     ctr = container(pod, "exporter")
     assert_secure_container(ctr)
     (port,) = ctr["ports"]
-    assert port == {"name": "metrics", "containerPort": settings.DEFAULT_PORT, "protocol": "TCP"}
+    assert port == {"name": "metrics", "containerPort": options.DEFAULT_PORT, "protocol": "TCP"}
     assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     conf, env = serve_settings(ctr)
-    assert conf.listen == f"0.0.0.0:{settings.DEFAULT_PORT}"
+    assert conf.listen == f"0.0.0.0:{options.DEFAULT_PORT}"
     assert conf.verl_root == ["/verl-logs"]
     assert conf.nvml is False and conf.gpu_roles is False and conf.ray is False
     assert "NVIDIA_VISIBLE_DEVICES" not in env
@@ -599,7 +599,7 @@ def test_dockerfile_runs_as_the_user_the_chart_expects():
     assert int(gid) == values["securityContext"]["runAsGroup"]
     # the listening address the chart also sets, from the image's environment (not CMD);
     # tests/test_image.py runs the built image with the chart's spec
-    assert re.search(rf"^\s*RLHF_EXPORTER_LISTEN=0\.0\.0\.0:{settings.DEFAULT_PORT}\b", text, re.M)
+    assert re.search(rf"^\s*RLHF_EXPORTER_LISTEN=0\.0\.0\.0:{options.DEFAULT_PORT}\b", text, re.M)
     assert re.search(r'^ENTRYPOINT \["rlhf-exporter"\]', text, re.M)
 
 
@@ -779,7 +779,7 @@ def test_example_rayjob_includes_the_sidecar_on_the_head_and_every_gpu_worker(ex
         # values.yaml asks for GPU roles, so the pod shares its PID namespace
         assert spec["shareProcessNamespace"] is True
         conf, env = serve_settings(side, labels={"ray.io/cluster": "grpo-grpo-x7k2p"})
-        assert conf.listen == f"0.0.0.0:{settings.DEFAULT_PORT}"
+        assert conf.listen == f"0.0.0.0:{options.DEFAULT_PORT}"
         actor_exporters += bool(conf.ray and conf.ray_actors)
         if role == "head":
             mount, engines = side["volumeMounts"]  # the logs, verl's list of the engines
@@ -994,7 +994,7 @@ def test_push_is_off_by_default_and_a_network_policy_admits_only_the_given_peers
     )
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == peers
-    assert rule["ports"] == [{"port": settings.DEFAULT_PORT, "protocol": "TCP"}]
+    assert rule["ports"] == [{"port": options.DEFAULT_PORT, "protocol": "TCP"}]
     assert policy["spec"]["policyTypes"] == ["Ingress"]
 
 

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 import rlhf_exporter
-from rlhf_exporter import settings
+from rlhf_exporter import options, settings
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from tests.support import container as ct
 from tests.support.chart import CHART, container, copy_example, rayjob_of, render
@@ -104,11 +104,11 @@ def test_config_runs_the_chart_user_and_listens_from_the_environment(image):
     assert cfg["Entrypoint"] == ["rlhf-exporter"]
     # `docker run IMAGE serve --verl-root /logs` replaces CMD: nothing CMD holds may matter
     assert cfg["Cmd"] == ["serve"]
-    assert image.env["RLHF_EXPORTER_LISTEN"] == f"0.0.0.0:{settings.DEFAULT_PORT}"
+    assert image.env["RLHF_EXPORTER_LISTEN"] == f"0.0.0.0:{options.DEFAULT_PORT}"
     assert image.env["RLHF_EXPORTER_PUSH"] == "false"
-    known = {settings.env_name(o) for o in settings.OPTIONS}
+    known = {settings.env_name(o) for o in options.OPTIONS}
     assert {k for k in image.env if k.startswith(settings.ENV_PREFIX)} <= known
-    assert f"{settings.DEFAULT_PORT}/tcp" in cfg["ExposedPorts"]
+    assert f"{options.DEFAULT_PORT}/tcp" in cfg["ExposedPorts"]
 
 
 def test_contents_are_the_locked_wheels_and_nothing_to_build_with(image):
@@ -280,7 +280,7 @@ def test_serve_demo_works_with_nothing_mounted(image, tmp_path):
     try:
         children = Path(f"/proc/{proc.popen.pid}/task/{proc.popen.pid}/children")
         pid = wait_until(lambda: int(children.read_text()), 30, what="the container's process")
-        port = f"{settings.DEFAULT_PORT:04X}"
+        port = f"{options.DEFAULT_PORT:04X}"
 
         def listening() -> list[str]:
             rows = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
@@ -290,7 +290,7 @@ def test_serve_demo_works_with_nothing_mounted(image, tmp_path):
         scrape = [
             "nsenter", "--target", str(pid), "--net", sys.executable, "-c",
             f"import urllib.request; print(urllib.request.urlopen("
-            f"'http://127.0.0.1:{settings.DEFAULT_PORT}/metrics', timeout=10).read().decode())",
+            f"'http://127.0.0.1:{options.DEFAULT_PORT}/metrics', timeout=10).read().decode())",
         ]  # fmt: skip
 
         def steps() -> float:

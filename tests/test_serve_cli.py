@@ -15,7 +15,7 @@ import requests
 import yaml
 from prometheus_client import generate_latest
 
-from rlhf_exporter import settings
+from rlhf_exporter import options, settings
 from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
 from rlhf_exporter.metrics.collector import families
 from rlhf_exporter.server import Endpoints, make_server
@@ -33,7 +33,7 @@ def test_help_documents_every_setting():
         env={**os.environ, "COLUMNS": "200"},
     )
     assert out.returncode == 0
-    for option in settings.OPTIONS:
+    for option in options.OPTIONS:
         assert settings.flag(option) in out.stdout, option.name
         assert settings.env_name(option) in out.stdout, option.name
     for endpoint in (
@@ -42,7 +42,7 @@ def test_help_documents_every_setting():
         "/readyz",
         "/api/v1/records",
         "--config",
-        str(settings.DEFAULT_PORT),
+        str(options.DEFAULT_PORT),
     ):
         assert endpoint in out.stdout
 

@@ -36,7 +36,7 @@ def test_sizes_below_one_byte_or_unreadable_are_rejected(text):
 
 
 def test_env_name_is_the_documented_one():
-    from rlhf_exporter.settings import BY_NAME
+    from rlhf_exporter.options import BY_NAME
 
     assert env_name(BY_NAME["max_line_bytes"]) == MAX_LINE
 
@@ -82,7 +82,7 @@ def test_the_example_settings_file_loads_and_names_every_setting():
     import re
     from pathlib import Path
 
-    from rlhf_exporter.settings import OPTIONS
+    from rlhf_exporter.options import OPTIONS
 
     path = Path(__file__).resolve().parents[1] / "examples" / "exporter.yaml"
     settings = resolve(environ={}, config_path=str(path))
@@ -110,9 +110,10 @@ def test_the_settings_fields_are_the_option_table():
     import typing
 
     from rlhf_exporter import settings
+    from rlhf_exporter.options import OPTIONS
 
     fields = [f.name for f in dataclasses.fields(settings.Settings)]
-    assert fields == [o.name for o in settings.OPTIONS]
+    assert fields == [o.name for o in OPTIONS]
     hints = typing.get_type_hints(settings.Settings)
 
     def fits(value, hint) -> bool:
@@ -127,7 +128,7 @@ def test_the_settings_fields_are_the_option_table():
             return type(value) in (int, float)
         return type(value) is hint
 
-    wrong = {o.name: hints[o.name] for o in settings.OPTIONS if not fits(o.default, hints[o.name])}
+    wrong = {o.name: hints[o.name] for o in OPTIONS if not fits(o.default, hints[o.name])}
     assert wrong == {}
     resolved = settings.resolve(None, {})
     wrong = {n: hints[n] for n in fields if not fits(getattr(resolved, n), hints[n])}

@@ -28,6 +28,7 @@ from ..join.names import JobNames
 from ..join.ports import WALL
 from ..logs import configure
 from ..metrics.snapshot import Problem
+from ..options import DEFAULT_LISTEN, DEFAULT_PORT
 from ..server import Endpoints, PageCache, make_server
 from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
@@ -78,11 +79,11 @@ rlhf_exporter_record_errors_total{{reason}}; beyond http_max_connections a conne
 SIGHUP is logged and ignored (settings are read at start); SIGTERM/SIGINT stop.
 
 Examples:
-  rlhf-exporter serve --demo                   # a simulated job (no real Ray or NVML); open http://{settings_mod.DEFAULT_LISTEN}/
+  rlhf-exporter serve --demo                   # a simulated job (no real Ray or NVML); open http://{DEFAULT_LISTEN}/
   rlhf-exporter serve --demo --demo-scenario actor_restart   # one scripted incident
   rlhf-exporter serve --verl-root /logs        # every /logs/<project>/<experiment>.jsonl
-  rlhf-exporter serve --listen 0.0.0.0:{settings_mod.DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray --no-push
-  curl -X POST http://{settings_mod.DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
+  rlhf-exporter serve --listen 0.0.0.0:{DEFAULT_PORT} --verl-file /logs/p/e.jsonl --no-ray --no-push
+  curl -X POST http://{DEFAULT_LISTEN}/api/v1/records -H 'Authorization: Bearer T' \\
        -d '{{"project":"p","experiment":"e","step":1,"data":{{"timing_s/step":12.5}}}}'
 """
 
@@ -93,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve Prometheus metrics for running verl jobs (the sidecar)",
         description="Watch verl jobs (their file-logger JSONL, pushes, Ray actors, GPUs) and "
         "serve each step's diagnosis as Prometheus metrics. Listens on "
-        f"{settings_mod.DEFAULT_LISTEN} by default (port {settings_mod.DEFAULT_PORT} is outside "
+        f"{DEFAULT_LISTEN} by default (port {DEFAULT_PORT} is outside "
         "the 9100-9999 range that Prometheus' default port allocations fill).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
