@@ -22,6 +22,7 @@ from ..diagnosis.advice import (
 )
 from ..diagnosis.history import MAX_DRAWN
 from ..frameworks import FRAMEWORKS, VERL
+from ..frameworks.tables import cannot_show as framework_gaps
 from ..sources import framework_console
 from ..sources.console_reader import ConsoleReader, looks_console
 from ..sources.framework_console import FrameworkConsoleReader
@@ -305,7 +306,8 @@ class _Feed:
         if result is not None:
             self.writer.step(result)
         self.writer.flush()
-        cannot = missing_evidence(self.shown | self.shape) if reader.records else ()
+        gaps = framework_gaps(framework)
+        cannot = missing_evidence(self.shown | self.shape, gaps) if reader.records else ()
         self.writer.end_file(reader.records, dict(reader.rejected), cannot)
         if rejected is not None:
             rejected.update(reader.rejected)

@@ -204,8 +204,19 @@ _NOT_REPORTED_NOTE: Mapping[str, str] = {
     "perf/mfu/actor_infer": " (or only 0: verl does not know the GPU's peak FLOPS)",
 }
 
+# What the decision table reads each of these verl keys for. Another framework's table says
+# in its own words which of them its output lacks (frameworks/tables.py, `cannot_show`).
+DECIDES: Mapping[str, str] = {
+    "perf/total_num_tokens": "change (a regression or a workload shift)",
+    "perf/mfu/actor": "update/compute_bound and update/low_mfu",
+    "perf/mfu/actor_infer": "logprob/compute_bound and logprob/low_mfu",
+    "response_length/max": "rollout/long_tail",
+}
+
 # The keys missing_evidence() looks at: a job needs to remember only which of these it has seen.
-EVIDENCE_KEYS: frozenset[str] = frozenset(REASON_EVIDENCE.values()) | frozenset(UNRELIABLE_KEYS)
+EVIDENCE_KEYS: frozenset[str] = (
+    frozenset(REASON_EVIDENCE.values()) | frozenset(UNRELIABLE_KEYS) | frozenset(DECIDES)
+)
 _SPELLINGS: tuple[tuple[str, str], ...] = tuple(
     (key, key.removeprefix(TIMER_PREFIX)) for key in sorted(EVIDENCE_KEYS)
 )
@@ -278,13 +289,25 @@ def job_shape(data: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(out)
 
 
-def missing_evidence(keys: Iterable[str]) -> tuple[str, ...]:
+def missing_evidence(
+    keys: Iterable[str], gaps: Iterable[tuple[str | None, str]] | None = None
+) -> tuple[str, ...]:
     """For a job whose log has shown the verl `keys` (what `shown_evidence()` found in its
     records so far: reported values only; and its `job_shape()`), one line per reason that
     applies to it (NEEDS) and it cannot get because the
     evidence is never logged or never reported, and per key it logs that misleads. For `/`,
-    the runbooks' readers and `diagnose`: what the job's verdicts cannot say."""
+    the runbooks' readers and `diagnose`: what the job's verdicts cannot say.
+
+    `gaps`: a job read from another framework's output, whose table says what it lacks in
+    its own words, each as (the DECIDES key that would supply it, or None: nothing can, the
+    words): one line per gap whose key the job has not shown; verl's lines are not its."""
     seen = set(keys)
+    if gaps is not None:
+        return tuple(
+            words if key is None else f"{DECIDES[key]} cannot be seen: {words}"
+            for key, words in gaps
+            if key is None or key not in seen
+        )
     out = []
     for (verdict, reason), key in REASON_EVIDENCE.items():
         need = NEEDS.get((verdict, reason))

@@ -55,6 +55,10 @@ class Framework(NamedTuple):
     # a key under `timer_prefixes` is a timer only when it ends so (slime's perf/ also
     # holds rates and counts)
     timer_suffix: str = ""
+    # what its output cannot show, in its own keys: (the verl key that would supply it, one
+    # of diagnosis.advice.DECIDES, or None when nothing can; the words), listed while the
+    # job has not shown that key (advice.missing_evidence)
+    cannot_show: tuple[tuple[str | None, str], ...] = ()
 
 
 def _values(**pairs: str) -> Mapping[str, str]:
@@ -79,6 +83,31 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             tensorboard_prefix="train/",
             # the PPO trainer actor; the async trainer's training actor
             actor_classes=("PPOTrainer", "TrainingActor"),
+            cannot_show=(
+                (
+                    None,
+                    "the split of OpenRLHF's timing/make_experience into reward model, critic "
+                    "values and reference and actor log-probs: one window, counted as logprob",
+                ),
+                (
+                    None,
+                    "the untimed remainder (other/untimed): the synchronous trainer's "
+                    "timing/step_total is the sum of its timing/* windows",
+                ),
+                (
+                    "perf/mfu/actor",
+                    "OpenRLHF logs no MFU: timing/ppo_train's reason is mfu_unknown",
+                ),
+                (
+                    "perf/mfu/actor_infer",
+                    "OpenRLHF logs no MFU: timing/make_experience's reason is mfu_unknown",
+                ),
+                (
+                    "response_length/max",
+                    "OpenRLHF logs mean lengths only (rollout/response_length_mean, "
+                    "total_length), no longest response",
+                ),
+            ),
         ),
         AREAL: Framework(
             name=AREAL,
@@ -100,6 +129,27 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             tensorboard_step_offset=1,
             # the actor's token-count denominator, summed over the batch (ppo/actor.py)
             values=_values(perf__total_num_tokens="ppo_actor/n_tokens"),
+            cannot_show=(
+                (
+                    None,
+                    "the untimed remainder (other/untimed): AReaL times no whole step, so the "
+                    "step's time is the sum of its timeperf/* windows",
+                ),
+                (
+                    "perf/mfu/actor",
+                    "AReaL logs no MFU: timeperf/train_step's reason is mfu_unknown",
+                ),
+                (
+                    "perf/mfu/actor_infer",
+                    "AReaL logs no MFU: timeperf/recompute_logp's and timeperf/ref_logp's "
+                    "reason is mfu_unknown",
+                ),
+                (
+                    "response_length/max",
+                    "AReaL logs the longest sequence with its prompt (ppo_actor/seq_len/max), "
+                    "no longest response",
+                ),
+            ),
         ),
         NEMO_RL: Framework(
             name=NEMO_RL,
@@ -138,6 +188,23 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             values=_values(perf__total_num_tokens="train/total_num_tokens"),
             # its printed steps hold no token count: E2E tokens/s (per group) x the step time
             tokens_product=("console:e2e_tokens_per_sec", "timing/train/total_step_time"),
+            cannot_show=(
+                (
+                    "perf/mfu/actor",
+                    "NeMo-RL's training FLOPs utilization (performance/train_fp_utilization, "
+                    "when the policy reports its FLOPs) is not read: policy_training's reason "
+                    "is mfu_unknown",
+                ),
+                (
+                    "perf/mfu/actor_infer",
+                    "NeMo-RL reports no FLOPs utilization of policy_and_reference_logprobs",
+                ),
+                (
+                    "response_length/max",
+                    "NeMo-RL logs mean lengths only (mean_gen_tokens_per_sample), no longest "
+                    "response",
+                ),
+            ),
         ),
         SLIME: Framework(
             name=SLIME,
@@ -158,6 +225,21 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             # slime logs no token count: its trainer's tokens/s times its train time is one
             tokens_product=("perf/actor_train_tok_per_s", "perf/actor_train_time"),
             timer_suffix="_time",
+            cannot_show=(
+                (
+                    "perf/mfu/actor",
+                    "slime logs no MFU, only perf/actor_train_tflops: perf/actor_train_time's "
+                    "reason is mfu_unknown",
+                ),
+                (
+                    "perf/mfu/actor_infer",
+                    "slime logs no MFU, only perf/log_probs_tflops and perf/ref_log_probs_tflops",
+                ),
+                (
+                    "response_length/max",
+                    "slime's rollout/response_len/max is not read as the longest response",
+                ),
+            ),
         ),
         ROLL: Framework(
             name=ROLL,
@@ -172,6 +254,24 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             step_total="time/step_total",
             # the pipeline logs the step's total with the next step's metrics
             lagged=frozenset(("time/step_total",)),
+            cannot_show=(
+                (
+                    "perf/total_num_tokens",
+                    "ROLL's RLVR pipeline logs no token count per step: every step's change "
+                    "is none",
+                ),
+                (
+                    None,
+                    "the run's last step: ROLL logs a step's time/step_total with the next "
+                    "step's metrics, so the last one is never timed",
+                ),
+                ("perf/mfu/actor", "ROLL logs no MFU: time/step_train's reason is mfu_unknown"),
+                (
+                    "perf/mfu/actor_infer",
+                    "ROLL logs no MFU: time/old_log_probs' and time/ref_log_probs_values' reason "
+                    "is mfu_unknown",
+                ),
+            ),
         ),
     }
 )
@@ -183,3 +283,10 @@ ACTOR_FRAMEWORKS: Mapping[str, str] = MappingProxyType(
 
 FRAMEWORKS = (VERL, *TABLES)
 """Every framework read, verl first (its records are verl's own: the identity)."""
+
+
+def cannot_show(framework: str | None) -> tuple[tuple[str | None, str], ...] | None:
+    """What a job read from `framework`'s output cannot show (its table's words); None for
+    verl's own records and an unknown framework (verl's lines apply)."""
+    fw = TABLES.get(framework) if framework is not None else None
+    return fw.cannot_show if fw is not None else None

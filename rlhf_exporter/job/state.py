@@ -213,6 +213,7 @@ class Job:
             len(self._diagnoser.baseline),
             self._th,
             self._keys.shown(),
+            self._framework,
         )
 
     def episodes(self, kept: Sequence[history.StepPoint] | None = None) -> tuple[Episode, ...]:

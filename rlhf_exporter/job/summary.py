@@ -11,6 +11,7 @@ from ..diagnosis import Thresholds, history
 from ..diagnosis.advice import missing_evidence
 from ..diagnosis.engines import EngineEvidence
 from ..diagnosis.episodes import Episode, episodes
+from ..frameworks.tables import cannot_show as framework_gaps
 from .counts import EngineCounts, StepCounts
 from .series import JobStatus
 
@@ -27,10 +28,12 @@ def job_summary(
     baseline_steps: int,
     th: Thresholds,
     evidence: set[str],
+    framework: str | None = None,
 ) -> dict[str, Any]:
     """What the landing page shows for this job (`kept`: its history; `episodes` computes
     a history's episodes; `baseline_steps`: the usable steps this run's baseline holds;
-    `evidence`: what the job's keys have shown)."""
+    `evidence`: what the job's keys have shown; `framework`: whose output they were read
+    from, when known)."""
     d = counts.last
     base = d.change.baseline if d else None
     out: dict[str, Any] = {
@@ -61,7 +64,7 @@ def job_summary(
         "finished": status.state == "finished",
         "state": status.state,
         "state_signal": status.state_signal,
-        "cannot_show": missing_evidence(evidence),
+        "cannot_show": missing_evidence(evidence, framework_gaps(framework)),
     }
     if engines.last is not None:  # a sidecar without engines: the summary as before
         out["engine"] = _engine_summary(engines.last, engines.step)
