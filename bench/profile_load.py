@@ -63,7 +63,7 @@ AREAS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "exposition: assembly",
-        ("metrics/exposition.py", "metrics/chunks.py", "metrics/collector.py"),
+        ("metrics/exposition.py", "metrics/chunks.py", "metrics/families.py"),
     ),
     ("GPU join", ("gpuwindows/", "diagnosis/gpujoin.py")),
     ("decision table", ("rlhf_exporter/diagnosis/",)),

@@ -28,7 +28,7 @@ from rlhf_exporter.metrics.catalog import (
     LABELS,
     LEGACY_STEADY,
 )
-from rlhf_exporter.metrics.collector import health_samples
+from rlhf_exporter.metrics.families import health_samples
 from rlhf_exporter.metrics.snapshot import Snapshot
 from rlhf_exporter.render.docs import HEADER, metrics_markdown
 

@@ -29,9 +29,9 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from rlhf_exporter.metrics.catalog import BY_NAME, KNOWN_ERRORS
-from rlhf_exporter.metrics.collector import families
 from rlhf_exporter.metrics.deflate import BACKENDS, DEFAULT
 from rlhf_exporter.metrics.exposition import DROPPED, MAX_FORMATS, Exposition, encode, line_format
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
 TEXT = ""

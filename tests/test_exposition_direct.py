@@ -23,8 +23,8 @@ from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.metrics import exposition as mod
 from rlhf_exporter.metrics import lines as direct
 from rlhf_exporter.metrics.catalog import BY_NAME
-from rlhf_exporter.metrics.collector import add_samples, families, new_family
 from rlhf_exporter.metrics.exposition import Exposition
+from rlhf_exporter.metrics.families import add_samples, families, new_family
 from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 from rlhf_exporter.sources.verl_files import VerlFileSource
 

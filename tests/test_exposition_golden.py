@@ -16,8 +16,8 @@ from prometheus_client.exposition import choose_encoder
 
 from rlhf_exporter.metrics import lines as direct
 from rlhf_exporter.metrics.catalog import BY_NAME, COUNTER, GAUGE
-from rlhf_exporter.metrics.collector import add_samples, families, new_family
 from rlhf_exporter.metrics.exposition import Exposition
+from rlhf_exporter.metrics.families import add_samples, families, new_family
 from rlhf_exporter.metrics.negotiation import SHARED, encode, line_format, negotiate
 from rlhf_exporter.metrics.snapshot import PackedSamples, Sample, Snapshot, pack
 

@@ -15,8 +15,8 @@ import pytest
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.job.state import Job
-from rlhf_exporter.metrics.collector import families
 from rlhf_exporter.metrics.exposition import Exposition
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
 

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.metrics.catalog import NAMES
-from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.settings import resolve as resolve_settings
 from rlhf_exporter.sources.base import Context
 from rlhf_exporter.sources.nvml import NvmlSource

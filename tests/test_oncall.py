@@ -15,7 +15,7 @@ from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.job.state import Job
-from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.server import Endpoints
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource

@@ -23,7 +23,7 @@ import pytest
 from rlhf_exporter import settings
 from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
-from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.base import Context
 from rlhf_exporter.sources.nvml import NvmlSource
 from rlhf_exporter.sources.ray import RaySource, death_reason, resolve_address

@@ -17,7 +17,7 @@ from prometheus_client import generate_latest
 
 from rlhf_exporter import options, settings
 from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
-from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.server import Endpoints, make_server
 from rlhf_exporter.sources.verl_files import VerlFileSource
 from tests.support.procs import exporter_cmd, free_port

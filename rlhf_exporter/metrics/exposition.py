@@ -12,9 +12,9 @@ from typing import Any
 
 from .catalog import BY_NAME
 from .chunks import Body, Chunks, Fragment, same
-from .collector import health_samples, process_samples
 from .deflate import DEFAULT as DEFAULT_DEFLATE
 from .deflate import Deflate
+from .families import health_samples, process_samples
 from .fragment_lines import FragmentLines
 from .gzip_member import GzipMember
 from .negotiation import EOF, Encoder, encode, is_openmetrics, line_format, negotiate

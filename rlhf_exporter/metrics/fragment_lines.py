@@ -12,7 +12,7 @@ from typing import Any
 
 from .catalog import BY_NAME
 from .chunks import Fragment, families_of
-from .collector import add_samples, new_family
+from .families import add_samples, new_family
 from .lines import lines as direct_lines
 from .negotiation import SHARED, Encoder, encode, line_format
 from .snapshot import Sample

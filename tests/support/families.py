@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from prometheus_client.core import Metric as Family
 
-from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 
 

@@ -32,7 +32,7 @@ import orjson
 import yaml
 
 from rlhf_exporter.config import load_thresholds
-from rlhf_exporter.metrics.collector import families
+from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.base import PollingSource, Source
 
 ROOT = Path(__file__).resolve().parents[2]
