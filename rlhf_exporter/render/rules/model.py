@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...diagnosis import GROUPS, Thresholds
 from ...diagnosis.thresholds import seconds
@@ -80,20 +80,22 @@ def fill(template: str, **names: str) -> str:
     return re.sub(r"<([a-z_]+)>", lambda m: names.get(m[1], m[0]), template)
 
 
+def query_open(expr: str, args: str = JOB_ARGS) -> str:
+    """`{{ with query ... }}` on PromQL `expr` (its %s filled from `args`): the text after it
+    sees the result vector as `.`, up to its `{{ else }}` (no result) and `{{ end }}`."""
+    return "{{ with query (printf `" + expr + "` " + args + ") }}"
+
+
 def query_first(expr: str, body: str, default: str = "", args: str = JOB_ARGS) -> str:
     """A template that runs PromQL `expr` (its %s filled from `args`) and expands `body` with
     `.` set to the result vector, or `default` when the result is empty."""
-    return (
-        "{{ with query (printf `"
-        + expr
-        + "` "
-        + args
-        + ") }}"
-        + body
-        + "{{ else }}"
-        + default
-        + "{{ end }}"
-    )
+    return query_open(expr, args) + body + "{{ else }}" + default + "{{ end }}"
+
+
+def counts_by(expr: str, label: str, args: str, default: str = "n/a") -> str:
+    """Each series of PromQL `expr` as `<its label>=<value>`, or `default` when none."""
+    body = "{{ range . }}{{ .Labels." + label + " }}={{ .Value | humanize }} {{ end }}"
+    return query_first(expr, body, default, args)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +305,42 @@ RUNBOOK_SECTIONS: Mapping[str, str] = {
 }
 """A runbook template's `## headings` and the `Runbook` field each fills."""
 TEXT_FIELDS = ("meaning", "impact", "escalate")
+ALERT_SECTIONS = ("Summary", "Description")
+"""An alert template's `## headings` for the alert's own annotations (not its runbook)."""
+FRAGMENT = "Fragment: "
+"""A `## Fragment: <name>` section is a piece of text the code fills and puts into another."""
+
+
+class Prose(NamedTuple):
+    """An alert's `summary` and `description` annotations."""
+
+    summary: str
+    description: str
+
+
+def alert_prose(template: str, values: Mapping[str, object] | None = None) -> Prose:
+    """The alert's annotations from `templates/runbooks/<template>.md`: its `## Summary` (one
+    paragraph) and its `## Description` (each paragraph one line), filled with `values` and
+    `${job}` (the job the alert's labels name)."""
+    name = f"runbooks/{template}.md"
+    found = sections(name)
+    filled = {
+        heading: [substitute(e, {"job": JOB_NAME, **(values or {})}, name) for e in found[heading]]
+        for heading in ALERT_SECTIONS
+        if heading in found
+    }
+    if len(filled.get("Summary", ())) != 1 or not filled.get("Description"):
+        raise TemplateError(f"{name}: needs one `## Summary` paragraph and a `## Description`")
+    return Prose(filled["Summary"][0], "\n".join(filled["Description"]))
+
+
+def fragment(template: str, name: str, values: Mapping[str, object] | None = None) -> str:
+    """The section `## Fragment: <name>` of `templates/runbooks/<template>.md`, filled."""
+    path = f"runbooks/{template}.md"
+    entries = sections(path).get(FRAGMENT + name)
+    if not entries:
+        raise TemplateError(f"{path}: no section `## {FRAGMENT}{name}`")
+    return " ".join(substitute(e, {"job": JOB_NAME, **(values or {})}, path) for e in entries)
 
 
 def shared_prose(section: str) -> list[str]:
@@ -323,6 +361,8 @@ def runbook(
     name = f"runbooks/{template}.md"
     fields: dict[str, Any] = {"verl_keys": []}
     for heading, entries in sections(name).items():
+        if heading in ALERT_SECTIONS or heading.startswith(FRAGMENT):
+            continue
         if heading not in RUNBOOK_SECTIONS:
             raise TemplateError(f"{name}: unknown section {heading!r}")
         filled = [substitute(e, values or {}, name) for e in entries]

@@ -13,12 +13,13 @@ from .model import (
     EXPORTER_KEY,
     JOB_KEY,
     JOB_MATCH,
-    JOB_NAME,
     NODES,
     Alert,
     Context,
     _num,
     _tq,
+    alert_prose,
+    counts_by,
     duration,
     query_first,
     runbook,
@@ -58,30 +59,30 @@ def stalled(ctx: Context) -> Alert:
         "humanizeDuration",
         default="longer than its stall limit",
     )
-    stall_min, f_ = ctx.a["stall_min"], ctx.a["stall_factor"]
+    baseline = _tq(
+        f"max(last_over_time(rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}[{ctx.blind}]))",
+        "humanizeDuration",
+        default="unknown",
+    )
+    values = {
+        "since": since,
+        "baseline": baseline,
+        "where_it_hangs": where_it_hangs(),
+        "stall_factor": _num(ctx.a["stall_factor"]),
+        "stall_min": ctx.a["stall_min"],
+        "job_state": ctx.job_state,
+        "stall_budget": ctx.stall_budget,
+        "blind_lookback": ctx.a["blind_lookback"],
+    }
+    text = alert_prose("RLHFJobStalled", values)
     return Alert(
         name="RLHFJobStalled",
         expr=expr,
         for_=ctx.dur("stall_for"),
         severity="critical",
         category="job",
-        summary=f"{JOB_NAME} has made no step for {since}",
-        description=(
-            f"No new step of {JOB_NAME} for {since}: {{{{ $value | humanizePercentage }}}} "
-            "of its stall limit (limit: "
-            f"max({_num(f_)} x its baseline step time of "
-            + _tq(
-                f"max(last_over_time(rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}"
-                f"[{ctx.blind}]))",
-                "humanizeDuration",
-                default="unknown",
-            )
-            + f", {stall_min}) + its longest validation and checkpoint seen), seen by "
-            "{{ $labels.instance }} (last seen, if that exporter is down or gone). "
-            "An NCCL hang ends in ActorDiedError only after the NCCL timeout (verl 0.8+: "
-            "PyTorch's default; verl 0.6-0.7: actor_rollout_ref.nccl_timeout, 600 s). "
-            "Where it hangs: " + where_it_hangs() + "."
-        ),
+        summary=text.summary,
+        description=text.description,
         annotations={"where_it_hangs": where_it_hangs()},
         runbook=runbook(
             "RLHFJobStalled",
@@ -91,41 +92,33 @@ def stalled(ctx: Context) -> Alert:
                 'rlhf_between_steps_max_seconds{project="P", experiment="E"}',
                 f'{ctx.stall_budget}{{project="P", experiment="E"}}',
             ],
-            {
-                "stall_factor": _num(f_),
-                "stall_min": stall_min,
-                "job_state": ctx.job_state,
-                "stall_budget": ctx.stall_budget,
-                "blind_lookback": ctx.a["blind_lookback"],
-            },
+            values,
         ),
     )
 
 
 def failed(ctx: Context) -> Alert:
+    text = alert_prose(
+        "RLHFJobFailed",
+        {
+            "ago": _tq(
+                "time() - max(last_over_time(rlhf_job_state_timestamp_seconds{"
+                + JOB_MATCH
+                + f"}}[{ctx.blind}]))",
+                "humanizeDuration",
+                default="a while",
+            ),
+            "statuses": counts_by('rlhf_ray_jobs{instance="%s"}', "status", "$labels.instance"),
+        },
+    )
     return Alert(
         name="RLHFJobFailed",
         expr=f'max without (state) ({ctx.job_state}{{state="failed"}} == 1)',
         for_=ctx.dur("failed_for"),
         severity="critical",
         category="job",
-        summary=f"{JOB_NAME} failed",
-        description=(
-            f"{JOB_NAME} failed "
-            + _tq(
-                "time() - max(last_over_time(rlhf_job_state_timestamp_seconds{"
-                + JOB_MATCH
-                + f"}}[{ctx.blind}]))",
-                "humanizeDuration",
-                default="a while",
-            )
-            + " ago, as {{ $labels.instance }} saw it: Ray's Jobs API said FAILED, one of its "
-            "actors died of a failure (worker, node, OOM, creation), or its submission was "
-            "lost in a Ray head restart. Ray job statuses there: "
-            '{{ with query (printf `rlhf_ray_jobs{instance="%s"}` $labels.instance) }}'
-            "{{ range . }}{{ .Labels.status }}={{ .Value | humanize }} {{ end }}"
-            "{{ else }}n/a{{ end }}."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFJobFailed",
             [
@@ -145,28 +138,19 @@ def unwatched(ctx: Context) -> Alert:
         f'max without (state) ({ctx.job_state}{{state="running"}} == 1)\n'
         f"unless on ({JOB_KEY}) rlhf_job_state"
     )
-
+    last = f"time() - max(last_over_time(rlhf_last_step_timestamp_seconds{{{JOB_MATCH}}}[{blind}]))"
+    text = alert_prose(
+        "RLHFJobUnwatched",
+        {"down_for": ctx.a["exporter_down_for"], "ago": _tq(last, "humanizeDuration")},
+    )
     return Alert(
         name="RLHFJobUnwatched",
         expr=expr,
         for_=ctx.dur("exporter_down_for"),
         severity="critical",
         category="job",
-        summary=f"{JOB_NAME} is no longer watched: its exporter {{{{ $labels.instance }}}} went blind",
-        description=(
-            f"{JOB_NAME} was running when last seen, and no target has exported it for "
-            f"{ctx.a['exporter_down_for']}: its exporter {{{{ $labels.instance }}}} is down, "
-            "its target vanished (pod deleted), or its verl collector lost the log (an "
-            "unmounted volume). A stall or failure of this job cannot page until it is back. "
-            "Its last step: "
-            + _tq(
-                "time() - max(last_over_time(rlhf_last_step_timestamp_seconds{"
-                + JOB_MATCH
-                + f"}}[{blind}]))",
-                "humanizeDuration",
-            )
-            + " ago."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFJobUnwatched",
             [
@@ -196,6 +180,14 @@ def _counter_increase(ctx: Context, metric: str, window: str, without: str | Non
 
 def actors_died(ctx: Context) -> Alert:
     win = ctx.dur("actors_window")
+    failures = f'increase(rlhf_ray_actor_failures_total{{role="%s",instance="%s"}}[{win}])'
+    text = alert_prose(
+        "RLHFRayActorsDied",
+        {
+            "window": win,
+            "by_reason": counts_by(failures, "reason", "$labels.role $labels.instance"),
+        },
+    )
     return Alert(
         name="RLHFRayActorsDied",
         expr=(
@@ -206,17 +198,8 @@ def actors_died(ctx: Context) -> Alert:
         for_=ctx.dur("actors_dead_for"),
         severity="critical",
         category="ray",
-        summary=(
-            "{{ $value | humanize }} Ray actors of role {{ $labels.role }} failed on "
-            "{{ $labels.instance }}"
-        ),
-        description=(
-            f"{{{{ $value | humanize }}}} actors of role {{{{ $labels.role }}}} died of a failure in the last {win} "
-            "on the Ray cluster that {{ $labels.instance }} watches. Failures by reason: "
-            '{{ with query (printf `increase(rlhf_ray_actor_failures_total{role="%s",instance="%s"}'
-            f"[{win}])` $labels.role $labels.instance) }}}}{{{{ range . }}}}{{{{ .Labels.reason }}}}={{{{ .Value | humanize }}}} "
-            "{{ end }}{{ else }}n/a{{ end }}."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFRayActorsDied",
             [
@@ -229,18 +212,15 @@ def actors_died(ctx: Context) -> Alert:
 
 def actors_restarting(ctx: Context) -> Alert:
     win = ctx.dur("actors_window")
+    text = alert_prose("RLHFRayActorsRestarting", {"window": win})
     return Alert(
         name="RLHFRayActorsRestarting",
         expr=_counter_increase(ctx, "rlhf_ray_actor_restarts_total", win),
         for_=ctx.dur("actors_restarting_for"),
         severity="warning",
         category="ray",
-        summary="Ray actors of role {{ $labels.role }} restarted on {{ $labels.instance }}",
-        description=(
-            f"{{{{ $value | humanize }}}} restarts of Ray actors of role {{{{ $labels.role }}}} in "
-            f"the last {win} on the cluster that {{{{ $labels.instance }}}} watches. A restarted "
-            "verl worker loses its state: the step in flight is lost or repeated."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFRayActorsRestarting",
             [
@@ -252,19 +232,15 @@ def actors_restarting(ctx: Context) -> Alert:
 
 
 def actors_pending(ctx: Context) -> Alert:
+    text = alert_prose("RLHFRayActorsPending", {"pending_for": ctx.a["pending_for"]})
     return Alert(
         name="RLHFRayActorsPending",
         expr='rlhf_ray_actors{state="PENDING_CREATION"} > 0',
         for_=ctx.dur("pending_for"),
         severity="warning",
         category="ray",
-        summary="{{ $value | humanize }} Ray actors of role {{ $labels.role }} cannot be placed",
-        description=(
-            f"{{{{ $value | humanize }}}} actors of role {{{{ $labels.role }}}} have been in "
-            f"PENDING_CREATION for {ctx.a['pending_for']} on the cluster that "
-            "{{ $labels.instance }} watches: Ray cannot find the resources they ask for (longer "
-            "than a cluster autoscaler takes to add a GPU node)."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFRayActorsPending",
             ['rlhf_ray_actors{state="PENDING_CREATION"}'],
@@ -277,6 +253,8 @@ def gpus_idle(ctx: Context) -> Alert:
     against the job's own step rate from the head: joined `on` the job, never on a target."""
     w, ratio = ctx.window, ctx.a["gpu_idle_ratio"]
     nodes = _tq(f"count(count by ({NODES}) ({ctx.gpu_busy}{{{JOB_MATCH}}}))", 'printf "%.0f"')
+    values = {"window": w, "ratio": _num(ratio), "percent": f"{ratio:.0%}", "nodes": nodes}
+    text = alert_prose("RLHFGPUsIdleWhileStepping", values)
     return Alert(
         name="RLHFGPUsIdleWhileStepping",
         expr=(
@@ -286,13 +264,8 @@ def gpus_idle(ctx: Context) -> Alert:
         for_=ctx.dur("gpu_idle_for"),
         severity="warning",
         category="gpu",
-        summary=f"{JOB_NAME}: GPUs busy {{{{ $value | humanizePercentage }}}} of the time while steps progress",
-        description=(
-            f"The GPUs serving {JOB_NAME} (on {nodes} node(s)) were busy "
-            f"{{{{ $value | humanizePercentage }}}} of the last {w} on average (below "
-            f"{ratio:.0%}) while the job kept making steps: the loop waits on something other "
-            "than these GPUs."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPUsIdleWhileStepping",
             [
@@ -300,27 +273,30 @@ def gpus_idle(ctx: Context) -> Alert:
                 f'{ctx.gpu_busy}{{project="P", experiment="E"}}',
                 f'{ctx.verdicts}{{project="P", experiment="E"}}',
             ],
-            {"window": w, "ratio": _num(ratio)},
+            values,
         ),
     )
 
 
 def collector_down(ctx: Context) -> Alert:
+    errors = 'rlhf_exporter_collector_errors_total{collector="%s",instance="%s"}'
+    text = alert_prose(
+        "RLHFExporterCollectorDown",
+        {
+            "down_for": ctx.a["collector_down_for"],
+            "by_reason": counts_by(
+                errors, "reason", "$labels.collector $labels.instance", "none counted"
+            ),
+        },
+    )
     return Alert(
         name="RLHFExporterCollectorDown",
         expr="rlhf_exporter_collector_up == 0",
         for_=ctx.dur("collector_down_for"),
         severity="warning",
         category="exporter",
-        summary="Collector {{ $labels.collector }} of {{ $labels.instance }} is down",
-        description=(
-            "The {{ $labels.collector }} collector of the exporter {{ $labels.instance }} has failed "
-            f"every collection for {ctx.a['collector_down_for']} (up {{{{ $value }}}}); its series are missing. "
-            "Errors by reason: {{ with query (printf "
-            '`rlhf_exporter_collector_errors_total{collector="%s",instance="%s"}` '
-            "$labels.collector $labels.instance) }}{{ range . }}{{ .Labels.reason }}={{ .Value | humanize }} "
-            "{{ end }}{{ else }}none counted{{ end }}."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFExporterCollectorDown",
             ["rlhf_exporter_collector_up == 0", "rlhf_exporter_collector_errors_total"],
@@ -330,6 +306,9 @@ def collector_down(ctx: Context) -> Alert:
 
 def collector_stale(ctx: Context) -> Alert:
     after = ctx.secs("collector_stale_after")
+    text = alert_prose(
+        "RLHFExporterCollectorStale", {"stale_after": ctx.a["collector_stale_after"]}
+    )
     return Alert(
         name="RLHFExporterCollectorStale",
         expr=(
@@ -339,12 +318,8 @@ def collector_stale(ctx: Context) -> Alert:
         for_=ctx.dur("collector_down_for"),
         severity="warning",
         category="exporter",
-        summary="Collector {{ $labels.collector }} of {{ $labels.instance }} last succeeded {{ $value | humanizeDuration }} ago",
-        description=(
-            "The {{ $labels.collector }} collector of {{ $labels.instance }} last succeeded "
-            f"{{{{ $value | humanizeDuration }}}} ago (limit {ctx.a['collector_stale_after']}): "
-            "what it exports is old."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFExporterCollectorStale",
             [
@@ -357,18 +332,15 @@ def collector_stale(ctx: Context) -> Alert:
 
 def exporter_down(ctx: Context) -> Alert:
     sel = ctx.a["exporter_selector"]
+    text = alert_prose("RLHFExporterDown", {"down_for": ctx.a["exporter_down_for"]})
     return Alert(
         name="RLHFExporterDown",
         expr=f"up{{{sel}}} == 0",
         for_=ctx.dur("exporter_down_for"),
         severity="warning",
         category="exporter",
-        summary="Prometheus cannot scrape the exporter {{ $labels.instance }}",
-        description=(
-            "Prometheus has failed to scrape {{ $labels.instance }} (job {{ $labels.job }}) for "
-            f"{ctx.a['exporter_down_for']} (up {{{{ $value }}}}): the jobs it watches are not monitored, and their "
-            "stall alerts cannot fire."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFExporterDown",
             [f"up{{{sel}}}"],
@@ -378,17 +350,17 @@ def exporter_down(ctx: Context) -> Alert:
 
 def exporter_absent(ctx: Context) -> Alert:
     sel = ctx.a["exporter_selector"]
+    text = alert_prose(
+        "RLHFExporterAbsent", {"up": f"up{{{sel}}}", "down_for": ctx.a["exporter_down_for"]}
+    )
     return Alert(
         name="RLHFExporterAbsent",
         expr=f"absent(up{{{sel}}})",
         for_=ctx.dur("exporter_down_for"),
         severity="warning",
         category="exporter",
-        summary="Prometheus scrapes no rlhf-exporter at all",
-        description=(
-            f"No target matching up{{{sel}}} has existed for {ctx.a['exporter_down_for']}: no verl "
-            "job is monitored and no alert of this file can fire."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFExporterAbsent",
             [f"up{{{sel}}}"],
