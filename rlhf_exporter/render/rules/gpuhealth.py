@@ -15,14 +15,30 @@ from collections.abc import Callable
 from typing import Any
 
 from ...diagnosis.xid import BAD_GPU, DEGRADED, regex
-from .model import JOB_NAME, NODES, Alert, Context, _num, duration, runbook, shared_prose
+from .model import (
+    NODES,
+    Alert,
+    Context,
+    _num,
+    alert_prose,
+    duration,
+    fragment,
+    runbook,
+    shared_prose,
+)
 
 GPU_HEALTH_FILE = "alerts/gpu-health.rules.yaml"
 THROTTLED = "rlhf_window_gpu_throttled_seconds_total"
 TOTAL = "rlhf_window_gpu_seconds_total"
-WHERE = "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.instance }}"
-SERVING = "serving " + JOB_NAME + " as {{ $labels.gpu_role }}"
 DRAIN = " ".join(shared_prose("Drain a bad GPU"))
+GPU = {"gpu": fragment("shared", "a GPU"), "serving": fragment("shared", "serving a job")}
+"""Which GPU an alert names, and the job it serves, as every GPU health alert's text says it."""
+
+
+def words(codes: frozenset[int]) -> str:
+    """{94, 63, 92} -> '63, 92 or 94'."""
+    *most, last = (str(c) for c in sorted(codes))
+    return f"{', '.join(most)} or {last}" if most else last
 
 
 def throttled(ctx: Context) -> str:
@@ -72,19 +88,15 @@ def records(ctx: Context) -> list[dict[str, str]]:
 
 def _lost(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
+    text = alert_prose("RLHFGPULost", {**GPU, "window": w})
     return Alert(
         name="RLHFGPULost",
         expr=f"increase({LOST_GPU}[{w}]) > 0",
         for_="0s",
         severity="critical",
         category="gpu",
-        summary=f"{WHERE} is lost ({SERVING})",
-        description=(
-            f"NVML reports {WHERE} lost (NVMLError_GpuIsLost: it fell off the bus or stopped "
-            f"answering) in the last {w}. {JOB_NAME} cannot make progress on it and will not "
-            "recover by itself; its stall alert is inhibited while this one fires (the cause, "
-            "not two pages)."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPULost",
             [
@@ -98,18 +110,15 @@ def _lost(ctx: Context) -> Alert:
 
 def _uncorrectable_ecc(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
+    text = alert_prose("RLHFGPUUncorrectableECC", {**GPU, "window": w})
     return Alert(
         name="RLHFGPUUncorrectableECC",
         expr=f"increase({UNCORRECTED_ECC}[{w}]) > 0",
         for_="0s",
         severity="critical",
         category="gpu",
-        summary=f"{WHERE} had {{{{ $value }}}} uncorrectable ECC error(s) ({SERVING})",
-        description=(
-            f"{WHERE} reported uncorrectable (double-bit) ECC memory errors in the last {w}. "
-            "The data in that memory is lost: the process that used it was killed or computes "
-            f"on garbage, and {JOB_NAME} will not recover on this GPU without a reset."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPUUncorrectableECC",
             [
@@ -122,18 +131,15 @@ def _uncorrectable_ecc(ctx: Context) -> Alert:
 
 
 def _row_remap_failed(ctx: Context) -> Alert:
+    text = alert_prose("RLHFGPURowRemapFailed", GPU)
     return Alert(
         name="RLHFGPURowRemapFailed",
         expr="rlhf_gpu_row_remap_failed == 1",
         for_="0s",
         severity="critical",
         category="gpu",
-        summary=f"{WHERE} failed to remap a memory row ({SERVING})",
-        description=(
-            f"{WHERE} could not remap a row with uncorrectable errors (no spare rows left): "
-            f"the memory stays bad after a reset. {JOB_NAME} must move off this GPU; the GPU "
-            "needs service."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPURowRemapFailed",
             ['rlhf_gpu_remapped_rows{project="P", experiment="E"}'],
@@ -144,18 +150,15 @@ def _row_remap_failed(ctx: Context) -> Alert:
 
 def _bad_xid(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
+    text = alert_prose("RLHFGPUBadXid", {**GPU, "window": w})
     return Alert(
         name="RLHFGPUBadXid",
         expr=f"increase({BAD_XID}[{w}]) > 0",
         for_="0s",
         severity="critical",
         category="gpu",
-        summary=f"{WHERE} raised XID {{{{ $labels.xid }}}} ({SERVING})",
-        description=(
-            f"{WHERE} raised XID {{{{ $labels.xid }}}} in the last {w}: an XID that means a "
-            f"bad GPU, memory or link (docs/dcgm-exporter.md). {JOB_NAME} will not recover on "
-            "this GPU by itself."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPUBadXid",
             ['increase(rlhf_gpu_xid_errors_total{project="P", experiment="E"}[1h])'],
@@ -166,6 +169,7 @@ def _bad_xid(ctx: Context) -> Alert:
 
 def _degraded(ctx: Context) -> Alert:
     w = ctx.dur("gpu_health_window")
+    text = alert_prose("RLHFGPUNeedsReset", {**GPU, "window": w, "degraded_codes": words(DEGRADED)})
     return Alert(
         name="RLHFGPUNeedsReset",
         expr=(
@@ -176,11 +180,8 @@ def _degraded(ctx: Context) -> Alert:
         for_="0s",
         severity="warning",
         category="gpu",
-        summary=f"{WHERE} needs a reset at the next maintenance ({SERVING})",
-        description=(
-            f"{WHERE} has a row remap or page retirement waiting for a GPU reset, or raised "
-            f"XID 63, 92 or 94 in the last {w}: it works, with degraded memory, until reset."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPUNeedsReset",
             [
@@ -193,23 +194,15 @@ def _degraded(ctx: Context) -> Alert:
 
 def _throttled(ctx: Context) -> Alert:
     ratio = float(ctx.a["gpu_throttle_ratio"])
+    text = alert_prose("RLHFGPUThrottledInWindow", {"window": ctx.window, "threshold": _num(ratio)})
     return Alert(
         name="RLHFGPUThrottledInWindow",
         expr=f'{throttled(ctx)}{{group=~"rollout|update"}} >= {_num(ratio)}',
         for_=ctx.dur("gpu_throttle_for"),
         severity="warning",
         category="gpu",
-        summary=(
-            f"{JOB_NAME}: {{{{ $labels.gpu_role }}}} GPUs throttled {{{{ $value | humanizePercentage }}}} "
-            "of the {{ $labels.group }} window"
-        ),
-        description=(
-            f"The {{{{ $labels.gpu_role }}}} GPUs of {JOB_NAME} ran with their clocks held down "
-            "by heat or hardware (thermal or hardware slowdown, power brake) for "
-            f"{{{{ $value | humanizePercentage }}}} of their time in the job's "
-            f"{{{{ $labels.group }}}} windows over the last {ctx.window} (threshold "
-            f"{_num(ratio)}): that window runs slower than the GPUs can."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFGPUThrottledInWindow",
             [

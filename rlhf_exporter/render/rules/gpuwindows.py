@@ -16,7 +16,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .model import JOB_MATCH, JOB_NAME, NODES, Alert, Context, _num, _tq, runbook, shared_prose
+from .model import (
+    JOB_MATCH,
+    NODES,
+    Alert,
+    Context,
+    _num,
+    _tq,
+    alert_prose,
+    fragment,
+    runbook,
+    shared_prose,
+)
 
 GPU_WINDOWS_FILE = "alerts/gpu-windows.rules.yaml"
 BUSY = "rlhf_window_gpu_busy_seconds_total"
@@ -115,22 +126,25 @@ def records(ctx: Context) -> list[dict[str, str]]:
 
 
 # -- alerts ----------------------------------------------------------------------------------
-_SIDES = ("trainer", "rollout")
+def _idle_hours(ctx: Context, side: str) -> str:
+    q = f'sum without (group, gpu_role) ({job_idle(ctx)}{{{JOB_MATCH},gpu_role="{side}"}}) / 3600'
+    return _tq(q, 'printf "%.1f"')
 
 
-def _evidence(ctx: Context) -> str:
-    parts = []
-    for side in _SIDES:
-        q = (
-            f'sum without (group, gpu_role) ({job_idle(ctx)}{{{JOB_MATCH},gpu_role="{side}"}})'
-            " / 3600"
-        )
-        parts.append(f"{side} " + _tq(q, 'printf "%.1f"') + " GPU-hours")
-    mv = _tq(f"{move(ctx)}{{{JOB_MATCH}}}", 'printf "%+.0f"')
-    return (
-        f"Idle over the last {ctx.window}: " + ", ".join(parts) + ". First-order estimate: "
-        f"move {mv} GPUs to the rollout (negative: to the trainer)."
-    )
+def _evidence(ctx: Context, threshold: str) -> dict[str, str]:
+    """Both alerts' values: the window, the threshold, and the idle GPU-hours of each side
+    with the estimate of GPUs to move (the shared `idle GPU-hours` sentence)."""
+    idle = {
+        "window": ctx.window,
+        "trainer_idle": _idle_hours(ctx, "trainer"),
+        "rollout_idle": _idle_hours(ctx, "rollout"),
+        "move": _tq(f"{move(ctx)}{{{JOB_MATCH}}}", 'printf "%+.0f"'),
+    }
+    return {
+        "window": ctx.window,
+        "threshold": threshold,
+        "idle_gpu_hours": fragment("shared", "idle GPU-hours", idle),
+    }
 
 
 def trainer_starved(ctx: Context) -> Alert:
@@ -139,6 +153,7 @@ def trainer_starved(ctx: Context) -> Alert:
         _num(float(lim["trainer_starved_idle"])),
         _num(float(lim["rollout_overprovisioned_idle"])),
     )
+    text = alert_prose("RLHFTrainerStarved", _evidence(ctx, th1))
     return Alert(
         name="RLHFTrainerStarved",
         expr=(
@@ -148,12 +163,8 @@ def trainer_starved(ctx: Context) -> Alert:
         for_=ctx.dur("bound_for"),
         severity="info",
         category="bottleneck",
-        summary=f"{JOB_NAME}: trainer GPUs idle {{{{ $value | humanizePercentage }}}} of their time, waiting for samples",
-        description=(
-            f"The trainer GPUs of {JOB_NAME} were idle during rollout windows (waiting for "
-            f"samples) for {{{{ $value | humanizePercentage }}}} of their GPU-seconds over the "
-            f"last {ctx.window} (threshold {th1}), from NVML's own busy time. " + _evidence(ctx)
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFTrainerStarved",
             [
@@ -173,6 +184,7 @@ def rollout_overprovisioned(ctx: Context) -> Alert:
         _num(float(lim["trainer_starved_idle"])),
         _num(float(lim["rollout_overprovisioned_idle"])),
     )
+    text = alert_prose("RLHFRolloutOverprovisioned", _evidence(ctx, th2))
     return Alert(
         name="RLHFRolloutOverprovisioned",
         expr=(
@@ -182,13 +194,8 @@ def rollout_overprovisioned(ctx: Context) -> Alert:
         for_=ctx.dur("bound_for"),
         severity="info",
         category="bottleneck",
-        summary=f"{JOB_NAME}: rollout GPUs idle {{{{ $value | humanizePercentage }}}} of their time while the trainer works",
-        description=(
-            f"The rollout GPUs of {JOB_NAME} were idle outside rollout windows (while the "
-            f"trainer computes and syncs) for {{{{ $value | humanizePercentage }}}} of their "
-            f"GPU-seconds over the last {ctx.window} (threshold {th2}), from NVML's own busy "
-            "time. " + _evidence(ctx)
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFRolloutOverprovisioned",
             [

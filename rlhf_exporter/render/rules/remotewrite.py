@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model import Alert, Context, duration, runbook
+from .model import Alert, Context, alert_prose, duration, runbook
 
 REMOTE_WRITE_FILE = "alerts/remote-write.rules.yaml"
 LAG = "instance_url:remote_write_lag:seconds"
@@ -59,24 +59,15 @@ def records(ctx: Context) -> list[dict[str, str]]:
 
 
 def behind(ctx: Context) -> Alert:
-    limit = duration(LAG_LIMIT_S)
+    text = alert_prose("RLHFRemoteWriteBehind", {"limit": duration(LAG_LIMIT_S)})
     return Alert(
         name="RLHFRemoteWriteBehind",
         expr=f"{LAG} > {LAG_LIMIT_S * ctx.scale:g}",
         for_=duration(LAG_FOR_S * ctx.scale),
         severity="warning",
         category="store",
-        summary=(
-            "{{ $labels.instance }} in cluster {{ $labels.cluster }} is "
-            "{{ $value | humanizeDuration }} behind in writing to {{ $labels.url }}"
-        ),
-        description=(
-            "The remote-write queue of {{ $labels.instance }} (job {{ $labels.job }}, cluster "
-            "{{ $labels.cluster }}) is {{ $value | humanizeDuration }} behind what it scraped "
-            f"(limit {limit}): the fleet's store and the dashboards on it miss that cluster's "
-            "latest samples, and rules evaluated centrally (vmalert) judge its jobs late. "
-            "Nothing is lost while its WAL or buffer holds the samples."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook("RLHFRemoteWriteBehind", [LAG, f"{LAG} > {LAG_LIMIT_S:g}"]),
     )
 
