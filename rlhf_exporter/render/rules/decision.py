@@ -26,13 +26,15 @@ from .model import (
     BOUND_ALERTS,
     JOB_ARGS,
     JOB_MATCH,
-    JOB_NAME,
     Alert,
     Context,
     _num,
     _tq,
+    alert_prose,
     fill,
+    fragment,
     query_first,
+    query_open,
     runbook,
 )
 from .verl_keys import VERL_EVIDENCE_KEYS, VERL_KEYS
@@ -94,10 +96,6 @@ def bound_expr(ctx: Context, verdict: str) -> str:
     )
 
 
-def _was(ctx: Context, verdict: str, body: str, default: str = "") -> str:
-    return query_first(_previous(ctx, verdict, "," + JOB_MATCH), body, default)
-
-
 def _throughput_ratio(ctx: Context) -> str:
     return (
         f"{ctx.tokens_rate}{{{JOB_MATCH}}} / {ctx.tokens_rate_ref}{{{JOB_MATCH}}} "
@@ -105,52 +103,39 @@ def _throughput_ratio(ctx: Context) -> str:
     )
 
 
-def _summary(ctx: Context, verdict: str) -> str:
-    costs = query_first(
-        _throughput_ratio(ctx),
-        ", at {{ . | first | value | humanizePercentage }} of its reference throughput",
-        args=f"{JOB_ARGS} {JOB_ARGS}",
-    )
-    return f"{JOB_NAME} is {verdict}-bound" + _was(ctx, verdict, ", was " + VERDICT_WAS, costs)
+def _annotation_values(ctx: Context, verdict: str, evidence: list[str]) -> dict[str, str]:
+    """The Go-template pieces of a bound alert's summary and description (`runbooks/bound.md`):
+    an `if_` value opens a query whose result the text after it reads, up to `{{ else }}`."""
+    both = f"{JOB_ARGS} {JOB_ARGS}"
+    share = _tq(f'{ctx.share}{{group="{verdict}",{JOB_MATCH}}}', "humanizePercentage")
+    return {
+        "if_moved": query_open(_previous(ctx, verdict, "," + JOB_MATCH)),
+        "was": VERDICT_WAS,
+        "if_costs": query_open(_throughput_ratio(ctx), both),
+        "tokens_now": _tq(f"{ctx.tokens_rate}{{{JOB_MATCH}}}", "humanize"),
+        "tokens_before": _tq(
+            f"{ctx.tokens_rate_ref}{{{JOB_MATCH}}} offset {ctx.window}", "humanize"
+        ),
+        "tokens_share": _tq(_throughput_ratio(ctx), "humanizePercentage", args=both),
+        "if_top_reason": query_open(f'{ctx.top_reasons}{{verdict="{verdict}",{JOB_MATCH}}}'),
+        "reason_meanings": _reason_meanings(verdict),
+        "evidence": "; ".join(
+            [fragment("bound", "share", {"verdict": verdict, "share": share}), *evidence]
+        ),
+    }
 
 
-def _why(ctx: Context, verdict: str) -> str:
-    """The alert's two causes, each with its figures (both lines always shown)."""
-    ref, w = ctx.reference, ctx.window
-    moved = _was(
-        ctx,
-        verdict,
-        f"Moved: it is {verdict}-bound, was "
-        + VERDICT_WAS
-        + f" in {{{{ . | first | value | humanizePercentage }}}} of its steps of the {ref} before.",
-        f"Not moved: no other verdict dominated the {ref} before.",
-    )
-    now = _tq(f"{ctx.tokens_rate}{{{JOB_MATCH}}}", "humanize")
-    before = _tq(f"{ctx.tokens_rate_ref}{{{JOB_MATCH}}} offset {w}", "humanize")
-    share = _tq(_throughput_ratio(ctx), "humanizePercentage", args=f"{JOB_ARGS} {JOB_ARGS}")
-    ratio = ctx.a["bound_throughput_ratio"]
-    costs = (
-        f"Throughput: {now} tokens per second of step time over the last {w}, {share} of the "
-        f"{before} of the {ref} before (costs when below {ratio:.0%}, unless a workload shift)."
-    )
-    return moved + "\n" + costs
-
-
-def _reason_block(ctx: Context, verdict: str) -> str:
+def _reason_meanings(verdict: str) -> str:
+    """What the dominant reason `$r` means and where to look next, one branch per reason."""
     branches = []
     for i, reason in enumerate(REASONS[verdict]):
         kw = "if" if i == 0 else "else if"
         look = LOOK_AT.get((verdict, reason), "")
-        text = f": {REASON_MEANING[reason]}." + (f" Look next at: {look}." if look else "")
+        text = f": {REASON_MEANING[reason]}."
+        if look:
+            text += " " + fragment("bound", "look next", {"look": look})
         branches.append(f'{{{{ {kw} eq $r "{reason}" }}}}{text}')
-    chain = "".join(branches) + "{{ else }}.{{ end }}"
-    return query_first(
-        f'{ctx.top_reasons}{{verdict="{verdict}",{JOB_MATCH}}}',
-        '{{ $top := first . }}{{ $r := label "reason" $top }}'
-        "Dominant reason: {{ $r }}, in {{ value $top | humanizePercentage }} of these steps"
-        + chain,
-        "Dominant reason: none counted in the window.",
-    )
+    return "".join(branches) + "{{ else }}.{{ end }}"
 
 
 def _reason_annotation(ctx: Context, verdict: str) -> str:
@@ -161,14 +146,6 @@ def _reason_annotation(ctx: Context, verdict: str) -> str:
     )
 
 
-def _share_evidence(ctx: Context, verdict: str) -> str:
-    return (
-        f"the {verdict} window took "
-        + _tq(f'{ctx.share}{{group="{verdict}",{JOB_MATCH}}}', "humanizePercentage")
-        + " of step time"
-    )
-
-
 def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -> Alert:
     """The bound alert of one decision-table row; `evidence` (annotation templates) and
     `confirm` (PromQL for the runbook) are the row's own."""
@@ -176,15 +153,18 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
     w, ref, frac = ctx.window, ctx.reference, ctx.a["bound_fraction"]
     ratio = ctx.a["bound_throughput_ratio"]
     example = "update" if verdict == "rollout" else "rollout"
-    description = "\n".join(
-        [
-            f"{{{{ $value | humanizePercentage }}}} of the classified steps of {JOB_NAME} in the "
-            f"last {w} were {verdict}-bound: {VERDICT_MEANING[verdict]}.",
-            _why(ctx, verdict),
-            _reason_block(ctx, verdict),
-            "Evidence: " + "; ".join([_share_evidence(ctx, verdict), *evidence]) + ".",
-        ]
-    )
+    values = {
+        "verdict": verdict,
+        "verdict_meaning": VERDICT_MEANING[verdict],
+        "fraction": _num(frac * 100),
+        "window": w,
+        "reference": ref,
+        "example": example,
+        "min_steps": _num(ctx.a["bound_reference_min_steps"]),
+        "ratio": f"{ratio:.0%}",
+        "steady_state": STEADY_STATE,
+    }
+    text = alert_prose("bound", {**values, **_annotation_values(ctx, verdict, evidence)})
     rests = {rest for _, rest in ctx.th.split_timers.values()}  # windows verl does not log
     timers = [f"timing_s/{t}" for t in ctx.th.document["groups"][verdict] if t not in rests]
     change = []
@@ -201,8 +181,8 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
         for_=ctx.dur("bound_for"),
         severity="info",
         category="bottleneck",
-        summary=_summary(ctx, verdict),
-        description=description,
+        summary=text.summary,
+        description=text.description,
         annotations={"reason": _reason_annotation(ctx, verdict)},
         runbook=runbook(
             "bound",
@@ -215,17 +195,7 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
                 f'{ctx.share}{{project="P", experiment="E"}}',
                 *confirm,
             ],
-            {
-                "verdict": verdict,
-                "verdict_meaning": VERDICT_MEANING[verdict],
-                "fraction": _num(frac * 100),
-                "window": w,
-                "reference": ref,
-                "example": example,
-                "min_steps": _num(ctx.a["bound_reference_min_steps"]),
-                "ratio": f"{ratio:.0%}",
-                "steady_state": STEADY_STATE,
-            },
+            values,
             verl_keys=[*timers, *VERL_EVIDENCE_KEYS[verdict]],
             change=change,
             cannot_show=list(
@@ -236,10 +206,11 @@ def bound(ctx: Context, verdict: str, evidence: list[str], confirm: list[str]) -
 
 
 def _mfu(ctx: Context, stage: str) -> str:
-    return (
-        f"last step's MFU (perf/mfu/{stage}) "
-        + _tq(f'rlhf_mfu_ratio{{stage="{stage}",{JOB_MATCH}}}', "humanizePercentage")
-        + f" (compute-bound at >= {ctx.th.mfu_compute_bound:.0%}, 0 means unknown)"
+    mfu = _tq(f'rlhf_mfu_ratio{{stage="{stage}",{JOB_MATCH}}}', "humanizePercentage")
+    return fragment(
+        "bound",
+        "MFU",
+        {"stage": stage, "mfu": mfu, "compute_bound": f"{ctx.th.mfu_compute_bound:.0%}"},
     )
 
 
@@ -248,12 +219,12 @@ def _mfu(ctx: Context, stage: str) -> str:
 
 
 def rollout_bound(ctx: Context) -> Alert:
+    spread = _tq(f"{ctx.generate_spread}{{{JOB_MATCH}}}", 'printf "%.1f"')
+    long_tail = _num(ctx.th.long_tail_generate_ratio)
+    preempted = _tq(f"rlhf_agent_loop_preempted_max{{{JOB_MATCH}}}", "humanize")
     evidence = [
-        "agent-loop generate_sequences max/mean "
-        + _tq(f"{ctx.generate_spread}{{{JOB_MATCH}}}", 'printf "%.1f"')
-        + f" (long tail at >= {_num(ctx.th.long_tail_generate_ratio)})",
-        "most preemptions of one sample "
-        + _tq(f"rlhf_agent_loop_preempted_max{{{JOB_MATCH}}}", "humanize"),
+        fragment("bound", "generate spread", {"spread": spread, "long_tail": long_tail}),
+        fragment("bound", "preemptions", {"preempted": preempted}),
     ]
     confirm = [
         f'{ctx.generate_spread}{{project="P", experiment="E"}}',
@@ -288,10 +259,13 @@ def sync_bound(ctx: Context) -> Alert:
 
 
 def driver_overhead_bound(ctx: Context) -> Alert:
+    untimed = _tq(f"{ctx.untimed}{{{JOB_MATCH}}}", "humanizePercentage")
     evidence = [
-        "untimed driver time is "
-        + _tq(f"{ctx.untimed}{{{JOB_MATCH}}}", "humanizePercentage")
-        + f" of the other window (untimed at >= {ctx.th.untimed_fraction:.0%})"
+        fragment(
+            "bound",
+            "untimed driver time",
+            {"untimed": untimed, "untimed_fraction": f"{ctx.th.untimed_fraction:.0%}"},
+        )
     ]
     return bound(ctx, "other", evidence, [f'{ctx.untimed}{{project="P", experiment="E"}}'])
 
@@ -321,23 +295,20 @@ def regression(ctx: Context) -> Alert:
     for group in (g for g in GROUPS if g != "checkpoint"):
         keys = sorted({k for (v, _), ks in VERL_KEYS.items() if v == group for k in ks})
         change.append(f"`{group}`: " + ", ".join(f"`{k}`" for k in keys))
+    values = {
+        "window": w,
+        "cost": _tq(cost, 'printf "%.3g"', args),
+        "baseline": _tq(base, 'printf "%.3g"', args),
+    }
+    text = alert_prose("RLHFJobRegression", values)
     return Alert(
         name="RLHFJobRegression",
         expr=f"{ctx.regressions} >= {_num(n)}",
         for_=ctx.dur("regression_for"),
         severity="warning",
         category="regression",
-        summary=f"{JOB_NAME}: the {{{{ $labels.group }}}} window regressed",
-        description=(
-            f"{{{{ $value | humanize }}}} steps of {JOB_NAME} in the last {w} were a regression of the "
-            "{{ $labels.group }} window: it costs more seconds per token than the job's own baseline, "
-            "and more tokens per step do not explain it (a workload shift never counts here).\n"
-            "Last step's cost "
-            + _tq(cost, 'printf "%.3g"', args)
-            + " s/token against a baseline of "
-            + _tq(base, 'printf "%.3g"', args)
-            + " s/token."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFJobRegression",
             [
@@ -346,7 +317,7 @@ def regression(ctx: Context) -> Alert:
                 'rlhf_baseline_group_cost_seconds_per_token{project="P", experiment="E"}',
                 f'{ctx.changes}{{project="P", experiment="E"}}',
             ],
-            {"window": w},
+            values,
             change=change,
         ),
     )
@@ -360,6 +331,14 @@ def throughput_below_baseline(ctx: Context) -> Alert:
         ctx.dur("throughput_reference"),
     )
     best = ctx.best_baseline
+    values = {
+        "window": w,
+        "ratio": _num(ratio),
+        "percent": f"{ratio:.0%}",
+        "reference": ref,
+        "best": _tq(f"{best}{{{JOB_MATCH}}}", "humanize"),
+    }
+    text = alert_prose("RLHFJobThroughputBelowBaseline", values)
     return Alert(
         name="RLHFJobThroughputBelowBaseline",
         expr=(
@@ -369,16 +348,8 @@ def throughput_below_baseline(ctx: Context) -> Alert:
         for_=ctx.dur("throughput_drop_for"),
         severity="warning",
         category="throughput",
-        summary=f"{JOB_NAME} runs far below its own baseline throughput",
-        description=(
-            f"{JOB_NAME} processed {{{{ $value | humanize }}}} tokens per second of step time over the last "
-            f"{w}, below {ratio:.0%} of its best baseline over {ref} ("
-            + _tq(
-                f"{best}{{{JOB_MATCH}}}",
-                "humanize",
-            )
-            + " tokens/s), and no step of the window was a workload shift."
-        ),
+        summary=text.summary,
+        description=text.description,
         runbook=runbook(
             "RLHFJobThroughputBelowBaseline",
             [
@@ -387,7 +358,7 @@ def throughput_below_baseline(ctx: Context) -> Alert:
                 f'{ctx.regressions}{{project="P", experiment="E"}}',
                 f'{ctx.verdicts}{{project="P", experiment="E"}}',
             ],
-            {"window": w, "ratio": _num(ratio), "reference": ref},
+            values,
         ),
     )
 
