@@ -45,10 +45,7 @@ NOT_BEFORE = ("checkpoint", "unknown")
 VERDICT_WAS = '{{ $v := . | first | label "verdict" }}{{ if eq $v "balanced" }}balanced{{ else }}{{ $v }}-bound{{ end }}'
 """The verdict the job moved from, as words: `rollout-bound`, or `balanced`."""
 
-STEADY_STATE = (
-    "the job dashboard's *Verdict and reason over time* panel, the fleet dashboard's "
-    "*Verdict per job*, and the exporter's `/` page"
-)
+STEADY_STATE = fragment("shared", "the steady state")
 """Where the steady bottleneck is shown instead of being notified."""
 
 

@@ -21,7 +21,8 @@ from .model import (
     alert_prose,
     counts_by,
     duration,
-    query_first,
+    fragment,
+    query_open,
     runbook,
 )
 
@@ -29,18 +30,15 @@ from .model import (
 def where_it_hangs() -> str:
     """Each role's wait from the job's last stack round (`rlhf_job_stalled_in`), or
     why there are none: the page fires the same either way."""
-    unread = query_first(
-        f"max by (reason) (rlhf_job_stacks_unread{{{JOB_MATCH}}})",
-        "no stacks ({{ range $i, $s := . }}{{ if $i }}, {{ end }}{{ $s.Labels.reason }}"
-        "{{ end }}): see the job view",
-        default="no stacks yet (taken through Ray's dashboard once the job passes its stall "
-        "limit: see the job view)",
-    )
-    return query_first(
-        f"max by (role, where) (rlhf_job_stalled_in{{{JOB_MATCH}}})",
-        "{{ range $i, $s := sortByLabel `role` . }}{{ if $i }}; {{ end }}{{ $s.Labels.role }}: "
-        "{{ $s.Value }} in {{ $s.Labels.where }}{{ end }}",
-        default=unread,
+    return fragment(
+        "RLHFJobStalled",
+        "where it hangs",
+        {
+            "if_stalled_in": query_open(
+                f"max by (role, where) (rlhf_job_stalled_in{{{JOB_MATCH}}})"
+            ),
+            "if_unread": query_open(f"max by (reason) (rlhf_job_stacks_unread{{{JOB_MATCH}}})"),
+        },
     )
 
 
@@ -57,7 +55,7 @@ def stalled(ctx: Context) -> Alert:
         f"time() - max(last_over_time(rlhf_last_step_timestamp_seconds{{{JOB_MATCH}}}"
         f"[{ctx.blind}]))",
         "humanizeDuration",
-        default="longer than its stall limit",
+        default=fragment("RLHFJobStalled", "no step seen"),
     )
     baseline = _tq(
         f"max(last_over_time(rlhf_baseline_step_duration_seconds{{{JOB_MATCH}}}[{ctx.blind}]))",
