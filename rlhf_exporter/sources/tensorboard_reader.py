@@ -1,14 +1,16 @@
 """TensorBoard event files as verl records: every framework's `tensorboard` logger (verl's
 own, OpenRLHF, AReaL, NeMo-RL, slime, ROLL).
 
-The events are read by TensorBoard's own loader (`tensorboard` package, the `tensorboard`
-extra): never a hand-written protobuf parser. Each file is read incrementally (a poll reads
-what was appended since the last). A step's scalars are collected until the file moves on to
-another step; the framework is detected from the tags (tables.py: a window or step-total key,
-after the framework's TensorBoard prefix), then the step goes through its `Translator`. A
-file that is not an event file, or is cut short, ends its reading where it breaks, counted
-(`bad_event`); one that holds no step of a known framework gives no record (`unknown_tags`,
-counted per step).
+The events are decoded by TensorBoard's own `event_pb2`, their records checked with its own
+checksum (`tensorboard` package, the `tensorboard` extra): never a hand-written protobuf
+parser. Each file is read incrementally (a poll reads what was appended since the last), and
+a damaged record is counted and read past (`corrupt_event`, `truncated_event`:
+sources/event_records.py), where TensorBoard's own loader stops without a word. A step's
+scalars are collected until the file moves on to another step; the framework is detected
+from the tags (tables.py: a window or step-total key, after the framework's TensorBoard
+prefix), then the step goes through its `Translator`. A file that cannot be read, or is no
+event file, ends its reading there, counted (`bad_event`); one that holds no step of a known
+framework gives no record (`unknown_tags`, counted per step).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from ..diagnosis import Record
 from ..frameworks import TABLES, VERL, Translator
 from ..frameworks.tables import Framework
+from .event_records import REASONS as RECORD_REASONS
+from .event_records import EventRecords
 
 MAX_FILES = 256  # event files of one directory read at most
 MAX_HELD_STEPS = 4096  # steps held at most (a file behind the others, an unknown framework)
@@ -32,7 +36,7 @@ MAX_KEYS = 4096  # scalars of one step kept at most
 BAD_EVENT = "bad_event"
 UNKNOWN_TAGS = "unknown_tags"
 TOO_MANY_KEYS = "too_many_keys"
-REASONS = (BAD_EVENT, UNKNOWN_TAGS, TOO_MANY_KEYS)
+REASONS = (BAD_EVENT, UNKNOWN_TAGS, TOO_MANY_KEYS, *RECORD_REASONS)
 _VERL_HALLMARK = "timing_s/step"
 
 
@@ -75,16 +79,18 @@ def detect(tags: Any) -> str | None:
     return None
 
 
-def _loader(path: Path) -> Any:
+def _loader(path: Path, rejected: Counter[str]) -> EventRecords:
+    """The reader of one event file, with TensorBoard's checksum and event decoder."""
     try:
         logging.getLogger("tensorboard").setLevel(logging.ERROR)
-        from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
     except ImportError as exc:  # pragma: no cover - the extra is in the test environment
         raise TensorBoardMissing(
             "reading TensorBoard event files needs the `tensorboard` extra: "
             "pip install 'rlhf-exporter[tensorboard]'"
         ) from exc
-    return EventFileLoader(str(path))
+    return EventRecords(path, masked_crc32c, event_pb2.Event.FromString, rejected)
 
 
 def _scalar(value: Any) -> float | None:
@@ -109,7 +115,7 @@ class _File:
 
     def __init__(self, path: Path):
         self.path = path
-        self.loader: Any = None
+        self.loader: EventRecords | None = None
         self.step: int | None = None
         self.data: dict[str, float | None] = {}
         self.broken = False
@@ -128,10 +134,14 @@ class TensorBoardReader:
         self.framework = framework
         self.rejected: Counter[str] = Counter()
         self.records = 0
-        self.pending_bytes = 0  # (the loader holds no partial line)
         self._files: dict[Path, _File] = {}
         self._translator = Translator(framework) if framework else None
         self._merged: dict[int, dict[str, float | None]] = {}  # complete in their files
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of records not yet complete in their files."""
+        return sum(f.loader.pending_bytes for f in self._files.values() if f.loader is not None)
 
     def poll(self) -> Iterator[Record]:
         """The steps completed since the last poll (new files are found too)."""
@@ -149,6 +159,8 @@ class TensorBoardReader:
     def finish(self) -> Iterator[Record]:
         """The input has ended: each file's last step, then what was held."""
         for f in self._files.values():
+            if f.loader is not None and not f.broken:
+                f.loader.end()
             self._step_done(f)
         yield from self._give(None)
         if self._merged:
@@ -163,8 +175,8 @@ class TensorBoardReader:
         before = (f.step, len(f.data))
         try:
             if f.loader is None:
-                f.loader = _loader(f.path)
-            for event in f.loader.Load():
+                f.loader = _loader(f.path, self.rejected)
+            for event in f.loader.read():
                 if not event.HasField("summary"):
                     continue
                 if event.step != f.step:
@@ -174,7 +186,7 @@ class TensorBoardReader:
                     self._add(f, value)
         except TensorBoardMissing:
             raise
-        except Exception:  # a corrupt or foreign file: what it gave so far stands
+        except Exception:  # a file that cannot be read: what it gave so far stands
             f.broken = True
             self.rejected[BAD_EVENT] += 1
             self._step_done(f)
