@@ -1,5 +1,6 @@
-"""The Markdown templates in `templates/`: the prose of the generated docs and of every alert's
-runbook, filled with values from the thresholds. Python keeps the PromQL and the structure.
+"""The Markdown templates in `templates/`: the prose of the generated docs, of every alert's
+runbook and of its summary and description, filled with values from the thresholds. Python
+keeps the PromQL and the structure.
 
 A placeholder is `${name}` (a dotted name, such as `${verdict.min_share}`, may read a
 thresholds key); any other `$` is text, so PromQL and Go templates keep theirs. Filling fails
