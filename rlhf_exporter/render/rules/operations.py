@@ -1,7 +1,8 @@
 """The on-call alerts: a stalled job, Ray actors, idle GPUs, and the exporter itself.
 
 One function per alert, each returning the rule with its runbook beside it; `ALERTS` is the
-group's order. To change an alert, edit its function only.
+group's order. An alert's PromQL is its function's; its words (summary, description, runbook)
+are its template, render/templates/runbooks/<Alert>.md.
 """
 
 from __future__ import annotations
