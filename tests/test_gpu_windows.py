@@ -1078,7 +1078,7 @@ def test_fully_async_empty_record_and_repeated_last_step_count_once():
     assert job.last.windows.counted["update_actor"] == pytest.approx(
         last.data["timing_s/update_actor"]
     )  # the first record of the step decided; the flush changed nothing
-    assert job.rejected == {"late_record": 1}  # the flush came after its step's verdict (v5)
+    assert job.drops == {"late_record": 1}  # the flush came after its step's verdict (v5)
     # the empty record anchors the next one: every classified record is placed
     placed_steps = {tl.step for tl in board.recent(("p", "fa"))}
     assert placed_steps == classified

@@ -74,11 +74,11 @@ def test_the_first_steps_late_record_keeps_its_verdict_and_is_counted_once():
     job.feed([Record(1, second(1))], clock.t + 1)
     assert job.last is verdict  # kept: never classified twice
     assert job.verdict_steps[verdict.verdict] == 1 and sum(job.verdict_steps.values()) == 1
-    assert job.rejected == {"late_record": 1}
+    assert job.drops == {"late_record": 1}
     job.feed([Record(2, first(2))], clock.t + 30)
     assert job.last is verdict  # step 2 is held now: the job writes steps in two records
     job.feed([Record(2, second(2))], clock.t + 31)
-    assert job.rejected == {"late_record": 1}  # a held step's second record is no late one
+    assert job.drops == {"late_record": 1}  # a held step's second record is no late one
     assert job.tick(clock.t + 30 + S)
     assert job.last is not None and job.last.step == 2 and job.last.shares["sync"] > 0.0
 
@@ -98,7 +98,7 @@ def test_held_steps_are_released_by_the_next_steps_first_record():
     assert job.last is not None and job.last.to_json() == batch(records)[-1]
     assert not job.tick(job.due or 1e12)  # classified once
     assert job.steps == 15 and sum(job.verdict_steps.values()) == 15
-    assert job.rejected == {"late_record": 1}
+    assert job.drops == {"late_record": 1}
 
 
 def test_a_held_step_is_released_when_its_s_has_passed():
@@ -113,11 +113,11 @@ def test_a_held_step_is_released_when_its_s_has_passed():
     assert job.last.step == 2 and job.last.shares["sync"] == 0.0  # what it had
     job.feed([Record(2, second(2))], 1000.0 + S + 1)  # too late: counted, verdict kept
     assert job.last.step == 2 and job.last.shares["sync"] == 0.0
-    assert job.rejected == {"late_record": 2}  # step 1's, then step 2's
+    assert job.drops == {"late_record": 2}  # step 1's, then step 2's
     # a second record after the S passed counts as late even when no tick came between
     job.feed([Record(3, first(3))], 2000.0)
     job.feed([Record(3, second(3))], 2000.0 + S + 5)
-    assert job.last.step == 3 and job.rejected == {"late_record": 3}
+    assert job.last.step == 3 and job.drops == {"late_record": 3}
 
 
 def test_a_held_step_is_released_when_the_job_ends():
