@@ -8,13 +8,18 @@ follows it (docs/serve.md#the-console-source says why this route). So no job nee
 change, a volume or a pusher: the head's sidecar finds each trainer actor through the Ray
 source's poll, streams its stdout, turns the printed steps into the records the file logger
 would have written (sources/console_reader.py), and feeds them to a `Job` like any source.
+Other frameworks are read the same way: OpenRLHF's trainer actor by its class, and a
+submitted job's driver log (AReaL, NeMo-RL and ROLL print their steps from the driver;
+slime's two actors' lines reach it through Ray) by its submission id, the framework detected
+from the text (sources/console_drivers.py, sources/framework_console.py); a framework that
+prints each step in halves has them joined first (sources/console_join.py).
 
-- One stream per trainer actor, at most `max_streams` (Ray's state API serves at most 100
+- One stream per trainer actor or driver log, at most `max_streams` (Ray's state API serves at most 100
   requests at once: `RAY_STATE_SERVER_MAX_HTTP_REQUEST`), each read without waiting, at
   most `stream_budget` bytes per poll and `poll_budget` in all; a line is bounded by
   `max_line`. A failed stream is opened again after a backoff (1 s doubling to
   `MAX_BACKOFF`), skipping the bytes already read: a reconnect never counts a step twice.
-- A job is one Ray job id: its trainer actors' streams feed one `Job`. Its labels are what
+- A job is one Ray job id: its streams feed one `Job`. Its labels are what
   verl printed at start (`trainer.project_name`, `trainer.experiment_name` in its resolved
   config), else what its submission names (metadata, or the entrypoint's overrides), else
   (`unnamed`, its submission id or Ray job id).
@@ -27,7 +32,8 @@ would have written (sources/console_reader.py), and feeds them to a `Job` like a
   identity and history) before exporting it: a history is never shown half-read.
 - Nothing a job prints is logged or exported as text: reasons are counted
   (`rlhf_exporter_record_errors_total{collector="console"}`), streams' failures too
-  (`rlhf_exporter_collector_errors_total{collector="console",reason="stream_<reason>"}`).
+  (`rlhf_exporter_collector_errors_total{collector="console",reason="stream_<reason>"}`,
+  and `drivers_<reason>` for the list of submissions).
 """
 
 from __future__ import annotations
@@ -35,8 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
@@ -52,12 +57,16 @@ from ..metrics.snapshot import Sample
 from ..settings import Settings
 from . import http
 from .base import Clock, Context, PollingSource, PollResult
+from .console_drivers import DRIVER_TAIL, LIST_EVERY, Driver, DriverList, follow
+from .console_join import HALVES, StepJoiner
 from .console_reader import ConsoleReader
+from .console_tails import ConsoleJob, Tail, close, drained, quiet, settle
 from .framework_console import FrameworkConsoleReader
 from .job_maker import JobMaker
 from .log_stream import LogStream, StreamEnded, wait_readable
 from .ray import resolve_address
 from .ray_token import RayToken
+from .roles import TRAINER_CLASSES
 
 log = logging.getLogger(__name__)
 
@@ -65,11 +74,8 @@ NAME = "console"
 STREAM_PATH = "/api/v0/logs/stream"
 MAX_BACKOFF = 60.0  # seconds between two tries of a failing stream, at most
 OPENS_PER_POLL = 4  # streams opened per poll at most (each may wait `timeout`)
-DRAIN = 5.0  # seconds a gone actor's stream is still read while it brings bytes
 CATCH_UP = 0.5  # of the interval, spent at most re-reading streams that have more
 CATCH_UP_WAIT = 0.05  # seconds waited at most for their sockets between two such passes
-CAUGHT_UP_WAIT = 0.2  # seconds a stream that brought bytes then none is waited on, at most
-EMPTY_AFTER = 2.0  # seconds a new stream that brought nothing takes for an empty file
 FILE_PATH = "/api/v0/logs/file"
 TAIL_KEEP = 4096  # last bytes of a stream kept, to compare with the file's last line
 STALE = "stale"  # a stream that no longer follows its file (truncated in place): read anew
@@ -80,41 +86,6 @@ TOO_MANY_STREAMS = "too_many_streams"  # a trainer actor over max_streams: not r
 ENDED_FORGOTTEN = "ended_job_forgotten"  # an ended job dropped before job_expiry: over the bound
 ENDED_KEPT = 4  # ended jobs kept per stream of max_streams, at most (the oldest go first)
 OTHER_SUBMISSION_END = "ray_end_other_submission"
-
-
-@dataclass
-class Tail:
-    """One trainer actor's stdout, as far as it was read."""
-
-    actor: TrainerActor
-    reader: ConsoleReader | FrameworkConsoleReader  # verl's, or another framework's
-    stream: LogStream | None = None  # while connected
-    delivered: int = 0  # bytes read over every connection (skipped after a reconnect)
-    retry_at: float = 0.0  # monotonic: when a failed stream may be opened again
-    failures: int = 0
-    caught_up: bool = False  # read to its end once (what came before is exported)
-    opened_at: float = 0.0  # monotonic: when its stream was last opened
-    got_any: bool = False  # its stream brought bytes since it was opened
-    empty: bool = False  # its last read brought nothing
-    gone_at: float | None = None  # monotonic: when Ray stopped listing the actor ALIVE
-    heard_at: float = 0.0  # monotonic: when its stream last brought bytes
-    last_bytes: bytes = b""  # its last TAIL_KEEP bytes read
-    checked_at: float = 0.0  # monotonic: when the file's last line was last compared
-    suspect: bool = False  # that comparison found the file ending otherwise
-
-
-@dataclass
-class ConsoleJob:
-    """One Ray job's trainer actors and the `Job` their printed steps feed."""
-
-    job_id: str
-    submission_id: str
-    named: Labels | None
-    tails: dict[str, Tail] = field(default_factory=dict)
-    job: Job | None = None
-    yielded: bool = False  # a verl file holds its name: the file source reads it
-    ended_at: float | None = None  # wall time every tail was gone
-    last_change: float = 0.0  # wall time of its last record
 
 
 class ConsoleSource(PollingSource, JobMaker):
@@ -140,6 +111,7 @@ class ConsoleSource(PollingSource, JobMaker):
         engines: Engines | None = None,
         names: JobNames | None = None,
         facts: JobFacts | None = None,
+        drivers_every: float = LIST_EVERY,
     ):
         super().__init__(NAME, interval, wall=clock)
         self.th, self.limits, self.clock = th, limits, clock
@@ -154,6 +126,7 @@ class ConsoleSource(PollingSource, JobMaker):
         self.poll_budget = max(poll_budget, stream_budget)
         self.stale_after = stale_after
         self._http = http.Client(timeout=timeout, max_bytes=64 << 10)
+        self._drivers = DriverList(self.address, timeout, token, drivers_every)
         self.job_expiry = job_expiry
         self.names = names
         self.facts = facts  # the jobs Ray ties by name: another submission's end is ignored
@@ -161,6 +134,7 @@ class ConsoleSource(PollingSource, JobMaker):
             names.yields(self)
         self._rejected: Counter[str] = Counter()
         self._errors.update({"stream_" + r: 0 for r in (*http.REASONS, "ended", STALE)})
+        self._errors.update({"drivers_" + r: 0 for r in http.REASONS})
         self._jobs: dict[str, ConsoleJob] = {}  # by Ray job id
         self._labels: dict[Labels, str] = {}  # exported labels -> Ray job id
         self._over: set[str] = set()  # actor ids not read (over max_streams), counted once
@@ -197,7 +171,8 @@ class ConsoleSource(PollingSource, JobMaker):
 
     def describe(self) -> str:
         return (
-            f"console (verl trainers' stdout from Ray at {self.address}, every {self.interval:g}s)"
+            f"console (trainers' stdout and drivers' logs from Ray at {self.address}, "
+            f"every {self.interval:g}s)"
         )
 
     def jobs(self) -> tuple[dict[str, Any], ...]:
@@ -206,7 +181,8 @@ class ConsoleSource(PollingSource, JobMaker):
     def close(self) -> None:
         for cj in self._jobs.values():
             for tail in cj.tails.values():
-                _close(tail)
+                close(tail)
+        self._drivers.close()
 
     # -- the name a verl file takes -----------------------------------------------------------
     def displace(self, project: str, experiment: str) -> bool:
@@ -217,7 +193,7 @@ class ConsoleSource(PollingSource, JobMaker):
             return False
         cj.yielded, cj.job = True, None
         for tail in cj.tails.values():
-            _close(tail)
+            close(tail)
         return True
 
     # -- one poll --------------------------------------------------------------------------
@@ -225,6 +201,11 @@ class ConsoleSource(PollingSource, JobMaker):
         now, mono = self.clock(), time.monotonic()
         if self.trainers.trainers_seen:
             self._sync(self.trainers.trainer_actors(), now, mono)
+        failed = self._drivers.refresh(mono)
+        if failed is not None:
+            self._errors["drivers_" + failed] = self._errors.get("drivers_" + failed, 0) + 1
+        if self._drivers.listed:
+            self._sync_drivers(self._drivers.drivers, now, mono)
         self._read_all(now, mono)
         return self._publish(now)
 
@@ -234,7 +215,7 @@ class ConsoleSource(PollingSource, JobMaker):
         live = 0
         for known in self._jobs.values():
             for actor_id, tail in known.tails.items():
-                if actor_id not in actors and tail.gone_at is None:
+                if not tail.driver and actor_id not in actors and tail.gone_at is None:
                     tail.gone_at = mono
                 live += tail.gone_at is None
         for actor_id, actor in actors.items():
@@ -256,12 +237,41 @@ class ConsoleSource(PollingSource, JobMaker):
             cj.ended_at = None
             live += 1
 
+    def _sync_drivers(self, drivers: Mapping[str, Driver], now: float, mono: float) -> None:
+        """Start a tail for each running submission's driver log (sources/console_drivers.py)
+        whose job has no stream yet, within `max_streams`; follow the ones already read."""
+        follow(self._jobs, self._labels, drivers, mono)
+        live = sum(t.gone_at is None for cj in self._jobs.values() for t in cj.tails.values())
+        for d in drivers.values():
+            known = self._jobs.get(d.key)
+            key = DRIVER_TAIL + d.submission_id
+            if not d.running or (known is not None and known.tails):
+                continue
+            if live >= self.max_streams:
+                if key not in self._over:
+                    self._over.add(key)
+                    self._rejected[TOO_MANY_STREAMS] += 1
+                continue
+            cj = known or ConsoleJob(d.key, d.submission_id, d.named, last_change=now)
+            self._jobs[d.key] = cj
+            cj.driver_fact, cj.ended_at = d.fact, None
+            actor = TrainerActor("", "", d.key, d.submission_id, d.named)
+            reader = self._driver_reader()
+            cj.tails[key] = Tail(actor, reader, heard_at=mono, driver=True, log_file=d.log_file)
+            live += 1
+        running = {DRIVER_TAIL + sid for sid, d in drivers.items() if d.running}
+        self._over = {k for k in self._over if not k.startswith(DRIVER_TAIL) or k in running}
+
     def _reader(self, actor: TrainerActor) -> ConsoleReader | FrameworkConsoleReader:
         """verl's reader, or the reader of the framework whose actor class it is."""
         framework = ACTOR_FRAMEWORKS.get(actor.class_name.rpartition(".")[2])
         if framework is not None:
             return FrameworkConsoleReader(self.max_line, framework)
         return ConsoleReader(self.max_line)
+
+    def _driver_reader(self) -> FrameworkConsoleReader:
+        """A driver log's reader: the framework from the text; trainers' lines read apart."""
+        return FrameworkConsoleReader(self.max_line, None, TRAINER_CLASSES)
 
     def _read_all(self, now: float, mono: float) -> None:
         tails = [(cj, t) for cj in self._jobs.values() if not cj.yielded for t in cj.tails.values()]
@@ -274,7 +284,7 @@ class ConsoleSource(PollingSource, JobMaker):
             if left <= 0:
                 self._rotate += i
                 break
-            if tail.stream is None and (opens <= 0 or mono < tail.retry_at or _drained(tail, mono)):
+            if tail.stream is None and (opens <= 0 or mono < tail.retry_at or drained(tail, mono)):
                 continue
             opens -= tail.stream is None
             got = self._read_safely(cj, tail, min(self.stream_budget, left), now, mono)
@@ -282,10 +292,10 @@ class ConsoleSource(PollingSource, JobMaker):
             if got:
                 busy.append((cj, tail))
         self._catch_up(busy, left, now, mono)
-        self._settle([t for _, t in tails], mono)
+        settle([t for _, t in tails], mono)
         checks = STALE_CHECKS  # each may wait `timeout` for Ray
         for _, tail in tails:
-            if checks > 0 and self._quiet(tail, mono):
+            if checks > 0 and quiet(tail, mono, self.stale_after):
                 checks -= 1
                 self._check_stale(tail, mono)
         for cj in list(self._jobs.values()):
@@ -318,29 +328,6 @@ class ConsoleSource(PollingSource, JobMaker):
                 ]
             busy = again
 
-    def _settle(self, tails: list[Tail], mono: float) -> None:
-        """Which backlogs are read: Ray sends a backlog without a pause, and a followed file
-        in bursts (it looks again every second). So a stream that brought bytes, then
-        nothing for CAUGHT_UP_WAIT more, has caught up (and one that has brought nothing
-        for EMPTY_AFTER since it opened: an empty file); its job is exported from then on."""
-        waiting = [t for t in tails if t.stream is not None and not t.caught_up and t.empty]
-        for t in waiting:
-            if not t.got_any and mono - t.opened_at >= EMPTY_AFTER:
-                t.caught_up = True
-        heard = [t for t in waiting if t.got_any and t.stream is not None]
-        if heard:
-            ready = wait_readable([t.stream for t in heard if t.stream], CAUGHT_UP_WAIT)
-            for t in heard:
-                t.caught_up = id(t.stream) not in ready
-
-    def _quiet(self, tail: Tail, mono: float) -> bool:
-        """A followed stream that brought nothing for `stale_after`, not compared lately."""
-        return (
-            tail.stream is not None and tail.caught_up and tail.gone_at is None
-            and tail.delivered > 0 and mono - tail.heard_at >= self.stale_after
-            and mono - tail.checked_at >= self.stale_after / 2
-        )  # fmt: skip
-
     def _check_stale(self, tail: Tail, mono: float) -> None:
         """Ray's stream follows the file at its offset: a file truncated in place (say, by
         `logrotate`'s copytruncate; Ray appends to it) is never read again, and its job would
@@ -356,7 +343,7 @@ class ConsoleSource(PollingSource, JobMaker):
         if not window:
             return  # one line longer than TAIL_KEEP: nothing to compare
         lines = window.count(b"\n") + (not window.endswith(b"\n"))
-        query = urlencode({"actor_id": tail.actor.actor_id, "lines": str(lines)})
+        query = urlencode({**_whose(tail), "lines": str(lines)})
         try:
             got = self._http.request(f"{self.address}{FILE_PATH}?{query}",
                                      headers=self._auth(), truncate=True)  # fmt: skip
@@ -368,13 +355,13 @@ class ConsoleSource(PollingSource, JobMaker):
         if not differs or not tail.suspect:
             tail.suspect = differs
             return
-        _close(tail)
+        close(tail)
         self._errors["stream_" + STALE] += 1
         log.warning("console: a verl trainer's stdout file no longer ends as its stream "
                     "(truncated in place?): reading it again from its first byte",
                     extra={"collector": NAME, "reason": STALE})  # fmt: skip
         tail.delivered, tail.last_bytes, tail.suspect = 0, b"", False
-        tail.reader = self._reader(tail.actor)
+        tail.reader = self._driver_reader() if tail.driver else self._reader(tail.actor)
         tail.retry_at = mono
 
     def _read_safely(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
@@ -384,14 +371,14 @@ class ConsoleSource(PollingSource, JobMaker):
             self._rejected[INTERNAL_ERROR] += 1
             log.error("console: reading a trainer's stdout failed (a bug)", exc_info=True,
                       extra={"collector": NAME, "reason": INTERNAL_ERROR})  # fmt: skip
-            _close(tail)
+            close(tail)
             tail.retry_at = mono + MAX_BACKOFF
             return 0
 
     def _read(self, cj: ConsoleJob, tail: Tail, budget: int, now: float, mono: float) -> int:
         """Read what one stream has (opening it first); returns the bytes read."""
         if tail.stream is None:
-            tail.stream = LogStream(self._url(tail.actor), timeout=self.timeout,
+            tail.stream = LogStream(self._url(tail), timeout=self.timeout,
                                     headers=self._auth(), skip=tail.delivered)  # fmt: skip
             tail.opened_at, tail.got_any, tail.empty = mono, False, False
             try:
@@ -422,7 +409,7 @@ class ConsoleSource(PollingSource, JobMaker):
         return len(chunk)
 
     def _stream_failed(self, tail: Tail, reason: str, mono: float) -> int:
-        _close(tail)
+        close(tail)
         self._errors["stream_" + reason] = self._errors.get("stream_" + reason, 0) + 1
         tail.failures += 1
         tail.retry_at = mono + min(MAX_BACKOFF, 2.0 ** (tail.failures - 1))
@@ -433,11 +420,25 @@ class ConsoleSource(PollingSource, JobMaker):
         return 0
 
     def _feed(self, cj: ConsoleJob, tail: Tail, chunk: bytes, now: float) -> None:
+        self._take(cj, tail, tail.reader.feed(chunk), now)
+
+    def _take(
+        self, cj: ConsoleJob, tail: Tail, records: Iterable[Record], now: float, end: bool = False
+    ) -> None:
+        """Records read from one tail into the job (through its joiner, for a framework that
+        prints each step in halves); `end`: the job's input ended, held steps come out."""
         batch: list[Record] = []
-        for record in tail.reader.feed(chunk):
+        for record in records:
             if cj.job is None and not cj.yielded:
                 self._name(cj, tail)
             batch.append(record)
+        framework = _framework(cj)
+        if cj.joiner is None and framework in HALVES:
+            cj.joiner = StepJoiner(framework)
+        if cj.joiner is not None:
+            batch = [*cj.joiner.feed(batch), *(cj.joiner.finish() if end else ())]
+            self._rejected.update(cj.joiner.rejected)
+            cj.joiner.rejected.clear()
         if batch and cj.job is not None:
             self._records += cj.job.feed(batch, now)
             cj.last_change = now
@@ -458,7 +459,7 @@ class ConsoleSource(PollingSource, JobMaker):
         if self.names is not None and self.names.file_holds(*labels):
             cj.yielded = True
             for t in cj.tails.values():
-                _close(t)
+                close(t)
             return
         holder = self._jobs.get(self._labels.get(labels, ""))
         job = None
@@ -480,11 +481,12 @@ class ConsoleSource(PollingSource, JobMaker):
         """Close the streams of actors Ray no longer lists once they went quiet; forget a
         job that ended `job_expiry` ago."""
         for tail in cj.tails.values():
-            if tail.gone_at is not None and tail.stream is not None and _drained(tail, mono):
-                _close(tail)
+            if tail.gone_at is not None and tail.stream is not None and drained(tail, mono):
+                close(tail)
                 tail.caught_up = True
         tails = cj.tails.values()
         if cj.ended_at is None and all(t.gone_at is not None and t.stream is None for t in tails):
+            self._finish(cj, now)
             cj.ended_at = now
         if cj.ended_at is not None and now - max(cj.ended_at, cj.last_change) > self.job_expiry:
             del self._jobs[cj.job_id]
@@ -493,6 +495,17 @@ class ConsoleSource(PollingSource, JobMaker):
                 self._labels.pop(cj.job.labels, None)
                 if self.names is not None:
                     self.names.unclaim(*cj.job.labels)
+
+    def _finish(self, cj: ConsoleJob, now: float) -> None:
+        """Every stream of the job has ended: what its readers and joiner hold comes out (a
+        block the next line would have closed, a step held for a value logged with the next)."""
+        if cj.yielded or not cj.tails:
+            return
+        for tail in cj.tails.values():
+            if isinstance(tail.reader, FrameworkConsoleReader):
+                self._take(cj, tail, tail.reader.finish(), now)
+        if cj.joiner is not None:
+            self._take(cj, next(iter(cj.tails.values())), (), now, end=True)
 
     def _forget_oldest_ended(self) -> None:
         """Ended jobs are kept `job_expiry`, and at most ENDED_KEPT x max_streams of them
@@ -544,7 +557,7 @@ class ConsoleSource(PollingSource, JobMaker):
 
     def _job_state(self, cj: ConsoleJob, job: Job) -> None:
         """The job's state from its own submission (None for a driver started by hand)."""
-        fact = self.trainers.submission_fact(cj.job_id)
+        fact = self.trainers.submission_fact(cj.job_id) or cj.driver_fact
         job.set_ray(fact)
         named = self.facts.job_fact(*job.labels) if self.facts is not None else None
         own = fact.submission if fact is not None else cj.submission_id
@@ -556,8 +569,8 @@ class ConsoleSource(PollingSource, JobMaker):
         self._rejected.update(job.take_drops())  # what it dropped, ends it outgrew too
 
     # -- HTTP ------------------------------------------------------------------------------
-    def _url(self, actor: TrainerActor) -> str:
-        query = urlencode({"actor_id": actor.actor_id, "lines": "-1", "interval": "1"})
+    def _url(self, tail: Tail) -> str:
+        query = urlencode({**_whose(tail), "lines": "-1", "interval": "1"})
         return f"{self.address}{STREAM_PATH}?{query}"
 
     def _auth(self) -> dict[str, str] | None:
@@ -572,12 +585,6 @@ def _framework(cj: ConsoleJob) -> str:
     return VERL
 
 
-def _drained(tail: Tail, mono: float) -> bool:
-    """A gone actor's stream that has brought nothing for DRAIN seconds is read to its end."""
-    return tail.gone_at is not None and mono - max(tail.heard_at, tail.gone_at) > DRAIN
-
-
-def _close(tail: Tail) -> None:
-    if tail.stream is not None:
-        tail.stream.close()
-        tail.stream = None
+def _whose(tail: Tail) -> dict[str, str]:
+    """The log file's query: an actor's stdout by actor id, a driver's log by node and name."""
+    return tail.log_file if tail.driver else {"actor_id": tail.actor.actor_id}

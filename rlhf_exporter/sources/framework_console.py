@@ -15,10 +15,12 @@
 The framework is the first one whose line is seen (`framework`); a line of another framework
 after that is `foreign_step`. Lines are complete at `\\n`; one longer than `max_line` is
 skipped to its newline, never held (`too_long`). ANSI colour, a `kubectl --timestamps` time
-and Ray's `(Class pid=N)` prefix are removed first. A dict that does not parse (a Python
-literal for OpenRLHF and slime, JSON for ROLL) is `bad_step_line`; a step beyond ±2**53
-`bad_step`. Each step goes through the framework's `Translator`, so each number lands on the
-step it measured. Nothing read is logged: only counts by reason leave this module.
+and Ray's `(Class pid=N)` prefix are removed first; a line whose prefix names a class of
+`forwarded_elsewhere` (read from that actor's own stream) is skipped. A dict that does not
+parse (a Python literal for OpenRLHF and slime, JSON for ROLL) is `bad_step_line`; a step
+beyond ±2**53 `bad_step`. Each step goes through the framework's `Translator`, so each
+number lands on the step it measured. Nothing read is logged: only counts by reason leave
+this module.
 """
 
 from __future__ import annotations
@@ -81,9 +83,17 @@ def detect(head: bytes) -> str | None:
 class FrameworkConsoleReader:
     """Splits one framework's printed output into verl records (see the module's text)."""
 
-    def __init__(self, max_line: int = MAX_LINE_BYTES, framework: str | None = None):
+    def __init__(
+        self,
+        max_line: int = MAX_LINE_BYTES,
+        framework: str | None = None,
+        forwarded_elsewhere: re.Pattern[str] | None = None,
+    ):
         self.max_line = max_line
         self.framework = framework
+        # the classes whose lines Ray forwards into this input but are read from their own
+        # stream (a driver log holds its trainer actors' output): skipped here
+        self.elsewhere = forwarded_elsewhere
         self.rejected: Counter[str] = Counter()
         self.records = 0
         self._translator = Translator(framework) if framework else None
@@ -160,6 +170,8 @@ class FrameworkConsoleReader:
         if "\x1b" in text:
             text = _ANSI.sub("", text)
         m = _PREFIX.match(text)
+        if m and self.elsewhere is not None and m.group("ray") and _names(self.elsewhere, m):
+            return
         text = (text[m.end() :] if m else text).rstrip()
         if self._block is not None:
             if self._block_line(text):
@@ -273,6 +285,12 @@ class FrameworkConsoleReader:
                 self.rejected[BAD_STEP_LINE] += 1
                 return
             yield from self._emit(step, block)
+
+
+def _names(classes: re.Pattern[str], prefix: re.Match[str]) -> bool:
+    """Whether Ray's prefix names a class of `classes` (or a dotted name ending in one)."""
+    cls = prefix.group("cls")
+    return bool(cls) and bool(classes.fullmatch(cls) or classes.fullmatch(cls.rpartition(".")[2]))
 
 
 def _areal_row(text: str, block: dict[str, Any]) -> bool:
