@@ -24,7 +24,9 @@ class Window(NamedTuple):
     """One timer of the framework, in seconds."""
 
     key: str  # the framework's key, as its metrics dict (and TensorBoard) spells it
-    timer: str | None  # the verl timer it counts as; None: a container, its own rest untimed
+    # the verl timer it counts as (windows of one timer add up); None: a container, its own
+    # rest untimed
+    timer: str | None
     inside: str | None = None  # the key of the window it runs inside (taken out of that one)
 
 
@@ -79,7 +81,8 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             ),
             step_total="timing/step_total",
             values=_values(response_length__mean="rollout/response_length_mean"),
-            tokens_product=("rollout/num_samples", "rollout/response_length_mean"),
+            # the step's samples x their mean prompt + response length (the actor's status)
+            tokens_product=("rollout/num_samples", "total_length"),
             tensorboard_prefix="train/",
             # the PPO trainer actor; the async trainer's training actor
             actor_classes=("PPOTrainer", "TrainingActor"),
@@ -116,12 +119,15 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 Window("timeperf/rollout", "gen"),
                 Window("timeperf/recompute_logp", "old_log_prob"),
                 Window("timeperf/ref_logp", "ref"),
+                # distillation's teacher: another frozen model's log-probs, beside the reference
+                Window("timeperf/teacher_logp", "ref"),
                 Window("timeperf/critic_values", "values"),
                 Window("timeperf/train_step", "update_actor"),
                 Window("timeperf/critic_train_step", "update_critic"),
                 Window("timeperf/update_weights", "update_weights"),
                 Window("timeperf/compute_advantage", "adv"),
                 Window("timeperf/save", "save_checkpoint"),
+                Window("timeperf/checkpoint_for_recover", "save_checkpoint"),
             ),
             step_total=None,
             not_windows=frozenset(("timeperf/eval",)),
@@ -158,7 +164,9 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 Window("timing/train/generation", "gen"),
                 Window("timing/train/exposed_generation", "gen"),
                 Window("timing/train/policy_and_reference_logprobs", "old_log_prob"),
+                Window("timing/train/logprob_inference_prep", "old_log_prob"),
                 Window("timing/train/policy_training", "update_actor"),
+                Window("timing/train/training_prep", "update_actor"),
                 Window("timing/train/prepare_for_generation/total", None),
                 Window(
                     "timing/train/prepare_for_generation/transfer_and_update_weights",
@@ -179,7 +187,6 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
             # a rate logged with the timers; and timers nested in a named window
             not_windows=frozenset(
                 (
-                    "timing/train/validation",
                     "timing/train/valid_tokens_per_sec_per_gpu",
                     "timing/train/idle/buffer_starvation",
                     "timing/train/recompute_kv_scales",
@@ -215,13 +222,11 @@ TABLES: Mapping[str, Framework] = MappingProxyType(
                 Window("perf/ref_log_probs_time", "ref"),
                 Window("perf/actor_train_time", "update_actor"),
                 Window("perf/update_weights_time", "update_weights"),
+                Window("perf/save_model_time", "save_checkpoint"),
             ),
             step_total="perf/step_time",
-            # the trainer's own bookkeeping, and the parts of perf/step_time
-            not_windows=frozenset(
-                ("perf/train_wait_time", "perf/train_time", "perf/total_train_loop_time")
-            ),
-            values=_values(perf__total_num_tokens="perf/actor_train_tokens"),
+            # the two parts of perf/step_time
+            not_windows=frozenset(("perf/train_wait_time", "perf/train_time")),
             # slime logs no token count: its trainer's tokens/s times its train time is one
             tokens_product=("perf/actor_train_tok_per_s", "perf/actor_train_time"),
             timer_suffix="_time",

@@ -1,6 +1,7 @@
 """A framework's step as a verl-keyed record, by its table (tables.py).
 
-Windows become `timing_s/<verl timer>`; a window nested inside another is taken out of its
+Windows become `timing_s/<verl timer>` (the windows a table maps to one timer add up: they run
+one after another, or only one of them runs in a loop); a window nested inside another is taken out of its
 parent's seconds (never counted twice); a timer the table does not name becomes an unnamed
 verl timer (`timing_s/<framework>:<key>`), which the decision table clips into `other`; the
 step total becomes `timing_s/step`, or, for a framework whose windows run one after another
@@ -66,7 +67,7 @@ def _windows(fw: Framework, raw: Mapping[str, Any], data: dict[str, Any]) -> dic
             continue
         name = TIMER_PREFIX + w.timer
         previous = num(data.get(name))
-        data[name] = seconds[w.key] if previous is None else max(previous, seconds[w.key])
+        data[name] = seconds[w.key] + (previous or 0.0)
     return seconds
 
 

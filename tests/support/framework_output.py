@@ -82,7 +82,8 @@ def print_openrlhf(steps: list[Step]) -> str:
             "timing/make_experience": s.logprob,
             "timing/ppo_train": s.update,
             "timing/broadcast": s.sync,
-            "rollout/response_length_mean": 500.0,
+            "rollout/response_length_mean": 400.0,
+            "total_length": 500.0,
             "rollout/num_samples": s.tokens / 500.0,
             "timing/generation": s.gen,
             "timing/step_total": s.total,
@@ -100,7 +101,7 @@ def print_slime(steps: list[Step]) -> str:
             "perf/log_probs_time": s.logprob,
             "perf/actor_train_time": s.update,
             "perf/actor_train_tflops": 123.0,
-            "perf/actor_train_tokens": s.tokens,
+            "perf/actor_train_tok_per_s": s.tokens / s.update,
             "perf/step_time": s.total,
             "perf/update_weights_time": s.sync,
         }
@@ -205,7 +206,8 @@ def tensorboard_scalars(framework: str, steps: list[Step]) -> list[tuple[int, di
                 "train/timing/broadcast": s.sync,
                 "train/timing/step_total": s.total,
                 "train/rollout/num_samples": s.tokens / 500.0,
-                "train/rollout/response_length_mean": 500.0,
+                "train/rollout/response_length_mean": 400.0,
+                "train/total_length": 500.0,
             }
         elif framework == "verl":
             d = verl_records([s])[0]["data"]
@@ -265,7 +267,7 @@ def expected_records(framework: str, steps: list[Step]) -> list[dict]:
     rows = verl_records(steps, **PRINTED[framework][1])
     for row in rows:
         if framework == "openrlhf":
-            row["data"]["response_length/mean"] = 500.0
+            row["data"]["response_length/mean"] = 400.0
         if framework == "roll" and row is rows[-1]:
             del row["data"]["timing_s/step"]  # its total is logged with no later step
         if framework == "nemo_rl":
