@@ -28,6 +28,10 @@ from pathlib import Path
 import pytest
 
 from rlhf_exporter.cli import main
+from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.diagnosis.change import contract_change
+from rlhf_exporter.sources.console import ConsoleSource
+from rlhf_exporter.sources.ray import RaySource
 
 from .support.procs import wait_until
 from .support.serve import Exporter
@@ -172,3 +176,70 @@ def test_every_framework_through_the_console_route_is_diagnosed_as_diagnose_says
         errors = exp.series("rlhf_exporter_record_errors_total", collector="console")
         lost = {dict(k)["reason"]: v for k, v in errors.items() if v}
         assert not lost, lost  # no half step, no step counted twice, nothing dropped
+
+
+class Gate:
+    """The Ray source's trainer actors, hidden until `open`: a sidecar whose console source
+    reads a job's driver log before its Ray source has listed the job's trainer actor."""
+
+    def __init__(self, inner: RaySource):
+        self.inner, self.open = inner, False
+
+    @property
+    def trainers_seen(self) -> bool:
+        return self.open and self.inner.trainers_seen
+
+    def trainer_actors(self):
+        return self.inner.trainer_actors()
+
+    def submission_fact(self, job_id: str):
+        return self.inner.submission_fact(job_id)
+
+
+def test_a_trainers_steps_forwarded_into_the_driver_log_are_read_once(
+    head, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """OpenRLHF's trainer prints its steps; Ray forwards them into the driver log too. The
+    driver log is read first (the trainer actor not listed yet), then the trainer's own
+    stdout: every step is read once, from the trainer, as `diagnose` reads the output."""
+    script = tmp_path / "replay.py"
+    script.write_text(REPLAY)
+    fixture = ROOT / "openrlhf" / f"{REGIME}.console.log"
+    client = JobSubmissionClient(head.dashboard_url)
+    sid = client.submit_job(
+        entrypoint=f"{sys.executable} {script} openrlhf {fixture} {PACE}",
+        metadata={"project": PROJECT, "experiment": "forwarded"},
+    )
+    ray_src = RaySource(head.dashboard_url, interval=0.5, timeout=10.0)
+    gate = Gate(ray_src)
+    console = ConsoleSource(load_thresholds(None), gate, head.dashboard_url, interval=0.2,
+                            drivers_every=0.5)  # fmt: skip
+
+    def driver_read_a_trainer_step() -> bool:
+        ray_src.poll_once()
+        console.poll_once()
+        tails = [t for cj in console._jobs.values() for t in cj.tails.values() if t.driver]
+        return any(b"(PPOTrainer pid=" in t.last_bytes and b"Global step" in t.last_bytes
+                   for t in tails)  # fmt: skip
+
+    wait_until(driver_read_a_trainer_step, 120, 0.2, what="the driver log's forwarded steps")
+    gate.open = True
+    want = diagnosed(fixture, capsys)
+
+    def all_steps() -> list:
+        ray_src.poll_once()
+        console.poll_once()
+        jobs = [cj.job for cj in console._jobs.values() if cj.job is not None]
+        if len(jobs) != 1:
+            return []
+        points = [(p.step, p.verdict, p.reason or "", contract_change(p.change))
+                  for p in jobs[0]._history]  # fmt: skip
+        return points if points == want else []
+
+    wait_until(all_steps, 120, 0.2, what="every step, once, from the trainer")
+    ((cj,),) = [[cj for cj in console._jobs.values() if cj.job is not None]]
+    assert cj.job.labels == (PROJECT, "forwarded") and cj.job.run == 0
+    assert [t.driver for t in cj.tails.values()] == [False]  # the driver log: closed
+    assert not {r: n for r, n in console.snapshot().record_errors.items() if n}
+    wait_until(lambda: client.get_job_status(sid).is_terminal(), 120, 0.5, what="the job's end")
+    console.close()
