@@ -11,7 +11,7 @@ import pytest
 
 from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.devices import GPU_NAME, DemoDevices
-from rlhf_exporter.demo.scenario import INCIDENTS, NAMES, ActorLife, play, scenario
+from rlhf_exporter.demo.scenario import INCIDENTS, NAMES, STALL_PAUSE, ActorLife, play, scenario
 from rlhf_exporter.demo.simulator import encode
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.metrics.catalog import BY_NAME
@@ -37,7 +37,7 @@ def test_every_incident_shows_in_the_all_scenario():
     for incident in INCIDENTS.values():
         assert all(p.name in phases for p in incident)
     pauses = [p for p, r in play(scenario("all")) if r is None]
-    assert {p.pause for p in pauses} == {2, 85}  # validation, stall (in steps' time)
+    assert {p.pause for p in pauses} == {2, STALL_PAUSE}  # validation, stall (in steps' time)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n != "all"])
@@ -335,3 +335,45 @@ def test_the_live_demo_shows_who_waits_on_whom_within_a_minute(name, verdict):
         assert side["update", "rollout"] < 0.1, side  # idle while the trainer works
     else:
         assert side["update", "rollout"] > 0.8, side  # generating ahead
+
+
+def _stalled_job(on_demo_clock: bool):
+    """The `stall` scenario's steps to its pause, at 0.7 s a step, into a job on the demo's
+    clock (or the wall's), fed as the verl source feeds it: (job, demo clock, last step)."""
+    from rlhf_exporter.demo.clock import DemoClock
+    from rlhf_exporter.diagnosis import Record
+    from rlhf_exporter.job.state import Job
+    from rlhf_exporter.join.ports import WALL
+
+    th = load_thresholds()
+    clock = DemoClock(th)
+    job = Job("demo", "grpo", th, job_clock=clock if on_demo_clock else WALL)
+    t = 0.0
+    for phase, record in play(scenario("stall")):
+        if record is None:  # the stall's pause
+            return job, clock, t
+        if record["step"]:
+            clock.step(t, t + 0.7, phase, record)
+            t += 0.7
+        job.feed([Record(record["step"], record["data"])], now=t)
+    raise AssertionError("no stall")
+
+
+def test_the_demo_job_exports_its_last_step_aged_on_its_own_clock():
+    """In the stall, `time() - rlhf_last_step_timestamp_seconds` is the last step's age on
+    the demo's clock (~135x the wall's), the age the pages judge; a real job's (the wall
+    clock's) is the step's own time, and its series do not change as time passes."""
+    job, clock, last = _stalled_job(True)
+    for wait in (0.0, 5.0, 60.0):
+        now = last + wait
+        job.tick(now)
+        aged = _value(job.samples(), "rlhf_last_step_timestamp_seconds", "demo", "grpo")
+        assert now - aged == pytest.approx(clock.at(now) - clock.at(last))
+        assert now - aged == pytest.approx(wait * 95 / 0.7, rel=0.15)  # ~95 s a step
+    assert job.summary()["last_step_time"] == last  # what the pages age on the demo clock
+
+    real, _, last = _stalled_job(False)
+    before = real.samples()
+    real.tick(last + 3600.0)
+    assert real.samples() is before  # unchanged: not even rebuilt
+    assert _value(before, "rlhf_last_step_timestamp_seconds", "demo", "grpo") == last

@@ -9,9 +9,10 @@ The demo job (rlhf_exporter/demo/job.py: its scenario `all`), its simulated GPUs
 a `promtool test rules` input with the real rule files at their real thresholds (`for:` and
 windows unchanged, rules evaluated every minute).
 
-The job's incidents fire the job, GPU and Ray alerts. The exporter's own alerts are about
-infrastructure, which the demo does not simulate; they are injected here, during the
-stall's long pause, the way tests/test_simulated_day.py injects failures:
+The job's incidents fire the job, GPU and Ray alerts, over the demo's first run (its stall
+second, then every other incident). The exporter's own alerts are about infrastructure,
+which the demo does not simulate; they are injected here, during the stall's long pause, the
+way tests/test_simulated_day.py injects failures:
 - RLHFExporterCollectorDown: the simulated devices' polls fail for 8 minutes;
 - RLHFExporterCollectorStale: the simulated devices are not polled for 25 minutes (a poll
   thread that never runs again), while their collector still reports up;
@@ -30,6 +31,7 @@ import yaml
 
 from rlhf_exporter.demo.devices import DemoDevices
 from rlhf_exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
+from rlhf_exporter.demo.scenario import INCIDENTS, STALL_PAUSE, scenario
 from rlhf_exporter.demo.simulator import encode
 from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.render.rules import gpuhealth, remotewrite
@@ -121,20 +123,24 @@ JOB_ALERTS: dict[tuple[str, str], tuple[str, str]] = {
     # back to rollout-bound after the checkpoint; then rollout slows again
     ("RLHFJobRegression", "rollout"): ("rollout actor died", "moves: rollout"),
     ("RLHFGPUsIdleWhileStepping", ""): ("GPUs idle", "GPUs idle"),
-    ("RLHFJobRolloutBound", ""): ("moves: rollout", "moves: rollout"),
+    # the bottleneck moved from update: at this pace the 6 hours before the actor's death
+    # hold only the update-bound steps after the stall's 28 hours (the shift, the regression)
+    ("RLHFJobRolloutBound", ""): ("rollout actor died", "moves: rollout"),
     ("RLHFJobRegression", "reward"): ("moves: a colocated reward", "moves: a colocated reward"),
     ("RLHFJobRewardBound", ""): ("moves: a colocated reward", "moves: a colocated reward"),
     ("RLHFJobRegression", "logprob"): ("moves: log-prob", "moves: log-prob"),
     ("RLHFJobLogprobBound", ""): ("moves: log-prob", "moves: log-prob"),
     ("RLHFJobRegression", "other"): ("moves: driver", "moves: driver"),
     ("RLHFJobDriverOverheadBound", ""): ("moves: driver", "moves: driver"),
-    ("RLHFJobThroughputBelowBaseline", ""): ("moves: driver", "moves: driver"),
-    ("RLHFJobStalled", ""): ("stall", "stall"),  # until the end: the stall outlasts the test
+    ("RLHFJobThroughputBelowBaseline", ""): ("moves: log-prob", "moves: driver"),  # both halve it
+    ("RLHFJobStalled", ""): ("stall", "stall"),  # until the job steps again
 }
 LABEL = {"RLHFJobRegression": "group"}
 LABEL.update({a: "collector" for a in ("RLHFExporterCollectorDown", "RLHFExporterCollectorStale")})
 LABEL.update({a: "role" for a in ("RLHFRayActorsDied", "RLHFRayActorsPending")})
 LABEL["RLHFRayActorsRestarting"] = "role"
+(STALL,) = INCIDENTS["stall"]
+AFTER_STALL = scenario("all")[scenario("all").index(STALL) + 1]
 LATE = HOUR  # an incident's alerts resolve within this after it ends (30m windows, `for:`)
 RECOVER = 2 * 60  # an injected failure's alert resolves within this after its end
 
@@ -169,7 +175,10 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     run = DemoRun(job, STEP)
     board = WindowBoard()  # as `serve --demo` wires it: the job posts, the devices join
     devices = DemoDevices(job, clock=c, wall=c, windows=board, th=day.th)
-    verl = VerlFileSource(day.th, [root], clock=c, windows=board)
+    # at this pace the stall's pause lasts 28 hours, past the verl source's default job
+    # expiry (a day, after which an unchanged file's job is no longer exported); the live
+    # demo's lasts 4.9 minutes: the job stays exported through it, as there
+    verl = VerlFileSource(day.th, [root], clock=c, windows=board, job_expiry=2 * STALL_PAUSE * STEP)
     target = day.target(INSTANCE, [verl, devices])
 
     # the job's timeline, to the stall's alert
@@ -181,7 +190,7 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
             stall_at = _phase(run, "stall")[0]
     assert run.loops == 0
 
-    # the infrastructure, during the stall's pause (the job writes nothing for 85 steps)
+    # the infrastructure, during the stall's pause (the job writes nothing for 360 steps)
     t0 = stall_at + 1 * HOUR
     poll = devices.poll
 
@@ -199,9 +208,12 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     t3 = t2 + 30 * 60
     day.at(t3, lambda: setattr(target, "scraped", False))
     day.at(t3 + 8 * 60, lambda: setattr(target, "scraped", True))
-    end = t3 + 45 * 60
-    day.run(end, [run])
-    assert run.loops == 0, "the stall's pause outlasts the injections: one run of the demo"
+    assert t3 + 45 * 60 < stall_at + STALL_PAUSE * STEP, "the pause outlasts the injections"
+
+    # the rest of the run, to a scrape before its last record (then it starts over)
+    run_end = sum(p.steps + p.pause for p in job.phases) * STEP
+    day.run(run_end - SCRAPE, [run])
+    assert run.loops == 0
 
     # the run did what the timeline says
     assert day.value("rlhf_ray_actor_deaths_total", role="rollout") == 1.0
@@ -211,6 +223,11 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     # the separated phases went through the GPU-window join: each side has GPU-seconds
     for role in ("trainer", "rollout"):
         assert day.value("rlhf_window_gpu_seconds_total", gpu_role=role, group="rollout") > 600
+    # its incidents' alerts resolve, and the next run plays its first phase (steady)
+    end = run_end + LATE
+    day.run(end, [run])
+    names = [p.name for p in job.phases]  # the next run is before its stall
+    assert run.loops == 1 and names.index(job.phase.name) < names.index(STALL.name)
 
     # every alert of the rules is scripted, and fires in its incident only
     infra = {
@@ -240,7 +257,9 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
         }
     )
     for (alert, value), (first, last) in JOB_ALERTS.items():
-        z = end if alert == "RLHFJobStalled" else _phase(run, last)[1] + LATE
+        z = _phase(run, last)[1] + LATE
+        if alert == "RLHFJobStalled":  # resolved at the first evaluation after a step again
+            z = _phase(run, AFTER_STALL.name)[0] + STEP + RECOVER
         _fires_only_within(day, end, alert, value, _phase(run, first)[0], z)
     for (alert, value), (a, z) in infra.items():
         _fires_only_within(day, end, alert, value, a, z)

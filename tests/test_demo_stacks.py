@@ -47,14 +47,19 @@ def test_the_demo_stall_shows_where_it_hangs_within_five_minutes(tmp_path):
                 samples = polled.samples if got is not None else samples
                 stalled = facts.stalled(job.summary(), t) is not None
                 seen.append((t, demo.phase.name, stalled, got is not None))
-                found = got or found
+                found = (got if demo.phase.hangs else None) or found
             if record is not None:
                 job.feed([Record(record["step"], record["data"])], now=t)
     finally:
         stacks.stop()
     rounds = [(at, phase) for at, phase, _, taken in seen if taken]
     assert rounds and rounds[0][0] < 300.0, rounds[:1]
-    assert {phase for _, phase in rounds} == {"stall: the job stopped writing steps"}
+    # in the stall, and in the step's time after it (the job runs again, its record not yet
+    # written: the page still says stalled)
+    stall = "stall: the job stopped writing steps"
+    entered = {phase: at for at, phase, _, _ in reversed(seen)}
+    assert stall in {phase for _, phase in rounds}
+    assert all(phase == stall or at <= entered[phase] + STEP for at, phase in rounds), rounds
     assert all(stalled == taken for _, _, stalled, taken in seen)  # one judgement
     assert found is not None and not found.why
     answer = found.answer

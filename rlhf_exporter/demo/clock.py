@@ -9,12 +9,15 @@ and validation after it), the clock running evenly in between. Between steps (a 
 pause: validation, a stall) it runs on at the last step's pace, so a stalled job's time
 passes on it too.
 
-Three parts read it, each through the one port (rlhf_exporter/join/ports.py `JobClock`):
+Four parts read it, each through the one port (rlhf_exporter/join/ports.py `JobClock`):
 the verl source's jobs anchor each record's arrival at `at(arrival)` (so the demo job's
-step windows are placed where its records say, end to end), the engine source stamps its
-reads at `at(now)`, and the simulated engines (rlhf_exporter/demo/engines.py) serve the
-state of the step running at `at(now)` (`current`). Nothing else changes: the records, the
-step counters and the stall's wall-clock timestamps stay the wall's.
+step windows are placed where its records say, end to end) and export their last step's
+time `aged` on it (the wall instant as far before now as the step lies before now on this
+clock: Prometheus's `time() - rlhf_last_step_timestamp_seconds` is then the stall the pages
+judge on this clock, and RLHFJobStalled fires in the demo's stall), the engine source
+stamps its reads at `at(now)`, and the simulated engines (rlhf_exporter/demo/engines.py)
+serve the state of the step running at `at(now)` (`current`). Nothing else changes: the
+records, the step counters and the job's own last step time (its summary's) stay the wall's.
 
 Bounded: the last KEEP steps' segments (an instant before them is extrapolated back at the
 oldest one's pace). Thread-safe: the demo thread steps it, the sources read it.
@@ -88,6 +91,11 @@ class DemoClock:
         """Wall time `wall` on the job clock (the wall's own before the first step)."""
         with self._lock:
             return self._at(wall)
+
+    def aged(self, wall: float, now: float) -> float:
+        """`now`, less the time from `wall` to `now` on the job clock."""
+        with self._lock:
+            return now - (self._at(now) - self._at(wall))
 
     def current(self, wall: float) -> tuple[float, Segment | None]:
         """(`wall` on the job clock, the step running then; None between steps)."""

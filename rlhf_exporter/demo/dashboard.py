@@ -43,7 +43,7 @@ from ..sources.base import Clock, Context
 from ..sources.stacks import StackSource
 from .job import DemoJob
 
-INTERVAL = 2.0  # seconds between the demo's stall checks (at most): the stall lasts ~60 s
+INTERVAL = 2.0  # seconds between the demo's stall checks (at most): it passes its limit in ~5 s
 JOB_ID = "01000000"  # the demo job's Ray job id
 DRIVER_TASK = "ffffffffffffffffffffffff" + JOB_ID  # Ray's driver task id for that job
 RUN_TASK = "a3c1" + "0" * 20 + JOB_ID  # the TaskRunner's `run`, submitted by the driver

@@ -10,28 +10,35 @@ default 0.7 s per step:
 |---|---|---|---|
 | 1 | steady, rollout-bound (long tail) | 15 | rollout verdict, `long_tail` reason; busy GPUs |
 | 2 | separated: the trainer starved (same records as 1) | 15 | half the GPUs roll out, half train; trainer GPUs idle in `rollout` windows, waiting for samples (`rlhf_window_gpu_*`; RLHFTrainerStarved) |
-| 3 | sync-bound | 10 | sync verdict, `weight_sync`; the bottleneck moved (RLHFJobSyncBound) |
+| 3 | sync-bound | 10 | sync verdict, `weight_sync`; the bottleneck moved (RLHFJobSyncBound); sync costlier per token than the job's baseline (RLHFJobRegression) |
 | 4 | update-bound, low MFU | 12 | update verdict, `low_mfu` (RLHFJobUpdateBound) |
 | 5 | separated: rollout over-provisioned (same records as 4) | 15 | rollout GPUs idle outside `rollout` windows, while the trainer works (RLHFRolloutOverprovisioned) |
-| 6 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
-| 7 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
-| 8 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
-| 9 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
-| 10 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 9 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, -Pending, -Restarting) |
-| 11 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
-| 12 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, -RewardBound, -LogprobBound, -DriverOverheadBound); the last halves the throughput (RLHFJobThroughputBelowBaseline) |
-| 13 | stall: no step | 1, then 85 steps' pause | the last step's age grows (RLHFJobStalled); on the demo's clock (demo/clock.py: ~95 s of the job's time a step) it passes the stall limit within ~9 steps' time, so `/` and the job page say `stalled` for the rest of the pause, about 2 minutes into each loop, and where it hangs: the trainer's ranks in two different collectives, read from the simulated Ray dashboard's stacks (demo/dashboard.py) by the real stacks source |
+| 6 | stall: no step | 1, then 420 steps' pause | the last step's age grows on the demo's clock (demo/clock.py: ~95 s of the job's time a step) past the stall limit within ~7 steps' time: `/` and the job page say `stalled`, and where it hangs (the trainer's ranks in two different collectives, read from the simulated Ray dashboard's stacks, demo/dashboard.py, by the real stacks source); the job exports its last step's time aged on that clock, so Prometheus's stall budget agrees and RLHFJobStalled fires about 3.3 minutes into each loop, until the job steps again about 5.7 minutes in |
+| 7 | workload shift (1.6x tokens) | 8 | `workload_shift` markers; no regression |
+| 8 | regression: update_actor 2.5x per token | 8 | `regression` markers naming `update` (RLHFJobRegression) |
+| 9 | checkpoint (a long save_checkpoint) | 2 | checkpoint verdict |
+| 10 | long validation (`timing_s/testing` 240 s) | 1, then 2 steps' pause | a late step; validation is outside the step |
+| 11 | rollout actor dies, its replacement waits for resources, it restarts | 6 + 9 + 6 | `rlhf_ray_actors` RESTARTING, then PENDING_CREATION; the deaths and restarts counters (RLHFRayActorsDied, RLHFRayActorsPending, RLHFRayActorsRestarting); back to rollout-bound after the update-bound phases, rollout costlier per token than the job's baseline (RLHFJobRegression) |
+| 12 | GPUs idle while steps progress | 15 | `rlhf_gpu_utilization_ratio` ~0.04 (RLHFGPUsIdleWhileStepping) |
+| 13 | the bottleneck moves, each time costing throughput: rollout (slower generation), a colocated reward model, log-prob inference (low MFU), driver overhead (untimed) | 14 each | each verdict and its regression markers (RLHFJobRolloutBound, RLHFJobRewardBound, RLHFJobLogprobBound, RLHFJobDriverOverheadBound; RLHFJobRegression of each group); the last two halve the throughput (RLHFJobThroughputBelowBaseline) |
 
-179 steps and 87 steps' time of pauses: about 3 minutes per loop at 0.7 s a step (faster
-with `--demo-step-seconds`); then the log starts over as a restarted verl job (a new run).
-The pages' demo banner names the phase now playing from this table (`DemoJob.story`).
+179 steps and 422 steps' time of pauses: about 7 minutes per loop at 0.7 s a step, 4.9 of
+them the stall (faster with `--demo-step-seconds`, whose stall is then too short for
+RLHFJobStalled's 2 minutes of `for:`); then the log starts over as a restarted verl job (a
+new run). The pages' demo banner names the phase now playing from this table
+(`DemoJob.story`). The stall comes after the first five incidents: early enough to page
+within the live demo's first five minutes, late enough that at 4 simulated minutes a step
+(tests/test_demo_alerts.py: the stall's pause is then 28 hours) the bound alerts after it
+still have the 6 hours of reference steps they compare with.
 
 The alerts named above keep their real windows and `for:` (15 minutes for the bound alerts),
 so the live demo is too quick for most of them: tests/test_demo_alerts.py plays this
 timeline at 4 simulated minutes a step through the exporter and promtool, and checks that
 each fires in its incident and that no other alert fires. The exporter's own alerts
 (collector down or stale, exporter down or absent) are about infrastructure: that test
-injects them.
+injects them. RLHFJobStalled fires in the live demo too: tests/test_demo_stall_alert.py plays
+it at 0.7 s a step and checks that the alert and `/` say stalled at the same instants, within
+the first five minutes, and which other alerts the live demo's pace lets fire.
 
 The separated phases (2 and 5) change only the simulated GPUs (rlhf_exporter/demo/devices.py):
 the verl records are those of the phase before, so no other alert moves. In every phase the
@@ -43,9 +50,9 @@ a minute of the live demo (tests/test_demo.py plays both at 0.7 s a step).
 
 The simulated rollout engines (rlhf_exporter/demo/engines.py: two vLLM replicas over HTTP,
 read by the real engine source) follow each step's rollout windows on the demo job's clock
-(rlhf_exporter/demo/clock.py): a long tail in the rollout-bound phases (1, 2, 11), the
-engines' `queueing` while the rollout actor is dead or pending (10: the log alone cannot say
-it), `preemption` in the slower generation of 12, steady elsewhere; so the Engines row and
+(rlhf_exporter/demo/clock.py): a long tail in the rollout-bound phases (1, 2, 12), the
+engines' `queueing` while the rollout actor is dead or pending (11: the log alone cannot say
+it), `preemption` in the slower generation of 13, steady elsewhere; so the Engines row and
 the engine reasons show within a minute (tests/test_demo_engines.py).
 """
 
@@ -112,6 +119,11 @@ LOGPROB = Regime(
     mfu_infer=0.12,
 )
 OTHER = Regime("driver_untimed", {**BASE_COST, "gen": 5.0}, untimed=60.0)
+STALL_PAUSE = 420
+"""The stall's pause, in steps' time: 4.9 minutes of wall time at the demo's 0.7 s a step.
+Its limit is passed within seconds on the demo job's clock; then RLHFJobStalled's 2 minutes
+of `for:` pass, and it fires for a minute or more, with rules evaluated as often as every
+15 s (the example Prometheus) or as rarely as every minute (Prometheus's default)."""
 VALIDATION = {"timing_s/testing": 240.0, "val-core/openai/gsm8k/reward/mean@1": 0.63}
 
 INCIDENTS: dict[str, list[Phase]] = {
@@ -165,7 +177,9 @@ INCIDENTS: dict[str, list[Phase]] = {
             rollout_waits=True,
         )
     ],
-    "stall": [Phase("stall: the job stopped writing steps", STEADY, 1, pause=85, hangs=True)],
+    "stall": [
+        Phase("stall: the job stopped writing steps", STEADY, 1, pause=STALL_PAUSE, hangs=True)
+    ],
 }
 
 
@@ -176,6 +190,7 @@ def _all() -> list[Phase]:
         Phase("sync-bound: weights to the rollout engines", REGIMES["sync_bound"], 10),
         Phase("update-bound, low MFU", UPDATE, 12),
         *INCIDENTS["rollout_overprovisioned"],
+        *INCIDENTS["stall"],  # it pages within the live demo's first five minutes
     ]
     for name in (
         "workload_shift",
@@ -185,7 +200,6 @@ def _all() -> list[Phase]:
         "actor_restart",
         "gpus_idle",
         "bottleneck_moves",
-        "stall",
     ):
         out += INCIDENTS[name]
     return out

@@ -143,6 +143,9 @@ class JobStatus(NamedTuple):
     state: str
     state_signal: str
     state_since: float
+    # the last step's time as its job clock ages it (join/ports.py `JobClock.aged`), exported
+    # instead of `last_step_time`: None for a real job (the wall's own)
+    last_step_aged: float | None = None
 
 
 def series_rows(
@@ -170,7 +173,12 @@ def _status_rows(status: JobStatus) -> Iterable[Row]:
     yield ("rlhf_run", (), float(status.run))
     yield ("rlhf_steps_total", (), float(status.steps))
     if status.last_step_time is not None:
-        yield ("rlhf_last_step_timestamp_seconds", (), status.last_step_time)
+        aged = status.last_step_aged
+        yield (
+            "rlhf_last_step_timestamp_seconds",
+            (),
+            status.last_step_time if aged is None else aged,
+        )
         yield ("rlhf_between_steps_max_seconds", (), status.between_steps_max)
     state = status.state
     yield ("rlhf_job_finished", (), 1.0 if state == "finished" else 0.0)

@@ -79,6 +79,8 @@ class Job:
         self.records = 0
         self.step: int | None = None
         self.last_step_time: float | None = None
+        # (last_step_time, it aged on the job clock by the last tick): what its series export
+        self._aged: tuple[float, float] | None = None
         self.steps = 0
         self.counts = StepCounts()
         self._extra: dict[Series, float] = {}
@@ -179,6 +181,7 @@ class Job:
             state,
             signal,
             self._end.since,
+            self._aged[1] if self._aged and self._aged[0] == self.last_step_time else None,
         )
 
     def samples(self) -> Sequence[Sample]:
@@ -359,17 +362,31 @@ class Job:
     def tick(self, now: float | None = None) -> bool:
         """Release a held step that is complete without another record: its S has passed by
         `now` since its S record arrived, or the job has ended (finished or failed). Sources
-        call it as they publish. Returns whether a step was classified."""
+        call it as they publish; it ages the last step on the job clock too (`_age`). Returns
+        whether a step was classified."""
+        now = self._clock() if now is None else now
+        self._age(now)
         if self._diagnoser.due is None:
             return False
         try:
             before = self.last
-            self._release(self._clock() if now is None else now)
+            self._release(now)
             return self.last is not before
         except Exception:
             self._cleaner.drop(INTERNAL_ERROR, exc_info=True)
             self._samples = None
             return False
+
+    def _age(self, now: float) -> None:
+        """The last step's time as its job clock ages it by `now` (join/ports.py
+        `JobClock.aged`): the wall's own for a real job, so its series never change here."""
+        last = self.last_step_time
+        if last is None:
+            return
+        aged = (last, self._job_clock.aged(last, now))
+        if aged != (self._aged or (last, last)):
+            self._aged = aged
+            self._samples = None
 
     def _failed(self) -> None:
         """A bug or an input no check foresaw (called in its `except`): counted, logged."""

@@ -16,9 +16,9 @@
 - `TrainerActors`: the verl trainer actors Ray runs (the actors that print a job's steps),
   each with the submission it belongs to, and that submission's state: read by the console
   source, which streams each one's stdout (the Ray source).
-- `JobClock`: the clock a job's step windows and its engines' reads are placed on: the wall
-  clock (`WALL`), or the demo job's clock (rlhf_exporter/demo/clock.py), which runs at the
-  pace its records describe.
+- `JobClock`: the clock a job's step windows and its engines' reads are placed on, and on
+  which its last step ages: the wall clock (`WALL`), or the demo job's clock
+  (rlhf_exporter/demo/clock.py), which runs at the pace its records describe.
 """
 
 from __future__ import annotations
@@ -44,11 +44,20 @@ class JobClock(Protocol):
 
     def at(self, wall: float) -> float: ...
 
+    def aged(self, wall: float, now: float) -> float:
+        """The wall instant as far before `now` as `wall` lies before it on this clock: a
+        job's last step time as it exports it, so that Prometheus's `time() - it` is the
+        age its own clock gives the step (its stall, judged as the pages judge it)."""
+        ...
+
 
 class WallClock:
     """The wall clock itself: every real job's (the default)."""
 
     def at(self, wall: float) -> float:
+        return wall
+
+    def aged(self, wall: float, now: float) -> float:
         return wall
 
 
