@@ -9,7 +9,9 @@ its simulated GPUs and Ray actors and the real verl source, wired as `serve --de
 them, run on a simulated wall clock at the live pace (tests/support/simday.py: no sleeping),
 scraped every 15 s into `promtool test rules` with the real rule files at their real
 thresholds (rules evaluated every scrape). After each scrape, `/`'s judgement is taken from
-the verl source's job summary as the pages take it (`Facts.stalled`).
+the verl source's job summary as the pages take it (`Facts.stalled`). The verl source is
+polled once a scrape (live, every second), so each 15 s of records is read at once: the
+stall is seen up to 15 s later than live, and the alert with it.
 """
 
 from __future__ import annotations
@@ -32,16 +34,16 @@ pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs 
 
 STEP = 0.7  # serve --demo's seconds a step
 INSTANCE = "demo:19839"
-MINUTES = 30  # about five loops of the demo
+MINUTES = 60  # about eight and a half loops of the demo (7 minutes each)
 STALL_FOR = 120  # alerts.stall_for: the rule's `for:`
 JOB = f'project="{PROJECT}", experiment="{EXPERIMENT}"'
 STALLED = f'project_experiment_state:rlhf_job_state:max{{state="stalled", {JOB}}}'
 FIRING = f'ALERTS{{alertname="RLHFJobStalled", alertstate="firing", {JOB}}}'
 # what else fires in MINUTES at the live pace, each an incident of the scenario table: the
-# rollout actor's death and restart (`for:` a minute, none), once its phase has played (~5
-# minutes in); the regressions and the rollout's over-provisioning only after 15-26 minutes,
-# once loops of their incidents (every 6.3 minutes) fill their windows and 10-15 minutes of
-# `for:`. No other alert (RLHFJobUnwatched, RLHFJobThroughputBelowBaseline, ...) fires.
+# rollout actor's restart and death (no `for:`, a minute's) from 6-7 minutes in, once their
+# phases have played; the regressions and the rollout's over-provisioning from 11-17 minutes
+# in, once loops of their incidents (every 7 minutes) fill their windows and 10-15 minutes
+# of `for:`. No other alert (RLHFJobUnwatched, RLHFJobThroughputBelowBaseline, ...) fires.
 ALSO_FIRING = (
     ("RLHFRayActorsDied", 'role="rollout"'),
     ("RLHFRayActorsRestarting", 'role="rollout"'),
@@ -102,10 +104,10 @@ def test_the_live_demo_pages_its_stall_when_the_page_says_stalled(tmp_path):
         day.run(now, [run])  # one scrape, its polls first
         (summary,) = verl.jobs()
         page[now] = facts.stalled(summary, now) is not None
-    assert run.loops >= 4
+    assert run.loops == 8
 
     stalls = _intervals([t for t, stalled in page.items() if stalled])
-    assert len(stalls) == run.loops + 1  # one a loop (the fifth loop's has begun), no other
+    assert len(stalls) == run.loops + 1  # one a loop (the ninth loop's has begun), no other
     assert all(z - a >= STALL_FOR + 60 for a, z in stalls[:-1])  # each long enough to page
 
     # the alert reads the recorded state (another rule group), of this evaluation or of the
