@@ -9,8 +9,8 @@ The demo job (rlhf_exporter/demo/job.py: its scenario `all`), its simulated GPUs
 a `promtool test rules` input with the real rule files at their real thresholds (`for:` and
 windows unchanged, rules evaluated every minute).
 
-The job's incidents fire the job, GPU and Ray alerts, over the demo's first run (its stall
-second, then every other incident). The exporter's own alerts are about infrastructure,
+The job's incidents fire the job, GPU and Ray alerts, over the demo's first run (five
+incidents, its stall, then the others). The exporter's own alerts are about infrastructure,
 which the demo does not simulate; they are injected here, during the stall's long pause, the
 way tests/test_simulated_day.py injects failures:
 - RLHFExporterCollectorDown: the simulated devices' polls fail for 8 minutes;
@@ -190,7 +190,7 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
             stall_at = _phase(run, "stall")[0]
     assert run.loops == 0
 
-    # the infrastructure, during the stall's pause (the job writes nothing for 360 steps)
+    # the infrastructure, during the stall's pause (the job writes nothing for 420 steps)
     t0 = stall_at + 1 * HOUR
     poll = devices.poll
 
@@ -223,7 +223,7 @@ def test_the_demo_fires_every_alert_in_its_incident_and_no_other(tmp_path):
     # the separated phases went through the GPU-window join: each side has GPU-seconds
     for role in ("trainer", "rollout"):
         assert day.value("rlhf_window_gpu_seconds_total", gpu_role=role, group="rollout") > 600
-    # its incidents' alerts resolve, and the next run plays its first phase (steady)
+    # its incidents' alerts resolve, and the next run plays its first phases
     end = run_end + LATE
     day.run(end, [run])
     names = [p.name for p in job.phases]  # the next run is before its stall
