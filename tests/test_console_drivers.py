@@ -12,12 +12,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.frameworks import AREAL, OPENRLHF, SLIME
-from rlhf_exporter.sources.console_drivers import parse
+from rlhf_exporter.sources.console import ConsoleSource
+from rlhf_exporter.sources.console_drivers import DRIVER_TAIL, parse
 from rlhf_exporter.sources.framework_console import FrameworkConsoleReader, detect
 from rlhf_exporter.sources.roles import TRAINER_CLASSES
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frameworks"
+TH = load_thresholds(None)
 NODE = "4f671d9fb5772dda00c5f06beb8b39c81c50476f6bc24ff6b3f39014"
 
 
@@ -133,3 +136,39 @@ def test_hostile_bytes_in_a_driver_log_never_raise_nor_lose_a_good_step(
     got += [r.step for r in reader.finish()]
     assert got == want
     assert reader.framework in (None, OPENRLHF)
+
+
+class NoTrainers:
+    trainers_seen = True
+
+    def trainer_actors(self) -> dict[str, Any]:
+        return {}
+
+    def submission_fact(self, job_id: str) -> None:
+        return None
+
+
+def listed(console: ConsoleSource, *entries: dict[str, Any]) -> None:
+    """The console source's list of submissions, as if Ray had just answered `entries`."""
+    console._drivers.drivers, console._drivers.listed = parse(entries), True
+    console._drivers.every = 1e9
+    console._drivers._at = 0.0
+
+
+def test_driver_logs_count_against_max_streams_once_each_and_end_with_their_submission() -> None:
+    console = ConsoleSource(TH, NoTrainers(), "http://127.0.0.1:9", max_streams=1, timeout=0.2)
+    listed(console, entry("raysubmit_a"), entry("raysubmit_b"), entry("raysubmit_c", "FAILED"))
+    for _ in range(3):
+        console.poll_once()
+    assert sorted(console._jobs) == ["raysubmit_a"]  # one stream; an ended one is not read
+    (tail,) = console._jobs["raysubmit_a"].tails.values()
+    assert tail.driver and tail.log_file["filename"] == "job-driver-raysubmit_a.log"
+    assert console.snapshot().record_errors["too_many_streams"] == 1  # once, for b
+    # a's driver connected to Ray (its job is keyed by its Ray job id now), then it ended
+    listed(console, entry("raysubmit_a", "SUCCEEDED", job_id="05000000"), entry("raysubmit_b"))
+    console.poll_once()
+    assert sorted(console._jobs) == ["05000000", "raysubmit_b"]
+    assert console._jobs["05000000"].tails[DRIVER_TAIL + "raysubmit_a"].gone_at is not None
+    assert console._jobs["05000000"].driver_fact.status == "SUCCEEDED"
+    assert console.snapshot().record_errors["too_many_streams"] == 1
+    console.close()

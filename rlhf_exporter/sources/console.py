@@ -211,7 +211,7 @@ class ConsoleSource(PollingSource, JobMaker):
 
     def _sync(self, actors: Mapping[str, TrainerActor], now: float, mono: float) -> None:
         """Start a tail for each new trainer actor; mark the ones Ray no longer lists."""
-        self._over &= actors.keys()  # bounded by what Ray lists now
+        self._over = {k for k in self._over if k in actors or k.startswith(DRIVER_TAIL)}
         live = 0
         for known in self._jobs.values():
             for actor_id, tail in known.tails.items():
