@@ -28,7 +28,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.diagnosis import Record, StreamDiagnoser, gpujoin  # noqa: E402
 from rlhf_exporter.diagnosis.gpufit import place_untimed  # noqa: E402
 from rlhf_exporter.diagnosis.substeps import place_substeps  # noqa: E402
@@ -36,6 +35,7 @@ from rlhf_exporter.diagnosis.timeline import Placer  # noqa: E402
 from rlhf_exporter.join.board import WindowBoard  # noqa: E402
 from rlhf_exporter.sources.nvml import NvmlSource  # noqa: E402
 from rlhf_exporter.sources.ray import ActorProcess  # noqa: E402
+from rlhf_exporter.thresholds_file import load_thresholds  # noqa: E402
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module  # noqa: E402
 
 STEP = 30.0

@@ -130,9 +130,9 @@ def structures(src: Any, ex: Any) -> Iterable[tuple[str, list[Any]]]:
 def measure(root: Path, jobs: int, history: int, top: int, trace: bool) -> dict[str, Any]:
     """One process's figures for the files under `root`: RSS and the walk, or (`trace`)
     tracemalloc's, which costs memory of its own and would inflate the RSS."""
-    from rlhf_exporter.config import load_thresholds
     from rlhf_exporter.metrics.exposition import Exposition
     from rlhf_exporter.sources.verl_files import VerlFileSource
+    from rlhf_exporter.thresholds_file import load_thresholds
 
     th = load_thresholds()
     out: dict[str, Any] = {"jobs": jobs, "history": history}

@@ -36,8 +36,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.render import rules  # noqa: E402
+from rlhf_exporter.thresholds_file import load_thresholds  # noqa: E402
 from tests.support.procs import free_port  # noqa: E402
 
 VERDICT_MIX = [("rollout", 29), ("update", 29), ("sync", 14), ("other", 14), ("logprob", 7)]

@@ -21,9 +21,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.demo.simulator import REGIMES, encode, records  # noqa: E402
 from rlhf_exporter.sources import verl_files, verl_tail  # noqa: E402
+from rlhf_exporter.thresholds_file import load_thresholds  # noqa: E402
 
 
 def run(root: Path, lines: list[bytes], files: int, polls: int) -> list[float]:

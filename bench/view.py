@@ -24,13 +24,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records  # noqa: E402
 from rlhf_exporter.diagnosis import Record  # noqa: E402
 from rlhf_exporter.job.state import Job  # noqa: E402
 from rlhf_exporter.metrics.exposition import Exposition  # noqa: E402
 from rlhf_exporter.metrics.snapshot import Snapshot  # noqa: E402
 from rlhf_exporter.server import Endpoints, landing_page, make_server  # noqa: E402
+from rlhf_exporter.thresholds_file import load_thresholds  # noqa: E402
 from rlhf_exporter.view.pages import Facts, Links, index_page, job_page  # noqa: E402
 
 PLAN = [(REGIMES["balanced"], 20), *DEMO_PLAN]

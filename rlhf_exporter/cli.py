@@ -9,7 +9,7 @@ from pathlib import Path
 from types import ModuleType
 
 from . import __version__, commands
-from .config import ConfigError
+from .thresholds_file import ConfigError
 
 
 def _command_modules(argv: list[str]) -> list[ModuleType]:

@@ -451,7 +451,7 @@ OPTIONS: tuple[Option, ...] = (
         "console_max_streams",
         _count,
         50,
-        "trainer actors streamed at once, at most (each holds one of Ray's state API requests: RAY_STATE_SERVER_MAX_HTTP_REQUEST, 100 by default); more are counted (too_many_streams) and not read",
+        "trainer actors and job driver logs streamed at once, at most (each holds one of Ray's state API requests: RAY_STATE_SERVER_MAX_HTTP_REQUEST, 100 by default); more are counted (too_many_streams) and not read",
         "console",
         "N",
     ),

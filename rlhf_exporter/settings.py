@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .config import ConfigError, read_yaml
 from .options import BY_NAME, ENV_PREFIX, GROUP_TITLES, OPTIONS, Option, as_list, is_switch
+from .thresholds_file import ConfigError, read_yaml
 
 
 def flag(option: Option) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.thresholds_file import load_thresholds
 
 # Ray 2.60 turns token authentication on by itself when ~/.ray/auth_token exists and
 # RAY_AUTH_MODE is unset: every Ray a test starts (heads, drivers, `ray job submit`, verl)

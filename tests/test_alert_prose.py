@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import default_document
 from rlhf_exporter.diagnosis import Thresholds
 from rlhf_exporter.render import template
 from rlhf_exporter.render.rules import Alert, Context, all_alerts
 from rlhf_exporter.render.rules.model import alert_prose, fragment
 from rlhf_exporter.render.rules.output import runbooks_markdown
+from rlhf_exporter.thresholds_file import default_document
 
 RULES = Path(template.__file__).with_name("rules")
 ALERT_MODULES = [

@@ -22,7 +22,7 @@ PKG = ROOT / "rlhf_exporter"
 # it, never one of a later layer (docs/architecture.md, "Layers")
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("rlhf_exporter", "diagnosis", "frameworks", "metrics", "lifecycle", "logs")),
-    ("configuration", ("config", "auth", "options", "settings")),
+    ("configuration", ("thresholds_file", "auth", "options", "settings")),
     ("generated and drawn", ("render", "view")),
     ("the join", ("join",)),
     ("one job", ("job",)),

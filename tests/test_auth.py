@@ -10,11 +10,11 @@ import pytest
 import requests
 
 from rlhf_exporter.auth import AuthGuard, check_token, client_key
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.job.windows_wire import WindowsApi
 from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.server import Endpoints, make_server
 from rlhf_exporter.sources.push import PushSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.serve import Exporter, parse_samples
 
 SECRET = "s3cret-XYZZY"

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from rlhf_exporter.auth import AuthGuard
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import CHANGES, GROUPS, Record
 from rlhf_exporter.diagnosis.gpujoin import GPU_ROLES
 from rlhf_exporter.job.limits import Limits
@@ -31,6 +30,7 @@ from rlhf_exporter.metrics.catalog import (
 from rlhf_exporter.metrics.families import health_samples
 from rlhf_exporter.metrics.snapshot import Snapshot
 from rlhf_exporter.render.docs import HEADER, metrics_markdown
+from rlhf_exporter.thresholds_file import load_thresholds
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPRECATED = re.compile(r"Deprecated, removed in the next release: use (\w+)")

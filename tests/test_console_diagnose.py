@@ -21,7 +21,7 @@ import pytest
 
 from rlhf_exporter.cli import main
 from rlhf_exporter.commands.diagnose import diagnose_stream
-from rlhf_exporter.config import load_thresholds
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view.writers import JsonlWriter
 from tests.support.console_render import (
     NpFloat64,

@@ -12,12 +12,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.frameworks import AREAL, OPENRLHF, SLIME
 from rlhf_exporter.sources.console import ConsoleSource
 from rlhf_exporter.sources.console_drivers import DRIVER_TAIL, parse
 from rlhf_exporter.sources.framework_console import FrameworkConsoleReader, detect
 from rlhf_exporter.sources.roles import TRAINER_CLASSES
+from rlhf_exporter.thresholds_file import load_thresholds
 
 FIXTURES = Path(__file__).parent / "fixtures" / "frameworks"
 TH = load_thresholds(None)

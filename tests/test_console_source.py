@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.join.names import JobNames
 from rlhf_exporter.sources.console import ConsoleSource
 from rlhf_exporter.sources.ray import RaySource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 from .support.procs import wait_until
 

@@ -18,13 +18,13 @@ import promql_parser
 import pytest
 import yaml
 
-from rlhf_exporter.config import default_document
 from rlhf_exporter.diagnosis import CHANGES, VERDICTS, Thresholds
 from rlhf_exporter.metrics.catalog import BY_NAME, NAMES
 from rlhf_exporter.render import repo_root
 from rlhf_exporter.render.addresses import FLEET_PATH, JOB_PATH
 from rlhf_exporter.render.dashboards import targets
 from rlhf_exporter.render.dashboards.style import CHANGE_COLOURS, VERDICT_COLOURS
+from rlhf_exporter.thresholds_file import default_document
 from tests.support import grafana_vars
 
 ROOT = repo_root()
@@ -396,7 +396,7 @@ def test_serving_never_imports_the_grafana_sdk():
 def test_rendering_without_the_sdk_says_what_to_install():
     code = (
         "import sys; sys.modules['grafana_foundation_sdk'] = None\n"
-        "from rlhf_exporter.config import load_thresholds\n"
+        "from rlhf_exporter.thresholds_file import load_thresholds\n"
         "from rlhf_exporter.render.dashboards import targets\n"
         "targets(load_thresholds())\n"
     )

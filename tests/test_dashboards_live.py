@@ -28,7 +28,6 @@ import pytest
 import requests
 import yaml
 
-from rlhf_exporter.config import default_document
 from rlhf_exporter.demo.simulator import (
     DEMO_PLAN,
     N_GPUS,
@@ -45,6 +44,7 @@ from rlhf_exporter.render.addresses import FLEET_PATH, JOB_PATH
 from rlhf_exporter.render.dashboards import targets
 from rlhf_exporter.render.dashboards.queries import gpus_per_job
 from rlhf_exporter.render.dashboards.style import verdict_codes
+from rlhf_exporter.thresholds_file import default_document
 from tests.support import grafana_vars
 from tests.support.procs import REPO, wait_until
 from tests.support.prometheus import Prometheus

@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_exporter.config import default_document, load_thresholds
 from rlhf_exporter.diagnosis import (
     BatchDiagnoser,
     Record,
@@ -20,6 +19,7 @@ from rlhf_exporter.diagnosis import (
     timers,
 )
 from rlhf_exporter.diagnosis.change import Baseline
+from rlhf_exporter.thresholds_file import default_document, load_thresholds
 
 TH = load_thresholds()
 

@@ -15,7 +15,6 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.advice import EVIDENCE_KEYS, shown_evidence
 from rlhf_exporter.diagnosis.change import (
     COST_GROUPS,
@@ -37,6 +36,7 @@ from rlhf_exporter.diagnosis.windows import (
     step_timers,
     timers,
 )
+from rlhf_exporter.thresholds_file import load_thresholds
 
 TH = load_thresholds()
 

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlhf_exporter.config import default_document, load_thresholds
 from rlhf_exporter.diagnosis import (
     BatchDiagnoser,
     Record,
@@ -21,6 +20,7 @@ from rlhf_exporter.diagnosis import (
 from rlhf_exporter.diagnosis.change import Baseline
 from rlhf_exporter.diagnosis.windows import named_timers
 from rlhf_exporter.job.state import Job
+from rlhf_exporter.thresholds_file import default_document, load_thresholds
 
 TH = load_thresholds()
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.devices import GPU_NAME, DemoDevices
 from rlhf_exporter.demo.scenario import INCIDENTS, NAMES, STALL_PAUSE, ActorLife, play, scenario
 from rlhf_exporter.demo.simulator import encode
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.metrics.catalog import BY_NAME
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.serve import Exporter, parse_samples
 
 
@@ -199,7 +199,7 @@ def test_separated_devices_join_their_windows_like_nvml():
     """A separated phase: the simulated GPUs' samples go through a WindowJoiner from the
     board, as NVML's do; trainer GPUs idle in `rollout` windows when starved, rollout GPUs
     idle outside them when over-provisioned (the alerts' threshold is 0.3)."""
-    from rlhf_exporter.config import load_thresholds
+    from rlhf_exporter.thresholds_file import load_thresholds
 
     th = load_thresholds()
     (starved_phase,) = INCIDENTS["trainer_starved"]
@@ -233,7 +233,7 @@ def test_the_demo_is_only_the_demo_unless_real_collectors_are_asked_for():
 
 
 def test_a_demo_scenario_without_the_demo_is_an_error():
-    from rlhf_exporter.config import ConfigError
+    from rlhf_exporter.thresholds_file import ConfigError
 
     with pytest.raises(ConfigError, match="only with --demo"):
         _resolve("--demo-scenario", "stall")

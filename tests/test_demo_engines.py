@@ -14,7 +14,6 @@ import json
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo import engines as demo_engines
 from rlhf_exporter.demo.clock import DemoClock
 from rlhf_exporter.demo.engines import DemoEngines
@@ -31,6 +30,7 @@ from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource, parse
 from rlhf_exporter.sources.verl_files import VerlFileSource
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support import grafana_vars
 from tests.support.prometheus import Prometheus
 from tests.support.serve import Exporter

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from html import unescape
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.dashboard import INTERVAL, DemoStacks
 from rlhf_exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.diagnosis.stall import StallLimit
 from rlhf_exporter.job.state import Job
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view.pages import Facts, Links, index_page, job_page
 from tests.test_demo import _resolve
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.engines import (
     EngineLimits,
     EngineSample,
@@ -14,6 +13,7 @@ from rlhf_exporter.diagnosis.engines import (
     rollout_spans,
 )
 from rlhf_exporter.diagnosis.timeline import Interval
+from rlhf_exporter.thresholds_file import load_thresholds
 
 LIM = EngineLimits()
 

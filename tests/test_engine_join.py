@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.diagnosis.engines import EngineLimits, rollout_spans
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.sim_engine import EngineSim, SimClock, scenario
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

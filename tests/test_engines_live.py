@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render.addresses import JOB_PATH
 from rlhf_exporter.render.dashboards import targets
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support import grafana_vars
 from tests.support.prometheus import Prometheus
 from tests.support.serve import Exporter

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.diagnosis.episodes import (
     ABSORBED,
@@ -23,6 +22,7 @@ from rlhf_exporter.diagnosis.episodes import (
 from rlhf_exporter.diagnosis.history import StepPoint
 from rlhf_exporter.diagnosis.thresholds import GROUPS
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.procs import exporter_cmd
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

@@ -7,10 +7,10 @@ utilization beside the GPU join's busy shares. Key names as verl 0.9.1 writes th
 
 from __future__ import annotations
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.catalog import BY_NAME
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.families import render_samples
 
 TH = load_thresholds()

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.diagnosis.history import StepPoint
@@ -26,6 +25,7 @@ from rlhf_exporter.job.packed_history import MAX_STRINGS, StepHistory, history_o
 from rlhf_exporter.metrics import chunks as mod
 from rlhf_exporter.metrics.exposition import Exposition
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.test_exposition_direct import OPENMETRICS, TEXT, from_scratch
 
 finite = st.floats(allow_nan=False, allow_infinity=True)

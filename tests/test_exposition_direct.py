@@ -18,7 +18,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import choose_encoder
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.metrics import exposition as mod
 from rlhf_exporter.metrics import lines as direct
@@ -27,6 +26,7 @@ from rlhf_exporter.metrics.exposition import Exposition
 from rlhf_exporter.metrics.families import add_samples, families, new_family
 from rlhf_exporter.metrics.snapshot import Sample, Snapshot
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 TEXT = "text/plain;version=0.0.4"
 OPENMETRICS = "application/openmetrics-text;version=1.0.0"

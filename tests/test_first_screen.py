@@ -20,12 +20,12 @@ from html import unescape
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.job import EXPERIMENT, PROJECT, DemoJob
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.snapshot import Snapshot
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view import draw
 from rlhf_exporter.view.pages import Facts, Links, index_page, job_page
 from tests.support import browser

@@ -12,13 +12,13 @@ import itertools
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, records
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.exposition import Exposition
 from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 JOBS = 40
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.dashboards.context import DashboardContext
 from rlhf_exporter.render.dashboards.fleet import jobs_per_verdict, regressed_steps_per_job
 from rlhf_exporter.render.dashboards.style import verdict_codes
 from rlhf_exporter.render.rules.recording import VERDICT_CODE, VERDICT_CODES, VERDICT_HOT
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support import grafana_vars
 from tests.support.promtool import run_rule_tests, without_annotations
 

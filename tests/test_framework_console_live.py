@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 
 from rlhf_exporter.cli import main
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.change import contract_change
 from rlhf_exporter.sources.console import ConsoleSource
 from rlhf_exporter.sources.ray import RaySource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 from .support.procs import wait_until
 from .support.serve import Exporter

@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhf_exporter.commands.diagnose import diagnose_stream, diagnose_tensorboard
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
 from rlhf_exporter.frameworks import TABLES, Translator, to_record
 from rlhf_exporter.sources.framework_console import FrameworkConsoleReader, detect
 from rlhf_exporter.sources.tensorboard_reader import TensorBoardReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view.writers import JsonlWriter
 from tests.support import framework_output as fo
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from rlhf_exporter.commands.diagnose import diagnose_stream, diagnose_tensorboard
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.advice import missing_evidence
 from rlhf_exporter.frameworks import TABLES
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view.writers import JsonWriter
 
 TH = load_thresholds()

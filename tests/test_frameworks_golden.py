@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from rlhf_exporter.commands.diagnose import diagnose_stream, diagnose_tensorboard
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.frameworks import FRAMEWORKS
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view.writers import JsonlWriter
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "frameworks"

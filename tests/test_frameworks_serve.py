@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.change import contract_change
 from rlhf_exporter.frameworks import FRAMEWORKS
 from rlhf_exporter.sources.tensorboard_reader import IDLE_POLLS
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "frameworks"
 TH = load_thresholds()

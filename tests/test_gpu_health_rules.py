@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis.xid import APPLICATION, BAD_GPU, DEGRADED, LOST
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.rules import gpuhealth
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.promtool import run_rule_tests, without_annotations
 
 pytestmark = pytest.mark.prometheus

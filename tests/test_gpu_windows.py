@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record, StreamDiagnoser
 from rlhf_exporter.diagnosis.gpufit import QUANTA, place_untimed
 from rlhf_exporter.diagnosis.gpujoin import GpuWindowJoin, gpu_role
 from rlhf_exporter.diagnosis.timeline import ORDER, UNTIMED, Recent, rebuild
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
 
 TH = load_thresholds()
@@ -1113,8 +1113,8 @@ def test_verl_06_sync_rollout_places_the_weight_load_before_the_generation():
     """0.6.1 `workers/fsdp_workers.py`: rollout_mode() (the weight load) 926, then
     generate_sequences 929, inside `gen`; REMAX's gen_max after `gen` (ray_trainer.py:1051).
     The split's names come from the thresholds (`split_timers`), not from the order."""
-    from rlhf_exporter.config import default_document
     from rlhf_exporter.diagnosis import Thresholds
+    from rlhf_exporter.thresholds_file import default_document
 
     data = {
         "timing_s/step": 20.0,

@@ -15,11 +15,11 @@ import time
 import pytest
 import requests
 
-from rlhf_exporter.config import default_document
 from rlhf_exporter.diagnosis import Thresholds
 from rlhf_exporter.render import rules as rules_mod
 from rlhf_exporter.render.dashboards import fleet, job
 from rlhf_exporter.render.rules import gpuwindows
+from rlhf_exporter.thresholds_file import default_document
 from tests.support import grafana_vars
 from tests.support.procs import REPO, wait_until
 from tests.support.prometheus import Prometheus

@@ -47,10 +47,10 @@ import pytest
 import requests
 import yaml
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules as rules_mod
 from rlhf_exporter.render.addresses import FLEET_PATH, JOB_PATH
 from rlhf_exporter.render.rules import gpuwindows
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support import grafana_vars
 from tests.support.procs import REPO, free_port, wait_until
 from tests.support.prometheus import Prometheus

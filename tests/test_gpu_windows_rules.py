@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.rules import gpuwindows
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.promtool import run_rule_tests, without_annotations
 
 REPO = Path(__file__).resolve().parent.parent

@@ -25,8 +25,8 @@ prometheus_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.
 
 import rlhf_exporter  # noqa: E402
 from rlhf_exporter import cli, options, settings  # noqa: E402
-from rlhf_exporter.config import load_thresholds  # noqa: E402
 from rlhf_exporter.render import chart as chart_render  # noqa: E402
+from rlhf_exporter.thresholds_file import load_thresholds  # noqa: E402
 from tests.support import rendered_pods  # noqa: E402
 from tests.support.chart import (  # noqa: E402
     CHART,

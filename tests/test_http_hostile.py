@@ -11,10 +11,10 @@ import threading
 import pytest
 import requests
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.server import Endpoints, PageCache, make_server
 from rlhf_exporter.server import pages as server_mod
 from rlhf_exporter.sources.push import PushSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 
 @pytest.fixture

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.lifecycle import RayFact, is_failure, job_state
 from rlhf_exporter.sources.ray_jobs import JobBook, tie
 from rlhf_exporter.sources.verl_files import CHUNK, VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.procs import wait_until
 
 TH = load_thresholds(None)

@@ -65,9 +65,9 @@ def panel_query(title: str, ref: str = "A") -> str:
 
 
 def table_column(name: str) -> str:
-    from rlhf_exporter.config import load_thresholds
     from rlhf_exporter.render.dashboards.context import DashboardContext
     from rlhf_exporter.render.dashboards.fleet_table import job_columns
+    from rlhf_exporter.thresholds_file import load_thresholds
 
     columns = [n for n, _ in job_columns(DashboardContext.of(load_thresholds()))]
     return panel_query(

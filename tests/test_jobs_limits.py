@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.job.cleaning import clean_label
 from rlhf_exporter.job.limits import Limits
 from rlhf_exporter.job.state import Job
+from rlhf_exporter.thresholds_file import load_thresholds
 
 
 @pytest.fixture(scope="module")

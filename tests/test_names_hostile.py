@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.diagnosis.thresholds import ThresholdsError
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import ConfigError, load_thresholds
 from rlhf_exporter.view.pages import Facts, Links, index_page
 from tests.support import browser
 

@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.metrics.families import families
 from rlhf_exporter.settings import resolve as resolve_settings
@@ -28,6 +27,7 @@ from rlhf_exporter.sources.base import Context
 from rlhf_exporter.sources.nvml import NvmlSource
 from rlhf_exporter.sources.nvml_readings import error_reason
 from rlhf_exporter.sources.ray import ActorProcess
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support import fake_pynvml
 from tests.support.fake_pynvml import FakeClock, FakeGpu, FakeRay, make_module
 from tests.support.families import SnapshotCollector

@@ -11,7 +11,6 @@ import pytest
 
 from rlhf_exporter import settings as settings_mod
 from rlhf_exporter.commands import serve as serve_mod
-from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, encode, write_jsonl
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.job.state import Job
@@ -19,6 +18,7 @@ from rlhf_exporter.metrics.families import families
 from rlhf_exporter.server import Endpoints
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import ConfigError, load_thresholds
 
 
 @pytest.fixture(scope="module")

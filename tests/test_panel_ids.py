@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render.dashboards import targets
 from rlhf_exporter.render.dashboards.layout import Board, Cell, Row
 from rlhf_exporter.render.dashboards.panels import Q, time_series
+from rlhf_exporter.thresholds_file import load_thresholds
 
 
 @pytest.mark.parametrize("path", sorted(targets(load_thresholds())))

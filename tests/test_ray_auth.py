@@ -10,11 +10,11 @@ import logging
 
 import pytest
 
-from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.settings import resolve
 from rlhf_exporter.sources.base import Context, SourceError
 from rlhf_exporter.sources.ray import RaySource
 from rlhf_exporter.sources.ray_token import RayToken
+from rlhf_exporter.thresholds_file import ConfigError, load_thresholds
 
 TOKEN = "c0ffee" * 8
 

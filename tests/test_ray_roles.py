@@ -18,9 +18,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlhf_exporter.config import ConfigError
 from rlhf_exporter.sources.ray import RaySource
 from rlhf_exporter.sources.roles import ROLES, RoleMap
+from rlhf_exporter.thresholds_file import ConfigError
 from tests.support.procs import wait_until
 
 # (class name as Ray reports it, actor name or None, role)

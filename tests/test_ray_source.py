@@ -21,13 +21,13 @@ from types import SimpleNamespace
 import pytest
 
 from rlhf_exporter import settings
-from rlhf_exporter.config import ConfigError, load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.base import Context
 from rlhf_exporter.sources.nvml import NvmlSource
 from rlhf_exporter.sources.ray import RaySource, death_reason, resolve_address
 from rlhf_exporter.sources.roles import RoleMap
+from rlhf_exporter.thresholds_file import ConfigError, load_thresholds
 from tests.support.fake_pynvml import FakeClock, FakeGpu, make_module
 from tests.support.procs import free_port, wait_until
 from tests.support.serve import Exporter

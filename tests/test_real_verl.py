@@ -42,7 +42,6 @@ from types import SimpleNamespace
 import pytest
 import requests
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.diagnosis.change import CONTRACT_NONE, STEADY
 from rlhf_exporter.diagnosis.engines import ENGINE_REASONS
@@ -52,6 +51,7 @@ from rlhf_exporter.job.cleaning import known_timers
 from rlhf_exporter.render import rules as rules_mod
 from rlhf_exporter.sources.roles import RoleMap
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.real_verl import harness
 from tests.support.procs import exporter_cmd
 from tests.support.prometheus import Prometheus

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import re
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules
 from rlhf_exporter.render.rules.model import Context
 from rlhf_exporter.render.rules.recording import recording
+from rlhf_exporter.thresholds_file import load_thresholds
 
 
 def _file_groups() -> dict[str, list[dict]]:

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import GROUPS
 from rlhf_exporter.metrics.catalog import NAMES
 from rlhf_exporter.render import repo_root, rules, stale
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.prometheus import binary
 from tests.support.promtool import run_rule_tests, without_annotations
 
@@ -66,7 +66,7 @@ def test_render_check_fails_on_a_stale_file(tmp_path, thresholds):
 
 
 def test_thresholds_come_from_the_thresholds_file(tmp_path):
-    from rlhf_exporter.config import load_thresholds
+    from rlhf_exporter.thresholds_file import load_thresholds
 
     cfg = tmp_path / "t.yaml"
     cfg.write_text(

@@ -27,7 +27,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.exposition import choose_encoder
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
 from rlhf_exporter.diagnosis.thresholds import GROUPS
 from rlhf_exporter.job.cleaning import clean_label
@@ -36,6 +35,7 @@ from rlhf_exporter.join.board import WindowBoard
 from rlhf_exporter.sources import verl_files
 from rlhf_exporter.sources.remote_windows import RemoteWindowsSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.serve import Exporter
 from tests.test_exposition import KNOWN_ACCEPTS
 from tests.test_windows_hostile import FakeHead, json_answer

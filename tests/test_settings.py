@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import ConfigError
 from rlhf_exporter.settings import env_name, resolve
+from rlhf_exporter.thresholds_file import ConfigError
 
 MAX_LINE = "RLHF_EXPORTER_MAX_LINE_BYTES"
 

@@ -23,12 +23,12 @@ import pytest
 
 from rlhf_exporter import logs
 from rlhf_exporter.commands.diagnose import no_record_message
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
 from rlhf_exporter.metrics.snapshot import PATH_SHOWN, Problem, Snapshot
 from rlhf_exporter.server import Endpoints
 from rlhf_exporter.sources import verl_layout
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view.pages import Facts, Links, index_page
 from tests.support.procs import REPO, exporter_cmd, free_port
 from tests.support.serve import Exporter

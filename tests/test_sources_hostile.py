@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, write_jsonl
 from rlhf_exporter.diagnosis import Record
 from rlhf_exporter.job.state import Job
@@ -28,6 +27,7 @@ from rlhf_exporter.sources.engine_targets import Targets
 from rlhf_exporter.sources.engines import EngineSource, parse
 from rlhf_exporter.sources.ray import RaySource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.raw_http import Conn, RawServer, answer
 from tests.support.ray_state import RayStateApi
 

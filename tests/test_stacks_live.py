@@ -35,8 +35,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.render import rules
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.procs import REPO, free_port, wait_until
 from tests.support.prometheus import Prometheus, binary
 from tests.support.ray_head import RayHead, ray_binary

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import default_document
 from rlhf_exporter.diagnosis import Thresholds
 from rlhf_exporter.render import template
 from rlhf_exporter.render.docs import decision_table_markdown
 from rlhf_exporter.render.rules import Context, all_alerts
 from rlhf_exporter.render.rules.output import runbooks_markdown
+from rlhf_exporter.thresholds_file import default_document
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 ROOT = Path(__file__).resolve().parents[1]

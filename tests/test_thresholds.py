@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import ConfigError, load_thresholds
+from rlhf_exporter.thresholds_file import ConfigError, load_thresholds
 
 
 def write(tmp_path, text: str):

@@ -12,12 +12,12 @@ import json
 import os
 import time
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
 from rlhf_exporter.job.state import Job
 from rlhf_exporter.lifecycle import RayFact
 from rlhf_exporter.sources.push import PushSource
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 TH = load_thresholds()
 S = 20.0  # every step's timing_s/step

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rlhf_exporter.cli import main
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.drift.check import check_tree
 from rlhf_exporter.drift.source import read_tree
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support.verl_config import VERL_VERSION, verl_dir, verl_version
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from rlhf_exporter.config import ConfigError
 from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
 from rlhf_exporter.settings import resolve
+from rlhf_exporter.thresholds_file import ConfigError
 from tests.support.serve import Exporter
 
 LABELS = {"RLHF_EXPORTER_PROJECT": "math", "RLHF_EXPORTER_EXPERIMENT": "grpo-7b"}

@@ -16,10 +16,10 @@ import time
 import pytest
 
 from rlhf_exporter import logs
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import REGIMES, write_jsonl
 from rlhf_exporter.sources import verl_files
 from rlhf_exporter.sources.verl_files import VerlFileSource
+from rlhf_exporter.thresholds_file import load_thresholds
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, records, write_jsonl
 from rlhf_exporter.diagnosis import BatchDiagnoser, Record
 from rlhf_exporter.diagnosis.advice import EVIDENCE_KEYS, look_at
@@ -23,6 +22,7 @@ from rlhf_exporter.job.state import Job
 from rlhf_exporter.metrics.snapshot import Snapshot
 from rlhf_exporter.render.dashboards.style import VERDICT_COLOURS
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from rlhf_exporter.view import pages
 from rlhf_exporter.view.pages import Facts, Links, attention, index_page, job_page
 from rlhf_exporter.view.report import Style, Table

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.demo.simulator import DEMO_PLAN, REGIMES, encode, records, write_jsonl
 from rlhf_exporter.diagnosis import BatchDiagnoser
 from rlhf_exporter.diagnosis.history import HISTORY_STEPS
 from rlhf_exporter.sources.verl_reader import RecordReader
+from rlhf_exporter.thresholds_file import load_thresholds
 from tests.support import browser
 from tests.support.browser import Elements
 from tests.support.procs import exporter_cmd

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from ..config import load_thresholds
 from ..diagnosis import BatchDiagnoser, Record, Thresholds
 from ..diagnosis.advice import (
     EVIDENCE_KEYS,
@@ -29,6 +28,7 @@ from ..sources.framework_console import FrameworkConsoleReader
 from ..sources.tensorboard_reader import TensorBoardMissing, TensorBoardReader, looks_tfevents
 from ..sources.verl_layout import FILE_LOGGER
 from ..sources.verl_reader import MAX_LINE_BYTES, RecordReader, looks_gzip
+from ..thresholds_file import load_thresholds
 from ..view.report import (
     Style,
     terminal_width,
@@ -148,7 +148,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import default_thresholds_text
+    from ..thresholds_file import default_thresholds_text
 
     if args.print_thresholds:
         sys.stdout.write(default_thresholds_text())

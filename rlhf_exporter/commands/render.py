@@ -7,8 +7,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from ..config import load_thresholds
 from ..render import MissingExtra, generators, is_checkout, repo_root, stale, write
+from ..thresholds_file import load_thresholds
 from . import add_thresholds_argument, thresholds_path
 
 ORDER = 30

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, cast
 
 from .. import __version__
 from .. import settings as settings_mod
-from ..config import ConfigError, load_thresholds
 from ..job.windows_wire import WindowsApi
 from ..join.board import WindowBoard
 from ..join.names import JobNames
@@ -34,6 +33,7 @@ from ..settings import Settings
 from ..sources.base import DEPENDENCY_MISSING, Clock, Context, Source, UnavailableSource
 from ..sources.push import PushSource
 from ..sources.verl_files import VerlFileSource
+from ..thresholds_file import ConfigError, load_thresholds
 
 if TYPE_CHECKING:
     from ..demo.devices import DemoDevices

@@ -9,10 +9,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..config import load_thresholds
 from ..diagnosis import Record, Thresholds
 from ..drift.check import Finding, check_records, check_tree, failed
 from ..drift.source import installed_verl, read_tree
+from ..thresholds_file import load_thresholds
 from . import thresholds_path
 
 ORDER = 40

@@ -86,7 +86,7 @@ class DemoDevices(PollingSource):
         if windows is not None:
             self.joiner = WindowJoiner(WindowBoard(keep=windows.keep))
         if self.joiner is not None and th is None:
-            from ..config import load_thresholds
+            from ..thresholds_file import load_thresholds
 
             th = load_thresholds()
         self.th = th

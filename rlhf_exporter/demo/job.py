@@ -54,7 +54,7 @@ class DemoJob:
         self.upcoming: deque[tuple[float, dict[str, Any]]] = deque(maxlen=16)
         self.written = 0  # records written, all loops
         if th is None:
-            from ..config import load_thresholds
+            from ..thresholds_file import load_thresholds
 
             th = load_thresholds()
         # the job's clock, at its records' pace: its step windows and the engines' reads are

@@ -1,6 +1,6 @@
 """The decision table's numbers, validated. Pure: it takes mappings, never reads files.
 
-`rlhf_exporter.config` reads the YAML files; this module checks them against the packaged
+`rlhf_exporter.thresholds_file` reads the YAML files; this module checks them against the packaged
 defaults and builds the immutable `Thresholds` that the rest of the diagnosis uses.
 """
 

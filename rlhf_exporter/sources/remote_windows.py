@@ -20,10 +20,10 @@ from collections import Counter
 import orjson
 
 from ..auth import check_token
-from ..config import ConfigError
 from ..job.windows_wire import WINDOWS_PATH, WIRE_BODY_BYTES, parse_board
 from ..join.board import WindowBoard
 from ..settings import Settings
+from ..thresholds_file import ConfigError
 from . import http
 from .base import Clock, Context, PollingSource, PollResult, SourceError
 

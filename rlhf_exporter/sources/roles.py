@@ -26,8 +26,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ConfigError, read_yaml
 from ..frameworks import ACTOR_FRAMEWORKS
+from ..thresholds_file import ConfigError, read_yaml
 
 ROLES: tuple[str, ...] = (
     "trainer",

@@ -281,8 +281,8 @@ def expected_records(framework: str, steps: list[Step]) -> list[dict]:
 def write_unit_fixtures(root: Path) -> None:
     """tests/fixtures/frameworks/_unit/: one regime per framework and input kind, with the
     labels verl's own records of the same windows get (`<name>.expected.jsonl`)."""
-    from rlhf_exporter.config import load_thresholds
     from rlhf_exporter.diagnosis import BatchDiagnoser, Record
+    from rlhf_exporter.thresholds_file import load_thresholds
 
     def labels(rows: list[dict]) -> str:
         steps = BatchDiagnoser(load_thresholds()).diagnose(

@@ -31,9 +31,9 @@ from typing import Any
 import orjson
 import yaml
 
-from rlhf_exporter.config import load_thresholds
 from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.base import PollingSource, Source
+from rlhf_exporter.thresholds_file import load_thresholds
 
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yaml"))
