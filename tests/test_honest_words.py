@@ -84,3 +84,32 @@ def test_a_runs_first_untimed_step_is_named_as_warm_up():
     text = diagnose(str(FIXTURES / "real_verl" / "v1" / "v1.jsonl"))
     first = next(line for line in text.splitlines() if re.match(r"\s+1\s", line))
     assert "warm-up" in first and "data movement" not in first, first
+
+
+def test_a_run_that_logs_no_token_count_is_never_told_to_wait_for_a_baseline(tmp_path):
+    """Steps without a token count never build a baseline: the words say the run cannot be
+    judged, not that a baseline is coming after its 15 steps."""
+    log = tmp_path / "p" / "e.jsonl"
+    log.parent.mkdir()
+    rows = [
+        {
+            "step": n,
+            "data": {"timing_s/step": 10.0, "timing_s/gen": 6.0, "timing_s/update_actor": 3.0},
+        }
+        for n in range(1, 16)
+    ]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = diagnose(str(log))
+    assert "not judged: none of its 15 steps logged a token count" in text, text
+    assert "no baseline yet" not in text, text
+
+
+def test_the_page_never_promises_a_baseline_to_a_job_without_token_counts():
+    from rlhf_exporter.view.pages.answer import warming_up
+
+    job = {"verdict": "rollout", "baseline_ready": False, "baseline_needed": 5}
+    assert warming_up({**job, "baseline_steps": 2, "steps": 2}) == (
+        "warming up: no baseline yet: 2 of 5 steps"
+    )
+    never = warming_up({**job, "baseline_steps": 0, "steps": 15})
+    assert never.startswith("no baseline: none of its steps logged a token count"), never

@@ -33,6 +33,7 @@ class RunSummary:
         self.regressions: dict[str, list[int]] = {}  # group -> steps
         self.workload_shifts: list[int] = []
         self.judged = 0  # steps compared with a baseline (the first steps of a run build it)
+        self.measured = 0  # steps with a token count and a step time (what a baseline keeps)
         self.share_sums: dict[str, float] = dict.fromkeys(GROUPS, 0.0)
         self.step_seconds = 0.0
         self.points: list[StepPoint] = []  # for the change episodes, at most MAX_EPISODE_STEPS
@@ -56,6 +57,7 @@ class RunSummary:
         elif d.change.change == "workload_shift":
             self.workload_shifts.append(d.step)
         self.judged += d.change.baseline is not None
+        self.measured += d.change.point is not None
         for g, s in d.windows.shares.items():
             self.share_sums[g] += s
         self.step_seconds += d.windows.step_seconds
@@ -423,6 +425,11 @@ def summary_lines(s: RunSummary, style: Style) -> list[str]:
 def no_change_words(s: RunSummary) -> str:
     """What a run without a regression or workload shift may claim: nothing, until its
     first steps have built the baseline the later ones are compared with."""
+    if s.steps and not s.measured:
+        return (
+            f"not judged: none of its {counted(s.steps, 'step')} logged a token count, which a "
+            "baseline is built from (no regression or workload shift can be seen)"
+        )
     if not s.judged:
         return (
             f"no baseline yet: {counted(s.steps, 'step')} of this run, none compared (a change "

@@ -178,10 +178,13 @@ def since_text(points: Sequence[StepPoint]) -> str:
 
 def warming_up(job: Mapping[str, Any]) -> str:
     """ "warming up: no baseline yet: N of 5 steps" while the job's run has no baseline (its
-    `change` says steady, but nothing was compared); "" once it has one."""
+    `change` says steady, but nothing was compared); "" once it has one; "no baseline" for
+    a run whose steps carry no token count (it never gets one)."""
     if job.get("verdict") is None or job.get("baseline_ready", True):
         return ""
     have, need = int(job.get("baseline_steps") or 0), int(job.get("baseline_needed") or 5)
+    if have == 0 and int(job.get("steps") or 0) >= need:
+        return "no baseline: none of its steps logged a token count, so no change is judged"
     if have >= need:
         return "warming up: the baseline is ready, the next step is the first compared"
     return f"warming up: no baseline yet: {have} of {need} steps"
