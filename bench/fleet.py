@@ -105,22 +105,23 @@ def extra_keys(step: int, i: int) -> dict[str, float]:
 
 
 class Jobs:
-    """N jobs' files and their writers' record streams."""
+    """N jobs' files and their writers' record streams, numbered from `first` (each
+    exporter of a cluster holds different jobs; two clusters hold the same names)."""
 
-    def __init__(self, root: Path, n: int):
-        self.root, self.n = root, n
+    def __init__(self, root: Path, n: int, first: int = 0):
+        self.root, self.n, self.first = root, n, first
         regimes = list(REGIMES.values())
         self.paths: list[Path] = []
         self.streams = []
         self._lock = threading.Lock()  # the writer thread and the probes
-        for i in range(n):
-            project = root / f"team{i % 10}"
+        for j in range(first, first + n):
+            project = root / f"team{j % 10}"
             project.mkdir(parents=True, exist_ok=True)
-            path = project / f"exp{i:05d}.jsonl"
-            stream = records([(regimes[i % len(regimes)], 10**6)], seed=i, validation=False)
+            path = project / f"exp{j:05d}.jsonl"
+            stream = records([(regimes[j % len(regimes)], 10**6)], seed=j, validation=False)
             with open(path, "wb") as f:
                 for _ in range(HISTORY):
-                    f.write(self._line(next(stream), i))
+                    f.write(self._line(next(stream), j))
             self.paths.append(path)
             self.streams.append(stream)
 
@@ -132,13 +133,14 @@ class Jobs:
     def write(self, i: int) -> tuple[bytes, int, float]:
         """Append job i's next record: (the start of its `rlhf_step` line, its step, the
         time it was written)."""
+        j = self.first + i  # the job's number in its name
         with self._lock:
             record = next(self.streams[i])
-            line = self._line(record, i)
+            line = self._line(record, j)
             at = time.time()
             with open(self.paths[i], "ab") as f:
                 f.write(line)
-        key = (f"team{i % 10}", f"exp{i:05d}")
+        key = (f"team{j % 10}", f"exp{j:05d}")
         shown = f'\nrlhf_step{{experiment="{key[1]}",project="{key[0]}"}} '
         return shown.encode(), record["step"], at
 

@@ -64,10 +64,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from fleet import HISTORY, Jobs, cpu_seconds  # noqa: E402
+from fleet import Jobs, cpu_seconds  # noqa: E402
 from profile_load import RandomSteps  # noqa: E402
 
-from rlhf_exporter.demo.simulator import REGIMES, records  # noqa: E402
 from rlhf_exporter.render.rules.remotewrite import LAG  # noqa: E402
 from tests.support import grafana_vars  # noqa: E402
 from tests.support.procs import Proc, free_port, wait_until  # noqa: E402
@@ -78,26 +77,6 @@ FIVE_M = 5_000_000
 YEAR_S = 365 * 86400
 PX = 1000  # Grafana's maxDataPoints for a panel about 1000 pixels wide
 COUNTER = re.compile(r"(_total|_count|_sum|_bucket)$")
-
-
-class OffsetJobs(Jobs):
-    """bench/fleet.py's jobs, numbered from `first`: the exporters of one cluster hold
-    different jobs, the two clusters the same names."""
-
-    def __init__(self, root: Path, first: int, n: int):
-        self.root, self.n = root, n
-        regimes = list(REGIMES.values())
-        self.paths, self.streams = [], []
-        self._lock = threading.Lock()
-        for i in range(first, first + n):
-            path = root / f"team{i % 10}" / f"exp{i:05d}.jsonl"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            stream = records([(regimes[i % len(regimes)], 10**6)], seed=i, validation=False)
-            with open(path, "wb") as f:
-                for _ in range(HISTORY):
-                    f.write(self._line(next(stream), i))
-            self.paths.append(path)
-            self.streams.append(stream)
 
 
 def rss_mb(pid: int) -> float:
@@ -152,7 +131,7 @@ class Fleet:
     def __init__(self, work: Path, args: argparse.Namespace):
         self.work, self.args = work, args
         self.procs: dict[str, Proc] = {}
-        self.jobs: list[OffsetJobs] = []
+        self.jobs: list[Jobs] = []
         self.stop_steps = threading.Event()
         self.vm_url = self.prom_url = self.vmagent_url = self.vmalert_url = ""
 
@@ -175,7 +154,7 @@ class Fleet:
         for e in range(self.args.exporters):
             cluster, k = ("a", e) if e < half else ("b", e - half)
             root = self.work / f"verl-{cluster}{k}"
-            self.jobs.append(OffsetJobs(root, k * per, per))
+            self.jobs.append(Jobs(root, per, first=k * per))
             port = free_port()
             self.start(
                 f"exporter-{cluster}{k}",
@@ -508,10 +487,7 @@ def dashboard_targets() -> list[tuple[str, str, str, bool]]:
     out = []
     for path in sorted((REPO / "grafana").glob("*.json")):
         doc = json.loads(path.read_text())
-        panels = []
-        for p in doc["panels"]:
-            panels += [p, *p.get("panels", [])]
-        for p in panels:
+        for p in grafana_vars.panels(doc):
             for t in p.get("targets", []):
                 if t.get("expr"):
                     what = f"{p['title']} {t['refId']}"

@@ -47,10 +47,7 @@ def dashboard_queries() -> list[tuple[str, str]]:
     out = []
     for path in sorted((REPO / "grafana").glob("*.json")):
         doc = json.loads(path.read_text())
-        panels = []
-        for p in doc["panels"]:
-            panels += [p, *p.get("panels", [])]
-        for p in panels:
+        for p in grafana_vars.panels(doc):
             for t in p.get("targets", []):
                 out.append((f"{path.stem}: {p['title']} {t['refId']}", substitute(t["expr"])))
     return out

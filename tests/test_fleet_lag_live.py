@@ -165,8 +165,12 @@ class Sender:
 def lag_panel_query() -> str:
     """The fleet dashboard's remote-write lag query, as rendered."""
     doc = json.loads((REPO / FLEET_PATH).read_text())
-    panels = [q for p in doc["panels"] for q in (p, *p.get("panels", []))]
-    exprs = [t["expr"] for p in panels for t in p.get("targets", []) if LAG in t.get("expr", "")]
+    exprs = [
+        t["expr"]
+        for p in grafana_vars.panels(doc)
+        for t in p.get("targets", [])
+        if LAG in t.get("expr", "")
+    ]
     assert len(exprs) == 1, exprs
     return exprs[0]
 

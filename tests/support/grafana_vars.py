@@ -1,7 +1,15 @@
 """Grafana's template variables in a dashboard query, replaced so that Prometheus (or
-VictoriaMetrics) can run it: every test and bench that runs the shipped panels' PromQL."""
+VictoriaMetrics) can run it: every test and bench that runs the shipped panels' PromQL.
+Also every panel of a dashboard, the collapsed rows' own panels included."""
 
 from __future__ import annotations
+
+from typing import Any
+
+
+def panels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A dashboard's panels, each collapsed row followed by the panels it holds."""
+    return [q for p in doc["panels"] for q in (p, *p.get("panels", []))]
 
 
 def substitute(
