@@ -1,7 +1,7 @@
 """The fleet at scale (issue 49): 10,000 jobs on 10 exporters in 2 clusters, one store.
 
     .venv/bin/python bench/fleet_scale.py [--jobs 10000] [--exporters 10] [--minutes 20]
-        [--scrape-interval 15] [--backfill-jobs 100] [--backfill-hours 24] [--keep DIR]
+        [--scrape-interval 15] [--backfill-jobs 500] [--backfill-hours 24] [--keep DIR]
 
 Everything real, on 127.0.0.1. `--jobs` verl jobs (bench/fleet.py's realistic records, each
 stepping about every 60 s at its own random moments) split over `--exporters` exporters
@@ -26,8 +26,8 @@ API (`/api/v1/import`): the live window's own samples of `--backfill-jobs` jobs 
 repeated back in time, window after window, over `--backfill-hours` (counters shifted to
 stay monotonic). Every query of both dashboards (read from grafana/*.json, the variables
 substituted as Grafana would for a 1000-pixel panel; the job dashboard on one backfilled
-job) is then timed against the store over 6 h and 24 h (`nocache=1`: never from VM's
-result cache). Goals (issue 49): every query <= 1 s over 6 h, every rule group <= 10 % of
+job) is then timed against the store over the 6 h and 24 h that end with the live window
+(`nocache=1`: never from VM's result cache). Goals (issue 49): every query <= 1 s over 6 h, every rule group <= 10 % of
 its interval; each is reported as met or missed.
 
 Last, the ratios of this one run (bytes per sample on disk, series per job, CPU per 1,000
@@ -187,6 +187,7 @@ class Fleet:
                 f"-httpListenAddr=127.0.0.1:{port}",
                 f"-storageDataPath={self.work / 'vm'}",
                 "-search.maxUniqueTimeseries=5000000",
+                "-search.maxQueryDuration=300s",  # a loaded machine: slow, not refused
                 "-retentionPeriod=2",  # 2 months: the backfill reaches a day back
             ],
         )
@@ -295,7 +296,7 @@ def query(url: str, expr: str, at: float | None = None) -> list[dict]:
     params: dict[str, Any] = {"query": expr}
     if at is not None:
         params["time"] = f"{at:.3f}"
-    r = requests.get(url + "/api/v1/query", params=params, timeout=120)
+    r = requests.get(url + "/api/v1/query", params=params, timeout=330)
     r.raise_for_status()
     return r.json()["data"]["result"]
 
@@ -495,9 +496,11 @@ def dashboard_targets() -> list[tuple[str, str, str, bool]]:
     return out
 
 
-def time_queries(fleet: Fleet, range_s: float, label: str) -> list[tuple[str, str, float, str]]:
-    """(dashboard, query, seconds, outcome) of every dashboard query over the last `range_s`."""
-    end = time.time()
+def time_queries(
+    fleet: Fleet, range_s: float, label: str, end: float
+) -> list[tuple[str, str, float, str]]:
+    """(dashboard, query, seconds, outcome) of every dashboard query over the `range_s` before
+    `end` (the live window's end: its instant queries see live jobs, not stale ones)."""
     step, interval, rate = step_for(range_s, fleet.args.scrape_interval)
     out = []
     for dashboard, what, expr, instant in dashboard_targets():
@@ -551,7 +554,8 @@ def report_window(fleet: Fleet, w: Window) -> dict[str, float]:
     series = float(
         requests.get(fleet.vm_url + "/api/v1/series/count", timeout=300).json()["data"][0]
     )
-    job_series = scalar(fleet.vm_url, 'count({job="rlhf-exporter", experiment!=""})', w.t1)
+    scraped_names = '{job="rlhf-exporter", experiment!="", __name__!~".+:.+"}'
+    job_series = scalar(fleet.vm_url, f"count({scraped_names})", w.t1)
     records = scalar(fleet.vm_url, 'count({__name__=~".+:.+", experiment!=""})', w.t1)
     head = scalar(fleet.prom_url, "prometheus_tsdb_head_series", w.t1)
     rows, disk, index = stored(w.vm1)
@@ -589,7 +593,7 @@ def report_window(fleet: Fleet, w: Window) -> dict[str, float]:
         "bytes per sample, fresh": disk / rows,
         "store series": series,
         "series per job, scraped": (scraped["a"] + scraped["b"]) * every / jobs,
-        "series per job in the store, churn included": job_series / jobs,
+        "series per job in the store (scraped names)": job_series / jobs,
         "records per job": records / jobs,
         "store CPU cores per 1,000 samples/s": w.cores("victoria-metrics") / (ingest / 1000),
         "store RSS MiB per million series": w.rss["victoria-metrics"][-1] / (series / 1e6),
@@ -624,11 +628,11 @@ def report_groups(fleet: Fleet, w: Window) -> list[str]:
     return misses
 
 
-def report_queries(fleet: Fleet) -> list[str]:
+def report_queries(fleet: Fleet, w: Window) -> list[str]:
     """Time every dashboard query over 6 h and 24 h; print them; returns the 6 h misses."""
     misses = []
     for range_s, label in ((6 * 3600.0, "6h"), (24 * 3600.0, "24h")):
-        rows = time_queries(fleet, range_s, label)
+        rows = time_queries(fleet, range_s, label, w.t1)
         took = sorted(t for _, _, t, _ in rows)
         errors = [r for r in rows if r[3].startswith("error")]
         slow = [r for r in rows if r[2] > GOAL_QUERY_S]
@@ -727,7 +731,7 @@ def run(work: Path, args: argparse.Namespace) -> None:
             f"({done['samples'] / done['seconds']:,.0f} samples/s)",
             flush=True,
         )
-        misses += report_queries(fleet)
+        misses += report_queries(fleet, w)
         report_sizing(ratios, args.scrape_interval)
         print("\n== goals missed: " + ("; ".join(misses) if misses else "none"))
     finally:
@@ -743,7 +747,7 @@ def main() -> int:
     ap.add_argument("--exporters", type=int, default=10, help="half per cluster (default 10)")
     ap.add_argument("--minutes", type=float, default=20.0, help="measured live window")
     ap.add_argument("--scrape-interval", type=float, default=15.0, help="seconds (default 15)")
-    ap.add_argument("--backfill-jobs", type=int, default=100, help="jobs per cluster")
+    ap.add_argument("--backfill-jobs", type=int, default=500, help="jobs per cluster")
     ap.add_argument("--backfill-hours", type=float, default=24.0)
     ap.add_argument("--keep", type=Path, help="work here and keep it (default: a temp dir)")
     args = ap.parse_args()
