@@ -27,8 +27,8 @@ repeated back in time, window after window, over `--backfill-hours` (counters sh
 stay monotonic). Every query of both dashboards (read from grafana/*.json, the variables
 substituted as Grafana would for a 1000-pixel panel; the job dashboard on one backfilled
 job) is then timed against the store over the 6 h and 24 h that end with the live window
-(`nocache=1`: never from VM's result cache). Goals (issue 49): every query <= 1 s over 6 h, every rule group <= 10 % of
-its interval; each is reported as met or missed.
+(`nocache=1`: never from VM's result cache). Goals (issue 49): every query <= 1 s over
+6 h, every rule group <= 10 % of its interval; each is reported as met or missed.
 
 Last, the ratios of this one run (bytes per sample on disk, series per job, CPU per 1,000
 samples/s, RSS per million series) and a sizing table for a year and for 5 M series that

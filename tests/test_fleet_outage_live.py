@@ -386,7 +386,7 @@ def test_store_outage_loses_nothing_and_pages_nobody(tmp_path):
         # whose last samples may still be in the queue's final batch: wait for them, bounded
         with contextlib.suppress(TimeoutError):
             wait_until(lambda: not missing_in_a(), 30, 2, "cluster a's last batch")
-        assert not missing_in_a()
+        assert not (short := missing_in_a()), short
         a_records = vm_export(vm_url, '{cluster="a", __name__=~".+:.+"}', start, end)
         assert a_records and not record_holes(a_records, down, back), record_holes(
             a_records, down, back

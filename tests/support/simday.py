@@ -35,6 +35,8 @@ from rlhf_exporter.metrics.families import families
 from rlhf_exporter.sources.base import PollingSource, Source
 from rlhf_exporter.thresholds_file import load_thresholds
 
+from .promtool import eval_order
+
 ROOT = Path(__file__).resolve().parents[2]
 RULE_FILES = sorted((ROOT / "alerts").glob("*.rules.yaml"))
 SCRAPE = 15  # seconds between scrapes (the chart's monitor.interval)
@@ -447,6 +449,7 @@ class Day:
         doc = {
             "rule_files": [str(p) for p in RULE_FILES],
             "evaluation_interval": f"{self.evaluation}s",
+            "group_eval_order": eval_order(RULE_FILES),
             "tests": [
                 {
                     "interval": f"{SCRAPE}s",
