@@ -239,10 +239,14 @@ def test_each_hang_is_named_with_its_role_and_wait_and_gone_once_the_job_steps(
     assert f"where it hangs: {role}: " in page
     view = requests.get(f"{exporter.url}/jobs/{PROJECT}/e1", timeout=5).text
     assert "Where it hangs" in view and f"pid {stack['pid']}" in view
-    assert stalled_in(exporter, "e1")[role, where] >= 1
+    # /metrics may serve the body built before the round's poll ended (metrics/exposition.py:
+    # a scrape during a build gets the last one finished): the series follows within a build
+    series = wait_until(lambda: stalled_in(exporter, "e1").get((role, where)), 10, 0.2,
+                        what=f"rlhf_job_stalled_in{{role={role}, where={where}}}")  # fmt: skip
+    assert series >= 1
     # the page: RLHFJobStalled fires; its annotation names the role and the wait once
     # Prometheus has scraped the round (it may fire a scrape before, saying "no stacks yet")
-    want = f"{role}: {stalled_in(exporter, 'e1')[role, where]:g} in {where}"
+    want = f"{role}: {series:g} in {where}"
     text = wait_until(lambda: want in (firing_where(prom, "e1") or ""), 60, 0.5, what=want)
     assert text
     release(log, control)
