@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: system tools, a virtualenv, then pytest.
 # Usage: bash scripts/test.sh [pytest args...]          the whole suite (CI: .ci/run)
-#        bash scripts/test.sh --fast [pytest args...]   the fast tier, about a minute on 2 cores
+#        bash scripts/test.sh --fast [pytest args...]   the fast tier, about 90 s on 2 cores
 #        bash scripts/test.sh --help                    this text
 #
 # --fast: the tests that start nothing heavy (`pytest -m "not heavy"`: no exporter process,
